@@ -1,0 +1,84 @@
+"""Load and validate the configuration; errors name the key and what was expected."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+
+class ConfigError(ValueError):
+    """The configuration has a bad or missing value; the message names the key."""
+
+
+@cache
+def config_schema() -> dict:
+    text = resources.files("xstage_bench").joinpath("schemas/config.schema.json").read_text()
+    return json.loads(text)
+
+
+def _key(path) -> str:
+    key = ""
+    for part in path:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    # A oneOf/anyOf failure is clearer through its most specific sub-error.
+    if error.context:
+        error = min(error.context, key=lambda e: len(e.message))
+    return error.message
+
+
+def validate_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Raise ConfigError for the first problem, naming the key (e.g. 'timing.min_reps')."""
+    if not isinstance(config, dict):
+        raise ConfigError("config: expected a mapping at the top level")
+    validator = jsonschema.Draft202012Validator(config_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), e.message))
+    if errors:
+        e = errors[0]
+        key = _key(e.absolute_path)
+        if e.validator == "additionalProperties" and e.absolute_path == e.relative_path:
+            raise ConfigError(f"config key '{key}': {e.message}")
+        raise ConfigError(f"config key '{key}': {_describe(e)} (got {json.dumps(e.instance)})")
+    timing = config["timing"]
+    if timing["max_reps"] < timing["min_reps"]:
+        raise ConfigError(
+            f"config key 'timing.max_reps': must be >= timing.min_reps "
+            f"({timing['min_reps']}), got {timing['max_reps']}"
+        )
+    mb = config["microbench"]
+    if mb["warmup_bursts"] >= mb["bursts"]:
+        raise ConfigError(
+            f"config key 'microbench.warmup_bursts': must be < microbench.bursts "
+            f"({mb['bursts']}), got {mb['warmup_bursts']}"
+        )
+    for name, study in mb["studies"].items():
+        if study["kind"] != "ceiling" and "K" not in study:
+            raise ConfigError(f"config key 'microbench.studies.{name}.K': required for kind "
+                              f"'{study['kind']}'")
+    names = [s["name"] for s in config["megamoe"]["shapes"]]
+    if len(set(names)) != len(names):
+        raise ConfigError("config key 'megamoe.shapes': shape names must be unique")
+    return config
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return validate_config(config)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -1,0 +1,96 @@
+"""Expand the configuration into measurement points, each with a stable id.
+
+The id is what makes a sweep resumable: a rerun skips every id already recorded. Measured
+and simulated backends expand the same grid, so their raw files line up point for point.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+MICROBENCH_AXES = ("K", "V", "gap_us", "width", "dest", "pattern", "peers", "sync", "gap_mode",
+                   "method")
+STORE_ALIGN = 16  # a producer's burst is a whole number of the widest (16-byte) stores
+
+
+def producer_bytes(V: int, K: int) -> int:
+    """Bytes per producer (B) for a burst of about V bytes over K producers, store-aligned."""
+    B = (V // K) // STORE_ALIGN * STORE_ALIGN
+    if B <= 0:
+        raise ValueError(f"burst of {V} bytes is too small for {K} producers")
+    return B
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def microbench_points(microbench: dict, study: str) -> list[dict]:
+    """Cartesian product of a study's axes over the defaults; V is rounded to K·B."""
+    spec = microbench["studies"][study]
+    kind = spec["kind"]
+    axes = {**{k: [v] for k, v in microbench["defaults"].items()}}
+    axes.update({k: v for k, v in spec.items() if k in MICROBENCH_AXES})
+    axes.setdefault("gap_us", [0.0])
+    if kind != "ceiling":
+        axes.pop("method", None)
+    else:
+        axes.pop("K", None)
+    names = [a for a in MICROBENCH_AXES if a in axes]
+    points = []
+    for values in itertools.product(*(axes[a] for a in names)):
+        p = dict(zip(names, values, strict=True))
+        p["kind"] = kind
+        p["study"] = study
+        p["gap_us"] = float(p["gap_us"])
+        # The id names the requested values, so it stays stable if rounding changes.
+        p["id"] = f"{study}/" + "/".join(f"{a}={_fmt(p[a])}" for a in names)
+        if kind != "ceiling":
+            p["B"] = producer_bytes(p["V"], p["K"])
+            p["V"] = p["B"] * p["K"]
+        points.append(p)
+    return points
+
+
+def megamoe_points(megamoe: dict, world_size: int) -> list[dict]:
+    """One point per (shape, precision, routing, tokens) configuration, schedules inside.
+
+    The 84 paper configurations are 7 shapes x 2 precisions x 2 routings x 3 sizes.
+    """
+    points = []
+    for shape, precision, routing, tokens in itertools.product(
+        megamoe["shapes"], megamoe["precisions"], megamoe["routings"], megamoe["tokens_per_rank"]
+    ):
+        if shape["E"] % world_size:
+            raise ValueError(
+                f"megamoe shape '{shape['name']}': E={shape['E']} experts do not divide over "
+                f"world_size={world_size} ranks"
+            )
+        p = {"shape": shape["name"], **{k: v for k, v in shape.items() if k != "name"}}
+        p.update(precision=precision, routing=routing, tokens_per_rank=tokens,
+                 world_size=world_size)
+        p["id"] = f"{p['shape']}/{precision}/{routing}/T={tokens}/P={world_size}"
+        points.append(p)
+    return points
+
+
+def attention_points(attention: dict, world_size: int) -> list[dict]:
+    """One point per (backend, mode, heads, S); heads must divide over the ranks."""
+    points = []
+    for heads in attention["heads"]:
+        if heads % world_size:
+            raise ValueError(
+                f"attention heads={heads} do not divide over world_size={world_size} ranks"
+            )
+    for backend, mode, heads, seq in itertools.product(
+        attention["backends"], attention["modes"], attention["heads"], attention["seq_lens"]
+    ):
+        if seq % world_size:
+            raise ValueError(f"attention seq_len={seq} does not divide over {world_size} ranks")
+        p = {"backend": backend, "mode": mode, "heads": heads, "seq_len": seq,
+             "head_dim": attention["head_dim"], "batch": attention["batch"],
+             "world_size": world_size}
+        p["id"] = f"{backend}/{mode}/H={heads}/S={seq}/P={world_size}"
+        points.append(p)
+    return points

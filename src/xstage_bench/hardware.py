@@ -1,0 +1,65 @@
+"""Hardware profiles for the simulator (config/hardware/*.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from xstage_bench.config import ConfigError
+
+GB = 1e9  # bytes per GB (decimal, as bandwidths are quoted)
+US = 1e-6
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """What the simulator needs to know of a GPU and its path to the peers."""
+
+    name: str
+    sm_count: int
+    t0_fixed_us: float
+    issue_rate_per_sm_GBps: float
+    drain_rate_GBps: float
+    capacity_bytes: float
+    nvlink_line_rate_GBps: float
+    matrix_tflops: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+
+    def t0_us(self, K: int, V: float) -> float:
+        """Backpressure-free issue time of a burst of V bytes spread over K producers."""
+        per_producer = V / K
+        return self.t0_fixed_us + per_producer / (self.issue_rate_per_sm_GBps * GB * US)
+
+    @property
+    def drain_bytes_per_us(self) -> float:
+        return self.drain_rate_GBps * GB * US
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+REQUIRED = ("name", "sm_count", "t0_fixed_us", "issue_rate_per_sm_GBps", "drain_rate_GBps",
+            "capacity_bytes", "nvlink_line_rate_GBps")
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"hardware profile not found: {path}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:
+        raise ConfigError(f"{path}: missing key(s) {', '.join(missing)}")
+    for key in REQUIRED[1:]:
+        if not isinstance(raw[key], int | float) or raw[key] <= 0:
+            raise ConfigError(f"{path}: key '{key}' must be a positive number, got {raw[key]!r}")
+    known = set(HardwareProfile.__dataclass_fields__)
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    return HardwareProfile(**raw)

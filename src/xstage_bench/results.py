@@ -1,0 +1,169 @@
+"""Raw result files: build records, write them atomically, read them back validated.
+
+Every raw JSON document in `results/<dataset>/raw/` goes through `write_raw` and
+`read_raw`, so a file that exists is complete and valid, and a bad one is named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from xstage_bench.stats import summarize_all
+
+SCHEMA_VERSION = 1
+OK = "ok"
+FAILED_STATUSES = ("failed", "wrong", "timeout", "unsupported")
+
+
+class RawResultError(ValueError):
+    """A raw result file (or document about to be written) is malformed."""
+
+
+@cache
+def raw_schema() -> dict:
+    text = resources.files("xstage_bench").joinpath("schemas/raw.schema.json").read_text()
+    return json.loads(text)
+
+
+def _json_path(error: jsonschema.ValidationError) -> str:
+    return "/".join(str(p) for p in error.absolute_path) or "(top level)"
+
+
+def validate_raw(doc: Any, source: str) -> None:
+    """Raise RawResultError naming `source` and the first offending field."""
+    validator = jsonschema.Draft202012Validator(raw_schema())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        raise RawResultError(f"{source}: field '{_json_path(first)}': {first.message}")
+    seen: set[str] = set()
+    for record in doc["records"]:
+        if record["id"] in seen:
+            raise RawResultError(f"{source}: duplicate record id '{record['id']}'")
+        seen.add(record["id"])
+
+
+def ok_record(
+    record_id: str,
+    point: dict,
+    samples: dict[str, Sequence[float]],
+    *,
+    correct: bool | None = None,
+    throttled: bool | None = None,
+    clocks: dict | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """A successful point: raw samples plus their summary."""
+    samples = {k: [float(v) for v in vs] for k, vs in samples.items()}
+    record = {
+        "id": record_id,
+        "point": point,
+        "status": OK,
+        "error": None,
+        "correct": correct,
+        "samples": samples,
+        "summary": summarize_all(samples),
+        "throttled": throttled,
+    }
+    if clocks is not None:
+        record["clocks"] = clocks
+    if extra is not None:
+        record["extra"] = extra
+    return record
+
+
+def failed_record(
+    record_id: str,
+    point: dict,
+    error: str,
+    *,
+    status: str = "failed",
+    correct: bool | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """A point that did not produce a trustworthy number: kept, with the reason."""
+    if status not in FAILED_STATUSES:
+        raise ValueError(f"status must be one of {FAILED_STATUSES}, got {status!r}")
+    record = {
+        "id": record_id,
+        "point": point,
+        "status": status,
+        "error": error or "unknown error",
+        "correct": correct,
+    }
+    if extra is not None:
+        record["extra"] = extra
+    return record
+
+
+def raw_document(
+    *,
+    experiment: str,
+    backend: str,
+    dataset: str,
+    environment: dict,
+    config: dict,
+    records: Iterable[dict],
+    study: str | None = None,
+) -> dict:
+    doc = {
+        "schema": SCHEMA_VERSION,
+        "experiment": experiment,
+        "backend": backend,
+        "dataset": dataset,
+        "environment": environment,
+        "config": config,
+        "records": list(records),
+    }
+    if study is not None:
+        doc["study"] = study
+    return doc
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write through a temporary file in the same directory, fsync, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_raw(path: str | os.PathLike, doc: dict) -> None:
+    """Validate, then write atomically: a reader never sees a partial or invalid file."""
+    validate_raw(doc, str(path))
+    atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=False) + "\n")
+
+
+def read_raw(path: str | os.PathLike) -> dict:
+    """Load and validate one raw file; any problem raises RawResultError naming the file."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RawResultError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise RawResultError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    validate_raw(doc, str(path))
+    return doc
+
+
+def ok_records(doc: dict) -> list[dict]:
+    """The records that carry trustworthy numbers."""
+    return [r for r in doc["records"] if r["status"] == OK]

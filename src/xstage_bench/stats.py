@@ -1,0 +1,52 @@
+"""Summary statistics for timing samples: median, interquartile range, bootstrap CI.
+
+One place so that every experiment (measured or simulated) summarizes the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def bootstrap_median_ci(
+    samples: Sequence[float], confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the median; a fixed seed keeps summaries reproducible."""
+    x = np.asarray(samples, dtype=float)
+    if x.size == 1:
+        return float(x[0]), float(x[0])
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(x, size=(BOOTSTRAP_RESAMPLES, x.size), replace=True), axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    return float(np.quantile(medians, alpha)), float(np.quantile(medians, 1.0 - alpha))
+
+
+def summarize(samples: Sequence[float]) -> dict:
+    """Median, quartiles, relative IQR and a bootstrap CI of the median."""
+    x = np.asarray(samples, dtype=float)
+    if x.size == 0:
+        raise ValueError("cannot summarize an empty list of samples")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("samples contain NaN or infinity")
+    q1, median, q3 = np.quantile(x, [0.25, 0.5, 0.75])
+    ci_low, ci_high = bootstrap_median_ci(x)
+    return {
+        "n": int(x.size),
+        "median": float(median),
+        "q1": float(q1),
+        "q3": float(q3),
+        "rel_iqr": float((q3 - q1) / median) if median != 0 else None,
+        "ci_low": ci_low,
+        "ci_high": ci_high,
+        "min": float(x.min()),
+        "max": float(x.max()),
+    }
+
+
+def summarize_all(samples: dict[str, Sequence[float]]) -> dict[str, dict]:
+    """Summaries for every metric that has samples."""
+    return {name: summarize(values) for name, values in samples.items() if len(values) > 0}
