@@ -64,6 +64,13 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
         if study["kind"] != "ceiling" and "K" not in study:
             raise ConfigError(f"config key 'microbench.studies.{name}.K': required for kind "
                               f"'{study['kind']}'")
+    datasets = config["datasets"]
+    if datasets["measured"].startswith("sim-"):
+        raise ConfigError("config key 'datasets.measured': a measured dataset cannot be named "
+                          f"sim-* (those are simulated), got '{datasets['measured']}'")
+    if datasets["measured"] in datasets["reference"]:
+        raise ConfigError(f"config key 'datasets.measured': '{datasets['measured']}' is also a "
+                          "reference dataset; measuring would overwrite it")
     names = [s["name"] for s in config["megamoe"]["shapes"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'megamoe.shapes': shape names must be unique")

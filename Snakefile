@@ -1,0 +1,38 @@
+# X-Stage bench: one DAG from the configuration to every figure and table.
+#
+#   snakemake --cores all                                  # everything this machine can do
+#   snakemake results/<dataset>/figures/<name>.pdf         # one figure, and only what it needs
+#   snakemake --cores all --configfile config/smoke.yaml   # the CI-sized run
+#
+# Stages, one rule file each: build -> microbench / megamoe / attention (measured on GPUs or
+# simulated) -> model (Burst-Gap fit) -> figures and tables -> report.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# A --configfile given on the command line replaces config.yaml whole (it is not merged
+# into it): a reduced config such as config/smoke.yaml must not inherit the full grids.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/build.smk"
+include: "workflow/rules/microbench.smk"
+include: "workflow/rules/megamoe.smk"
+include: "workflow/rules/attention.smk"
+include: "workflow/rules/model.smk"
+include: "workflow/rules/figures.smk"
+
+
+onstart:
+    print_measurement_verdict()
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

@@ -1,0 +1,77 @@
+"""The configuration: both shipped configs are valid, and bad values name their key."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from xstage_bench.config import ConfigError, load_config, validate_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def full_config():
+    return load_config(ROOT / "config.yaml")
+
+
+def test_shipped_configs_are_valid(full_config):
+    smoke = load_config(ROOT / "config" / "smoke.yaml")
+    assert smoke["measure"] == "never"
+    assert len(full_config["megamoe"]["shapes"]) == 7
+
+
+def test_full_config_has_the_84_megamoe_configurations(full_config):
+    mm = full_config["megamoe"]
+    n = len(mm["shapes"]) * len(mm["precisions"]) * len(mm["routings"]) * len(
+        mm["tokens_per_rank"])
+    assert n == 84
+    assert set(mm["precisions"]) == {"w4a8", "w8a8"}
+    assert mm["tokens_per_rank"] == [1024, 4096, 16384]
+
+
+def test_full_config_ulysses_sweep(full_config):
+    att = full_config["attention"]
+    assert att["seq_lens"] == [8192, 16384, 32768, 49152, 65536, 131072]
+    assert att["heads"] == [24, 40] and att["head_dim"] == 128
+
+
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda c: c["timing"].update(min_reps="ten"), "timing.min_reps"),
+        (lambda c: c["attention"].update(head_dim=96), "attention.head_dim"),
+        (lambda c: c["megamoe"]["shapes"][1].update(H=-4), "megamoe.shapes[1].H"),
+        (lambda c: c["microbench"]["studies"]["drain"].update(K=[0]), "microbench.studies.drain.K[0]"),
+        (lambda c: c.update(world_size=1), "world_size"),
+        (lambda c: c["datasets"].update(measured="sim-oops"), "datasets.measured"),
+        (lambda c: c["timing"].update(max_reps=4, min_reps=5), "timing.max_reps"),
+        (lambda c: c.pop("attention"), "(top level)"),
+        (lambda c: c["microbench"].update(typo=1), "microbench"),
+    ],
+)
+def test_bad_values_name_their_key(full_config, mutate, key):
+    bad = copy.deepcopy(full_config)
+    mutate(bad)
+    with pytest.raises(ConfigError) as err:
+        validate_config(bad)
+    assert f"'{key}'" in str(err.value)
+
+
+def test_measured_dataset_cannot_overwrite_a_reference(full_config):
+    bad = copy.deepcopy(full_config)
+    bad["datasets"]["measured"] = bad["datasets"]["reference"][0]
+    with pytest.raises(ConfigError, match="overwrite"):
+        validate_config(bad)
+
+
+def test_load_config_names_the_file(tmp_path, full_config):
+    path = tmp_path / "c.yaml"
+    bad = copy.deepcopy(full_config)
+    bad["measure"] = "sometimes"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match=r"c\.yaml: config key 'measure'"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")

@@ -1,0 +1,54 @@
+"""Grid expansion: stable ids, store-aligned bursts, the sweeps' sizes."""
+
+from pathlib import Path
+
+import pytest
+
+from xstage_bench.config import load_config
+from xstage_bench.grid import attention_points, megamoe_points, microbench_points, producer_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(ROOT / "config.yaml")
+
+
+def test_producer_bytes_are_16_byte_aligned():
+    assert producer_bytes(4 * 2**20, 132) == 31760
+    assert producer_bytes(4 * 2**20, 132) % 16 == 0
+    with pytest.raises(ValueError, match="too small"):
+        producer_bytes(1000, 132)
+
+
+def test_microbench_points_are_unique_and_complete(cfg):
+    for study in cfg["microbench"]["studies"]:
+        points = microbench_points(cfg["microbench"], study)
+        ids = [p["id"] for p in points]
+        assert len(ids) == len(set(ids)), study
+        for p in points:
+            assert p["study"] == study
+            if p["kind"] != "ceiling":
+                assert p["V"] == p["K"] * p["B"]
+
+
+def test_study_axes_override_defaults(cfg):
+    points = microbench_points(cfg["microbench"], "gap_sweep")
+    assert {p["dest"] for p in points} == {"peer", "local"}
+    assert {p["width"] for p in points} == {16}
+    assert len(points) == 5 * 14 * 2
+
+
+def test_megamoe_grid_is_84_configurations(cfg):
+    points = megamoe_points(cfg["megamoe"], 2)
+    assert len(points) == 84
+    assert len({p["id"] for p in points}) == 84
+    with pytest.raises(ValueError, match="do not divide"):
+        megamoe_points(cfg["megamoe"], 3)
+
+
+def test_attention_grid_checks_heads_divide(cfg):
+    assert len(attention_points(cfg["attention"], 2)) == 3 * 3 * 2 * 6
+    with pytest.raises(ValueError, match="heads=24"):
+        attention_points(cfg["attention"], 16)

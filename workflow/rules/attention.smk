@@ -1,0 +1,33 @@
+# Stage 3b: Ulysses attention, alone / serial (attention then All-to-All) / fused.
+
+
+rule attention_measure:
+    output:
+        RESULTS / "{dataset}" / "raw" / "attention.json",
+    wildcard_constraints:
+        dataset=MEASURED or "no-measured-dataset",
+    resources:
+        gpu=WORLD_SIZE,
+    conda:
+        CONDA_ENV
+    log:
+        RESULTS / "{dataset}" / "logs" / "attention.log",
+    script:
+        "../scripts/measure_attention.py"
+
+
+rule attention_simulate:
+    input:
+        profile=lambda wc: SIMULATED[wc.dataset],
+    output:
+        RESULTS / "{dataset}" / "raw" / "attention.json",
+    wildcard_constraints:
+        dataset=r"sim-[A-Za-z0-9._-]+",
+    params:
+        experiment="attention",
+    conda:
+        CONDA_ENV
+    log:
+        RESULTS / "{dataset}" / "logs" / "attention.log",
+    script:
+        "../scripts/simulate.py"

@@ -1,0 +1,201 @@
+# Shared helpers: config validation, the machine's GPUs, datasets and what each one holds.
+
+import shutil
+import sys
+from pathlib import Path
+
+from xstage_bench import layout
+from xstage_bench.config import ConfigError, validate_config
+from xstage_bench.machine import dataset_name, probe_gpus
+
+
+try:
+    validate_config(config)
+except ConfigError as e:
+    sys.exit(f"Invalid configuration: {e}")
+
+RESULTS = Path("results")
+EXPERIMENTS = ("microbench", "megamoe", "attention")
+STUDIES = list(config["microbench"]["studies"])
+GPUS = probe_gpus() if config["measure"] != "never" else None
+
+if config["measure"] == "always" and not GPUS.can_measure:
+    sys.exit(f"config key 'measure' is 'always' but no measurement is possible: {GPUS.reason}")
+
+MEASURING = config["measure"] != "never" and GPUS.can_measure
+MEASURED = (
+    (dataset_name(GPUS.names) if config["datasets"]["measured"] == "auto"
+     else config["datasets"]["measured"])
+    if MEASURING
+    else None
+)
+WORLD_SIZE = (
+    config["world_size"] if config["world_size"] != "auto" else (GPUS.count if MEASURING else 2)
+)
+SIMULATED = config["datasets"]["simulated"]
+CONDA_ENV = "../../envs/xstage.yaml"
+REFERENCE = config["datasets"]["reference"]
+
+# A GPU job owns the node's GPUs: the `gpu` resource defaults to the GPU count, so
+# --cores all never runs two GPU jobs at once on the same devices.
+if MEASURING and "gpu" not in workflow.global_resources:
+    workflow.register_resource("gpu", GPUS.count)
+
+
+def measurement_verdict():
+    if config["measure"] == "never":
+        return "No measurement: config key 'measure' is 'never'; rendering existing datasets."
+    if not MEASURING:
+        return f"No measurement was made on this machine: {GPUS.reason}. Rendering the " \
+               f"reference and simulated datasets only."
+    return f"Measuring dataset '{MEASURED}' on {GPUS.count} x {GPUS.names[0]} " \
+           f"(experiments: {', '.join(config['measured_experiments'])})."
+
+
+def print_measurement_verdict():
+    print(f"[xstage] {measurement_verdict()}", file=sys.stderr)
+
+
+def dataset_experiments(dataset):
+    """Which experiments a dataset holds: generated ones by config, references by their files."""
+    if dataset in SIMULATED:
+        return set(EXPERIMENTS)
+    if dataset == MEASURED:
+        return set(config["measured_experiments"])
+    raw = RESULTS / dataset / "raw"
+    held = set()
+    if any((raw / "microbench").glob("*.json")):
+        held.add("microbench")
+    if (raw / "megamoe.json").exists():
+        held.add("megamoe")
+    if (raw / "attention.json").exists():
+        held.add("attention")
+    return held
+
+
+def dataset_studies(dataset):
+    """Microbench studies of a dataset: the config's, or those a reference holds."""
+    if dataset in SIMULATED or dataset == MEASURED:
+        return STUDIES
+    return sorted(p.stem for p in (RESULTS / dataset / "raw" / "microbench").glob("*.json"))
+
+
+def resolve_reads(dataset, reads):
+    """Dataset-relative reads (layout.Product.reads) as paths for this dataset."""
+    held = dataset_experiments(dataset)
+    paths = []
+    for read in reads:
+        if read.startswith("microbench:"):
+            if read.split(":", 1)[1] in dataset_studies(dataset):
+                paths.append(str(layout.resolve(RESULTS / dataset, read)))
+        elif read == layout.MODEL_JSON:
+            if "microbench" in held:
+                paths.append(str(RESULTS / dataset / read))
+        elif read.startswith("raw/megamoe"):
+            if "megamoe" in held:
+                paths.append(str(RESULTS / dataset / read))
+        elif read == layout.ATTENTION_RAW:
+            if "attention" in held:
+                paths.append(str(RESULTS / dataset / read))
+    return paths
+
+
+def all_raw(dataset):
+    """Every raw file a dataset has or will have (for the tables that read everything)."""
+    held = dataset_experiments(dataset)
+    files = [str(RESULTS / dataset / layout.microbench_raw(s)) for s in dataset_studies(dataset)]
+    if "megamoe" in held:
+        files += [str(RESULTS / dataset / layout.MEGAMOE_RAW),
+                  str(RESULTS / dataset / layout.MEGAMOE_TRACE_RAW)]
+    if "attention" in held:
+        files.append(str(RESULTS / dataset / layout.ATTENTION_RAW))
+    return files
+
+
+def product_available(dataset, product):
+    """A product is made for a dataset when every experiment it needs is there."""
+    held = dataset_experiments(dataset)
+    needs = {"model": "microbench"}.get(product.stage, product.stage)
+    if needs == "all":
+        return bool(held)
+    return needs in held and all(
+        read.split(":", 1)[1] in dataset_studies(dataset)
+        for read in product.reads
+        if read.startswith("microbench:")
+    )
+
+
+def product_formats(product):
+    """(folder, main extension, companion extension) of a figure or table."""
+    if product.name.startswith("fig-"):
+        return "figures", "pdf", "png"
+    return "tables", "csv", "md"
+
+
+def product_output(dataset, product):
+    kind, ext, _ = product_formats(product)
+    return str(RESULTS / dataset / kind / f"{product.name}.{ext}")
+
+
+def datasets():
+    names = list(SIMULATED) + list(REFERENCE)
+    if MEASURED:
+        names.append(MEASURED)
+    return names
+
+
+def all_targets():
+    targets = built_kernels()
+    for dataset in datasets():
+        if dataset in REFERENCE and not (RESULTS / dataset).is_dir():
+            print(f"[xstage] reference dataset '{dataset}' is not in {RESULTS}/: skipped",
+                  file=sys.stderr)
+            continue
+        for product in layout.PRODUCTS.values():
+            if product_available(dataset, product):
+                targets.append(product_output(dataset, product))
+    return targets
+
+
+# --- build ---
+
+CUDA_SOURCES = sorted(Path("kernels").rglob("*.cu"))
+NVCC = shutil.which("nvcc")
+
+
+def cubin_path(source):
+    return f"build/kernels/sm_90/{Path(source).stem}.cubin"
+
+
+def built_kernels():
+    if NVCC is None:
+        print("[xstage] nvcc not found: the CUDA kernels were not built (measuring needs them; "
+              "rendering does not)", file=sys.stderr)
+        return []
+    return [cubin_path(s) for s in CUDA_SOURCES]
+
+
+# --- model ---
+
+def model_inputs(wildcards):
+    return [str(RESULTS / wildcards.dataset / layout.microbench_raw(s))
+            for s in dataset_studies(wildcards.dataset)]
+
+
+# --- figures and tables ---
+
+def product_inputs(product):
+    def inputs(wildcards):
+        if product.name in ("tab-claims", "tab-noise"):
+            files = all_raw(wildcards.dataset)
+            if "microbench" in dataset_experiments(wildcards.dataset):
+                files.append(str(RESULTS / wildcards.dataset / layout.MODEL_JSON))
+            return files
+        return resolve_reads(wildcards.dataset, product.reads)
+
+    return inputs
+
+
+wildcard_constraints:
+    dataset=r"[A-Za-z0-9._-]+",
+    study=r"[a-z0-9_]+",

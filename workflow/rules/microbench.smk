@@ -1,0 +1,34 @@
+# Stage 2: the remote-store microbenchmarks: measured on this machine's GPUs, or simulated
+# from a hardware profile. Both write results/<dataset>/raw/microbench/<study>.json.
+
+
+rule microbench_measure:
+    input:
+        cubin="build/kernels/sm_90/burst.cubin",
+    output:
+        RESULTS / "{dataset}" / "raw" / "microbench" / "{study}.json",
+    wildcard_constraints:
+        dataset=MEASURED or "no-measured-dataset",
+    resources:
+        gpu=WORLD_SIZE,
+    conda:
+        CONDA_ENV
+    log:
+        RESULTS / "{dataset}" / "logs" / "microbench-{study}.log",
+    script:
+        "../scripts/measure_microbench.py"
+
+
+rule microbench_simulate:
+    input:
+        profile=lambda wc: SIMULATED[wc.dataset],
+    output:
+        RESULTS / "{dataset}" / "raw" / "microbench" / "{study}.json",
+    wildcard_constraints:
+        dataset=r"sim-[A-Za-z0-9._-]+",
+    conda:
+        CONDA_ENV
+    log:
+        RESULTS / "{dataset}" / "logs" / "microbench-{study}.log",
+    script:
+        "../scripts/simulate.py"

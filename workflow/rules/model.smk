@@ -1,0 +1,18 @@
+# Stage 4: fit the Burst-Gap model (T0, R, Q) to a dataset's microbenchmarks and validate
+# it on held-out points; also writes a refit hardware profile for the simulator.
+
+
+rule fit_burst_gap:
+    input:
+        model_inputs,
+    output:
+        model=RESULTS / "{dataset}" / "model" / "burst_gap.json",
+        profile=RESULTS / "{dataset}" / "model" / "profile.yaml",
+    params:
+        base_profile=lambda wc: SIMULATED.get(wc.dataset, "config/hardware/h200.yaml"),
+    conda:
+        CONDA_ENV
+    log:
+        RESULTS / "{dataset}" / "logs" / "fit_burst_gap.log",
+    script:
+        "../scripts/fit_model.py"

@@ -1,0 +1,13 @@
+"""Rule entry point: fit the Burst-Gap model to a dataset's microbenchmarks."""
+
+from xstage_bench.joblog import tee_to
+from xstage_bench.model.fit import fit_files
+
+with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
+    fit_files(
+        list(snakemake.input),  # noqa: F821
+        snakemake.wildcards.dataset,  # noqa: F821
+        snakemake.output.model,  # noqa: F821
+        snakemake.output.profile,  # noqa: F821
+        snakemake.params.base_profile,  # noqa: F821
+    )
