@@ -1,0 +1,272 @@
+"""Run a list of points through a measure function: resumable, fault-safe, with a watchdog.
+
+A sweep keeps its progress in `<out>.partial.json`, a complete valid raw document rewritten
+atomically after every point, so whatever stops it (an exception, Ctrl-C, a killed job, a
+hung kernel) leaves a file a rerun resumes from: only the points not yet recorded are
+measured. A point whose measure raises is recorded as failed and the sweep goes on.
+
+A kernel stuck on the GPU cannot be interrupted from Python, so the watchdog does not try:
+when a point runs past `point_timeout_s` it records that point as "timeout" in the partial
+file and ends the process with WATCHDOG_EXIT_CODE. The rerun skips the recorded point. The
+watchdog is a thread, so it fires only while the measuring thread lets go of the GIL (CUDA
+synchronisation and sleeps do; a C call that holds the GIL would delay it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from xstage_bench.environment import finish as finish_environment
+from xstage_bench.results import (
+    OK,
+    RawResultError,
+    failed_record,
+    raw_document,
+    read_raw,
+    validate_raw,
+    write_raw,
+)
+
+# EX_TEMPFAIL from sysexits.h: "temporary failure, the user is invited to retry" — a rerun
+# continues past the point that timed out.
+WATCHDOG_EXIT_CODE = 75
+
+
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial.json")
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _point_ids(points: list[dict]) -> list[str]:
+    ids = []
+    for i, point in enumerate(points):
+        if not isinstance(point, dict) or "id" not in point:
+            raise ValueError(f"point {i} has no 'id': {point!r}")
+        ids.append(point["id"])
+    repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if repeated:
+        raise ValueError(f"point ids must be unique; repeated: {', '.join(repeated)}")
+    return ids
+
+
+class _SweepState:
+    """The records so far and the partial file they are mirrored to.
+
+    `cond` guards both: the measuring thread and the watchdog each record a point and write
+    the partial file under it, so exactly one of them records a point that ends at its
+    deadline.
+    """
+
+    def __init__(self, header: dict, ids: list[str], records: dict[str, dict], partial: Path):
+        self.header = header
+        self.ids = ids
+        self.records = records
+        self.partial = partial
+        self.cond = threading.Condition()
+        self.running: dict | None = None  # the point being measured, seen by the watchdog
+
+    def document(self) -> dict:
+        ordered = [self.records[i] for i in self.ids if i in self.records]
+        return raw_document(**self.header, records=ordered)
+
+    def write_partial(self) -> None:
+        write_raw(self.partial, self.document())
+
+
+class _Watchdog(threading.Thread):
+    """Ends the process when one point runs longer than `timeout_s` (see module doc)."""
+
+    def __init__(self, state: _SweepState, timeout_s: float, label: str):
+        super().__init__(name="sweep-watchdog", daemon=True)
+        self.state = state
+        self.timeout_s = timeout_s
+        self.label = label
+        self.deadline: float | None = None
+        self.stopped = False
+
+    def arm(self, point: dict) -> None:
+        with self.state.cond:
+            self.state.running = point
+            self.deadline = time.monotonic() + self.timeout_s
+            self.state.cond.notify_all()
+
+    def stop(self) -> None:
+        with self.state.cond:
+            self.stopped = True
+            self.state.cond.notify_all()
+
+    def run(self) -> None:
+        cond = self.state.cond
+        with cond:
+            while not self.stopped:
+                if self.state.running is None or self.deadline is None:
+                    cond.wait()
+                    continue
+                remaining = self.deadline - time.monotonic()
+                if remaining > 0:
+                    cond.wait(remaining)
+                    continue
+                self._expire(self.state.running)
+
+    def _expire(self, point: dict) -> None:
+        state = self.state
+        message = f"timeout: point ran longer than {self.timeout_s:g} s (sweep watchdog)"
+        state.records[point["id"]] = failed_record(point["id"], point, message, status="timeout")
+        try:
+            state.write_partial()
+            saved = f"recorded as timeout in {state.partial}"
+        except BaseException as e:  # the process ends either way; say what was lost
+            saved = f"could NOT record it ({type(e).__name__}: {e})"
+        _stderr_line(
+            f"[{self.label}] watchdog: point {point['id']} ran longer than "
+            f"{self.timeout_s:g} s; {saved}; ending the process with exit code "
+            f"{WATCHDOG_EXIT_CODE} (a stuck GPU kernel cannot be interrupted); rerun to continue"
+        )
+        sys.stdout.flush()
+        os._exit(WATCHDOG_EXIT_CODE)
+
+
+def _check_resumable(previous: dict, partial: Path, header: dict, ids: list[str]) -> None:
+    """A partial file from another sweep must not be mixed into this one."""
+    for key in ("experiment", "backend", "dataset", "study"):
+        if previous.get(key) != header.get(key):
+            raise RawResultError(
+                f"{partial}: was written for {key}={previous.get(key)!r}, this sweep has "
+                f"{key}={header.get(key)!r}; remove the file to start over"
+            )
+    if previous["config"] != json.loads(json.dumps(header["config"])):
+        raise RawResultError(
+            f"{partial}: was written with a different config; remove the file to start over"
+        )
+    unknown = sorted({r["id"] for r in previous["records"]} - set(ids))
+    if unknown:
+        raise RawResultError(
+            f"{partial}: holds points this sweep does not have ({', '.join(unknown[:5])}); "
+            "remove the file to start over"
+        )
+
+
+def _resumed_environment(first: dict, now: dict) -> dict:
+    """Keep the environment of the run that started the sweep; list every resumption."""
+    env = dict(first)
+    resume = {k: now.get(k) for k in ("host", "started_at", "git")}
+    env["resumes"] = [*first.get("resumes", []), resume]
+    return env
+
+
+def _checked_record(record, point: dict, header: dict) -> dict:
+    """The record `measure` returned, or a failed record saying why it is unusable."""
+    point_id = point["id"]
+    if not isinstance(record, dict) or record.get("id") != point_id:
+        got = record.get("id") if isinstance(record, dict) else type(record).__name__
+        return failed_record(point_id, point, f"measure returned a record for {got!r}")
+    try:
+        validate_raw(raw_document(**header, records=[record]), f"record for point {point_id}")
+    except RawResultError as e:
+        return failed_record(point_id, point, f"measure returned an invalid record: {e}")
+    return record
+
+
+def run_sweep(
+    points: list[dict],
+    measure: Callable[[dict], dict],
+    out: Path,
+    *,
+    experiment: str,
+    backend: str,
+    dataset: str,
+    environment: dict,
+    config: dict,
+    study: str | None = None,
+    point_timeout_s: float | None = None,
+    retry_failed: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Measure every point not yet recorded, write the raw document to `out`, return it.
+
+    `measure(point)` returns `results.ok_record(...)` or `failed_record(...)` for that point;
+    an exception it raises becomes a failed record ("Type: message"). KeyboardInterrupt and
+    SystemExit propagate (the partial file keeps every finished point). With `retry_failed`,
+    points recorded with a status other than ok are measured again. `progress` receives one
+    line per point (default: printed to stderr). Repeated point ids raise ValueError; a
+    corrupt or foreign partial file raises RawResultError naming it.
+    """
+    out = Path(out)
+    ids = _point_ids(points)
+    partial = partial_path(out)
+    label = study or experiment
+    say = progress or _stderr_line
+    header = {
+        "experiment": experiment,
+        "backend": backend,
+        "dataset": dataset,
+        "environment": environment,
+        "config": config,
+        "study": study,
+    }
+    records: dict[str, dict] = {}
+    if partial.exists():
+        previous = read_raw(partial)
+        _check_resumable(previous, partial, header, ids)
+        records = {r["id"]: r for r in previous["records"]}
+        header["environment"] = _resumed_environment(previous["environment"], environment)
+        say(f"[{label}] resuming from {partial}: {len(records)}/{len(ids)} points recorded")
+
+    todo = [
+        p
+        for p in points
+        if p["id"] not in records or (retry_failed and records[p["id"]]["status"] != OK)
+    ]
+    state = _SweepState(header, ids, records, partial)
+    state.write_partial()  # fail fast on a bad header, before any GPU time is spent
+    watchdog = _Watchdog(state, point_timeout_s, label) if point_timeout_s else None
+    if watchdog:
+        watchdog.start()
+    spent = 0.0
+    try:
+        for n, point in enumerate(todo, start=1):
+            t0 = time.monotonic()
+            if watchdog:
+                watchdog.arm(point)
+            try:
+                record = measure(point)
+            except Exception as e:
+                record = failed_record(point["id"], point, f"{type(e).__name__}: {e}")
+            with state.cond:
+                state.running = None
+                state.records[point["id"]] = _checked_record(record, point, header)
+                state.write_partial()
+            took = time.monotonic() - t0
+            spent += took
+            eta = _format_duration(spent / n * (len(todo) - n))
+            done = len(ids) - len(todo) + n
+            status = state.records[point["id"]]["status"]
+            say(f"[{label}] {done}/{len(ids)} {point['id']} {status} {took:.1f} s (ETA {eta})")
+    finally:
+        if watchdog:
+            watchdog.stop()
+
+    finish_environment(header["environment"])
+    doc = state.document()
+    write_raw(out, doc)
+    partial.unlink()
+    return doc

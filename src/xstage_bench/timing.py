@@ -1,0 +1,227 @@
+"""The one timing module: the stopping rule, CUDA-event timers, graph-replay timers.
+
+Every experiment that times something on a GPU goes through here, so warm-up, repetition,
+the noise-based stopping rule and the L2 flush are decided once (the nvbench habit).
+
+`measure` is pure Python and takes any `run_once() -> microseconds`; the CUDA timers build
+such a callable. torch is imported inside the functions that need it, so this module loads
+on machines without torch (CI) and fails only when a CUDA timer is actually asked for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+STABLE = "stable"
+MAX_REPS = "max_reps"
+BUDGET = "budget"
+
+
+class TimingError(RuntimeError):
+    """A timer cannot run here (no torch, no CUDA) or a sample is not a usable time."""
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How long to keep repeating: `config.yaml`'s `timing` block."""
+
+    warmup: int
+    min_reps: int
+    max_reps: int
+    target_rel_iqr: float
+    budget_s: float
+    flush_l2: bool
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0:
+            raise ValueError(f"timing.warmup must be >= 0, got {self.warmup}")
+        if self.min_reps < 1:
+            raise ValueError(f"timing.min_reps must be >= 1, got {self.min_reps}")
+        if self.max_reps < self.min_reps:
+            raise ValueError(
+                f"timing.max_reps must be >= timing.min_reps ({self.min_reps}), got {self.max_reps}"
+            )
+        if not self.target_rel_iqr > 0:
+            raise ValueError(f"timing.target_rel_iqr must be > 0, got {self.target_rel_iqr}")
+        if not self.budget_s > 0:
+            raise ValueError(f"timing.budget_s must be > 0, got {self.budget_s}")
+
+    @classmethod
+    def from_config(cls, timing: Mapping) -> TimingPolicy:
+        """Build from `cfg["timing"]`; a missing or unknown key is named in the error."""
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in timing]
+        unknown = sorted(set(timing) - set(names))
+        if missing:
+            raise ValueError(f"timing config: missing key 'timing.{missing[0]}'")
+        if unknown:
+            raise ValueError(f"timing config: unknown key 'timing.{unknown[0]}'")
+        return cls(**{n: timing[n] for n in names})
+
+
+class Samples(list):
+    """The timed samples (a plain list of floats, in the caller's unit) plus why timing stopped.
+
+    A list subclass so callers can pass it straight to `results.ok_record`; the extra
+    attributes say how the list came to be: `stop_reason` is one of STABLE (n >= min_reps
+    and the relative IQR reached the target), MAX_REPS or BUDGET; `warmup` is how many
+    calls were discarded; `elapsed_s` the wall-clock time of the timed repetitions.
+    """
+
+    def __init__(self, values: list[float], *, stop_reason: str, warmup: int, elapsed_s: float):
+        super().__init__(values)
+        self.stop_reason = stop_reason
+        self.warmup = warmup
+        self.elapsed_s = elapsed_s
+
+
+def relative_iqr(samples: list[float]) -> float:
+    """(q3 - q1) / median, the same definition as `stats.summarize`'s rel_iqr."""
+    q1, median, q3 = np.quantile(np.asarray(samples, dtype=float), [0.25, 0.5, 0.75])
+    spread = q3 - q1
+    if median == 0:
+        # All-zero samples are perfectly stable; any spread around a zero median is not.
+        return 0.0 if spread == 0 else float("inf")
+    return float(spread / abs(median))
+
+
+def measure(
+    run_once: Callable[[], float],
+    policy: TimingPolicy,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Samples:
+    """Warm up, then repeat `run_once` until the samples are stable, numerous or too costly.
+
+    Stops when n >= min_reps and the relative IQR <= target_rel_iqr (STABLE), when
+    n == max_reps (MAX_REPS), or when `budget_s` of `clock` time has passed since the
+    warm-up ended (BUDGET; the budget covers the timed repetitions, the warm-up is a fixed
+    count). At least one sample is always taken, so a budget smaller than one call still
+    yields a number, marked BUDGET.
+    """
+    for _ in range(policy.warmup):
+        run_once()
+    samples: list[float] = []
+    start = clock()
+    while True:
+        value = float(run_once())
+        if not np.isfinite(value) or value < 0:
+            raise TimingError(f"run_once returned {value!r}, not a finite non-negative time")
+        samples.append(value)
+        elapsed = clock() - start
+        n = len(samples)
+        if n >= policy.min_reps and relative_iqr(samples) <= policy.target_rel_iqr:
+            reason = STABLE
+        elif n >= policy.max_reps:
+            reason = MAX_REPS
+        elif elapsed >= policy.budget_s:
+            reason = BUDGET
+        else:
+            continue
+        return Samples(samples, stop_reason=reason, warmup=policy.warmup, elapsed_s=elapsed)
+
+
+def _cuda_torch():
+    """torch, checked to have a usable CUDA device; a clear TimingError otherwise."""
+    try:
+        import torch
+    except ImportError:
+        raise TimingError("CUDA timing needs torch, which is not installed here") from None
+    if not torch.cuda.is_available():
+        raise TimingError(
+            "CUDA timing needs a CUDA device, but torch.cuda.is_available() is False "
+            "(no GPU or no driver on this machine)"
+        )
+    return torch
+
+
+def _l2_flusher(torch, device: int) -> Callable[[], None]:
+    """Overwrite a buffer exactly the size of the device's L2, so the timed call starts cold."""
+    size = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
+    if size <= 0:
+        raise TimingError(f"cannot flush L2: torch reports no L2_cache_size for cuda:{device}")
+    buffer = torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", device))
+    return buffer.zero_
+
+
+def cuda_event_timer(
+    fn: Callable[[], None],
+    *,
+    device: int,
+    flush_l2: bool,
+    stream=None,
+) -> Callable[[], float]:
+    """A `run_once` for `measure`: one call of `fn` between two CUDA events, in microseconds.
+
+    `fn` must enqueue its work on torch's current stream (it is made current here). The L2
+    flush runs on the same stream before the start event, so it is ordered before `fn`
+    but outside the timed region.
+    """
+    torch = _cuda_torch()
+    with torch.cuda.device(device):
+        stream = stream if stream is not None else torch.cuda.current_stream(device)
+        flush = _l2_flusher(torch, device) if flush_l2 else None
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+
+    def run_once() -> float:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            if flush is not None:
+                flush()
+            start.record(stream)
+            fn()
+            end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0
+
+    return run_once
+
+
+def graph_timer(
+    fn: Callable[[], None],
+    *,
+    device: int,
+    calls_per_replay: int,
+    flush_l2: bool = False,
+) -> Callable[[], float]:
+    """A `run_once` for short kernels: `fn` captured `calls_per_replay` times in one CUDA
+    graph; one replay is timed with events and the per-call time returned in microseconds.
+
+    Replaying a graph removes the host launch gaps that would otherwise leak into a
+    microsecond-scale kernel. `fn` runs once eagerly before capture (capture cannot hold
+    first-call work such as lazy initialisation or compilation). With `flush_l2`, L2 is
+    flushed once before each replay: only the first captured call starts cold.
+    """
+    if calls_per_replay < 1:
+        raise ValueError(f"calls_per_replay must be >= 1, got {calls_per_replay}")
+    torch = _cuda_torch()
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls_per_replay):
+                fn()
+        stream = torch.cuda.current_stream(device)
+        flush = _l2_flusher(torch, device) if flush_l2 else None
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+
+    def run_once() -> float:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            if flush is not None:
+                flush()
+            start.record(stream)
+            graph.replay()
+            end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0 / calls_per_replay
+
+    return run_once

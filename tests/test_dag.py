@@ -1,0 +1,77 @@
+"""The Snakemake DAG: which jobs the full config makes, one-figure targets, bad configs."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from xstage_bench import layout
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+WORKFLOW_FILES = ("Snakefile", "workflow", "config.yaml", "config", "kernels", "envs")
+
+pytestmark = pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed")
+
+
+@pytest.fixture()
+def workdir(tmp_path):
+    """A copy of the workflow without any results, so job counts do not depend on them."""
+    for name in WORKFLOW_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, tmp_path / name)
+        else:
+            shutil.copy(src, tmp_path / name)
+    return tmp_path
+
+
+def snakemake(workdir, *args):
+    return subprocess.run([str(SNAKEMAKE), *args], cwd=workdir, capture_output=True, text=True,
+                          timeout=300)
+
+
+def job_counts(workdir, *args):
+    out = snakemake(workdir, *args, "-n", "--cores", "1", "--quiet", "rules")
+    assert out.returncode == 0, out.stderr
+    table = out.stdout.split("Job stats:")[1]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", table, flags=re.M))
+    return {k: int(v) for k, v in counts.items()}
+
+
+def test_full_config_dry_run_lists_every_stage(workdir):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    n_sim = len(config["datasets"]["simulated"])
+    counts = job_counts(workdir, "--config", "measure=never")
+    assert counts["microbench_simulate"] == n_sim * len(config["microbench"]["studies"])
+    assert counts["megamoe_simulate"] == n_sim * 2  # sweep + mechanism trace
+    assert counts["attention_simulate"] == n_sim
+    assert counts["fit_burst_gap"] == n_sim
+    for product in layout.PRODUCTS:
+        kind = "figure" if product.startswith("fig-") else "table"
+        assert counts[f"{kind}_{product.replace('-', '_')}"] == n_sim, product
+    if shutil.which("nvcc"):
+        assert counts.get("build_cubin", 0) == len(list((ROOT / "kernels").rglob("*.cu")))
+
+
+def test_one_figure_builds_only_what_it_needs(workdir):
+    counts = job_counts(workdir, "results/sim-b200/figures/fig-megamoe-speedup.pdf")
+    assert counts == {"megamoe_simulate": 1, "figure_fig_megamoe_speedup": 1, "total": 2}
+
+
+def test_bad_config_stops_with_the_key_named(workdir):
+    bad = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    bad["attention"]["heads"] = ["many"]
+    (workdir / "bad.yaml").write_text(yaml.safe_dump(bad))
+    out = snakemake(workdir, "-n", "--cores", "1", "--configfile", "bad.yaml")
+    assert out.returncode != 0
+    assert "config key 'attention.heads[0]'" in out.stdout + out.stderr
+
+
+def test_lint_is_clean(workdir):
+    out = snakemake(workdir, "--lint")
+    assert out.returncode == 0, out.stdout + out.stderr

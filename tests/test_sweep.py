@@ -1,0 +1,204 @@
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from xstage_bench.results import RawResultError, ok_record, read_raw
+from xstage_bench.sweep import WATCHDOG_EXIT_CODE, partial_path, run_sweep
+
+ENV = {
+    "host": "test",
+    "python": "3",
+    "packages": {},
+    "git": {"sha": None, "dirty": None},
+    "started_at": "2026-01-01T00:00:00.000+00:00",
+    "finished_at": "2026-01-01T00:00:00.000+00:00",
+    "simulated": True,
+}
+POINTS = [{"id": name, "V": i} for i, name in enumerate("abcde")]
+
+
+def counting_measure(fail=(), interrupt=None):
+    """measure(point) -> ok record; raises for ids in `fail`; Ctrl-C at id `interrupt`."""
+
+    def measure(point):
+        measure.calls.append(point["id"])
+        if point["id"] == interrupt:
+            raise KeyboardInterrupt
+        if point["id"] in fail:
+            raise ValueError(f"boom at {point['id']}")
+        return ok_record(point["id"], point, {"time_us": [1.0, 2.0, 3.0]})
+
+    measure.calls = []
+    return measure
+
+
+def sweep(out, measure, points=POINTS, **kw):
+    kw.setdefault("progress", lambda line: None)
+    return run_sweep(
+        points,
+        measure,
+        out,
+        experiment="microbench",
+        backend="sim",
+        dataset="sim-test",
+        environment=dict(ENV),
+        config={"k": 1},
+        study="gap_sweep",
+        **kw,
+    )
+
+
+def test_failing_point_is_recorded_and_sweep_goes_on(tmp_path):
+    out = tmp_path / "raw" / "gap_sweep.json"
+    measure = counting_measure(fail={"b"})
+    doc = sweep(out, measure, point_timeout_s=30)
+    assert measure.calls == list("abcde")
+    assert [r["status"] for r in doc["records"]] == ["ok", "failed", "ok", "ok", "ok"]
+    assert doc["records"][1]["error"] == "ValueError: boom at b"
+    assert read_raw(out) == doc
+    assert not partial_path(out).exists()
+    assert doc["environment"]["finished_at"] != ENV["finished_at"]
+
+
+def test_interrupt_keeps_partial_and_resume_measures_only_missing(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    first = counting_measure(interrupt="c")
+    with pytest.raises(KeyboardInterrupt):
+        sweep(out, first)
+    partial = read_raw(partial_path(out))
+    assert [r["id"] for r in partial["records"]] == ["a", "b"]
+    assert not out.exists()
+
+    second = counting_measure()
+    doc = sweep(out, second)
+    assert second.calls == ["c", "d", "e"]
+    assert [r["id"] for r in doc["records"]] == list("abcde")
+    assert len(doc["environment"]["resumes"]) == 1
+
+
+def test_retry_failed_remeasures_only_failed_points(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    with pytest.raises(KeyboardInterrupt):
+        sweep(out, counting_measure(fail={"b"}, interrupt="d"))
+    again = counting_measure()
+    doc = sweep(out, again, retry_failed=True)
+    assert again.calls == ["b", "d", "e"]
+    assert all(r["status"] == "ok" for r in doc["records"])
+
+
+def test_kill_during_write_leaves_previous_partial_intact(tmp_path, monkeypatch):
+    out = tmp_path / "gap_sweep.json"
+    real_replace = os.replace
+    replaced = []
+
+    def dying_replace(src, dst):
+        # Writes: the empty start, then one per point; die while writing point c's.
+        if len(replaced) == 3:
+            raise KeyboardInterrupt("killed mid-write")
+        replaced.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", dying_replace)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(out, counting_measure())
+    monkeypatch.setattr(os, "replace", real_replace)
+
+    partial = read_raw(partial_path(out))  # still valid: the old file was never touched
+    assert [r["id"] for r in partial["records"]] == ["a", "b"]
+    assert [p.name for p in tmp_path.iterdir()] == [partial_path(out).name]  # no temp files
+    resumed = counting_measure()
+    sweep(out, resumed)
+    assert resumed.calls == ["c", "d", "e"]
+
+
+def test_corrupt_partial_raises_naming_the_file(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    partial_path(out).write_text('{"schema": 1, "records": [')
+    with pytest.raises(RawResultError, match=re.escape(str(partial_path(out)))):
+        sweep(out, counting_measure())
+    assert partial_path(out).read_text() == '{"schema": 1, "records": ['  # not discarded
+
+
+def test_partial_from_another_config_is_refused(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    with pytest.raises(KeyboardInterrupt):
+        sweep(out, counting_measure(interrupt="b"))
+    with pytest.raises(RawResultError, match="different config"):
+        run_sweep(
+            POINTS,
+            counting_measure(),
+            out,
+            experiment="microbench",
+            backend="sim",
+            dataset="sim-test",
+            environment=dict(ENV),
+            config={"k": 2},
+            study="gap_sweep",
+            progress=lambda line: None,
+        )
+
+
+def test_repeated_ids_are_an_error(tmp_path):
+    with pytest.raises(ValueError, match="repeated: a"):
+        sweep(tmp_path / "x.json", counting_measure(), points=[{"id": "a"}, {"id": "a"}])
+
+
+def test_record_for_wrong_point_becomes_failed(tmp_path):
+    def measure(point):
+        return ok_record("other", point, {"time_us": [1.0]})
+
+    doc = sweep(tmp_path / "x.json", measure, points=[{"id": "a"}])
+    assert doc["records"][0]["status"] == "failed"
+    assert "record for 'other'" in doc["records"][0]["error"]
+
+
+def test_progress_line_per_point(tmp_path):
+    lines = []
+    sweep(tmp_path / "x.json", counting_measure(), points=POINTS[:3], progress=lines.append)
+    assert len(lines) == 3
+    assert re.fullmatch(r"\[gap_sweep\] 1/3 a ok \d+\.\d s \(ETA \d+s\)", lines[0])
+
+
+WATCHDOG_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from xstage_bench.results import ok_record
+    from xstage_bench.sweep import run_sweep
+
+    def measure(point):
+        print("measure", point["id"], flush=True)
+        if point["id"] == "b":
+            time.sleep(60)  # a stuck point
+        return ok_record(point["id"], point, {"time_us": [1.0]})
+
+    run_sweep([{"id": i} for i in "abc"], measure, Path(sys.argv[1]),
+              experiment="microbench", backend="sim", dataset="sim-test",
+              environment=json.loads(sys.argv[2]), config={}, study="s",
+              point_timeout_s=0.5)
+    """
+)
+
+
+def test_watchdog_records_timeout_exits_and_rerun_continues(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(WATCHDOG_SCRIPT)
+    out = tmp_path / "s.json"
+    cmd = [sys.executable, str(script), str(out), json.dumps(ENV)]
+
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert first.returncode == WATCHDOG_EXIT_CODE, first.stderr
+    assert "point b ran longer than 0.5 s" in first.stderr
+    partial = read_raw(partial_path(out))
+    assert [(r["id"], r["status"]) for r in partial["records"]] == [("a", "ok"), ("b", "timeout")]
+
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split() == ["measure", "c"]
+    doc = read_raw(out)
+    assert [r["status"] for r in doc["records"]] == ["ok", "timeout", "ok"]

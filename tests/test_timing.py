@@ -1,0 +1,230 @@
+import contextlib
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from xstage_bench.config import load_config
+from xstage_bench.results import ok_record
+from xstage_bench.timing import (
+    BUDGET,
+    MAX_REPS,
+    STABLE,
+    Samples,
+    TimingError,
+    TimingPolicy,
+    cuda_event_timer,
+    graph_timer,
+    measure,
+    relative_iqr,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def policy(**overrides) -> TimingPolicy:
+    values = dict(
+        warmup=2, min_reps=5, max_reps=20, target_rel_iqr=0.02, budget_s=100.0, flush_l2=False
+    )
+    values.update(overrides)
+    return TimingPolicy(**values)
+
+
+def scripted(values):
+    """A run_once that returns the scripted values in order, counting calls."""
+    it = iter(values)
+
+    def run_once():
+        run_once.calls += 1
+        return next(it)
+
+    run_once.calls = 0
+    return run_once
+
+
+def test_stops_early_when_stable_and_discards_warmup():
+    run_once = scripted([900.0, 800.0] + [100.0, 100.5, 99.8, 100.2, 100.1] + [500.0] * 50)
+    samples = measure(run_once, policy())
+    assert samples == [100.0, 100.5, 99.8, 100.2, 100.1]  # the warm-up 900/800 are gone
+    assert samples.stop_reason == STABLE
+    assert samples.warmup == 2
+    assert run_once.calls == 7
+
+
+def test_stable_needs_min_reps_first():
+    run_once = scripted([0.0, 0.0] + [10.0] * 50)
+    samples = measure(run_once, policy(min_reps=8))
+    assert len(samples) == 8
+    assert samples.stop_reason == STABLE
+
+
+def test_noisy_runs_to_max_reps():
+    run_once = scripted([1.0, 1.0] + [50.0, 150.0] * 50)
+    samples = measure(run_once, policy(max_reps=12))
+    assert len(samples) == 12
+    assert samples.stop_reason == MAX_REPS
+
+
+def test_budget_stops_with_fake_clock():
+    now = [0.0]
+
+    def clock():
+        return now[0]
+
+    def run_once():
+        now[0] += 0.3  # each call costs 0.3 s of fake wall-clock time
+        run_once.calls += 1
+        return 50.0 if run_once.calls % 2 else 150.0
+
+    run_once.calls = 0
+    samples = measure(run_once, policy(budget_s=1.0, warmup=3), clock=clock)
+    # The budget starts after the 3 warm-up calls: 4 timed calls reach 1.2 s >= 1.0 s.
+    assert len(samples) == 4
+    assert samples.stop_reason == BUDGET
+    assert samples.elapsed_s == pytest.approx(1.2)
+
+
+def test_budget_smaller_than_one_call_still_gives_one_sample():
+    now = [0.0]
+
+    def run_once():
+        now[0] += 5.0
+        return 7.0
+
+    samples = measure(run_once, policy(budget_s=1.0, warmup=0), clock=lambda: now[0])
+    assert samples == [7.0] and samples.stop_reason == BUDGET
+
+
+def test_samples_feed_ok_record_as_a_list():
+    samples = measure(scripted([1.0] * 10), policy(warmup=0))
+    assert isinstance(samples, list)
+    record = ok_record("p", {"id": "p"}, {"time_us": samples})
+    assert record["samples"]["time_us"] == [1.0] * 5
+    assert record["summary"]["time_us"]["rel_iqr"] == 0.0
+
+
+def test_non_finite_sample_is_an_error():
+    with pytest.raises(TimingError, match="nan"):
+        measure(scripted([float("nan")] * 10), policy(warmup=0))
+
+
+def test_relative_iqr_matches_definition():
+    assert relative_iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4.0 - 2.0) / 3.0)
+    assert relative_iqr([0.0, 0.0, 0.0]) == 0.0
+
+
+def test_policy_from_repo_config():
+    cfg = load_config(ROOT / "config.yaml")
+    p = TimingPolicy.from_config(cfg["timing"])
+    assert p.min_reps == cfg["timing"]["min_reps"] and p.flush_l2 == cfg["timing"]["flush_l2"]
+
+
+def test_policy_errors_name_the_key():
+    good = dict(warmup=1, min_reps=3, max_reps=5, target_rel_iqr=0.1, budget_s=1.0, flush_l2=False)
+    with pytest.raises(ValueError, match="timing.budget_s"):
+        TimingPolicy.from_config({k: v for k, v in good.items() if k != "budget_s"})
+    with pytest.raises(ValueError, match="timing.bogus"):
+        TimingPolicy.from_config({**good, "bogus": 1})
+    with pytest.raises(ValueError, match="timing.max_reps"):
+        TimingPolicy.from_config({**good, "max_reps": 2})
+
+
+def test_cuda_timers_without_torch_raise_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    with pytest.raises(TimingError, match="torch, which is not installed"):
+        cuda_event_timer(lambda: None, device=0, flush_l2=False)
+    with pytest.raises(TimingError, match="torch, which is not installed"):
+        graph_timer(lambda: None, device=0, calls_per_replay=4)
+
+
+def test_cuda_timers_without_cuda_raise_clear_error(monkeypatch):
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    with pytest.raises(TimingError, match="is_available"):
+        cuda_event_timer(lambda: None, device=0, flush_l2=True)
+
+
+def fake_torch(log: list, l2_bytes: int = 4096, elapsed_ms: float = 2.0):
+    """Just enough of torch.cuda to check what the timers enqueue, and in which order."""
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self, stream):
+            log.append("event")
+
+        def synchronize(self):
+            log.append("sync")
+
+        def elapsed_time(self, other):
+            return elapsed_ms
+
+    class Buffer:
+        def __init__(self, size):
+            self.size = size
+
+        def zero_(self):
+            log.append(f"flush {self.size}")
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    stream = types.SimpleNamespace(wait_stream=lambda other: None)
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        device=lambda d: contextlib.nullcontext(),
+        stream=lambda s: contextlib.nullcontext(),
+        current_stream=lambda d=None: stream,
+        Stream=lambda d=None: stream,
+        Event=Event,
+        CUDAGraph=Graph,
+        graph=lambda g: contextlib.nullcontext(),
+        get_device_properties=lambda d: types.SimpleNamespace(L2_cache_size=l2_bytes),
+    )
+    return types.SimpleNamespace(
+        cuda=cuda,
+        uint8="uint8",
+        device=lambda kind, index: f"{kind}:{index}",
+        empty=lambda size, dtype, device: Buffer(size),
+    )
+
+
+def test_event_timer_flushes_exact_l2_outside_timed_region(monkeypatch):
+    log = []
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(log, l2_bytes=60 * 2**20))
+    run_once = cuda_event_timer(lambda: log.append("fn"), device=0, flush_l2=True)
+    assert run_once() == pytest.approx(2000.0)  # 2 ms -> microseconds
+    assert log == [f"flush {60 * 2**20}", "event", "fn", "event", "sync"]
+
+
+def test_graph_timer_reports_per_call_time(monkeypatch):
+    log = []
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(log, elapsed_ms=2.0))
+    run_once = graph_timer(lambda: log.append("fn"), device=0, calls_per_replay=4)
+    assert log == ["fn"] * 5  # one eager warm-up call, then four captured
+    log.clear()
+    assert run_once() == pytest.approx(500.0)
+    assert log == ["event", "replay", "event", "sync"]
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="needs torch with a CUDA device")
+def test_real_gpu_timers():
+    import torch
+
+    x = torch.ones(1 << 20, device="cuda:0")
+    p = policy(warmup=1, min_reps=3, max_reps=10, budget_s=5.0, flush_l2=True)
+    samples = measure(cuda_event_timer(lambda: x.mul_(1.0), device=0, flush_l2=True), p)
+    assert isinstance(samples, Samples) and all(s > 0 for s in samples)
+    per_call = measure(graph_timer(lambda: x.mul_(1.0), device=0, calls_per_replay=8), p)
+    assert all(s > 0 for s in per_call)
