@@ -75,3 +75,20 @@ def test_load_config_names_the_file(tmp_path, full_config):
         load_config(path)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_extends_merges_mappings_and_replaces_lists():
+    config = load_config(ROOT / "config" / "h200x8.yaml")
+    full = load_config(ROOT / "config.yaml")
+    assert config["world_size"] == 8 and config["datasets"]["measured"] == "h200x8"
+    # mappings merge: the full studies stay, the variant's fan-out study is added
+    assert set(config["microbench"]["studies"]) == set(full["microbench"]["studies"]) | {"fanout"}
+    assert config["microbench"]["studies"]["fanout"]["peers"] == [1, 2, 4, 7]
+    assert config["megamoe"] == full["megamoe"]
+    assert "extends" not in config
+
+
+def test_extends_of_a_missing_file_is_named(tmp_path):
+    (tmp_path / "v.yaml").write_text("extends: nowhere.yaml\nworld_size: 4\n")
+    with pytest.raises(ConfigError, match="nowhere.yaml"):
+        load_config(tmp_path / "v.yaml", root=tmp_path)

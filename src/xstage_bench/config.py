@@ -71,21 +71,57 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     if datasets["measured"] in datasets["reference"]:
         raise ConfigError(f"config key 'datasets.measured': '{datasets['measured']}' is also a "
                           "reference dataset; measuring would overwrite it")
+    if config["measure"] == "submit":
+        if config["world_size"] == "auto":
+            raise ConfigError("config key 'world_size': measure 'submit' (a cluster) needs the "
+                              "GPU count per job as an integer, got 'auto'")
+        if datasets["measured"] == "auto":
+            raise ConfigError("config key 'datasets.measured': measure 'submit' (a cluster) "
+                              "needs a dataset name (e.g. h200x8), got 'auto'")
     names = [s["name"] for s in config["megamoe"]["shapes"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'megamoe.shapes': shape names must be unique")
     return config
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+def _read_yaml(path: Path) -> Any:
     try:
-        config = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+
+
+def _merged(base: dict, override: dict) -> dict:
+    """Mappings merge key by key; any other value (lists included) replaces the base's."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _merged(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_extends(config: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
+    """A config with `extends: <file>` is that file's config with this one's keys over it.
+
+    Lets a variant (e.g. config/h200x8.yaml) state only what differs; paths are relative
+    to the project root, where Snakemake runs.
+    """
+    if not isinstance(config, dict) or "extends" not in config:
+        return config
+    base_path = Path(root) / config["extends"]
+    base = resolve_extends(_read_yaml(base_path), root)
+    if not isinstance(base, dict):
+        raise ConfigError(f"config key 'extends': {base_path} does not hold a mapping")
+    return _merged(base, {k: v for k, v in config.items() if k != "extends"})
+
+
+def load_config(path: str | Path, root: str | Path = ".") -> dict[str, Any]:
+    path = Path(path)
     try:
-        return validate_config(config)
+        return validate_config(resolve_extends(_read_yaml(path), root))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None

@@ -5,11 +5,14 @@ import sys
 from pathlib import Path
 
 from xstage_bench import layout
-from xstage_bench.config import ConfigError, validate_config
+from xstage_bench.config import ConfigError, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
 
 
 try:
+    resolved = resolve_extends(config)
+    config.clear()
+    config.update(resolved)
     validate_config(config)
 except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
@@ -17,34 +20,39 @@ except ConfigError as e:
 RESULTS = Path("results")
 EXPERIMENTS = ("microbench", "megamoe", "attention")
 STUDIES = list(config["microbench"]["studies"])
-GPUS = probe_gpus() if config["measure"] != "never" else None
+# "submit": the GPUs are on cluster nodes the executor provides, so nothing is probed here.
+PROBE = config["measure"] in ("auto", "always")
+GPUS = probe_gpus() if PROBE else None
 
 if config["measure"] == "always" and not GPUS.can_measure:
     sys.exit(f"config key 'measure' is 'always' but no measurement is possible: {GPUS.reason}")
 
-MEASURING = config["measure"] != "never" and GPUS.can_measure
-MEASURED = (
-    (dataset_name(GPUS.names) if config["datasets"]["measured"] == "auto"
-     else config["datasets"]["measured"])
-    if MEASURING
-    else None
-)
-WORLD_SIZE = (
-    config["world_size"] if config["world_size"] != "auto" else (GPUS.count if MEASURING else 2)
-)
+MEASURING = config["measure"] == "submit" or (PROBE and GPUS.can_measure)
+if not MEASURING:
+    MEASURED = None
+elif config["datasets"]["measured"] != "auto":
+    MEASURED = config["datasets"]["measured"]
+else:
+    MEASURED = dataset_name(GPUS.names)
+if config["world_size"] != "auto":
+    WORLD_SIZE = config["world_size"]
+else:
+    WORLD_SIZE = GPUS.count if MEASURING else 2
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
 
 # A GPU job owns the node's GPUs: the `gpu` resource defaults to the GPU count, so
 # --cores all never runs two GPU jobs at once on the same devices.
-if MEASURING and "gpu" not in workflow.global_resources:
+if PROBE and MEASURING and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", GPUS.count)
 
 
 def measurement_verdict():
     if config["measure"] == "never":
         return "No measurement: config key 'measure' is 'never'; rendering existing datasets."
+    if config["measure"] == "submit":
+        return f"Measuring dataset '{MEASURED}' on {WORLD_SIZE} GPUs per job, through the executor."
     if not MEASURING:
         return f"No measurement was made on this machine: {GPUS.reason}. Rendering the " \
                f"reference and simulated datasets only."
