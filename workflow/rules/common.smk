@@ -10,7 +10,7 @@ from xstage_bench.machine import dataset_name, probe_gpus
 
 
 try:
-    resolved = resolve_extends(config)
+    resolved = dict(resolve_extends(config))
     config.clear()
     config.update(resolved)
     validate_config(config)

@@ -1,0 +1,428 @@
+"""What every figure (and table) shares: loading a dataset's files, flattening records,
+labelling measured vs simulated data, noting failed points, and saving.
+
+Renderers read raw files only through `results.read_raw` (schema-validated), so a malformed
+file stops the render with an error naming the file and field; a file that is simply not
+there raises NoDataError naming the dataset and the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # renderers run headless (CI, Snakemake jobs); set before pyplot loads
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.artist import Artist  # noqa: E402
+from matplotlib.axis import Axis  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedLocator,
+    FuncFormatter,
+    LogLocator,
+    NullFormatter,
+    NullLocator,
+)
+
+from xstage_bench import layout  # noqa: E402
+from xstage_bench.model.laws import BYTES_PER_US_PER_GBPS as GBPS_TO_BYTES_PER_US  # noqa: E402
+from xstage_bench.results import read_raw  # noqa: E402
+
+DPI = 100
+NOTE_LINE_IN = 0.13  # height of one 7-point line of notes, in inches
+LEGEND_WIDTH_IN = 2.2  # room for a legend at the right of the panels
+MIB = 1 << 20
+KIB = 1 << 10
+ELEMENT_BYTES = 2  # bf16 activations and outputs (MegaMoE combine, attention output)
+
+sns.set_theme(style="whitegrid", context="paper")
+
+
+class NoDataError(ValueError):
+    """The dataset has no file, or no usable records, for a product."""
+
+
+class ModelFileError(ValueError):
+    """model/burst_gap.json exists but is not what the model fitter writes."""
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _missing(dataset_dir: Path, rel: str, what: str) -> NoDataError:
+    return NoDataError(
+        f"dataset '{dataset_dir.name}' ({dataset_dir}): no {what}: {rel} does not exist"
+    )
+
+
+def raw_doc(dataset_dir: Path, read: str) -> dict:
+    """A raw document named as in layout (a path or 'microbench:<study>'), validated."""
+    path = layout.resolve(dataset_dir, read)
+    if not path.exists():
+        raise _missing(dataset_dir, str(path.relative_to(dataset_dir)), "raw data")
+    return read_raw(path)
+
+
+def optional_raw_doc(dataset_dir: Path, read: str) -> dict | None:
+    """Like raw_doc, but None when the file does not exist (a bad file still raises)."""
+    path = layout.resolve(dataset_dir, read)
+    return read_raw(path) if path.exists() else None
+
+
+def model_doc(dataset_dir: Path) -> dict:
+    """The fitted Burst-Gap model of the dataset (model/burst_gap.json)."""
+    path = dataset_dir / layout.MODEL_JSON
+    if not path.exists():
+        raise _missing(dataset_dir, layout.MODEL_JSON, "fitted model")
+    try:
+        model = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelFileError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    for key in ("backend", "params", "per_K", "validation", "validation_summary", "checks"):
+        if key not in model:
+            raise ModelFileError(f"{path}: missing key '{key}'")
+    for name in ("R_GBps", "Q_bytes", "t0_fixed_us", "issue_rate_per_sm_GBps"):
+        if name not in model["params"]:
+            raise ModelFileError(f"{path}: missing key 'params/{name}'")
+    return model
+
+
+def optional_model_doc(dataset_dir: Path) -> dict | None:
+    path = dataset_dir / layout.MODEL_JSON
+    return model_doc(dataset_dir) if path.exists() else None
+
+
+def model_environment(dataset_dir: Path, model: dict) -> dict | None:
+    """The environment of the first raw file the model was fitted from, when it is present.
+
+    Sources may be written relative to the repository or to the dataset: the part from
+    'raw/' on is looked up inside this dataset.
+    """
+    for source in model.get("sources", []):
+        parts = Path(source).parts
+        if "raw" not in parts:
+            continue
+        path = dataset_dir.joinpath(*parts[parts.index("raw") :])
+        if path.exists():
+            return read_raw(path)["environment"]
+    return None
+
+
+# ---------------------------------------------------------------- records as a DataFrame
+
+
+def _scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def records_frame(doc: dict) -> pd.DataFrame:
+    """One row per record: point columns, status, and median/ci_low/ci_high per metric.
+
+    Metric columns are '<metric>_median', '<metric>_ci_low', '<metric>_ci_high'; scalar
+    extras become 'extra_<key>'. Failed records keep their point columns and status.
+    """
+    rows = []
+    for record in doc["records"]:
+        row = {k: v for k, v in record["point"].items() if k != "id" and _scalar(v)}
+        row.update(
+            id=record["id"],
+            status=record["status"],
+            error=record.get("error"),
+            throttled=record.get("throttled"),
+        )
+        for metric, s in (record.get("summary") or {}).items():
+            row[f"{metric}_median"] = s["median"]
+            row[f"{metric}_ci_low"] = s.get("ci_low", np.nan)
+            row[f"{metric}_ci_high"] = s.get("ci_high", np.nan)
+        for key, value in (record.get("extra") or {}).items():
+            if _scalar(value):
+                row[f"extra_{key}"] = value
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def ok_rows(
+    df: pd.DataFrame, dataset_dir: Path, source: str, metrics: tuple[str, ...]
+) -> pd.DataFrame:
+    """The ok rows that carry every metric; NoDataError naming the file when there are none."""
+    if df.empty:
+        raise NoDataError(f"dataset '{dataset_dir.name}': {source} has no records")
+    ok = df[df["status"] == "ok"]
+    if ok.empty:
+        statuses = ", ".join(f"{k}: {v}" for k, v in sorted(Counter(df["status"]).items()))
+        raise NoDataError(f"dataset '{dataset_dir.name}': {source} has no ok record ({statuses})")
+    for metric in metrics:
+        column = f"{metric}_median"
+        if column not in ok.columns:
+            raise NoDataError(
+                f"dataset '{dataset_dir.name}': {source} has no ok record with metric '{metric}'"
+            )
+        ok = ok[ok[column].notna()]
+    if ok.empty:
+        raise NoDataError(
+            f"dataset '{dataset_dir.name}': {source} has no ok record with "
+            f"metric(s) {', '.join(metrics)}"
+        )
+    return ok
+
+
+def error_bars(rows: pd.DataFrame, metric: str) -> np.ndarray:
+    """Asymmetric error bars (median to CI bounds) for matplotlib's errorbar."""
+    median = rows[f"{metric}_median"].to_numpy(float)
+    low = rows[f"{metric}_ci_low"].to_numpy(float)
+    high = rows[f"{metric}_ci_high"].to_numpy(float)
+    return np.vstack([np.clip(median - low, 0, None), np.clip(high - median, 0, None)])
+
+
+def failure_note(df: pd.DataFrame, action: str = "not plotted") -> str | None:
+    """'3 points failed (timeout: 1, wrong: 2), not plotted' or None when all are ok."""
+    if df.empty:
+        return None
+    bad = df[df["status"] != "ok"]
+    parts = []
+    if len(bad):
+        counts = Counter(bad["status"])
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+        noun = "point" if len(bad) == 1 else "points"
+        parts.append(f"{len(bad)} {noun} failed ({detail}), {action}")
+    if "throttled" in df.columns:
+        throttled = int((df["throttled"] == True).sum())  # noqa: E712 (column holds None too)
+        if throttled:
+            parts.append(f"{throttled} point(s) flagged throttled")
+    return "; ".join(parts) or None
+
+
+# ---------------------------------------------------------------- labels and saving
+
+
+def is_simulated(dataset_dir: Path, backend: str | None) -> bool:
+    return layout.is_simulated_dataset(dataset_dir.name) or backend == "sim"
+
+
+def dataset_label(dataset_dir: Path, backend: str | None, environment: dict | None) -> str:
+    """'sim-h200 (simulated, profile H200 (seed))' or 'h200x2: 2x NVIDIA H200'."""
+    name = dataset_dir.name
+    environment = environment or {}
+    if is_simulated(dataset_dir, backend):
+        profile = (environment.get("hardware_profile") or {}).get("name")
+        return f"{name} (simulated" + (f", profile {profile})" if profile else ")")
+    gpus = Counter(g["name"] for g in environment.get("gpus", []))
+    if not gpus:
+        return f"{name}: measured (GPU not recorded)"
+    return f"{name}: " + ", ".join(f"{n}x {gpu}" for gpu, n in gpus.items())
+
+
+def doc_label(dataset_dir: Path, doc: dict) -> str:
+    return dataset_label(dataset_dir, doc["backend"], doc["environment"])
+
+
+def model_label(dataset_dir: Path, model: dict) -> str:
+    return dataset_label(dataset_dir, model["backend"], model_environment(dataset_dir, model))
+
+
+def new_figure(
+    nrows: int = 1, ncols: int = 1, *, width: float = 5.0, height: float = 3.6, **kwargs
+) -> tuple[Figure, np.ndarray]:
+    """A figure of nrows x ncols panels of about width x height inches each."""
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kwargs
+    )
+    return fig, axes
+
+
+def finish_figure(
+    fig: Figure,
+    title: str,
+    label: str,
+    notes: list[str | None],
+    legend: list[Artist] | None = None,
+) -> Figure:
+    """Title with the dataset label on its own line, notes in small print at the bottom,
+    and optionally a legend to the right of every panel (where it hides no data)."""
+    fig.suptitle(f"{title}\n{label}", fontsize=10)
+    right = 1.0
+    if legend:
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width + LEGEND_WIDTH_IN, height)  # the panels keep their size
+        fig.legend(handles=legend, loc="center right", fontsize=6, frameon=False)
+        right = width / (width + LEGEND_WIDTH_IN)
+    height = fig.get_size_inches()[1]
+    lines = [n for n in notes if n]
+    if lines:
+        fig.text(0.01, 0.005, "\n".join(lines), fontsize=7, va="bottom", ha="left", color="0.3")
+    bottom = (0.15 + NOTE_LINE_IN * len(lines)) / height
+    fig.tight_layout(rect=(0, bottom, right, 1))
+    return fig
+
+
+def save_figure(fig: Figure, out: Path) -> None:
+    """Write the figure as `out` (PDF) and as PNG next to it, then free it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    fig.savefig(out.with_suffix(".png"), dpi=DPI)
+    plt.close(fig)
+
+
+def fmt_bytes(n: float) -> str:
+    """'4 MiB' for 4 MiB and for 4 MiB rounded down to whole stores (V = K*B)."""
+    if n >= 0.99 * MIB:
+        return f"{round(n / MIB, 2):g} MiB"
+    if n >= 0.99 * KIB:
+        return f"{round(n / KIB, 1):g} KiB"
+    return f"{n:g} B"
+
+
+def byte_ticks(axis: Axis, values: np.ndarray) -> None:
+    """Ticks at the measured sizes, labelled '256 KiB', '4 MiB' (log axes in bytes)."""
+    labelled: dict[str, float] = {}
+    for v in np.unique(np.asarray(values, dtype=float)):
+        labelled.setdefault(fmt_bytes(v), v)  # K*B rounding gives near-equal sizes one tick
+    axis.set_major_locator(FixedLocator(list(labelled.values())))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt_bytes(v)))
+    axis.set_minor_locator(NullLocator())
+
+
+def plain_log_ticks(axis: Axis) -> None:
+    """Log-axis labels as plain numbers at 1, 2, 5 x 10^n rather than powers of ten."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+# ---------------------------------------------------------------- the fitted model
+
+
+def param(model: dict, name: str) -> float | None:
+    """A fitted parameter's value, or None where the fitter could not determine it."""
+    entry = model["params"].get(name) or {}
+    value = entry.get("value")
+    return None if value is None else float(value)
+
+
+def param_ci(entry: dict | None) -> tuple[float, float, float]:
+    """(value, ci_low, ci_high) of a parameter entry, NaN where absent."""
+    entry = entry or {}
+    return tuple(  # type: ignore[return-value]
+        np.nan if entry.get(k) is None else float(entry[k]) for k in ("value", "ci_low", "ci_high")
+    )
+
+
+def drain_rate(model: dict) -> float | None:
+    """R in bytes/us."""
+    r = param(model, "R_GBps")
+    return None if r is None else r * GBPS_TO_BYTES_PER_US
+
+
+def t0_us(model: dict, K: float, V: float | np.ndarray) -> float | np.ndarray | None:
+    """Backpressure-free issue time for K producers and V bytes: t0_fixed + (V/K)/issue_rate."""
+    fixed = param(model, "t0_fixed_us")
+    rate = param(model, "issue_rate_per_sm_GBps")
+    if fixed is None or rate is None:
+        return None
+    return fixed + (np.asarray(V, dtype=float) / K) / (rate * GBPS_TO_BYTES_PER_US)
+
+
+def capacity_for_K(model: dict, K: int) -> float | None:
+    """Q fitted for this K when the fitter gave one, else the pooled Q."""
+    for entry in model.get("per_K", []):
+        if entry.get("K") == K:
+            q = (entry.get("Q_bytes") or {}).get("value")
+            if q is not None:
+                return float(q)
+    return param(model, "Q_bytes")
+
+
+# ---------------------------------------------------------------- shared data derivations
+
+MEGAMOE_CONFIG_COLUMNS = ("shape", "precision", "routing", "tokens_per_rank", "world_size")
+MEGAMOE_GROUPS = ("shape", "precision", "routing")
+
+
+def megamoe_config_key(point: dict) -> tuple:
+    """What identifies a MegaMoE configuration: the point without schedule and variant."""
+    return tuple(
+        sorted((k, str(v)) for k, v in point.items() if k not in ("id", "schedule", "variant"))
+    )
+
+
+def trace_series(point: dict) -> str | None:
+    """Which run of a traced configuration a record is: expert_wave, interleaved or
+    local_control (written either as the schedule or, beside a schedule, as the variant)."""
+    if "local_control" in (point.get("schedule"), point.get("variant")):
+        return "local_control"
+    return point.get("schedule")
+
+
+def megamoe_config_name(point: dict) -> str:
+    """'glm-5.2, w8a8, skewed, tokens_per_rank=1024, world_size=2'."""
+    return ", ".join(
+        str(point[k]) if k in MEGAMOE_GROUPS else f"{k}={point[k]}"
+        for k in MEGAMOE_CONFIG_COLUMNS
+        if k in point
+    )
+
+
+def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per configuration: expert_wave / interleaved time for our kernel (variant absent or
+    'ours'). Returns (complete configurations, configurations lacking an ok schedule)."""
+    df = records_frame(doc)
+    if df.empty:
+        return df, df
+    if "variant" in df.columns:
+        df = df[df["variant"].isna() | (df["variant"] == "ours")]
+    keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
+    ok = df[(df["status"] == "ok") & df["schedule"].isin(["expert_wave", "interleaved"])]
+    if ok.empty or "time_us_median" not in ok.columns:
+        times = pd.DataFrame(columns=[*keys, "expert_wave", "interleaved"]).set_index(keys)
+    else:
+        times = ok.pivot_table(
+            index=keys, columns="schedule", values="time_us_median", aggfunc="first"
+        )
+    for schedule in ("expert_wave", "interleaved"):
+        if schedule not in times.columns:
+            times[schedule] = np.nan
+    times = times.rename(columns={"expert_wave": "wave_us", "interleaved": "interleaved_us"})
+    times["speedup"] = times["wave_us"] / times["interleaved_us"]
+    configs = df[keys].drop_duplicates().set_index(keys).index
+    times = times.reindex(configs)
+    complete = times[times["speedup"].notna()].reset_index()
+    incomplete = times[times["speedup"].isna()].reset_index()
+    return complete[[*keys, "wave_us", "interleaved_us", "speedup"]], incomplete[keys]
+
+
+def geomean(values: pd.Series | np.ndarray) -> float:
+    return float(np.exp(np.mean(np.log(np.asarray(values, dtype=float)))))
+
+
+def serial_over_fused(doc: dict) -> pd.DataFrame:
+    """Per (backend, world_size, heads, seq_len): serial and fused times and their ratio, for
+    both the sender-visible and the completion clock (ok records only)."""
+    df = records_frame(doc)
+    if df.empty:
+        return df
+    ok = df[(df["status"] == "ok") & df["mode"].isin(["serial", "fused"])]
+    keys = [k for k in ("backend", "world_size", "heads", "seq_len") if k in df.columns]
+    out = None
+    for clock in ("sender", "completion"):
+        column = f"{clock}_us_median"
+        if column not in ok.columns:
+            continue
+        wide = ok.pivot_table(index=keys, columns="mode", values=column, aggfunc="first")
+        if not {"serial", "fused"} <= set(wide.columns):
+            continue
+        wide = wide[["serial", "fused"]].rename(
+            columns={"serial": f"serial_{clock}_us", "fused": f"fused_{clock}_us"}
+        )
+        wide[f"speedup_{clock}"] = wide[f"serial_{clock}_us"] / wide[f"fused_{clock}_us"]
+        out = wide if out is None else out.join(wide, how="outer")
+    if out is None:
+        return pd.DataFrame(columns=keys)
+    return out.reset_index().sort_values(keys, ignore_index=True)

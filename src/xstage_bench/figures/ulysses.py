@@ -1,0 +1,130 @@
+"""fig-ulysses: attention time vs sequence length, alone / serial / fused, per backend.
+
+Solid lines are the sender-visible time (the attention kernel returns), dashed lines the
+completion time (every rank can read its result); markers tell the head counts apart. The
+dotted black line is the completion-coupled counterfactual: attention alone plus the remote
+share of the output drained at the fitted R, what an issuer that waited for its stores
+would take. The top row is the time itself; the bottom row divides by attention alone, so
+an overhead that stays flat or grows with S is visible at a glance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter
+
+from xstage_bench import layout
+from xstage_bench.figures import common
+
+MODES = {"alone": "tab:green", "serial": "tab:red", "fused": "tab:blue"}
+CLOCKS = (("sender_us", "-"), ("completion_us", "--"))
+MARKERS = "os^Dv"
+
+
+def remote_bytes(rows: pd.DataFrame) -> pd.Series:
+    """Bytes one rank sends in the post-attention All-to-All: its (B, S, H/P, D) output,
+    of which the (P-1)/P share owned by other ranks leaves the GPU."""
+    P = rows["world_size"]
+    local_output = rows["batch"] * rows["seq_len"] * rows["heads"] / P * rows["head_dim"]
+    return local_output * common.ELEMENT_BYTES * (P - 1) / P
+
+
+def _draw(ax: Axes, x: pd.Series, y: pd.Series, yerr, **style) -> None:
+    ax.errorbar(x, y, yerr=yerr, markersize=3, capsize=2, **style)
+
+
+def plot(dataset_dir: Path) -> Figure:
+    doc = common.raw_doc(dataset_dir, layout.ATTENTION_RAW)
+    df = common.records_frame(doc)
+    ok = common.ok_rows(df, dataset_dir, layout.ATTENTION_RAW, ("sender_us",))
+    model = common.optional_model_doc(dataset_dir)
+    R = common.drain_rate(model) if model else None
+
+    backends = sorted(ok["backend"].unique())
+    heads = sorted(int(h) for h in ok["heads"].unique())
+    markers = dict(zip(heads, MARKERS, strict=False))
+    fig, axes = common.new_figure(2, len(backends), width=4.2, height=3.2, sharex=True)
+    for col, backend in enumerate(backends):
+        time_ax, ratio_ax = axes[0, col], axes[1, col]
+        for H in heads:
+            facet = ok[(ok["backend"] == backend) & (ok["heads"] == H)]
+            alone = facet[facet["mode"] == "alone"].set_index("seq_len").sort_index()
+            for mode, color in MODES.items():
+                rows = facet[facet["mode"] == mode].sort_values("seq_len")
+                for metric, linestyle in CLOCKS:
+                    column = f"{metric}_median"
+                    if rows.empty or column not in rows or rows[column].isna().all():
+                        continue
+                    style = dict(color=color, linestyle=linestyle, marker=markers.get(H, "o"))
+                    _draw(
+                        time_ax,
+                        rows["seq_len"],
+                        rows[column],
+                        common.error_bars(rows, metric),
+                        **style,
+                    )
+                    base = alone["sender_us_median"].reindex(rows["seq_len"]).to_numpy()
+                    _draw(ratio_ax, rows["seq_len"], rows[column] / base, None, **style)
+            if R is not None and not alone.empty:
+                coupled = (
+                    alone["sender_us_median"] + remote_bytes(alone.reset_index()).to_numpy() / R
+                )
+                time_ax.plot(alone.index, coupled, color="k", linestyle=":", linewidth=1.2)
+                ratio_ax.plot(
+                    alone.index,
+                    coupled / alone["sender_us_median"],
+                    color="k",
+                    linestyle=":",
+                    linewidth=1.2,
+                )
+        world = ", ".join(
+            f"P={int(p)}" for p in sorted(ok[ok["backend"] == backend]["world_size"].unique())
+        )
+        time_ax.set_title(f"{backend} ({world})", fontsize=8)
+        time_ax.set_yscale("log")
+        common.plain_log_ticks(time_ax.yaxis)
+        ratio_ax.axhline(1.0, color="0.5", linewidth=0.8)
+        for ax in (time_ax, ratio_ax):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(sorted(ok["seq_len"].unique())))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda s, _: f"{s / 1024:g}K"))
+        ratio_ax.set_xlabel("sequence length S (tokens)")
+    axes[0, 0].set_ylabel("time (us)")
+    axes[1, 0].set_ylabel("time / attention alone (sender)")
+
+    handles = [Line2D([], [], color=c, label=m) for m, c in MODES.items()]
+    handles += [
+        Line2D([], [], color="0.3", linestyle="none", marker=markers[H], label=f"{H} heads")
+        for H in heads
+    ]
+    handles += [
+        Line2D([], [], color="0.3", linestyle="-", label="sender-visible"),
+        Line2D([], [], color="0.3", linestyle="--", label="completion"),
+    ]
+    if R is not None:
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="k",
+                linestyle=":",
+                label="completion-coupled model:\nalone + remote bytes / R",
+            )
+        )
+    notes = [common.failure_note(df)]
+    if R is None:
+        notes.append(
+            f"completion-coupled model omitted: the dataset has no fitted R ({layout.MODEL_JSON})"
+        )
+    return common.finish_figure(
+        fig,
+        "Ulysses attention with the All-to-All: alone, serial, fused",
+        common.doc_label(dataset_dir, doc),
+        notes,
+        legend=handles,
+    )

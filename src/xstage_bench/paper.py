@@ -1,0 +1,220 @@
+"""Every quantitative claim of the X-Stage paper, as data (see shared/PAPER.md).
+
+The paper's PDF is not available to this project: numbers come from its abstract or from
+secondary summaries. `summary=True` marks the latter, and every table that prints a claim
+shows the "(summary)" flag beside it, so a reader knows how far to trust the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One number the paper states, with where it comes from and what it applies to."""
+
+    id: str
+    topic: str  # burst_gap | megamoe | ulysses
+    statement: str
+    value: float
+    unit: str
+    summary: bool  # True: from a secondary summary, not the abstract
+    context: str = ""  # the hardware or configuration the number belongs to
+    upper: float | None = None  # set when the paper states a range [value, upper]
+
+    @property
+    def provenance(self) -> str:
+        return "(summary)" if self.summary else "abstract"
+
+    def paper_text(self) -> str:
+        """The paper's number as printed in tables: '0.76', '7.9-9.9'."""
+        return f"{self.value:g}" if self.upper is None else f"{self.value:g}-{self.upper:g}"
+
+
+B200 = "8-GPU B200-class node, 148 SMs, NVLink5"
+
+# The FA3 Ulysses table of the paper (summary), 8 GPUs: sequence length -> (serial, fused) us.
+# The summary writes the lengths as 8K ... 64K; they are read as multiples of 1024 tokens.
+FA3_ULYSSES_US = {
+    8192: (295.6, 207.0),
+    16384: (968.3, 795.5),
+    32768: (3579.6, 3241.5),
+    49152: (7767.9, 7285.7),
+    65536: (13936.6, 13218.3),
+}
+FA3_ULYSSES_SPEEDUP = {8192: 1.428, 16384: 1.217, 32768: 1.104, 49152: 1.066, 65536: 1.054}
+
+# The Burst-Gap parameters the paper reports for its B200 node (summary).
+B200_T0_US = 0.76  # at K = 148 producers, B = 32 KB each
+B200_T0_K = 148
+B200_T0_B_BYTES = 32 * 1024
+B200_R_GBPS = 717.0
+B200_Q_BYTES = 4.25 * MIB  # at K = 148
+# "About 33 KB per producer" (summary). 4.25 MiB / 148 is 29.4 KiB: the two summary numbers
+# do not quite agree; both are kept as stated.
+B200_Q_PER_PRODUCER_BYTES = 33 * 1024
+
+# MegaMoE interleaved-over-expert-wave speedup across the 84 configurations.
+MEGAMOE_GEOMEAN = 1.18
+MEGAMOE_MAX = 1.62
+MEGAMOE_MEDIAN = 1.17
+MEGAMOE_MIN = 0.94
+MEGAMOE_CONFIGS = 84
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim(
+        "bg.T0",
+        "burst_gap",
+        "backpressure-free issue time T0 (K=148, B=32 KB)",
+        B200_T0_US,
+        "us",
+        True,
+        B200,
+    ),
+    Claim("bg.R", "burst_gap", "effective drain rate R", B200_R_GBPS, "GB/s", True, B200),
+    Claim(
+        "bg.Q",
+        "burst_gap",
+        "effective outstanding capacity Q (K=148)",
+        B200_Q_BYTES / MIB,
+        "MiB",
+        True,
+        B200,
+    ),
+    Claim(
+        "bg.Q_per_producer",
+        "burst_gap",
+        "outstanding capacity per producer (Q/K)",
+        B200_Q_PER_PRODUCER_BYTES / 1024,
+        "KiB",
+        True,
+        B200,
+    ),
+    Claim(
+        "moe.configs",
+        "megamoe",
+        "MegaMoE configurations measured",
+        MEGAMOE_CONFIGS,
+        "configs",
+        False,
+        B200,
+    ),
+    Claim(
+        "moe.geomean",
+        "megamoe",
+        "interleaved / expert-wave speedup, geometric mean",
+        MEGAMOE_GEOMEAN,
+        "x",
+        False,
+        B200,
+    ),
+    Claim(
+        "moe.max",
+        "megamoe",
+        "interleaved / expert-wave speedup, maximum",
+        MEGAMOE_MAX,
+        "x",
+        False,
+        B200,
+    ),
+    Claim(
+        "moe.median",
+        "megamoe",
+        "interleaved / expert-wave speedup, median",
+        MEGAMOE_MEDIAN,
+        "x",
+        True,
+        B200,
+    ),
+    Claim(
+        "moe.min",
+        "megamoe",
+        "interleaved / expert-wave speedup, worst case",
+        MEGAMOE_MIN,
+        "x",
+        True,
+        B200,
+    ),
+    Claim(
+        "moe.span_wave",
+        "megamoe",
+        "median per-tile remote-store span, expert waves",
+        7.9,
+        "us",
+        True,
+        B200,
+        upper=9.9,
+    ),
+    Claim(
+        "moe.span_interleaved",
+        "megamoe",
+        "median per-tile remote-store span, interleaved",
+        3.6,
+        "us",
+        True,
+        B200,
+        upper=3.9,
+    ),
+    Claim(
+        "moe.span_vs_local",
+        "megamoe",
+        "interleaved median store span minus local-store control (at most)",
+        0.5,
+        "us",
+        True,
+        B200,
+    ),
+    Claim(
+        "moe.over_unfused",
+        "megamoe",
+        "MegaMoE speedup over its unfused baseline, measured",
+        1.56,
+        "x",
+        True,
+        B200,
+    ),
+    Claim(
+        "moe.completion_coupled_ceiling",
+        "megamoe",
+        "completion-coupled model's ceiling over the unfused baseline",
+        1.5,
+        "x",
+        True,
+        B200,
+    ),
+    Claim(
+        "uly.fa3_max",
+        "ulysses",
+        "FA3 fused / serial sender-visible speedup, maximum",
+        1.43,
+        "x",
+        False,
+        B200,
+    ),
+    Claim(
+        "uly.fa4_max",
+        "ulysses",
+        "FA4 fused / serial sender-visible speedup, maximum",
+        1.42,
+        "x",
+        False,
+        B200,
+    ),
+    *(
+        Claim(
+            f"uly.fa3_S={s}",
+            "ulysses",
+            f"FA3 fused / serial speedup at S={s // 1024}K",
+            speedup,
+            "x",
+            True,
+            B200,
+        )
+        for s, speedup in FA3_ULYSSES_SPEEDUP.items()
+    ),
+)
+
+CLAIMS_BY_ID = {c.id: c for c in CLAIMS}

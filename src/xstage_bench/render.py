@@ -1,0 +1,67 @@
+"""Render one figure or table of a dataset by its product name (layout.FIGURES / TABLES).
+
+Figures are written as `out` (PDF) with a PNG of the same stem beside it; tables as `out`
+(CSV) with a Markdown copy beside it. Each product is a pure function of the dataset's raw
+and model files, so rerendering never needs a GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xstage_bench import layout
+from xstage_bench.figures import (
+    backpressure_map,
+    drain,
+    isolated,
+    issue_vs_gap,
+    megamoe_speedup,
+    megamoe_timeline,
+    model_validation,
+    store_span_cdf,
+    ulysses,
+)
+from xstage_bench.figures.common import NoDataError, save_figure
+from xstage_bench.tables import burst_gap_params, claims, megamoe, noise
+from xstage_bench.tables import ulysses as ulysses_table
+from xstage_bench.tables.common import write_table
+
+__all__ = ["FIGURES", "TABLES", "NoDataError", "render_product"]
+
+FIGURES = {
+    "fig-issue-vs-gap": issue_vs_gap.plot,
+    "fig-drain": drain.plot,
+    "fig-isolated": isolated.plot,
+    "fig-backpressure-map": backpressure_map.plot,
+    "fig-model-validation": model_validation.plot,
+    "fig-megamoe-speedup": megamoe_speedup.plot,
+    "fig-megamoe-timeline": megamoe_timeline.plot,
+    "fig-store-span-cdf": store_span_cdf.plot,
+    "fig-ulysses": ulysses.plot,
+}
+TABLES = {
+    "tab-burst-gap-params": burst_gap_params.build,
+    "tab-megamoe": megamoe.build,
+    "tab-ulysses": ulysses_table.build,
+    "tab-claims": claims.build,
+    "tab-noise": noise.build,
+}
+
+
+def render_product(
+    name: str, dataset_dir: Path, out: Path, *, noise_target: float = noise.NOISE_TARGET
+) -> None:
+    """Render product `name` of `dataset_dir` into `out` (and its companion file).
+
+    Raises NoDataError when the dataset has no data for the product, and RawResultError
+    when one of its raw files is malformed (both name the file).
+    """
+    dataset_dir, out = Path(dataset_dir), Path(out)
+    if name not in layout.PRODUCTS:
+        raise ValueError(f"unknown product '{name}'; known: {', '.join(layout.PRODUCTS)}")
+    if name in FIGURES:
+        save_figure(FIGURES[name](dataset_dir), out)
+    elif name == "tab-noise":
+        write_table(noise.build(dataset_dir, target=noise_target), out)
+    else:
+        write_table(TABLES[name](dataset_dir), out)

@@ -1,0 +1,323 @@
+"""SYNTHETIC datasets for the figure and table tests, built in a test's tmp_path.
+
+Nothing here is a measurement: the numbers come from the Burst-Gap laws with made-up
+parameters (TRUTH) and a little seeded noise, the environment says host
+'synthetic-test-fixture', and every file goes through results.write_raw (schema-valid).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from xstage_bench import grid, layout
+from xstage_bench.model import laws
+from xstage_bench.results import failed_record, ok_record, raw_document, write_raw
+
+MIB = 1 << 20
+TRUTH = {"t0_fixed_us": 0.1, "issue_rate_per_sm_GBps": 60.0, "R_GBps": 365.0, "Q_bytes": 2.0 * MIB}
+LOCAL_SCALE = 10.0  # the local path: 10x the rate and the capacity
+GPU = "NVIDIA H200"
+
+MICROBENCH = {
+    "bursts": 8,
+    "warmup_bursts": 2,
+    "launches": 2,
+    "defaults": {
+        "width": 16,
+        "dest": "peer",
+        "pattern": "same",
+        "peers": 1,
+        "sync": "free",
+        "gap_mode": "compute",
+    },
+    "studies": {
+        "gap_sweep": {
+            "kind": "periodic",
+            "K": [132],
+            "V": [1 * MIB, 4 * MIB],
+            "gap_us": [0, 5, 10, 20],
+            "dest": ["peer", "local"],
+        },
+        "drain": {
+            "kind": "periodic",
+            "K": [66, 132],
+            "V": [2 * MIB, 4 * MIB, 8 * MIB],
+            "gap_us": [0],
+        },
+        "isolated": {
+            "kind": "isolated",
+            "K": [66, 132],
+            "V": [256 * 1024, 1 * MIB, 4 * MIB, 8 * MIB],
+            "dest": ["peer", "local"],
+        },
+    },
+}
+MEGAMOE = {
+    "shapes": [
+        {"name": "dit-moe-g-16e2a", "H": 1408, "I": 5632, "E": 16, "topk": 2},
+        {"name": "glm-5.2", "H": 6144, "I": 2048, "E": 256, "topk": 8},
+    ],
+    "precisions": ["w4a8", "w8a8"],
+    "routings": ["balanced", "skewed"],
+    "tokens_per_rank": [1024],
+}
+ATTENTION = {
+    "seq_lens": [8192, 16384, 32768],
+    "heads": [24],
+    "head_dim": 128,
+    "batch": 1,
+    "backends": ["fa3", "triton"],
+    "modes": ["alone", "serial", "fused"],
+}
+WORLD_SIZE = 2
+
+
+def environment(simulated: bool) -> dict:
+    env = {
+        "host": "synthetic-test-fixture",
+        "python": "3.11",
+        "packages": {},
+        "git": {"sha": None, "dirty": None},
+        "started_at": "2026-01-01T00:00:00Z",
+        "finished_at": "2026-01-01T00:00:01Z",
+        "simulated": simulated,
+    }
+    if simulated:
+        env["hardware_profile"] = {"name": "synthetic profile"}
+    else:
+        env["gpus"] = [{"index": i, "name": GPU, "sm_count": 132} for i in range(2)]
+    return env
+
+
+def _noisy(value: float, rng: np.random.Generator, n: int = 5) -> list[float]:
+    return list(float(value) * (1 + 0.01 * rng.standard_normal(n)))
+
+
+def _write(
+    ds: Path, rel: str, experiment: str, records: list[dict], *, study: str | None = None
+) -> Path:
+    backend = "sim" if layout.is_simulated_dataset(ds.name) else "cuda"
+    doc = raw_document(
+        experiment=experiment,
+        backend=backend,
+        dataset=ds.name,
+        environment=environment(backend == "sim"),
+        config={},
+        records=records,
+        study=study,
+    )
+    path = ds / rel
+    write_raw(path, doc)
+    return path
+
+
+def _t0(K: int, V: float) -> float:
+    return TRUTH["t0_fixed_us"] + (V / K) / laws.gbps_to_bytes_per_us(
+        TRUTH["issue_rate_per_sm_GBps"]
+    )
+
+
+def _path(dest: str) -> tuple[float, float]:
+    scale = LOCAL_SCALE if dest == "local" else 1.0
+    return laws.gbps_to_bytes_per_us(TRUTH["R_GBps"]) * scale, TRUTH["Q_bytes"] * scale
+
+
+def write_microbench(ds: Path, study: str, *, fail_last: bool = False) -> Path:
+    """One study of MICROBENCH from the laws; fail_last turns the last point into a timeout."""
+    rng = np.random.default_rng(len(study))
+    points = grid.microbench_points(MICROBENCH, study)
+    records = []
+    for p in points:
+        T0 = _t0(p["K"], p["V"])
+        R, Q = _path(p["dest"])
+        if p["kind"] == "periodic":
+            t_iss = float(laws.issue_time(T0, p["gap_us"], p["V"], R))
+            samples = {
+                "t_iss_slowest_us": _noisy(t_iss, rng),
+                "t_iss_window_us": _noisy(1.3 * t_iss + 0.2, rng),
+                "period_us": _noisy(float(laws.period(T0, p["gap_us"], p["V"], R)), rng),
+            }
+        else:
+            t_iss = float(laws.isolated_issue_time(T0, p["V"], Q, R))
+            samples = {
+                "t_iss_slowest_us": _noisy(t_iss, rng),
+                "t_iss_window_us": _noisy(1.3 * t_iss + 0.2, rng),
+            }
+        records.append(ok_record(p["id"], p, samples, throttled=False))
+    if fail_last:
+        last = points[-1]
+        records[-1] = failed_record(last["id"], last, "kernel timed out", status="timeout")
+    return _write(ds, layout.microbench_raw(study), "microbench", records, study=study)
+
+
+def _param(value: float | None) -> dict:
+    if value is None:
+        return {"value": None, "ci_low": None, "ci_high": None}
+    return {"value": value, "ci_low": value * 0.98, "ci_high": value * 1.02}
+
+
+def write_model(ds: Path, *, checks_pass: bool = True) -> Path:
+    """A model/burst_gap.json as the fitter writes it, with the TRUTH parameters and a
+    validation list built from the gap_sweep peer points."""
+    validation = []
+    for i, p in enumerate(grid.microbench_points(MICROBENCH, "gap_sweep")):
+        if p["dest"] != "peer":
+            continue
+        R, _ = _path("peer")
+        predicted = float(laws.issue_time(_t0(p["K"], p["V"]), p["gap_us"], p["V"], R))
+        measured = predicted * (1.04 if i % 2 else 0.97)
+        validation.append(
+            {
+                "id": p["id"],
+                "study": "gap_sweep",
+                "kind": "periodic",
+                "K": p["K"],
+                "V": p["V"],
+                "gap_us": p["gap_us"],
+                "dest": "peer",
+                "metric": "t_iss_slowest_us",
+                "measured_us": measured,
+                "predicted_us": predicted,
+                "rel_error": (predicted - measured) / measured,
+                "held_out": i % 3 == 0,
+            }
+        )
+    errors = np.abs([v["rel_error"] for v in validation])
+    model = {
+        "dataset": ds.name,
+        "backend": "sim" if layout.is_simulated_dataset(ds.name) else "cuda",
+        "sources": [f"results/{ds.name}/{layout.microbench_raw(s)}" for s in MICROBENCH["studies"]],
+        "params": {name: _param(v) for name, v in TRUTH.items()},
+        "per_K": [
+            {
+                "K": K,
+                "R_GBps": _param(TRUTH["R_GBps"]),
+                "Q_bytes": _param(TRUTH["Q_bytes"] * K / 132),
+                "T0_us": _param(_t0(K, 4 * MIB)),
+            }
+            for K in (66, 132)
+        ],
+        "validation": validation,
+        "validation_summary": {
+            "n": len(validation),
+            "median_abs_rel_error": float(np.median(errors)),
+            "p90_abs_rel_error": float(np.quantile(errors, 0.9)),
+        },
+        "checks": {
+            "split_consistency": {"passed": True, "detail": "R agrees across K/B splits"},
+            "t0_plateau_flat": {"passed": checks_pass, "detail": "slope 0.001 us/us"},
+        },
+    }
+    path = ds / layout.MODEL_JSON
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(model))
+    return path
+
+
+def megamoe_configs() -> list[dict]:
+    return grid.megamoe_points(MEGAMOE, WORLD_SIZE)
+
+
+def write_megamoe(ds: Path, speedups: list[float] | None = None) -> Path:
+    """expert_wave at 100 us and interleaved at 100/speedup us (three identical samples, so
+    medians are exact), plus one unsupported 'deepgemm' record."""
+    configs = megamoe_configs()
+    speedups = speedups or [0.95 + 0.05 * i for i in range(len(configs))]
+    records = []
+    for config, speedup in zip(configs, speedups, strict=False):
+        for schedule, time_us in (("expert_wave", 100.0), ("interleaved", 100.0 / speedup)):
+            point = {**config, "schedule": schedule}
+            records.append(
+                ok_record(
+                    f"{config['id']}/{schedule}",
+                    point,
+                    {"time_us": [time_us] * 3},
+                    extra={"tflops": 1.0, "nvlink_bytes": 1 << 20},
+                )
+            )
+    first = configs[0]
+    records.append(
+        failed_record(
+            f"{first['id']}/interleaved/deepgemm",
+            {**first, "schedule": "interleaved", "variant": "deepgemm"},
+            "deep_gemm not importable",
+            status="unsupported",
+        )
+    )
+    return _write(ds, layout.MEGAMOE_RAW, "megamoe", records)
+
+
+def _timeline(programs: int, wave: bool) -> tuple[list[list], list[float]]:
+    rows, spans = [], []
+    for p in range(programs):
+        t = 0.0
+        for tile in range(3):
+            rows.append([p, "L1", t, t + 4.0, None, None])
+            t += 4.0
+            span = 9.0 if wave else 3.7
+            rows.append([p, "L2", t, t + 3.0, t + 2.5, t + 2.5 + span])
+            spans.append(span + 0.1 * tile)
+            t += 3.0
+    return rows, spans
+
+
+def write_megamoe_trace(ds: Path) -> Path:
+    """expert_wave (9 us spans), interleaved (3.7 us) and the local control (0.3 us below
+    interleaved), written as the simulator does: the control is variant 'local_control'."""
+    config = megamoe_configs()[0]
+    runs = {
+        "expert_wave": {"schedule": "expert_wave"},
+        "interleaved": {"schedule": "interleaved"},
+        "local_control": {"schedule": "expert_wave", "variant": "local_control"},
+    }
+    records = []
+    for name, run in runs.items():
+        timeline, spans = _timeline(8, wave=name == "expert_wave")
+        if name == "local_control":
+            spans = [s - 0.3 for s in _timeline(8, wave=False)[1]]
+        records.append(
+            ok_record(
+                f"{config['id']}/{name}",
+                {**config, **run},
+                {"store_span_us": spans},
+                extra={"timeline": timeline},
+            )
+        )
+    return _write(ds, layout.MEGAMOE_TRACE_RAW, "megamoe_trace", records)
+
+
+def write_attention(ds: Path) -> Path:
+    rng = np.random.default_rng(7)
+    records = []
+    for p in grid.attention_points(ATTENTION, WORLD_SIZE):
+        alone = 200.0 * (p["seq_len"] / 8192) ** 2
+        sender = {"alone": alone, "serial": alone * 1.3, "fused": alone * 1.05}[p["mode"]]
+        samples = {"sender_us": _noisy(sender, rng), "completion_us": _noisy(sender * 1.02, rng)}
+        records.append(ok_record(p["id"], p, samples, extra={"tflops": 500.0}))
+    return _write(ds, layout.ATTENTION_RAW, "attention", records)
+
+
+def make_dataset(
+    root: Path,
+    name: str = "sim-fixture",
+    *,
+    megamoe: bool = True,
+    attention: bool = True,
+    model: bool = True,
+) -> Path:
+    """A complete synthetic dataset (every product renders from it); the gap_sweep's last
+    point is a failed (timeout) record."""
+    ds = root / name
+    for study in MICROBENCH["studies"]:
+        write_microbench(ds, study, fail_last=study == "gap_sweep")
+    if model:
+        write_model(ds)
+    if megamoe:
+        write_megamoe(ds)
+        write_megamoe_trace(ds)
+    if attention:
+        write_attention(ds)
+    return ds

@@ -1,0 +1,181 @@
+"""Every figure renders from a small SYNTHETIC dataset (tests/fixtures.py), says whether its
+data is simulated or which GPUs measured it, counts failed points, and refuses missing or
+malformed inputs with an error naming the file."""
+
+import json
+
+import pytest
+from fixtures import make_dataset, write_microbench, write_model
+
+from xstage_bench import layout
+from xstage_bench.figures.common import NoDataError, fmt_bytes, save_figure, trace_series
+from xstage_bench.grid import producer_bytes
+from xstage_bench.render import FIGURES, TABLES, render_product
+from xstage_bench.results import RawResultError
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sim_dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture")
+
+
+@pytest.fixture(scope="module")
+def measured_dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("data"), "h200x2-fixture")
+
+
+def texts(fig):
+    """The suptitle and every free text of a figure (where the notes are)."""
+    return [fig.get_suptitle(), *(t.get_text() for t in fig.texts)]
+
+
+def test_every_product_has_a_renderer():
+    assert set(FIGURES) | set(TABLES) == set(layout.PRODUCTS)
+    assert set(FIGURES) == {p.name for p in layout.FIGURES}
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_figure_renders_pdf_and_png_labelled_simulated(name, sim_dataset, tmp_path):
+    fig = FIGURES[name](sim_dataset)
+    assert "simulated" in fig.get_suptitle()
+    out = tmp_path / f"{name}.pdf"
+    save_figure(fig, out)
+    assert out.read_bytes().startswith(b"%PDF")
+    png = out.with_suffix(".png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 10_000
+
+
+@pytest.mark.parametrize("name", ["fig-drain", "fig-model-validation", "fig-ulysses"])
+def test_measured_figure_names_the_gpus(name, measured_dataset):
+    title = FIGURES[name](measured_dataset).get_suptitle()
+    assert "simulated" not in title
+    assert "2x NVIDIA H200" in title
+
+
+def test_render_product_dispatches_to_the_figure(sim_dataset, tmp_path):
+    out = tmp_path / "figures" / "fig-drain.pdf"
+    render_product("fig-drain", sim_dataset, out)
+    assert out.stat().st_size > 0 and out.with_suffix(".png").exists()
+
+
+def test_unknown_product_is_refused(sim_dataset, tmp_path):
+    with pytest.raises(ValueError, match="unknown product 'fig-nope'"):
+        render_product("fig-nope", sim_dataset, tmp_path / "x.pdf")
+
+
+def test_failed_points_are_counted_on_the_figure(sim_dataset):
+    notes = " ".join(texts(FIGURES["fig-issue-vs-gap"](sim_dataset)))
+    assert "1 point failed (timeout: 1), not plotted" in notes
+    megamoe_notes = " ".join(texts(FIGURES["fig-megamoe-speedup"](sim_dataset)))
+    assert "1 point failed (unsupported: 1)" in megamoe_notes
+
+
+def test_issue_vs_gap_states_both_definitions(sim_dataset):
+    fig = FIGURES["fig-issue-vs-gap"](sim_dataset)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert any("slowest producer" in t for t in titles)
+    assert any("whole-burst window" in t for t in titles)
+
+
+def test_model_lines_follow_the_fitted_parameters(sim_dataset):
+    """The dashed model line at G=0 is V/R with R from the model file (365 GB/s)."""
+    fig = FIGURES["fig-issue-vs-gap"](sim_dataset)
+    model = json.loads((sim_dataset / layout.MODEL_JSON).read_text())
+    R = model["params"]["R_GBps"]["value"] * 1e3
+    dashed = [line for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
+    assert dashed
+    starts = sorted(line.get_ydata()[0] for line in dashed)
+    expected = sorted(132 * producer_bytes(V, 132) / R for V in (1 << 20, 4 << 20))
+    assert starts == pytest.approx(expected, rel=1e-9)
+
+
+def test_ulysses_without_model_omits_the_prediction_with_a_note(tmp_path):
+    ds = make_dataset(tmp_path, "sim-nomodel", model=False, megamoe=False)
+    fig = FIGURES["fig-ulysses"](ds)
+    assert any("completion-coupled model omitted" in t for t in texts(fig))
+    assert not any(
+        line.get_linestyle() == ":" and line.get_color() == "k"
+        for ax in fig.axes
+        for line in ax.get_lines()
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "missing"),
+    [
+        ("fig-issue-vs-gap", "raw/microbench/gap_sweep.json"),
+        ("fig-drain", "raw/microbench/drain.json"),
+        ("fig-isolated", "raw/microbench/isolated.json"),
+        ("fig-model-validation", "model/burst_gap.json"),
+        ("fig-megamoe-speedup", "raw/megamoe.json"),
+        ("fig-megamoe-timeline", "raw/megamoe_trace.json"),
+        ("fig-store-span-cdf", "raw/megamoe_trace.json"),
+        ("fig-ulysses", "raw/attention.json"),
+    ],
+)
+def test_missing_file_raises_no_data_naming_it(name, missing, tmp_path):
+    ds = tmp_path / "sim-empty"
+    ds.mkdir()
+    with pytest.raises(NoDataError, match=missing) as info:
+        render_product(name, ds, tmp_path / "out.pdf")
+    assert "sim-empty" in str(info.value)
+    assert not (tmp_path / "out.pdf").exists()
+
+
+def test_microbench_without_model_raises_no_data_naming_the_model(tmp_path):
+    ds = tmp_path / "sim-nofit"
+    write_microbench(ds, "drain")
+    with pytest.raises(NoDataError, match="model/burst_gap.json"):
+        render_product("fig-drain", ds, tmp_path / "out.pdf")
+
+
+def test_schema_invalid_raw_file_names_file_and_field(tmp_path):
+    ds = tmp_path / "sim-bad"
+    path = write_microbench(ds, "gap_sweep")
+    write_model(ds)
+    doc = json.loads(path.read_text())
+    doc["records"][3]["samples"]["period_us"] = "fast"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(
+        RawResultError, match=r"gap_sweep\.json: field 'records/3/samples/period_us'"
+    ):
+        render_product("fig-issue-vs-gap", ds, tmp_path / "out.pdf")
+
+
+def test_all_points_failed_is_no_data(tmp_path):
+    ds = tmp_path / "sim-allfail"
+    path = write_microbench(ds, "drain")
+    write_model(ds)
+    doc = json.loads(path.read_text())
+    doc["records"] = [
+        {"id": r["id"], "point": r["point"], "status": "failed", "error": "boom"}
+        for r in doc["records"]
+    ]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(NoDataError, match=r"drain\.json has no ok record \(failed: 6\)"):
+        render_product("fig-drain", ds, tmp_path / "out.pdf")
+
+
+def test_byte_labels_absorb_store_alignment():
+    assert fmt_bytes(132 * producer_bytes(4 << 20, 132)) == "4 MiB"  # rounded to K*B
+    assert fmt_bytes(256 * 1024) == "256 KiB"
+    assert fmt_bytes(1.5 * (1 << 20)) == "1.5 MiB"
+
+
+def test_trace_series_reads_both_encodings_of_the_local_control():
+    assert trace_series({"schedule": "local_control"}) == "local_control"
+    assert trace_series({"schedule": "expert_wave", "variant": "local_control"}) == "local_control"
+    assert trace_series({"schedule": "interleaved", "variant": "interleaved"}) == "interleaved"
+
+
+def test_store_span_cdf_draws_all_three_runs(sim_dataset):
+    fig = FIGURES["fig-store-span-cdf"](sim_dataset)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert [label.split(":")[0] for label in labels] == [
+        "expert_wave",
+        "interleaved",
+        "local_control",
+    ]
+    assert "median 3.50 us" in labels[2]

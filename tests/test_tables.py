@@ -1,0 +1,215 @@
+"""Every table renders from a small SYNTHETIC dataset (tests/fixtures.py) as CSV + Markdown,
+and its numbers are the right ones on hand-made inputs."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from fixtures import make_dataset, megamoe_configs, write_megamoe, write_microbench, write_model
+
+from xstage_bench import layout, paper
+from xstage_bench.figures.common import NoDataError
+from xstage_bench.render import TABLES, render_product
+from xstage_bench.results import RawResultError, ok_record, raw_document, write_raw
+from xstage_bench.tables import claims, megamoe, noise
+from xstage_bench.tables import ulysses as ulysses_table
+from xstage_bench.tables.common import Table, to_markdown
+
+
+@pytest.fixture(scope="module")
+def sim_dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture")
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_table_renders_csv_and_markdown(name, sim_dataset, tmp_path):
+    out = tmp_path / "tables" / f"{name}.csv"
+    render_product(name, sim_dataset, out)
+    frame = pd.read_csv(out)
+    assert len(frame) > 0
+    markdown = out.with_suffix(".md").read_text()
+    assert markdown.startswith("# ")
+    assert "simulated" in markdown
+    assert markdown.count("\n|") >= len(frame) + 1  # header, rule, one line per row
+
+
+def test_megamoe_stats_on_hand_made_speedups(tmp_path):
+    ds = tmp_path / "sim-moe"
+    speedups = [1.0, 1.2, 1.5, 0.9, 1.1, 1.3, 0.95, 1.62]
+    write_megamoe(ds, speedups)
+    frame = megamoe.build(ds).frame
+    overall = frame[frame["group"] == "overall"].iloc[0]
+    assert overall["n"] == 8
+    assert overall["geomean"] == pytest.approx(np.prod(speedups) ** (1 / 8))
+    assert overall["median"] == pytest.approx((1.1 + 1.2) / 2)
+    assert overall["min"] == pytest.approx(0.9)
+    assert overall["max"] == pytest.approx(1.62)
+    assert overall["paper_geomean"] == paper.MEGAMOE_GEOMEAN
+    # Per group: the configurations are ordered shape x precision x routing.
+    configs = megamoe_configs()
+    w8a8 = [s for c, s in zip(configs, speedups, strict=True) if c["precision"] == "w8a8"]
+    row = frame[(frame["group"] == "precision") & (frame["value"] == "w8a8")].iloc[0]
+    assert row["n"] == 4 and row["max"] == pytest.approx(max(w8a8))
+    assert row["geomean"] == pytest.approx(np.prod(w8a8) ** (1 / 4))
+    assert np.isnan(row["paper_geomean"])
+
+
+def test_megamoe_config_missing_a_schedule_is_left_out_and_noted(tmp_path):
+    ds = tmp_path / "sim-moe"
+    path = write_megamoe(ds, [1.0, 2.0])  # only the first two configurations
+    doc = json.loads(path.read_text())
+    doc["records"] = [
+        r
+        for r in doc["records"]
+        if not (r["id"].endswith("/interleaved") and r["point"]["routing"] == "skewed")
+    ]
+    path.write_text(json.dumps(doc))
+    table = megamoe.build(ds)
+    assert table.frame.iloc[0]["n"] == 1
+    assert any("1 configuration(s) lack an ok time" in n for n in table.notes if n)
+
+
+def test_noise_flags_the_noisy_point(tmp_path):
+    ds = tmp_path / "sim-noise"
+    records = [
+        ok_record("steady", {"K": 1}, {"period_us": [10.0, 10.1, 9.9, 10.0, 10.05]}),
+        ok_record("noisy", {"K": 2}, {"period_us": [10.0, 14.0, 7.0, 12.0, 9.0]}, throttled=True),
+    ]
+    env = {
+        "host": "synthetic-test-fixture",
+        "python": "3",
+        "packages": {},
+        "git": {"sha": None, "dirty": None},
+        "started_at": "a",
+        "finished_at": "b",
+        "simulated": True,
+    }
+    write_raw(
+        ds / "raw/microbench/drain.json",
+        raw_document(
+            experiment="microbench",
+            backend="sim",
+            dataset=ds.name,
+            environment=env,
+            config={},
+            records=records,
+            study="drain",
+        ),
+    )
+    (ds / "raw/microbench/drain.json.partial.json").write_text("resume state, not a result")
+    table = noise.build(ds)
+    flagged = table.frame.set_index("id")
+    assert bool(flagged.loc["noisy", "above_target"]) is True
+    assert bool(flagged.loc["steady", "above_target"]) is False
+    assert bool(flagged.loc["noisy", "throttled"]) is True
+    assert "1 of 2 point-metrics (1 points) above" in table.notes[0]
+    assert "1 points flagged throttled" in table.notes[0]
+    assert not noise.build(ds, target=1.0).frame["above_target"].any()
+
+
+def test_noise_target_reaches_the_table_through_render(sim_dataset, tmp_path):
+    out = tmp_path / "tab-noise.csv"
+    render_product("tab-noise", sim_dataset, out, noise_target=0.0)
+    frame = pd.read_csv(out)
+    assert (frame["above_target"] == (frame["rel_iqr"] > 0)).all()
+    assert frame["above_target"].sum() > 100
+    assert "target 0" in out.with_suffix(".md").read_text()
+
+
+def test_noise_without_raw_files_is_no_data(tmp_path):
+    with pytest.raises(NoDataError, match="no raw files"):
+        noise.build(tmp_path / "sim-empty")
+
+
+def test_claims_on_a_microbench_only_dataset(tmp_path):
+    ds = make_dataset(tmp_path, "sim-mb", megamoe=False, attention=False)
+    frame = claims.build(ds).frame.set_index("claim")
+    assert set(frame.index) == {c.id for c in paper.CLAIMS}
+    assert float(frame.loc["bg.R", "ours"]) == pytest.approx(365.0)
+    assert frame.loc["bg.R", "paper"] == "717"
+    assert frame.loc["bg.R", "paper_source"] == "(summary)"
+    assert frame.loc["moe.geomean", "paper_source"] == "abstract"
+    for claim in ("moe.geomean", "moe.span_wave", "uly.fa3_max", "uly.fa3_S=8192"):
+        assert frame.loc[claim, "ours"] == claims.NOT_MEASURED
+
+
+def test_claims_with_nothing_at_all_renders_not_measured(tmp_path):
+    ds = tmp_path / "sim-nothing"
+    ds.mkdir()
+    out = tmp_path / "tab-claims.csv"
+    render_product("tab-claims", ds, out)
+    assert (pd.read_csv(out)["ours"] == claims.NOT_MEASURED).all()
+
+
+def test_every_claim_has_an_answer_entry():
+    assert set(claims.OURS) == {c.id for c in paper.CLAIMS}
+
+
+def test_claims_refuse_a_malformed_file(tmp_path):
+    ds = make_dataset(tmp_path, "sim-bad", attention=False)
+    (ds / layout.MEGAMOE_RAW).write_text("{not json")
+    with pytest.raises(RawResultError, match="megamoe.json: not valid JSON"):
+        claims.build(ds)
+
+
+def test_ulysses_speedups_and_paper_columns(sim_dataset):
+    frame = ulysses_table.build(sim_dataset).frame
+    row = frame[(frame["backend"] == "fa3") & (frame["seq_len"] == 8192)].iloc[0]
+    assert row["speedup_sender"] == pytest.approx(row["serial_sender_us"] / row["fused_sender_us"])
+    assert row["paper_speedup"] == paper.FA3_ULYSSES_SPEEDUP[8192]
+    assert row["paper_serial_us"] == paper.FA3_ULYSSES_US[8192][0]
+    triton = frame[frame["backend"] == "triton"]
+    assert triton["paper_speedup"].isna().all()
+
+
+def test_burst_gap_params_rows(tmp_path):
+    ds = tmp_path / "sim-bg"
+    write_microbench(ds, "drain")
+    write_model(ds)
+    frame = TABLES["tab-burst-gap-params"](ds).frame.set_index("scope")
+    assert list(frame.index) == ["K=66", "K=132", "pooled", "paper B200"]
+    assert frame.loc["pooled", "R_GBps"] == pytest.approx(365.0)
+    # Pooled T0 at B = 32 KiB: t0_fixed + B / issue_rate = 0.1 + 32768 / 60e3 us.
+    assert frame.loc["pooled", "T0_us"] == pytest.approx(0.1 + 32768 / 60e3)
+    assert frame.loc["pooled", "T0_us_ci_low"] < frame.loc["pooled", "T0_us"]
+    assert frame.loc["paper B200", "R_GBps"] == paper.B200_R_GBPS
+    assert frame.loc["paper B200", "Q_MiB"] == pytest.approx(4.25)
+    assert frame.loc["K=132", "Q_per_producer_KiB"] == pytest.approx(2 * 1024 / 132)
+
+
+def test_markdown_is_written_without_tabulate():
+    table = pd.DataFrame({"a": [1.23456789, float("nan")], "b": ["x|y", None]})
+    assert to_markdown(table).splitlines() == [
+        "| a | b |",
+        "|---|---|",
+        "| 1.235 | x\\|y |",
+        "|  |  |",
+    ]
+    assert isinstance(Table(table, "t", "l"), Table)
+
+
+def test_claims_on_the_full_fixture(sim_dataset):
+    frame = claims.build(sim_dataset).frame.set_index("claim")
+    assert frame.loc["moe.span_wave", "ours"] == "9.1"
+    assert frame.loc["moe.span_interleaved", "ours"] == "3.8"
+    assert float(frame.loc["moe.span_vs_local", "ours"]) == pytest.approx(0.3)
+    assert frame.loc["moe.configs", "ours"] == "8"
+    assert frame.loc["uly.fa3_S=8192", "ours"] != claims.NOT_MEASURED
+    assert frame.loc["uly.fa4_max", "ours"] == claims.NOT_MEASURED
+    assert frame.loc["moe.geomean", "ours_kind"] == "simulated"
+
+
+def test_megamoe_with_every_point_failed_is_no_data(tmp_path):
+    ds = tmp_path / "sim-moe"
+    path = write_megamoe(ds, [1.0, 2.0])
+    doc = json.loads(path.read_text())
+    doc["records"] = [
+        {"id": r["id"], "point": r["point"], "status": "failed", "error": "boom"}
+        for r in doc["records"]
+    ]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(NoDataError, match="raw/megamoe.json has no configuration"):
+        megamoe.build(ds)
+    claims_frame = claims.build(ds).frame.set_index("claim")
+    assert claims_frame.loc["moe.geomean", "ours"] == claims.NOT_MEASURED
