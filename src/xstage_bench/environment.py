@@ -7,6 +7,7 @@ adds the GPUs, driver, CUDA, peer access and `nvidia-smi topo -m`; on a CPU-only
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import subprocess
@@ -55,11 +56,19 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_state(repo: Path | None = None) -> dict:
-    """The commit the code came from and whether the tree had uncommitted changes."""
+    """The commit the code came from and whether the tree had uncommitted changes.
+
+    A copy of the tree without .git (a remote GPU machine) reports what the sender put in
+    XSTAGE_GIT_SHA and XSTAGE_GIT_DIRTY.
+    """
     repo = repo or Path(__file__).resolve().parent
     sha = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if sha is None:
-        return {"sha": None, "dirty": None}
+        dirty = os.environ.get("XSTAGE_GIT_DIRTY")
+        return {
+            "sha": os.environ.get("XSTAGE_GIT_SHA"),
+            "dirty": None if dirty is None else dirty == "1",
+        }
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return {"sha": sha, "dirty": bool(status) if status is not None else None}
 
