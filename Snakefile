@@ -36,3 +36,15 @@ rule all:
     input:
         all_targets(),
     default_target: True
+
+
+# Only this machine's measurements and what is rendered from them.
+rule measured:
+    input:
+        dataset_targets(MEASURED) if MEASURED else [],
+
+
+# Only the simulated datasets.
+rule simulated:
+    input:
+        [t for dataset in SIMULATED for t in dataset_targets(dataset)],

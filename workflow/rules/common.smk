@@ -152,17 +152,18 @@ def datasets():
     return names
 
 
+def dataset_targets(dataset):
+    """Every figure and table a dataset can give."""
+    if dataset in REFERENCE and not (RESULTS / dataset).is_dir():
+        print(f"[xstage] reference dataset '{dataset}' is not in {RESULTS}/: skipped",
+              file=sys.stderr)
+        return []
+    return [product_output(dataset, product) for product in layout.PRODUCTS.values()
+            if product_available(dataset, product)]
+
+
 def all_targets():
-    targets = built_kernels()
-    for dataset in datasets():
-        if dataset in REFERENCE and not (RESULTS / dataset).is_dir():
-            print(f"[xstage] reference dataset '{dataset}' is not in {RESULTS}/: skipped",
-                  file=sys.stderr)
-            continue
-        for product in layout.PRODUCTS.values():
-            if product_available(dataset, product):
-                targets.append(product_output(dataset, product))
-    return targets
+    return built_kernels() + [t for dataset in datasets() for t in dataset_targets(dataset)]
 
 
 # --- build ---
