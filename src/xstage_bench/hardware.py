@@ -26,6 +26,7 @@ class HardwareProfile:
     nvlink_line_rate_GBps: float
     matrix_tflops: dict[str, float] = field(default_factory=dict)
     source: str = ""
+    world_size: int = 2  # GPUs of the node the simulator stands for (when config says auto)
 
     def t0_us(self, K: int, V: float) -> float:
         """Backpressure-free issue time of a burst of V bytes spread over K producers."""
@@ -58,6 +59,9 @@ def load_profile(path: str | Path) -> HardwareProfile:
     for key in REQUIRED[1:]:
         if not isinstance(raw[key], int | float) or raw[key] <= 0:
             raise ConfigError(f"{path}: key '{key}' must be a positive number, got {raw[key]!r}")
+    ws = raw.get("world_size", 2)
+    if isinstance(ws, bool) or not isinstance(ws, int) or ws < 2:
+        raise ConfigError(f"{path}: key 'world_size' must be an integer >= 2, got {ws!r}")
     known = set(HardwareProfile.__dataclass_fields__)
     unknown = set(raw) - known
     if unknown:

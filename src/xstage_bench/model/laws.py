@@ -1,0 +1,88 @@
+"""The Burst-Gap laws of the X-Stage paper, as numpy-vectorized functions.
+
+K producers store V bytes in all per burst, then compute for a gap G. Three parameters:
+T0 (backpressure-free issue time of the burst), R (drain rate of the path), Q (outstanding
+capacity). Units throughout: microseconds, bytes, and bytes per microsecond for rates;
+`gbps_to_bytes_per_us` converts the GB/s (1e9 bytes/s) that profiles and tables quote.
+Every function broadcasts over numpy arrays and returns a float (or bool) array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+BYTES_PER_US_PER_GBPS = 1e9 * 1e-6  # 1 GB/s moves 1000 bytes per microsecond
+
+
+def gbps_to_bytes_per_us(rate_GBps: ArrayLike) -> NDArray:
+    return np.asarray(rate_GBps, dtype=float) * BYTES_PER_US_PER_GBPS
+
+
+def bytes_per_us_to_gbps(rate: ArrayLike) -> NDArray:
+    return np.asarray(rate, dtype=float) / BYTES_PER_US_PER_GBPS
+
+
+def _f(x: ArrayLike) -> NDArray:
+    return np.asarray(x, dtype=float)
+
+
+def period(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
+    """Steady-state period: max(T0 + G, V/R); the path cannot drain faster than R."""
+    return np.maximum(_f(T0) + _f(G), _f(V) / _f(R))
+
+
+def issue_time(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
+    """Sender-visible issue time of a steady burst: max(T0, V/R - G)."""
+    return np.maximum(_f(T0), _f(V) / _f(R) - _f(G))
+
+
+def issue_overhead(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
+    """Issue time beyond the backpressure-free T0: [V/R - G - T0]+."""
+    return np.maximum(_f(V) / _f(R) - _f(G) - _f(T0), 0.0)
+
+
+def hiding_gap(T0: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
+    """G*: the smallest gap that hides the drain, [V/R - T0]+."""
+    return np.maximum(_f(V) / _f(R) - _f(T0), 0.0)
+
+
+def backlog_peak(T0: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
+    """q_peak0: bytes still outstanding when a burst on an empty path is issued, [V - R*T0]+."""
+    return np.maximum(_f(V) - _f(R) * _f(T0), 0.0)
+
+
+def isolated_issue_time(T0: ArrayLike, V: ArrayLike, Q: ArrayLike, R: ArrayLike) -> NDArray:
+    """One burst on an empty path: max(T0, (V - Q)/R); beyond Q it issues at the drain rate."""
+    return np.maximum(_f(T0), (_f(V) - _f(Q)) / _f(R))
+
+
+def train_issue_time(
+    T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike, Q: ArrayLike
+) -> NDArray:
+    """Issue time of a burst in a steady train, from the two laws together.
+
+    The periodic law assumes the backlog carries over between bursts; once G exceeds Q/R
+    the path empties in the gap and each burst is an isolated one, never faster than
+    the isolated law. So the train's issue time is the larger of the two.
+    """
+    return np.maximum(issue_time(T0, G, V, R), isolated_issue_time(T0, V, Q, R))
+
+
+def backpressure_free(
+    T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike, Q: ArrayLike
+) -> NDArray:
+    """True where the path keeps up (V/(T0+G) <= R) and one burst's backlog fits in Q."""
+    keeps_up = _f(V) / (_f(T0) + _f(G)) <= _f(R)
+    fits = backlog_peak(T0, V, R) <= _f(Q)
+    return np.logical_and(keeps_up, fits)
+
+
+def completion_coupled_period(G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
+    """The rejected alternative: the issuer waits for remote visibility, so G + V/R."""
+    return _f(G) + _f(V) / _f(R)
+
+
+def unbounded_async_issue_time(T0: ArrayLike) -> NDArray:
+    """The other extreme: an unbounded outstanding capacity never stalls the issuer."""
+    return _f(T0).copy()

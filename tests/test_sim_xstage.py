@@ -1,0 +1,214 @@
+"""The X-Stage simulator: the Burst-Gap laws must come out of its own dynamics.
+
+Test path: per-producer issue rate a = 10 GB/s (10000 bytes/us), drain R = 20 GB/s
+(20000 bytes/us), t0_fixed = 0.5 us. K = 8 producers of B = 10000 bytes: V = 80000,
+T0 = 0.5 + 1 = 1.5 us, V/R = 4 us, G* = 2.5 us.
+"""
+
+import numpy as np
+import pytest
+
+from xstage_bench.hardware import HardwareProfile
+from xstage_bench.model import laws
+from xstage_bench.results import read_raw
+from xstage_bench.sim import run, xstage
+
+K, B, V = 8, 10_000, 80_000
+T0, R = 1.5, 20_000.0
+
+
+def profile(capacity: float) -> HardwareProfile:
+    return HardwareProfile(
+        name="test",
+        sm_count=8,
+        t0_fixed_us=0.5,
+        issue_rate_per_sm_GBps=10.0,
+        drain_rate_GBps=20.0,
+        capacity_bytes=capacity,
+        nvlink_line_rate_GBps=25.0,
+    )
+
+
+def params(capacity: float = 100_000) -> xstage.PathParams:
+    return xstage.path_params(profile(capacity))
+
+
+def steady(trace: xstage.BurstTrace, warmup: int = 6):
+    """The bursts after the path has reached its steady state (the laws' regime)."""
+    return trace.t_iss_slowest()[warmup:], trace.period()[warmup:]
+
+
+def test_processor_sharing_on_a_full_path():
+    # Two issuers of 500 bytes: the path (Q=100) fills at 2*50-10 = 90 bytes/us, then
+    # each admits R/2; both finish when all but Q has drained: (1000-100)/10 = 90 us.
+    path = xstage.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0)
+    path.add("a", 500)
+    path.add("b", 500)
+    finished = []
+    while path.n:
+        t = path.next_time()
+        finished += [(tok, t) for tok, _ in path.advance(t)]
+    assert sorted(tok for tok, _ in finished) == ["a", "b"]
+    assert all(t == pytest.approx(90.0) for _, t in finished)
+    assert path.empty_time() == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("G", [0.0, 1.0, 2.0, 2.5, 5.0, 30.0])
+def test_steady_train_follows_the_periodic_laws(G):
+    t_iss, per = steady(xstage.simulate_bursts(K, B, 16, G, params()))
+    np.testing.assert_allclose(t_iss, laws.issue_time(T0, G, V, R), rtol=1e-9)
+    np.testing.assert_allclose(per, laws.period(T0, G, V, R), rtol=1e-9)
+
+
+def test_zero_gap_period_is_V_over_R_for_every_split():
+    for k in (4, 8, 16):
+        _, per = steady(xstage.simulate_bursts(k, V // k, 16, 0.0, params()))
+        np.testing.assert_allclose(per, V / R, rtol=1e-9)
+
+
+def test_long_gap_gives_the_backpressure_free_issue_time():
+    for b in (2_000, 10_000, 40_000):
+        t_iss, _ = steady(xstage.simulate_bursts(K, b, 8, 60.0, params(10 * K * b)))
+        np.testing.assert_allclose(t_iss, params().t0_us(b), rtol=1e-9)
+
+
+def test_issuer_resumes_work_during_the_x_stage():
+    # Below G* the issuer pays V/R - G, not the completion-coupled G + V/R.
+    _, per = steady(xstage.simulate_bursts(K, B, 16, 2.0, params()))
+    assert per == pytest.approx(np.full_like(per, 4.0))
+    assert laws.completion_coupled_period(2.0, V, R) == pytest.approx(6.0)
+
+
+def test_isolated_burst_beyond_Q_stalls_to_the_drain():
+    Q = 30_000
+    trace = xstage.simulate_bursts(K, B, 1, 0.0, params(Q))
+    law = laws.isolated_issue_time(T0, V, Q, R)  # (V-Q)/R = 2.5 us
+    # The fixed overhead runs on an empty path, so the sim is later by exactly t0_fixed.
+    assert trace.t_iss_slowest()[0] == pytest.approx(law + 0.5)
+    # The drain runs from the first byte to the last: visible after t0_fixed + V/R.
+    assert trace.drained_at == pytest.approx(0.5 + V / R)
+
+
+def test_isolated_burst_within_Q_issues_in_T0():
+    trace = xstage.simulate_bursts(K, B, 1, 0.0, params(100_000))
+    assert trace.t_iss_slowest()[0] == pytest.approx(T0)
+
+
+def test_first_bursts_fill_the_path_and_are_faster():
+    trace = xstage.simulate_bursts(K, B, 16, 0.0, params())
+    slowest = trace.t_iss_slowest()
+    assert slowest[0] == pytest.approx(T0)
+    assert slowest[-1] == pytest.approx(V / R)
+
+
+def test_free_producers_drift_apart_and_a_barrier_realigns_them():
+    rng = np.random.default_rng(3)
+    offsets = rng.uniform(0.0, 1.0, K)
+    free = xstage.simulate_bursts(K, B, 16, 1.0, params(), start_offsets_us=offsets)
+    barrier = xstage.simulate_bursts(
+        K, B, 16, 1.0, params(), sync="barrier", start_offsets_us=offsets
+    )
+    lockstep = xstage.simulate_bursts(K, B, 16, 1.0, params())
+    assert np.all(free.t_iss_window()[4:] > free.t_iss_slowest()[4:])
+    np.testing.assert_allclose(barrier.t_iss_window(), barrier.t_iss_slowest())
+    np.testing.assert_allclose(barrier.t_iss_slowest(), lockstep.t_iss_slowest())
+
+
+def test_barrier_waits_for_the_slowest_then_the_gap():
+    trace = xstage.simulate_bursts(K, B, 6, 3.0, params(), sync="barrier")
+    np.testing.assert_allclose(np.diff(trace.start[:, 0]), trace.t_iss_slowest()[:-1] + 3.0)
+
+
+def test_ceilings_and_local_path():
+    p = profile(100_000)
+    rng = np.random.default_rng(0)
+    kw = dict(bursts=4, warmup_bursts=1, launches=2, rng=rng)
+    big = 64 << 20
+    peer = xstage.simulate_microbench_point(
+        {"kind": "ceiling", "method": "sm_store", "dest": "peer", "V": big}, p, **kw
+    )
+    local = xstage.simulate_microbench_point(
+        {"kind": "ceiling", "method": "sm_store", "dest": "local", "V": big}, p, **kw
+    )
+    copy = xstage.simulate_microbench_point(
+        {"kind": "ceiling", "method": "copy_engine", "dest": "peer", "V": big}, p, **kw
+    )
+    assert peer["bandwidth_GBps"][0] == pytest.approx(20.0, rel=1e-3)
+    # The local path drains 10x faster, so 8 SMs at 10 GB/s each become the limit.
+    assert 20.0 * xstage.LOCAL_PATH_FACTOR > 80.0
+    assert local["bandwidth_GBps"][0] == pytest.approx(80.0, rel=1e-2)
+    assert copy["bandwidth_GBps"] == [pytest.approx(25.0 * xstage.COPY_ENGINE_EFFICIENCY)] * 2
+
+
+def test_narrow_stores_issue_slower_and_several_peers_are_unsupported():
+    assert xstage.path_params(profile(1e5), width=4).issue_rate == pytest.approx(10_000 / 4)
+    point = {"kind": "periodic", "K": K, "B": B, "V": V, "gap_us": 0.0, "peers": 2, "sync": "free"}
+    with pytest.raises(xstage.UnsupportedPoint, match="peers=2"):
+        xstage.simulate_microbench_point(
+            point, profile(1e5), bursts=4, warmup_bursts=1, launches=1, rng=np.random.default_rng(0)
+        )
+
+
+def microbench_config(**study) -> dict:
+    return {
+        "microbench": {
+            "bursts": 10,
+            "warmup_bursts": 3,
+            "launches": 2,
+            "defaults": {
+                "width": 16,
+                "dest": "peer",
+                "pattern": "same",
+                "peers": 1,
+                "sync": "free",
+                "gap_mode": "compute",
+            },
+            "studies": {"s": study},
+        }
+    }
+
+
+def test_simulate_microbench_writes_a_valid_labelled_raw_file(tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text(
+        "name: t\nsm_count: 8\nt0_fixed_us: 0.5\nissue_rate_per_sm_GBps: 10\n"
+        "drain_rate_GBps: 20\ncapacity_bytes: 100000\nnvlink_line_rate_GBps: 25\n"
+    )
+    cfg = microbench_config(kind="periodic", K=[K], V=[V], gap_us=[0, 30], peers=[1, 2])
+    out = tmp_path / "raw" / "s.json"
+    run.simulate_microbench(cfg, str(prof), "s", "sim-test", str(out))
+    doc = read_raw(out)
+    assert doc["backend"] == "sim" and doc["environment"]["simulated"] is True
+    assert doc["environment"]["hardware_profile"]["capacity_bytes"] == 100000
+    assert doc["config"]["sim"]["noise_rel"] == 0.01
+    by_status = {}
+    for r in doc["records"]:
+        by_status.setdefault(r["status"], []).append(r)
+    assert len(by_status["unsupported"]) == 2 and len(by_status["ok"]) == 2
+    zero = next(r for r in by_status["ok"] if r["point"]["gap_us"] == 0)
+    assert len(zero["samples"]["t_iss_slowest_us"]) == (10 - 3) * 2
+    assert len(zero["samples"]["warmup_t_iss_slowest_us"]) == 3 * 2
+    assert len(zero["samples"]["period_us"]) == (10 - 3 - 1) * 2
+    summary = zero["summary"]["period_us"]
+    assert summary["median"] == pytest.approx(V / R, rel=0.01)
+    assert summary["rel_iqr"] > 0  # the seeded noise makes the spread non-degenerate
+    # Seeded: a second run gives the same samples.
+    out2 = tmp_path / "raw" / "s2.json"
+    run.simulate_microbench(cfg, str(prof), "s", "sim-test", str(out2))
+    assert read_raw(out2)["records"] == doc["records"]
+
+
+def test_noise_free_run_and_drain_probe(tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text(
+        "name: t\nsm_count: 8\nt0_fixed_us: 0.5\nissue_rate_per_sm_GBps: 10\n"
+        "drain_rate_GBps: 20\ncapacity_bytes: 30000\nnvlink_line_rate_GBps: 25\n"
+    )
+    cfg = microbench_config(kind="drain_probe", K=[K], V=[V])
+    out = tmp_path / "probe.json"
+    run.simulate_microbench(
+        cfg, str(prof), "s", "sim-test", str(out), run.SimOptions(noise_rel=0.0)
+    )
+    (record,) = read_raw(out)["records"]
+    assert record["samples"]["visible_us"] == [pytest.approx(0.5 + V / R)] * 2
+    assert record["samples"]["t_iss_slowest_us"] == [pytest.approx(0.5 + (V - 30000) / R)] * 2
