@@ -27,9 +27,20 @@ def dry_run_jobs(tmp_path):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     out = subprocess.run(
-        [str(SNAKEMAKE), "-n", "--profile", "workflow/profiles/slurm",
-         "--configfile", "config/h200x8.yaml", "--config", "measure=submit"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            str(SNAKEMAKE),
+            "-n",
+            "--profile",
+            "workflow/profiles/slurm",
+            "--configfile",
+            "config/h200x8.yaml",
+            "--config",
+            "measure=submit",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = re.split(r"\n(?=rule \w+:)", out.stdout + out.stderr)
@@ -48,7 +59,8 @@ def test_gpu_jobs_ask_for_a_whole_exclusive_node(tmp_path):
     gpu_jobs = [(rule, res) for rule, res in jobs if rule.endswith("_measure")]
     assert {rule for rule, _ in gpu_jobs} == {"microbench_measure", "attention_measure"}
     assert len([r for r, _ in gpu_jobs if r == "microbench_measure"]) == len(
-        load_config(ROOT / "config" / "h200x8.yaml")["microbench"]["studies"])
+        load_config(ROOT / "config" / "h200x8.yaml")["microbench"]["studies"]
+    )
     for rule, res in gpu_jobs:
         assert res["gpu"] == "8" and res["gpu_model"] == "h200", rule
         assert res["slurm_extra"] == "--exclusive", rule

@@ -24,8 +24,7 @@ def test_shipped_configs_are_valid(full_config):
 
 def test_full_config_has_the_84_megamoe_configurations(full_config):
     mm = full_config["megamoe"]
-    n = len(mm["shapes"]) * len(mm["precisions"]) * len(mm["routings"]) * len(
-        mm["tokens_per_rank"])
+    n = len(mm["shapes"]) * len(mm["precisions"]) * len(mm["routings"]) * len(mm["tokens_per_rank"])
     assert n == 84
     assert set(mm["precisions"]) == {"w4a8", "w8a8"}
     assert mm["tokens_per_rank"] == [1024, 4096, 16384]
@@ -43,7 +42,10 @@ def test_full_config_ulysses_sweep(full_config):
         (lambda c: c["timing"].update(min_reps="ten"), "timing.min_reps"),
         (lambda c: c["attention"].update(head_dim=96), "attention.head_dim"),
         (lambda c: c["megamoe"]["shapes"][1].update(H=-4), "megamoe.shapes[1].H"),
-        (lambda c: c["microbench"]["studies"]["drain"].update(K=[0]), "microbench.studies.drain.K[0]"),
+        (
+            lambda c: c["microbench"]["studies"]["drain"].update(K=[0]),
+            "microbench.studies.drain.K[0]",
+        ),
         (lambda c: c.update(world_size=1), "world_size"),
         (lambda c: c["datasets"].update(measured="sim-oops"), "datasets.measured"),
         (lambda c: c["timing"].update(max_reps=4, min_reps=5), "timing.max_reps"),

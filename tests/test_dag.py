@@ -31,8 +31,9 @@ def workdir(tmp_path):
 
 
 def snakemake(workdir, *args):
-    return subprocess.run([str(SNAKEMAKE), *args], cwd=workdir, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [str(SNAKEMAKE), *args], cwd=workdir, capture_output=True, text=True, timeout=300
+    )
 
 
 def job_counts(workdir, *args):

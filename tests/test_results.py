@@ -26,8 +26,15 @@ ENV = {
 
 
 def doc(records):
-    return raw_document(experiment="microbench", backend="sim", dataset="sim-x",
-                        environment=ENV, config={}, records=records, study="drain")
+    return raw_document(
+        experiment="microbench",
+        backend="sim",
+        dataset="sim-x",
+        environment=ENV,
+        config={},
+        records=records,
+        study="drain",
+    )
 
 
 def test_round_trip_keeps_samples_and_summary(tmp_path):

@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -105,7 +106,7 @@ def test_kill_during_write_leaves_previous_partial_intact(tmp_path, monkeypatch)
 
     monkeypatch.setattr(os, "replace", dying_replace)
     with pytest.raises(KeyboardInterrupt):
-        sweep(out, counting_measure())
+        sweep(out, counting_measure(), checkpoint_every_s=0)  # a checkpoint after every point
     monkeypatch.setattr(os, "replace", real_replace)
 
     partial = read_raw(partial_path(out))  # still valid: the old file was never touched
@@ -202,3 +203,20 @@ def test_watchdog_records_timeout_exits_and_rerun_continues(tmp_path):
     assert second.stdout.split() == ["measure", "c"]
     doc = read_raw(out)
     assert [r["status"] for r in doc["records"]] == ["ok", "timeout", "ok"]
+
+
+def test_checkpoints_are_throttled_but_flushed_when_the_sweep_stops(tmp_path, monkeypatch):
+    out = tmp_path / "gap_sweep.json"
+    real_replace = os.replace
+    writes = []
+
+    def counting_replace(src, dst):
+        writes.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", counting_replace)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(out, counting_measure(interrupt="d"), checkpoint_every_s=3600)
+    # the empty start and one flush on the way out, not one write per point
+    assert writes == [partial_path(out).name] * 2
+    assert [r["id"] for r in read_raw(partial_path(out))["records"]] == ["a", "b", "c"]

@@ -78,22 +78,24 @@ def test_budget_stops_with_fake_clock():
         return 50.0 if run_once.calls % 2 else 150.0
 
     run_once.calls = 0
-    samples = measure(run_once, policy(budget_s=1.0, warmup=3), clock=clock)
-    # The budget starts after the 3 warm-up calls: 4 timed calls reach 1.2 s >= 1.0 s.
-    assert len(samples) == 4
+    samples = measure(run_once, policy(budget_s=2.0, min_reps=5, warmup=3), clock=clock)
+    # The budget starts after the 3 warm-up calls: 7 timed calls reach 2.1 s >= 2.0 s.
+    assert len(samples) == 7
     assert samples.stop_reason == BUDGET
-    assert samples.elapsed_s == pytest.approx(1.2)
+    assert samples.elapsed_s == pytest.approx(2.1)
 
 
-def test_budget_smaller_than_one_call_still_gives_one_sample():
+def test_budget_never_cuts_below_min_reps():
     now = [0.0]
 
     def run_once():
         now[0] += 5.0
-        return 7.0
+        run_once.calls += 1
+        return 7.0 if run_once.calls % 2 else 9.0  # noisy: never STABLE
 
-    samples = measure(run_once, policy(budget_s=1.0, warmup=0), clock=lambda: now[0])
-    assert samples == [7.0] and samples.stop_reason == BUDGET
+    run_once.calls = 0
+    samples = measure(run_once, policy(budget_s=1.0, min_reps=5, warmup=0), clock=lambda: now[0])
+    assert len(samples) == 5 and samples.stop_reason == BUDGET
 
 
 def test_samples_feed_ok_record_as_a_list():

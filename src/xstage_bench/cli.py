@@ -33,8 +33,10 @@ def _check(args: argparse.Namespace) -> int:
     for path in args.raw:
         doc = read_raw(path)
         failed = sum(r["status"] != "ok" for r in doc["records"])
-        print(f"{path}: valid, {doc['experiment']} ({doc['backend']}), "
-              f"{len(doc['records'])} records, {failed} not ok")
+        print(
+            f"{path}: valid, {doc['experiment']} ({doc['backend']}), "
+            f"{len(doc['records'])} records, {failed} not ok"
+        )
     return 0
 
 
@@ -70,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("probe", help="list GPUs and whether this machine can measure").set_defaults(
-        func=_probe)
+        func=_probe
+    )
 
     p = sub.add_parser("validate", help="validate a configuration file")
     p.add_argument("config")

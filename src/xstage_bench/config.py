@@ -62,22 +62,31 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
         )
     for name, study in mb["studies"].items():
         if study["kind"] != "ceiling" and "K" not in study:
-            raise ConfigError(f"config key 'microbench.studies.{name}.K': required for kind "
-                              f"'{study['kind']}'")
+            raise ConfigError(
+                f"config key 'microbench.studies.{name}.K': required for kind '{study['kind']}'"
+            )
     datasets = config["datasets"]
     if datasets["measured"].startswith("sim-"):
-        raise ConfigError("config key 'datasets.measured': a measured dataset cannot be named "
-                          f"sim-* (those are simulated), got '{datasets['measured']}'")
+        raise ConfigError(
+            "config key 'datasets.measured': a measured dataset cannot be named "
+            f"sim-* (those are simulated), got '{datasets['measured']}'"
+        )
     if datasets["measured"] in datasets["reference"]:
-        raise ConfigError(f"config key 'datasets.measured': '{datasets['measured']}' is also a "
-                          "reference dataset; measuring would overwrite it")
+        raise ConfigError(
+            f"config key 'datasets.measured': '{datasets['measured']}' is also a "
+            "reference dataset; measuring would overwrite it"
+        )
     if config["measure"] == "submit":
         if config["world_size"] == "auto":
-            raise ConfigError("config key 'world_size': measure 'submit' (a cluster) needs the "
-                              "GPU count per job as an integer, got 'auto'")
+            raise ConfigError(
+                "config key 'world_size': measure 'submit' (a cluster) needs the "
+                "GPU count per job as an integer, got 'auto'"
+            )
         if datasets["measured"] == "auto":
-            raise ConfigError("config key 'datasets.measured': measure 'submit' (a cluster) "
-                              "needs a dataset name (e.g. h200x8), got 'auto'")
+            raise ConfigError(
+                "config key 'datasets.measured': measure 'submit' (a cluster) "
+                "needs a dataset name (e.g. h200x8), got 'auto'"
+            )
     names = [s["name"] for s in config["megamoe"]["shapes"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'megamoe.shapes': shape names must be unique")

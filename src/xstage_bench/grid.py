@@ -9,8 +9,18 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-MICROBENCH_AXES = ("K", "V", "gap_us", "width", "dest", "pattern", "peers", "sync", "gap_mode",
-                   "method")
+MICROBENCH_AXES = (
+    "K",
+    "V",
+    "gap_us",
+    "width",
+    "dest",
+    "pattern",
+    "peers",
+    "sync",
+    "gap_mode",
+    "method",
+)
 STORE_ALIGN = 16  # a producer's burst is a whole number of the widest (16-byte) stores
 
 
@@ -68,8 +78,9 @@ def megamoe_points(megamoe: dict, world_size: int) -> list[dict]:
                 f"world_size={world_size} ranks"
             )
         p = {"shape": shape["name"], **{k: v for k, v in shape.items() if k != "name"}}
-        p.update(precision=precision, routing=routing, tokens_per_rank=tokens,
-                 world_size=world_size)
+        p.update(
+            precision=precision, routing=routing, tokens_per_rank=tokens, world_size=world_size
+        )
         p["id"] = f"{p['shape']}/{precision}/{routing}/T={tokens}/P={world_size}"
         points.append(p)
     return points
@@ -88,9 +99,15 @@ def attention_points(attention: dict, world_size: int) -> list[dict]:
     ):
         if seq % world_size:
             raise ValueError(f"attention seq_len={seq} does not divide over {world_size} ranks")
-        p = {"backend": backend, "mode": mode, "heads": heads, "seq_len": seq,
-             "head_dim": attention["head_dim"], "batch": attention["batch"],
-             "world_size": world_size}
+        p = {
+            "backend": backend,
+            "mode": mode,
+            "heads": heads,
+            "seq_len": seq,
+            "head_dim": attention["head_dim"],
+            "batch": attention["batch"],
+            "world_size": world_size,
+        }
         p["id"] = f"{backend}/{mode}/H={heads}/S={seq}/P={world_size}"
         points.append(p)
     return points

@@ -41,8 +41,15 @@ class HardwareProfile:
         return asdict(self)
 
 
-REQUIRED = ("name", "sm_count", "t0_fixed_us", "issue_rate_per_sm_GBps", "drain_rate_GBps",
-            "capacity_bytes", "nvlink_line_rate_GBps")
+REQUIRED = (
+    "name",
+    "sm_count",
+    "t0_fixed_us",
+    "issue_rate_per_sm_GBps",
+    "drain_rate_GBps",
+    "capacity_bytes",
+    "nvlink_line_rate_GBps",
+)
 
 
 def load_profile(path: str | Path) -> HardwareProfile:

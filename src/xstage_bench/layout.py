@@ -37,37 +37,93 @@ def _mb(*studies: str) -> tuple[str, ...]:
 
 
 FIGURES = (
-    Product("fig-issue-vs-gap", "microbench", _mb("gap_sweep") + (MODEL_JSON,),
-            "Issue time T_iss vs gap G for several burst sizes V, model lines, local control."),
-    Product("fig-drain", "microbench", _mb("drain") + (MODEL_JSON,),
-            "Period vs V at G=0 for K/B splits of the same V; the slope gives the drain rate R."),
-    Product("fig-isolated", "microbench", _mb("isolated") + (MODEL_JSON,),
-            "Isolated-burst issue time vs V per K; the knee gives the capacity Q."),
-    Product("fig-backpressure-map", "microbench", _mb("gap_sweep") + (MODEL_JSON,),
-            "Measured issue overhead over (V, G) with the model's G* curve."),
-    Product("fig-model-validation", "model", (MODEL_JSON,),
-            "Predicted vs measured issue times on held-out points, with the error summary."),
-    Product("fig-megamoe-speedup", "megamoe", (MEGAMOE_RAW,),
-            "Interleaved vs expert-wave speedup over the 84 configurations, sorted and grouped."),
-    Product("fig-megamoe-timeline", "megamoe", (MEGAMOE_TRACE_RAW,),
-            "Per-CTA timeline of Linear-1/Linear-2 tiles and remote-store spans, one config."),
-    Product("fig-store-span-cdf", "megamoe", (MEGAMOE_TRACE_RAW,),
-            "Per-tile remote-store span CDF: expert-wave, interleaved, local-store control."),
-    Product("fig-ulysses", "attention", (ATTENTION_RAW,),
-            "Ulysses attention time vs sequence length: alone, serial, fused, per backend."),
+    Product(
+        "fig-issue-vs-gap",
+        "microbench",
+        _mb("gap_sweep") + (MODEL_JSON,),
+        "Issue time T_iss vs gap G for several burst sizes V, model lines, local control.",
+    ),
+    Product(
+        "fig-drain",
+        "microbench",
+        _mb("drain") + (MODEL_JSON,),
+        "Period vs V at G=0 for K/B splits of the same V; the slope gives the drain rate R.",
+    ),
+    Product(
+        "fig-isolated",
+        "microbench",
+        _mb("isolated") + (MODEL_JSON,),
+        "Isolated-burst issue time vs V per K; the knee gives the capacity Q.",
+    ),
+    Product(
+        "fig-backpressure-map",
+        "microbench",
+        _mb("gap_sweep") + (MODEL_JSON,),
+        "Measured issue overhead over (V, G) with the model's G* curve.",
+    ),
+    Product(
+        "fig-model-validation",
+        "model",
+        (MODEL_JSON,),
+        "Predicted vs measured issue times on held-out points, with the error summary.",
+    ),
+    Product(
+        "fig-megamoe-speedup",
+        "megamoe",
+        (MEGAMOE_RAW,),
+        "Interleaved vs expert-wave speedup over the 84 configurations, sorted and grouped.",
+    ),
+    Product(
+        "fig-megamoe-timeline",
+        "megamoe",
+        (MEGAMOE_TRACE_RAW,),
+        "Per-CTA timeline of Linear-1/Linear-2 tiles and remote-store spans, one config.",
+    ),
+    Product(
+        "fig-store-span-cdf",
+        "megamoe",
+        (MEGAMOE_TRACE_RAW,),
+        "Per-tile remote-store span CDF: expert-wave, interleaved, local-store control.",
+    ),
+    Product(
+        "fig-ulysses",
+        "attention",
+        (ATTENTION_RAW,),
+        "Ulysses attention time vs sequence length: alone, serial, fused, per backend.",
+    ),
 )
 
 TABLES = (
-    Product("tab-burst-gap-params", "model", (MODEL_JSON,),
-            "T0, R, Q with confidence intervals per K, beside the paper's B200 values."),
-    Product("tab-megamoe", "megamoe", (MEGAMOE_RAW,),
-            "Geomean, median, min and max interleaved speedup per group, beside the paper."),
-    Product("tab-ulysses", "attention", (ATTENTION_RAW,),
-            "Fused-over-serial speedups per backend and length, beside the paper's FA3 table."),
-    Product("tab-claims", "all", (MODEL_JSON, MEGAMOE_RAW, ATTENTION_RAW),
-            "Every quantitative claim of the paper, with this dataset's number beside it."),
-    Product("tab-noise", "all", (),
-            "Relative spread of every measured point, and the points above the noise target."),
+    Product(
+        "tab-burst-gap-params",
+        "model",
+        (MODEL_JSON,),
+        "T0, R, Q with confidence intervals per K, beside the paper's B200 values.",
+    ),
+    Product(
+        "tab-megamoe",
+        "megamoe",
+        (MEGAMOE_RAW,),
+        "Geomean, median, min and max interleaved speedup per group, beside the paper.",
+    ),
+    Product(
+        "tab-ulysses",
+        "attention",
+        (ATTENTION_RAW,),
+        "Fused-over-serial speedups per backend and length, beside the paper's FA3 table.",
+    ),
+    Product(
+        "tab-claims",
+        "all",
+        (MODEL_JSON, MEGAMOE_RAW, ATTENTION_RAW),
+        "Every quantitative claim of the paper, with this dataset's number beside it.",
+    ),
+    Product(
+        "tab-noise",
+        "all",
+        (),
+        "Relative spread of every measured point, and the points above the noise target.",
+    ),
 )
 
 PRODUCTS = {p.name: p for p in FIGURES + TABLES}

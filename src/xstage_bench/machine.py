@@ -33,7 +33,10 @@ def _nvidia_smi_names() -> tuple[list[str], str]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return [], f"nvidia-smi failed: {e}"
@@ -72,7 +75,8 @@ def probe_gpus() -> GpuProbe:
 
 def dataset_name(gpu_names: list[str]) -> str:
     """e.g. ['NVIDIA H200', 'NVIDIA H200'] -> 'h200x2'; mixed models are named 'mixed'."""
-    models = {re.sub(r"[^a-z0-9]+", "-", n.lower().replace("nvidia", "")).strip("-")
-              for n in gpu_names}
+    models = {
+        re.sub(r"[^a-z0-9]+", "-", n.lower().replace("nvidia", "")).strip("-") for n in gpu_names
+    }
     model = models.pop() if len(models) == 1 else "mixed"
     return f"{model}x{len(gpu_names)}"

@@ -27,6 +27,7 @@ from xstage_bench.environment import finish as finish_environment
 from xstage_bench.results import (
     OK,
     RawResultError,
+    atomic_write_text,
     failed_record,
     raw_document,
     read_raw,
@@ -37,6 +38,9 @@ from xstage_bench.results import (
 # EX_TEMPFAIL from sysexits.h: "temporary failure, the user is invited to retry" — a rerun
 # continues past the point that timed out.
 WATCHDOG_EXIT_CODE = 75
+
+
+CHECKPOINT_EVERY_S = 5.0  # most work a killed sweep can lose
 
 
 def partial_path(out: Path) -> Path:
@@ -89,7 +93,9 @@ class _SweepState:
         return raw_document(**self.header, records=ordered)
 
     def write_partial(self) -> None:
-        write_raw(self.partial, self.document())
+        # Records were validated one by one as they came in (_checked_record): re-validating
+        # the whole document at every checkpoint would make a sweep quadratic in its points.
+        atomic_write_text(self.partial, json.dumps(self.document(), indent=1) + "\n")
 
 
 class _Watchdog(threading.Thread):
@@ -200,6 +206,7 @@ def run_sweep(
     point_timeout_s: float | None = None,
     retry_failed: bool = False,
     progress: Callable[[str], None] | None = None,
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S,
 ) -> dict:
     """Measure every point not yet recorded, write the raw document to `out`, return it.
 
@@ -208,7 +215,9 @@ def run_sweep(
     SystemExit propagate (the partial file keeps every finished point). With `retry_failed`,
     points recorded with a status other than ok are measured again. `progress` receives one
     line per point (default: printed to stderr). Repeated point ids raise ValueError; a
-    corrupt or foreign partial file raises RawResultError naming it.
+    corrupt or foreign partial file raises RawResultError naming it. The partial file is
+    rewritten at most every `checkpoint_every_s` and whenever the sweep stops, so a killed
+    process loses at most that much work.
     """
     out = Path(out)
     ids = _point_ids(points)
@@ -242,6 +251,8 @@ def run_sweep(
     if watchdog:
         watchdog.start()
     spent = 0.0
+    last_checkpoint = time.monotonic()
+    unsaved = False
     try:
         for n, point in enumerate(todo, start=1):
             t0 = time.monotonic()
@@ -254,7 +265,10 @@ def run_sweep(
             with state.cond:
                 state.running = None
                 state.records[point["id"]] = _checked_record(record, point, header)
-                state.write_partial()
+                unsaved = True
+                if time.monotonic() - last_checkpoint >= checkpoint_every_s:
+                    state.write_partial()
+                    last_checkpoint, unsaved = time.monotonic(), False
             took = time.monotonic() - t0
             spent += took
             eta = _format_duration(spent / n * (len(todo) - n))
@@ -264,6 +278,9 @@ def run_sweep(
     finally:
         if watchdog:
             watchdog.stop()
+        if unsaved:
+            with state.cond:
+                state.write_partial()
 
     finish_environment(header["environment"])
     doc = state.document()

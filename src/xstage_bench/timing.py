@@ -98,10 +98,10 @@ def measure(
     """Warm up, then repeat `run_once` until the samples are stable, numerous or too costly.
 
     Stops when n >= min_reps and the relative IQR <= target_rel_iqr (STABLE), when
-    n == max_reps (MAX_REPS), or when `budget_s` of `clock` time has passed since the
-    warm-up ended (BUDGET; the budget covers the timed repetitions, the warm-up is a fixed
-    count). At least one sample is always taken, so a budget smaller than one call still
-    yields a number, marked BUDGET.
+    n == max_reps (MAX_REPS), or when n >= min_reps and `budget_s` of `clock` time has
+    passed since the warm-up ended (BUDGET; the budget covers the timed repetitions, the
+    warm-up is a fixed count). min_reps samples are always taken: a spread and a CI from
+    two or three samples would mean little, so the budget only cuts a noisy point short.
     """
     for _ in range(policy.warmup):
         run_once()
@@ -118,7 +118,7 @@ def measure(
             reason = STABLE
         elif n >= policy.max_reps:
             reason = MAX_REPS
-        elif elapsed >= policy.budget_s:
+        elif n >= policy.min_reps and elapsed >= policy.budget_s:
             reason = BUDGET
         else:
             continue

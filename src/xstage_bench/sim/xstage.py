@@ -164,8 +164,12 @@ class BurstTrace:
         return self.end.max(axis=1) - self.start.min(axis=1)
 
     def period(self) -> np.ndarray:
-        """Between consecutive burst starts of the earliest producer (one fewer than bursts)."""
-        return np.diff(self.start.min(axis=1))
+        """Per burst, the median over producers of each one's own start-to-next-start time.
+
+        Each producer's own period survives drift between producers; the earliest producer's
+        period would only time the leader (one fewer value than bursts).
+        """
+        return np.median(np.diff(self.start, axis=0), axis=1)
 
 
 def simulate_bursts(

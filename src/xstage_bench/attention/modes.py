@@ -1,0 +1,326 @@
+"""The three Ulysses modes, their correctness check, and one timed repetition.
+
+- alone:  attention only, output in this rank's (B, S, H/P, D) buffer;
+- serial: attention, then the yunchang/xDiT reshape, NCCL `all_to_all_single`, reshape
+          back: rank j ends with its (B, S/P, H, D) tokens for all heads;
+- fused:  attention whose output rows are stored straight into their owner's final buffer
+          during the kernel (backends.FusedTarget).
+
+Two clocks per repetition, both from the start of the rank's work: sender-visible (the
+rank's own work is done: attention for alone/fused, attention + All-to-All for serial) and
+completion (every rank can read its full result: after a system-scope fence and a
+cross-rank barrier). Each repetition starts behind a cross-rank barrier, so the ranks'
+clocks start together, and its samples are the maximum over ranks.
+
+A `Fabric` is what the modes run on: the collective group, peer windows, the barrier and
+the clock. `CudaFabric` is the measurement; `HostFabric` (gloo, shared memory, host
+clocks, the Triton interpreter) exists so the CPU tests can run the same code end to end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from xstage_bench.attention.backends import FusedTarget, sdpa_reference
+from xstage_bench.attention.layout import (
+    UlyssesLayout,
+    pack_for_all_to_all,
+    unpack_after_all_to_all,
+)
+from xstage_bench.attention.peer_out import (
+    CudaPeerWindow,
+    DeviceBarrier,
+    FdExchange,
+    HostPeerWindow,
+    tensor_at,
+)
+
+MODES = ("alone", "serial", "fused")
+# Max |error| allowed against the reference, as a fraction of the reference's largest
+# |value|: a few bf16/fp16 rounding steps (2^-8 relative) at the top of the range. A
+# misplaced row or head is off by about the whole range.
+REL_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 1e-2, torch.float32: 1e-4}
+
+
+class WaitTimeout(TimeoutError):
+    """Work on the device did not finish within its bound."""
+
+
+class CudaFabric:
+    """NCCL for the All-to-All, gloo for control, VMM peer windows, a device barrier."""
+
+    device_type = "cuda"
+
+    def __init__(
+        self, *, rank: int, world_size: int, run_id: str, ctrl, group, wait_timeout_s: float
+    ):
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cuda", rank)
+        self.ctrl, self.group = ctrl, group
+        self.wait_timeout_s = wait_timeout_s
+        self.exchange = FdExchange(run_id, rank, world_size, self.host_barrier)
+        self.barrier = DeviceBarrier(
+            rank=rank,
+            world_size=world_size,
+            device=rank,
+            exchange=self.exchange,
+            timeout_s=wait_timeout_s,
+        )
+
+    def host_barrier(self) -> None:
+        dist.barrier(group=self.ctrl)
+
+    def window(self, nbytes: int):
+        return CudaPeerWindow(
+            nbytes,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.rank,
+            exchange=self.exchange,
+        )
+
+    def stamp(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def elapsed_us(a, b) -> float:
+        return a.elapsed_time(b) * 1000.0
+
+    def wait(self, event=None) -> None:
+        """Wait (bounded) for `event`, or everything enqueued so far; then check the
+        barrier's error flag."""
+        if event is None:
+            event = self.stamp()
+        deadline = time.monotonic() + self.wait_timeout_s
+        while not event.query():
+            if time.monotonic() > deadline:
+                raise WaitTimeout(
+                    f"rank {self.rank}: GPU work not finished after {self.wait_timeout_s:g} s"
+                )
+            time.sleep(1e-4)
+        if self.barrier.failed():
+            raise WaitTimeout(
+                f"rank {self.rank}: cross-rank barrier timed out on the GPU "
+                f"(a peer never raised its flag within {self.wait_timeout_s:g} s)"
+            )
+
+    def close(self) -> None:
+        self.barrier.close()
+        self.exchange.close()
+
+
+class HostFabric:
+    """The CPU stand-in: gloo for everything, shared-memory windows, host clocks."""
+
+    device_type = "cpu"
+
+    def __init__(
+        self, *, rank: int, world_size: int, run_id: str, ctrl, group, wait_timeout_s: float
+    ):
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cpu")
+        self.ctrl, self.group = ctrl, group
+        self.run_id = run_id
+        self._windows = 0
+
+    def host_barrier(self) -> None:
+        dist.barrier(group=self.ctrl)
+
+    def barrier(self) -> None:
+        self.host_barrier()
+
+    def window(self, nbytes: int):
+        self._windows += 1
+        return HostPeerWindow(
+            nbytes,
+            rank=self.rank,
+            world_size=self.world_size,
+            name=f"xs{self.run_id}w{self._windows}",
+            barrier=self.host_barrier,
+        )
+
+    def stamp(self) -> float:
+        return time.perf_counter()
+
+    @staticmethod
+    def elapsed_us(a: float, b: float) -> float:
+        return (b - a) * 1e6
+
+    def wait(self, event=None) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class Workspace:
+    """Buffers of one (B, S, H, D) shape on one rank, reused by every backend and mode."""
+
+    def __init__(self, layout: UlyssesLayout, fabric, dtype: torch.dtype):
+        self.layout, self.fabric, self.dtype = layout, fabric, dtype
+        rank, dev = fabric.rank, fabric.device
+        self.q, self.k, self.v, self.out = (
+            torch.empty(layout.local_shape, dtype=dtype, device=dev) for _ in range(4)
+        )
+        b, shard, h, d = layout.final_shape
+        final_bytes = b * shard * h * d * dtype.itemsize
+        final_strides = (shard * h * d, h * d, d, 1)
+        self.window = fabric.window(final_bytes)
+        self.final = tensor_at(
+            self.window.chunk_ptr(rank),
+            self.window.chunk_bytes,
+            dev,
+            dtype,
+            layout.final_shape,
+            final_strides,
+        )
+        self.target = FusedTarget(
+            dest_ptrs=torch.tensor(
+                [self.window.chunk_ptr(r) for r in range(layout.world_size)],
+                dtype=torch.int64,
+                device=dev,
+            ),
+            dest_strides=final_strides[:3],
+            rows_per_dest=shard,
+            head_offset=layout.head_offset(rank),
+            peer_out=None,
+        )
+        self._peer_out_view(final_bytes)
+
+    def _peer_out_view(self, final_bytes: int) -> None:
+        """This rank's heads of one (1, S, H, D) tensor spanning every rank's chunk."""
+        lay, window = self.layout, self.window
+        if not window.contiguous:
+            self.target.peer_out_reason = "this window's chunks are not one address range"
+        elif lay.batch != 1:
+            self.target.peer_out_reason = (
+                f"batch={lay.batch}: rank chunks hold (B, S/P, H, D), "
+                "so tokens are one strided axis only at batch 1"
+            )
+        elif window.chunk_bytes != final_bytes:
+            self.target.peer_out_reason = (
+                f"each rank's share ({final_bytes} bytes) is not a multiple of the mapping "
+                f"granularity, so the chunks are padded to {window.chunk_bytes} bytes"
+            )
+        else:
+            s, h, d = lay.seq_len, lay.heads, lay.head_dim
+            full = window.view(self.dtype, (1, s, h, d), (s * h * d, h * d, d, 1))
+            first = lay.head_offset(self.fabric.rank)
+            self.target.peer_out = full[:, :, first : first + lay.local_heads, :]
+
+    def fill(self, seed: int) -> None:
+        """Fresh random q, k, v for this rank. q is scaled up so that softmax is peaked
+        and every query row differs visibly: a misplaced row cannot pass the check."""
+        gen = torch.Generator(device=self.fabric.device)
+        gen.manual_seed(seed)
+        for t, scale in ((self.q, 2.0), (self.k, 1.0), (self.v, 1.0)):
+            t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * scale)
+
+    def close(self) -> None:
+        self.window.close()
+
+
+def run_alone(backend, ws: Workspace) -> torch.Tensor:
+    backend.local(ws.q, ws.k, ws.v, ws.out)
+    return ws.out
+
+
+def run_serial(backend, ws: Workspace) -> torch.Tensor:
+    backend.local(ws.q, ws.k, ws.v, ws.out)
+    p = ws.layout.world_size
+    packed = pack_for_all_to_all(ws.out, p)
+    received = torch.empty_like(packed)
+    dist.all_to_all_single(received, packed, group=ws.fabric.group)
+    return unpack_after_all_to_all(received, p)
+
+
+def run_fused(backend, ws: Workspace) -> torch.Tensor:
+    backend.fused(ws.q, ws.k, ws.v, ws.target)
+    return ws.final
+
+
+RUNNERS = {"alone": run_alone, "serial": run_serial, "fused": run_fused}
+
+
+def expected_final(ref_local: torch.Tensor, layout: UlyssesLayout, group) -> torch.Tensor:
+    """What rank j must hold after the All-to-All, built independently of the yunchang
+    reshapes: slice j of every rank's reference, gathered and stacked by source head."""
+    p, shard = layout.world_size, layout.shard_len
+    send = torch.stack([ref_local[:, j * shard : (j + 1) * shard] for j in range(p)])
+    recv = torch.empty_like(send)  # (P, B, S/P, H/P, D); recv[i] came from rank i
+    dist.all_to_all_single(recv, send, group=group)
+    b, _, hl, d = ref_local.shape
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, shard, p * hl, d)
+
+
+def compare(result: torch.Tensor, expected: torch.Tensor) -> tuple[bool, float, str]:
+    """(within tolerance, max |error|, what was wrong if anything)."""
+    if result.shape != expected.shape:
+        return False, float("inf"), f"shape {tuple(result.shape)} != {tuple(expected.shape)}"
+    got, want = result.float(), expected.float()
+    nan = int(torch.isnan(got).sum())
+    if nan:
+        return False, float("nan"), f"{nan} output values still NaN (poison not overwritten)"
+    err = float((got - want).abs().max())
+    bound = REL_TOLERANCE[result.dtype] * max(float(want.abs().max()), 1e-6)
+    if err > bound:
+        return False, err, f"max |error| {err:.3g} > {bound:.3g}"
+    return True, err, ""
+
+
+@dataclass
+class Verdict:
+    correct: bool
+    max_abs_err: float
+    detail: str
+    bitwise_equal_serial: bool | None = None
+
+
+def check(backend, mode: str, ws: Workspace, seed: int) -> Verdict:
+    """Run `mode` once on fresh inputs into NaN-poisoned outputs and compare it with SDPA
+    (and, for fused, with the serial path's received buffer). Collective: every rank
+    calls it with the same arguments."""
+    fabric = ws.fabric
+    ws.fill(seed)
+    ws.out.fill_(float("nan"))
+    ws.final.fill_(float("nan"))
+    fabric.wait()
+    fabric.host_barrier()  # nobody writes into a peer before that peer has poisoned
+    result = RUNNERS[mode](backend, ws)
+    fabric.barrier()
+    fabric.wait()
+    ref_local = sdpa_reference(ws.q, ws.k, ws.v)
+    if mode == "alone":
+        return Verdict(*compare(result, ref_local))
+    ok, err, detail = compare(result, expected_final(ref_local, ws.layout, fabric.group))
+    if mode != "fused":
+        return Verdict(ok, err, detail)
+    fused = result.clone()
+    serial = run_serial(backend, ws)
+    fabric.wait()
+    same = bool(torch.equal(fused, serial))
+    ok_s, err_s, detail_s = compare(fused, serial)
+    if not ok_s:
+        detail = "; ".join(x for x in (detail, f"vs serial: {detail_s}") if x)
+    return Verdict(ok and ok_s, max(err, err_s), detail, same)
+
+
+def timed_rep(backend, mode: str, ws: Workspace, flush=None) -> tuple[float, float]:
+    """One repetition on this rank: (sender-visible us, completion us)."""
+    fabric = ws.fabric
+    if flush is not None:
+        flush()
+    fabric.barrier()  # start together
+    start = fabric.stamp()
+    RUNNERS[mode](backend, ws)
+    sent = fabric.stamp()
+    fabric.barrier()
+    done = fabric.stamp()
+    fabric.wait(done)
+    return fabric.elapsed_us(start, sent), fabric.elapsed_us(start, done)

@@ -1,0 +1,599 @@
+"""Run the Ulysses attention sweep: one process per GPU, rank 0 drives, rank 0 writes.
+
+    python -m xstage_bench.attention.runner --config config.yaml --out raw/attention.json \
+        [--backends triton,fa3] [--seq-lens 8192,32768] [--heads 24]
+
+The parent spawns P workers (torch.multiprocessing). Each joins an NCCL group (the serial
+path's all_to_all_single) and a gloo group (control). Rank 0 runs `sweep.run_sweep` over
+the points; for each point it broadcasts the point, and every rank executes it in lockstep:
+load the backend, build the shape's buffers, check correctness on fresh inputs, then time
+it with `timing.measure`, rank 0 broadcasting one "rep" per repetition so every rank runs
+exactly the repetitions rank 0's stopping rule asks for. Only rank 0 builds records and
+writes the raw file.
+
+Failures stay bounded: a backend that cannot be imported is recorded "unsupported"; a
+wrong result "wrong" (and is not timed); GPU waits and the device barrier time out into a
+failed record; a hung or dead worker ends the attempt, the point it was on is recorded
+(by the sweep watchdog, or here from the marker file), and the sweep resumes in fresh
+processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from xstage_bench import environment, results, sweep, timing
+from xstage_bench.grid import attention_points
+
+# Never let NCCL, PyTorch or NVSHMEM use NVLink multicast (DEVICE.md): it can take the
+# host's GPUs down for everyone. Exported before any worker starts.
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+RESTART_EXIT_CODE = 76  # a worker's fabric is unusable (a barrier timed out): start afresh
+DTYPE = "bfloat16"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sweep_config(
+    config: dict,
+    backends=None,
+    seq_lens=None,
+    heads=None,
+    timing_overrides: dict | None = None,
+    modes=None,
+) -> dict:
+    """The config this run records: `config` with the command line's reductions applied.
+
+    The order of `modes` is the order they run in for each shape (the GPUs drift with
+    power and heat, so a rerun in another order shows whether order biases the result).
+    """
+    cfg = copy.deepcopy(config)
+    att = cfg["attention"]
+    for key, value in (
+        ("backends", backends),
+        ("seq_lens", seq_lens),
+        ("heads", heads),
+        ("modes", modes),
+    ):
+        if value:
+            att[key] = list(value)
+    if timing_overrides:
+        unknown = sorted(set(timing_overrides) - set(cfg["timing"]))
+        if unknown:
+            raise ValueError(f"unknown timing key '{unknown[0]}'; known: {sorted(cfg['timing'])}")
+        cfg["timing"].update(timing_overrides)
+    timing.TimingPolicy.from_config(cfg["timing"])  # fail here, not in a worker
+    return cfg
+
+
+def ordered_points(attention: dict, world_size: int) -> list[dict]:
+    """The sweep's points, grouped by shape so each shape's buffers are built once."""
+    points = attention_points(attention, world_size)
+    backends = {b: i for i, b in enumerate(attention["backends"])}
+    modes = {m: i for i, m in enumerate(attention["modes"])}
+    return sorted(
+        points, key=lambda p: (p["heads"], p["seq_len"], backends[p["backend"]], modes[p["mode"]])
+    )
+
+
+def point_seed(point_id: str, rank: int) -> int:
+    """A stable seed per (point, rank): fresh inputs per point, reproducible per run."""
+    import zlib
+
+    return zlib.crc32(f"{point_id}/{rank}".encode())
+
+
+def running_marker(out: Path) -> Path:
+    return out.with_name(out.name + ".running.json")
+
+
+class Rank:
+    """One worker's state: its fabric, cached backends and the current shape's buffers."""
+
+    def __init__(self, fabric, policy: timing.TimingPolicy, dtype, triton_config):
+        self.fabric, self.policy, self.dtype = fabric, policy, dtype
+        self.triton_config = triton_config
+        self.backends: dict[str, object] = {}
+        self.workspace = None
+        self.broken = False
+        self.flush = None
+        if fabric.device_type == "cuda" and policy.flush_l2:
+            import torch
+
+            self.flush = timing._l2_flusher(torch, fabric.rank)
+
+    # -- control channel (gloo broadcast from rank 0) --
+    def command(self, message=None):
+        import torch.distributed as dist
+
+        box = [message]
+        dist.broadcast_object_list(box, src=0, group=self.fabric.ctrl)
+        return box[0]
+
+    def gather(self, value) -> list:
+        import torch.distributed as dist
+
+        out = [None] * self.fabric.world_size
+        dist.all_gather_object(out, value, group=self.fabric.ctrl)
+        return out
+
+    def agree(self, fn):
+        """Run `fn` on every rank; (value on this rank, first error on any rank or None)."""
+        from xstage_bench.attention.modes import WaitTimeout
+
+        value, error = None, None
+        try:
+            value = fn()
+        except WaitTimeout as e:
+            self.broken = True
+            error = f"{type(e).__name__}: {e}"
+        except Exception as e:
+            error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
+        errors = [e for e in self.gather(error) if e]
+        return value, (errors[0] if errors else None)
+
+    # -- one point, on every rank --
+    def backend(self, name: str):
+        from xstage_bench.attention.backends import BackendUnavailable, load_backend
+
+        if name not in self.backends:
+            try:
+                self.backends[name] = load_backend(name, self.triton_config)
+            except BackendUnavailable as e:
+                self.backends[name] = e
+        found = self.backends[name]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def shape(self, point: dict):
+        from xstage_bench.attention.layout import UlyssesLayout
+        from xstage_bench.attention.modes import Workspace
+
+        layout = UlyssesLayout(
+            point["batch"],
+            point["seq_len"],
+            point["heads"],
+            point["head_dim"],
+            self.fabric.world_size,
+        )
+        if self.workspace is None or self.workspace.layout != layout:
+            if self.workspace is not None:
+                self.fabric.wait()
+                self.fabric.host_barrier()  # no peer still writes into the old window
+                self.workspace.close()
+                self.workspace = None
+            self.workspace = Workspace(layout, self.fabric, self.dtype)
+        return self.workspace
+
+    def execute(self, point: dict) -> dict | None:
+        """Check, then time one point, on every rank in lockstep. The record that rank 0
+        returns is the point's; the others' are discarded (they hold no samples)."""
+        from xstage_bench.attention.modes import check
+
+        pid, mode = point["id"], point["mode"]
+        backend, error = self._backend_or_reason(point)
+        if error:
+            return results.failed_record(pid, point, error, status="unsupported")
+        ws, error = self.agree(lambda: self.shape(point))
+        if error:
+            return results.failed_record(pid, point, f"buffers: {error}")
+        if mode == "fused" and backend.name != "triton" and ws.target.peer_out is None:
+            reason = f"{backend.name} fused needs a peer-backed out view: "
+            return results.failed_record(
+                pid, point, reason + ws.target.peer_out_reason, status="unsupported"
+            )
+        seed = point_seed(pid, self.fabric.rank)
+        verdict, error = self.agree(lambda: check(backend, mode, ws, seed))
+        if error:
+            status = "timeout" if "WaitTimeout" in error else "failed"
+            return results.failed_record(pid, point, f"check: {error}", status=status)
+        verdicts = self.gather(verdict)
+        extra = {
+            "max_abs_err": max(v.max_abs_err for v in verdicts),
+            "bitwise_equal_serial": (
+                None if mode != "fused" else all(v.bitwise_equal_serial for v in verdicts)
+            ),
+        }
+        wrong = [f"rank {r}: {v.detail}" for r, v in enumerate(verdicts) if not v.correct]
+        if wrong:
+            return results.failed_record(
+                pid,
+                point,
+                "wrong result: " + "; ".join(wrong),
+                status="wrong",
+                correct=False,
+                extra=extra,
+            )
+        return self._time(point, backend, ws, extra)
+
+    def _backend_or_reason(self, point: dict):
+        from xstage_bench.attention.backends import BackendUnavailable
+
+        try:
+            backend, error = self.backend(point["backend"]), None
+        except BackendUnavailable as e:
+            backend, error = None, str(e)
+        errors = [e for e in self.gather(error) if e]
+        return backend, (errors[0] if errors else None)
+
+    def _rep_all(self, backend, mode, ws) -> tuple[float, float, str | None]:
+        """One repetition on every rank; the max over ranks of both clocks."""
+        import torch
+        import torch.distributed as dist
+
+        from xstage_bench.attention.modes import WaitTimeout, timed_rep
+
+        error = None
+        try:
+            sender, completion = timed_rep(backend, mode, ws, self.flush)
+        except Exception as e:
+            if isinstance(e, WaitTimeout):
+                self.broken = True
+            sender = completion = 0.0
+            error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
+        t = torch.tensor([sender, completion, float(error is not None)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.fabric.ctrl)
+        if t[2] > 0:
+            return math.nan, math.nan, error or "a peer rank failed this repetition"
+        return float(t[0]), float(t[1]), None
+
+    def _time(self, point, backend, ws, extra) -> dict | None:
+        mode = point["mode"]
+        if self.fabric.rank != 0:
+            while self.command() == "rep":
+                self._rep_all(backend, mode, ws)
+            return None
+        completions: list[float] = []
+
+        def run_once() -> float:
+            self.command("rep")
+            sender, completion, error = self._rep_all(backend, mode, ws)
+            if error:
+                raise RuntimeError(error)
+            completions.append(completion)
+            return sender
+
+        sampler = _clock_sampler(self.fabric)
+        before = sampler.sample() if sampler else None
+        try:
+            samples = timing.measure(run_once, self.policy)
+        except Exception as e:
+            status = "timeout" if "WaitTimeout" in str(e) else "failed"
+            return results.failed_record(
+                point["id"], point, f"timing: {e}", status=status, correct=True, extra=extra
+            )
+        finally:
+            self.command("end")
+        clock_fields = {}
+        if sampler:
+            from xstage_bench.clocks import record_fields
+
+            clock_fields = record_fields(before, sampler.sample())
+        completion = completions[-len(samples) :]
+        extra = {
+            **extra,
+            "tflops": ws.layout.attention_flops() / (statistics.median(samples) * 1e6),
+            "stop_reason": samples.stop_reason,
+            "warmup": samples.warmup,
+        }
+        if point["backend"] == "triton":
+            from xstage_bench.attention.triton_fa import DEFAULT_CONFIG
+
+            extra["triton_config"] = {**DEFAULT_CONFIG, **(self.triton_config or {})}
+        return results.ok_record(
+            point["id"],
+            point,
+            {"sender_us": list(samples), "completion_us": completion},
+            correct=True,
+            extra=extra,
+            **clock_fields,
+        )
+
+
+def _clock_sampler(fabric):
+    if fabric.device_type != "cuda":
+        return None
+    from xstage_bench.clocks import ClockSampler
+
+    return ClockSampler(list(range(fabric.world_size)))
+
+
+def _worker(rank: int, job: dict) -> None:
+    """One process per GPU (spawned): join the groups, then drive (rank 0) or follow."""
+    import torch
+    import torch.distributed as dist
+
+    from xstage_bench.attention.modes import CudaFabric, HostFabric
+
+    world, cuda = job["world_size"], job["device_type"] == "cuda"
+    timeout = timedelta(seconds=job["collective_timeout_s"])
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        rank=rank,
+        world_size=world,
+        init_method=f"tcp://127.0.0.1:{job['port']}",
+        timeout=timeout,
+        device_id=torch.device("cuda", rank) if cuda else None,
+    )
+    ctrl = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    warm = torch.zeros(world, device=device)
+    dist.all_to_all_single(torch.empty_like(warm), warm)  # communicator and context up, untimed
+    fabric_cls = CudaFabric if cuda else HostFabric
+    fabric = fabric_cls(
+        rank=rank,
+        world_size=world,
+        run_id=job["run_id"],
+        ctrl=ctrl,
+        group=dist.group.WORLD,
+        wait_timeout_s=job["wait_timeout_s"],
+    )
+    dtype = getattr(torch, job["dtype"])
+    config = job["config"]
+    state = Rank(
+        fabric, timing.TimingPolicy.from_config(config["timing"]), dtype, job["triton_config"]
+    )
+    out = Path(job["out"])
+    try:
+        if rank == 0:
+            _drive(state, job, out)
+        else:
+            while (message := state.command()) is not None:
+                state.execute(message)
+    finally:
+        if state.workspace is not None and not state.broken:
+            state.fabric.wait()
+        dist.barrier(group=ctrl)
+        if state.workspace is not None:
+            state.workspace.close()
+        fabric.close()
+        dist.destroy_process_group()
+
+
+def _drive(state: Rank, job: dict, out: Path) -> None:
+    marker = running_marker(out)
+    env = environment.capture(simulated=False)
+    env["device_type"] = job["device_type"]
+    if job["device_type"] != "cuda":
+        env["note"] = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
+
+    def measure(point: dict) -> dict:
+        if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted
+            raise SystemExit(RESTART_EXIT_CODE)
+        marker.write_text(json.dumps(point))
+        state.command(point)
+        record = state.execute(point)
+        marker.unlink(missing_ok=True)
+        return record
+
+    try:
+        sweep.run_sweep(
+            ordered_points(job["config"]["attention"], job["world_size"]),
+            measure,
+            out,
+            experiment="attention",
+            backend="cuda",
+            dataset=job["dataset"],
+            environment=env,
+            config=job["config"],
+            point_timeout_s=job["point_timeout_s"],
+        )
+    finally:
+        state.command(None)
+
+
+def _record_crash(out: Path, code: int) -> bool:
+    """The workers died inside a point: record that point as failed in the partial file.
+
+    False when no point was running (they died starting up or ending): a rerun would only
+    die the same way.
+    """
+    marker, partial = running_marker(out), sweep.partial_path(out)
+    if not marker.exists() or not partial.exists():
+        return False
+    point = json.loads(marker.read_text())
+    marker.unlink()
+    doc = results.read_raw(partial)
+    if not any(r["id"] == point["id"] for r in doc["records"]):
+        doc["records"].append(
+            results.failed_record(
+                point["id"], point, f"a worker process died (exit code {code}) during this point"
+            )
+        )
+        results.write_raw(partial, doc)
+    return True
+
+
+def _run_attempt(job: dict) -> list[int | None]:
+    """Spawn the workers and wait; when one fails, end the others. Exit codes by rank."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(
+        _worker, args=(job,), nprocs=job["world_size"], join=False, start_method="spawn"
+    )
+    procs = ctx.processes
+    try:
+        while True:
+            codes = [p.exitcode for p in procs]
+            if all(c is not None for c in codes):
+                return codes
+            if any(c not in (None, 0) for c in codes):
+                time.sleep(2.0)  # let the others notice and exit on their own
+                return [p.exitcode for p in procs]
+            time.sleep(0.2)
+    finally:  # also on SIGTERM or Ctrl-C of this process: never leave a worker on a GPU
+        for p in procs:
+            if p.exitcode is None:
+                p.terminate()
+                p.join(10)
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+
+
+def launch(
+    config: dict,
+    dataset: str,
+    out: str | Path,
+    *,
+    world_size: int,
+    device_type: str = "cuda",
+    triton_config: dict | None = None,
+    point_timeout_s: float = 600.0,
+    wait_timeout_s: float = 60.0,
+    max_restarts: int = 5,
+) -> None:
+    """Run the sweep described by `config["attention"]` over `world_size` ranks into `out`.
+
+    `device_type="cpu"` runs the same code on gloo and the Triton interpreter (tests only).
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.update(SAFE_ENV)
+    if threading.current_thread() is threading.main_thread():
+        # A SIGTERM (a job killed by its scheduler) unwinds like Ctrl-C, ending the workers.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if device_type == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    for attempt in range(max_restarts + 1):
+        job = {
+            "config": config,
+            "dataset": dataset,
+            "out": str(out),
+            "world_size": world_size,
+            "device_type": device_type,
+            "dtype": DTYPE if device_type == "cuda" else "float16",
+            "triton_config": triton_config,
+            "port": _free_port(),
+            "run_id": f"{uuid.uuid4().hex[:8]}a{attempt}",
+            "point_timeout_s": point_timeout_s,
+            "wait_timeout_s": wait_timeout_s,
+            "collective_timeout_s": max(2 * wait_timeout_s, 120.0),
+        }
+        codes = _run_attempt(job)
+        if all(c == 0 for c in codes):
+            return
+        lead = codes[0]
+        print(f"[attention] attempt {attempt + 1}: worker exit codes {codes}", file=sys.stderr)
+        if lead in (sweep.WATCHDOG_EXIT_CODE, RESTART_EXIT_CODE):
+            continue  # the point is recorded; resume after it in fresh processes
+        if not _record_crash(out, next(c for c in codes if c)):
+            raise RuntimeError(
+                f"attention workers failed outside any point (exit codes "
+                f"{codes}); see the log above"
+            )
+    raise RuntimeError(
+        f"attention sweep did not finish after {max_restarts + 1} attempts; "
+        f"rerun to resume from {sweep.partial_path(out)}"
+    )
+
+
+def _world_size(config: dict, world_size: int | None) -> int:
+    if world_size:
+        return world_size
+    if config.get("gpu_ids"):
+        return len(config["gpu_ids"])
+    if isinstance(config["world_size"], int):
+        return config["world_size"]
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def run_attention(config: dict, dataset: str, out: str, world_size: int | None = None) -> None:
+    """The DAG's entry: the config's full attention sweep on this machine's GPUs."""
+    if config.get("gpu_ids"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config["gpu_ids"])
+    launch(config, dataset, out, world_size=_world_size(config, world_size))
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _key_values(text: str) -> dict:
+    pairs = dict(item.split("=", 1) for item in text.split(",") if item)
+    return {k: json.loads(v) for k, v in pairs.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from xstage_bench.config import load_config
+
+    ap = argparse.ArgumentParser(
+        prog="python -m xstage_bench.attention.runner", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True, help="raw JSON to write (resumes its .partial.json)")
+    ap.add_argument("--dataset", help="dataset name recorded in the file (default: from the GPUs)")
+    ap.add_argument("--world-size", type=int)
+    ap.add_argument("--backends", type=lambda s: s.split(","), help="e.g. triton,fa3")
+    ap.add_argument("--seq-lens", type=_ints, help="e.g. 8192,32768")
+    ap.add_argument("--heads", type=_ints, help="e.g. 24,40")
+    ap.add_argument(
+        "--modes", type=lambda s: s.split(","), help="e.g. fused,serial,alone (run order)"
+    )
+    ap.add_argument(
+        "--timing",
+        type=_key_values,
+        default={},
+        help="override timing keys, e.g. min_reps=5,budget_s=0.5",
+    )
+    ap.add_argument(
+        "--triton-config",
+        type=_key_values,
+        default=None,
+        help="e.g. BLOCK_M=128,BLOCK_N=64,num_warps=8,num_stages=3",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: the Triton interpreter on gloo; a test, not a measurement",
+    )
+    args = ap.parse_args(argv)
+    config = sweep_config(
+        load_config(args.config), args.backends, args.seq_lens, args.heads, args.timing, args.modes
+    )
+    dataset = args.dataset
+    if dataset is None:
+        from xstage_bench.machine import dataset_name, probe_gpus
+
+        dataset = dataset_name(probe_gpus().names) if args.device == "cuda" else "cpu-test"
+    world = args.world_size or (_world_size(config, None) if args.device == "cuda" else 2)
+    launch(
+        config,
+        dataset,
+        args.out,
+        world_size=world,
+        device_type=args.device,
+        triton_config=args.triton_config,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

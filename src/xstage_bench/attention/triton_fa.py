@@ -1,0 +1,207 @@
+"""Our FlashAttention forward in Triton, whose epilogue stores each output row at its owner.
+
+The kernel is the standard FlashAttention-2 forward (online softmax over K/V blocks, fp32
+accumulator, exp2 with the scale folded in). What each program owns: one BLOCK_M block
+of query tokens of one (batch, local head); it streams every K/V block of that head.
+
+The epilogue is the fused post-attention All-to-All of Ulysses. Every destination buffer
+is named by its base address in `dest_ptrs`; row `m` of the tile goes to destination
+`m // rows_per_dest`, at row `m % rows_per_dest` and head `head_offset + h` of a buffer
+with strides (stride_ob, stride_os, stride_oh, 1). With one destination (the local
+output) this is a plain store; with P destinations, whose addresses are peer memory mapped
+into this process, each tile's stores go straight over NVLink into the rank that owns its
+tokens, and the program moves on to its next work while they drain (the X-Stage). The same
+code path serves both, so "alone" and "fused" differ only in where the stores land.
+"""
+
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+# Block shape and pipelining for head_dim 128, bf16, non-causal on H200: the best of three
+# tried (2x H200, 2026-11-29, S=16K, 12 heads: 482 TFLOP/s; BLOCK_N=128 with 2 stages 414;
+# 64x64 with 4 warps 441). Rows are routed one by one, so BLOCK_M need not divide S/P.
+DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _flash_fwd_routed(
+    Q,
+    K,
+    V,
+    dest_ptrs,
+    qk_scale,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    seq_len,
+    local_heads,
+    rows_per_dest,
+    head_offset,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_SEQ: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // local_heads).to(tl.int64)  # batch offsets may pass 2^31 elements
+    h = bh % local_heads
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
+    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
+    v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
+    if EVEN_SEQ:
+        q = tl.load(q_ptrs)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for start_n in range(0, seq_len, BLOCK_N):
+        if EVEN_SEQ:
+            k = tl.load(k_ptrs + start_n * stride_ks)
+            v = tl.load(v_ptrs + start_n * stride_vs)
+        else:
+            col_ok = (start_n + offs_n) < seq_len
+            k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # log2 domain: softmax scale times log2(e)
+        if not EVEN_SEQ:
+            s = tl.where(col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+
+    # Epilogue: route each row to the buffer that owns its token (see module doc).
+    dest = offs_m // rows_per_dest
+    row = offs_m - dest * rows_per_dest
+    base = tl.load(dest_ptrs + dest, mask=row_ok, other=0).to(tl.pointer_type(Q.dtype.element_ty))
+    o_ptrs = (
+        base[:, None]
+        + b * stride_ob
+        + row[:, None] * stride_os
+        + (head_offset + h) * stride_oh
+        + offs_d[None, :]
+    )
+    tl.store(o_ptrs, acc.to(Q.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _check_inputs(q, k, v) -> None:
+    if q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(
+            f"q, k, v must have one shape (B, S, H, D); got {q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.dim() != 4:
+        raise ValueError(f"q must be (B, S, H, D), got {q.dim()} dimensions")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in head_dim, strides {t.stride()}")
+    d = q.shape[-1]
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"head_dim must be a power of two >= 16, got {d}")
+    if q[0].numel() >= 2**31:
+        raise ValueError(
+            f"one batch item of q has {q[0].numel()} elements; the kernel's "
+            "in-batch offsets are 32-bit"
+        )
+
+
+def flash_attention_routed(
+    q,
+    k,
+    v,
+    dest_ptrs,
+    *,
+    dest_strides: tuple[int, int, int],
+    rows_per_dest: int,
+    head_offset: int = 0,
+    sm_scale: float | None = None,
+    config: dict | None = None,
+) -> None:
+    """Attention of q, k, v (B, S, H, D) with each output row stored at its destination.
+
+    `dest_ptrs` is an int64 tensor on q's device holding each destination buffer's base
+    address (elements of q's dtype, strides `dest_strides` = (batch, token, head) with the
+    head_dim contiguous); row m goes to destination m // rows_per_dest.
+    """
+    _check_inputs(q, k, v)
+    cfg = {**DEFAULT_CONFIG, **(config or {})}
+    batch, seq_len, local_heads, head_dim = q.shape
+    if rows_per_dest < 1 or -(-seq_len // rows_per_dest) > dest_ptrs.numel():
+        raise ValueError(
+            f"rows_per_dest={rows_per_dest} needs {-(-seq_len // max(rows_per_dest, 1))} "
+            f"destinations for seq_len={seq_len}, dest_ptrs has {dest_ptrs.numel()}"
+        )
+    scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E
+    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    grid = (triton.cdiv(seq_len, block_m), batch * local_heads)
+    _flash_fwd_routed[grid](
+        q,
+        k,
+        v,
+        dest_ptrs,
+        scale,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *dest_strides,
+        seq_len,
+        local_heads,
+        rows_per_dest,
+        head_offset,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        EVEN_SEQ=seq_len % block_m == 0 and seq_len % block_n == 0,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+
+
+def flash_attention(
+    q, k, v, out, *, sm_scale: float | None = None, config: dict | None = None
+) -> None:
+    """Plain attention into `out` (B, S, H, D): the routed kernel with one destination."""
+    import torch
+
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must match q's shape and dtype with contiguous head_dim; got "
+            f"{tuple(out.shape)} {out.dtype} strides {out.stride()}"
+        )
+    ptrs = torch.tensor([out.data_ptr()], dtype=torch.int64, device=q.device)
+    flash_attention_routed(
+        q,
+        k,
+        v,
+        ptrs,
+        dest_strides=out.stride()[:3],
+        rows_per_dest=q.shape[1],
+        sm_scale=sm_scale,
+        config=config,
+    )

@@ -1,0 +1,270 @@
+"""Measure one microbenchmark study on this machine's GPUs and write its raw file.
+
+    python -m xstage_bench.microbench.runner --config config.yaml --study gap_sweep \
+        --out results/h200x2/raw/microbench/gap_sweep.json --cubin build/kernels/sm_90/burst.cubin
+
+Every point is checked before it is timed: its destinations are poisoned, one launch runs
+with a known pattern, and every byte it should write is compared on the host (a point that
+fails is recorded "wrong", not timed). Then `microbench.launches` launches are stamped in
+the kernel; steady bursts of all launches are pooled, warm-up bursts reported apart. The
+ceilings are timed with CUDA events through the timing module. Clocks are sampled around
+every point; the sweep is resumable (sweep.run_sweep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from xstage_bench import grid, timing
+from xstage_bench.clocks import ClockSampler, record_fields
+from xstage_bench.config import load_config
+from xstage_bench.environment import capture
+from xstage_bench.microbench import launch
+from xstage_bench.microbench.launch import BurstBench, MicrobenchError, PointUnsupported
+from xstage_bench.results import failed_record, ok_record
+from xstage_bench.sweep import run_sweep
+
+CHECK_TAG = 0x5EED  # pattern tag of the checked launch; timed launch L uses (L + 1) << 20
+POINT_TIMEOUT_S = 120.0  # every in-kernel wait is bounded, so this is only a last resort
+# Per-CTA stamps of one launch are kept for these (study, gap) points only: enough to show
+# how producers drift apart, small enough to keep the raw files light.
+STAMPED_GAPS_US = {"gap_sweep": (0.0, 10.0)}
+HEADLINE = {  # the metric printed in a point's progress line
+    "periodic": ("period_us", "issue_rate_GBps", "t_iss_slowest_us", "t_iss_window_us"),
+    "isolated": ("t_iss_slowest_us", "t_iss_window_us"),
+    "drain_probe": ("visible_us", "fence_us", "t_iss_slowest_us"),
+    "ceiling": ("bandwidth_GBps",),
+}
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class PointMeasurer:
+    """`measure(point) -> record` for sweep.run_sweep, for every microbenchmark kind."""
+
+    def __init__(self, bench: BurstBench, microbench: dict, policy: timing.TimingPolicy):
+        self.bench = bench
+        self.mb = microbench
+        self.policy = policy
+        self.world_size = len(bench.gpu_ids)
+        self.sampler = ClockSampler(bench.gpu_ids)
+
+    def __call__(self, point: dict) -> dict:
+        measure = {
+            "periodic": self._train,
+            "isolated": self._train,
+            "drain_probe": self._probe,
+            "ceiling": self._ceiling,
+        }[point["kind"]]
+        before = self.sampler.sample()
+        try:
+            samples, extra = measure(point)
+        except MicrobenchError as e:
+            _say(f"  {point['id']}: {e.status}: {e}")
+            correct = False if e.status == "wrong" else None
+            return failed_record(point["id"], point, str(e), status=e.status, correct=correct)
+        fields = record_fields(before, self.sampler.sample())
+        heads = [m for m in HEADLINE[point["kind"]] if samples.get(m)]
+        _say("  " + "  ".join(f"{m}={np.median(samples[m]):.3f}" for m in heads))
+        return ok_record(point["id"], point, samples, correct=True, extra=extra, **fields)
+
+    def _train(self, point: dict) -> tuple[dict, dict]:
+        bench = self.bench
+        plan = launch.plan_train(
+            point,
+            bursts=self.mb["bursts"],
+            warmup_bursts=self.mb["warmup_bursts"],
+            world_size=self.world_size,
+            buffer_bytes=bench.buffer_bytes,
+        )
+        limit = bench.require_coresident("burst_train", plan.K, 2 * plan.n_bursts * 8)
+        extra = {
+            "plan": plan.as_dict(),
+            "threads": bench.threads,
+            "launches": self.mb["launches"],
+            "max_coresident_ctas": limit,
+        }
+        gap_iters = 0
+        if plan.gap_mode == "compute" and plan.gap_us > 0:
+            calibration = bench.gap_calibration(plan.K)
+            gap_iters = launch.gap_iterations(calibration, plan.gap_us)
+            extra.update(gap_calibration=calibration, gap_iters=gap_iters)
+        wrong = bench.check_train(plan, gap_iters=gap_iters, tag_base=CHECK_TAG)
+        if wrong:
+            raise launch.WrongResult(wrong)
+        samples: dict[str, list[float]] = {}
+        keep = point["gap_us"] in STAMPED_GAPS_US.get(point["study"], ())
+        for n in range(self.mb["launches"]):
+            start, end = bench.run_train(
+                plan, tag_base=(n + 1) << 20, slot_base=n * plan.n_bursts, gap_iters=gap_iters
+            )
+            metrics = launch.train_metrics(start, end, plan.warmup, plan.kind, plan.B)
+            launch.pool(samples, metrics)
+            if keep and n == 0:
+                extra["stamps_ns"] = launch.stamps_extra(start, end)
+        return samples, extra
+
+    def _probe(self, point: dict) -> tuple[dict, dict]:
+        bench = self.bench
+        if point["dest"] != "peer" or point["peers"] != 1 or point["width"] != 16:
+            raise PointUnsupported(
+                "the drain probe measures one peer with 16-byte stores "
+                f"(got dest={point['dest']}, peers={point['peers']}, width={point['width']})"
+            )
+        K, B = point["K"], point["B"]
+        n_bursts, warmup = self.mb["bursts"], self.mb["warmup_bursts"]
+        idle_us = launch.isolated_idle_us(K * B)
+        limit = bench.require_coresident("drain_probe_send", K, 4 * n_bursts * 8)
+        run = {"K": K, "n_bursts": n_bursts, "idle_us": idle_us}
+        wrong = bench.check_probe(B=B, tag_base=CHECK_TAG, **run)
+        if wrong:
+            raise launch.WrongResult(wrong)
+        samples: dict[str, list[float]] = {}
+        for n in range(self.mb["launches"]):
+            stamps = bench.run_probe(B=B, tag_base=(n + 1) << 20, **run)
+            launch.pool(samples, launch.probe_metrics(stamps, warmup))
+        # The same protocol with no data: what the signal/ack round trip costs by itself.
+        handshake: list[float] = []
+        for _ in range(self.mb["launches"]):
+            stamps = bench.run_probe(B=0, tag_base=0, **run)
+            handshake += launch.probe_metrics(stamps, warmup)["visible_us"]
+        samples["handshake_us"] = handshake
+        extra = {
+            "threads": bench.threads,
+            "launches": self.mb["launches"],
+            "idle_us": idle_us,
+            "max_coresident_ctas": limit,
+            "definition": (
+                "visible_us: earliest producer start -> earliest sender-side observation of "
+                "the receiver's ack; the receiver acks only after all K producers signalled, "
+                "each after __threadfence_system() following its stores, so every byte was "
+                "visible at the receiver before the ack. An upper bound by one signal and "
+                "one ack latency, measured alone as handshake_us (same protocol, B = 0). "
+                "fence_us: earliest start -> last producer's fence return. Sender clock only."
+            ),
+        }
+        return samples, extra
+
+    def _ceiling(self, point: dict) -> tuple[dict, dict]:
+        bench = self.bench
+        V, dest, method = int(point["V"]), point["dest"], point["method"]
+        if dest not in ("peer", "local"):
+            raise PointUnsupported(f"dest must be 'peer' or 'local', got {dest!r}")
+        tag = CHECK_TAG + 1
+        if method == "sm_store":
+            fn, info = bench.bulk_store_fn(dest, V, tag)
+            info["what"] = "16-byte stores of a pattern from every SM, no loads"
+        elif method == "copy_engine":
+            fn, info = bench.copy_engine_fn(dest, V, tag)
+            info["what"] = "copy-engine copy of V bytes (a local copy also reads V)"
+        else:
+            raise PointUnsupported(f"ceiling method must be sm_store or copy_engine: {method!r}")
+        wrong = bench.check_ceiling(fn, dest, V, tag)
+        if wrong:
+            raise launch.WrongResult(wrong)
+        # V is far larger than L2, so an L2 flush would change nothing.
+        run_once = timing.cuda_event_timer(fn, device=bench.sender, flush_l2=False)
+        times = timing.measure(run_once, self.policy)
+        samples = {"bandwidth_GBps": [V / (t * 1e3) for t in times], "time_us": list(times)}
+        return samples, {**info, "stop_reason": times.stop_reason}
+
+
+def default_gpu_ids(config: dict) -> list[int]:
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    size = count if config.get("world_size", "auto") == "auto" else int(config["world_size"])
+    if size > count:
+        raise MicrobenchError(f"config world_size={size}, but only {count} GPU(s) are visible")
+    return list(range(size))
+
+
+def raw_config(config: dict, cubin: str | Path, gpu_ids: Sequence[int]) -> dict:
+    """Everything that produced the file: the microbench and timing config and our constants."""
+    return {
+        "microbench": config["microbench"],
+        "timing": config["timing"],
+        "world_size": len(gpu_ids),
+        "gpu_ids": list(gpu_ids),
+        "kernel": {
+            "cubin": str(cubin),
+            "threads_per_cta": launch.THREADS,
+            "destination_buffer_bytes": launch.ROTATE_BYTES,
+            "timeout_ns": launch.TIMEOUT_NS,
+            "isolated_idle_us": f"max({launch.ISOLATED_MIN_IDLE_US:g}, 3 V / "
+            f"{launch.ISOLATED_IDLE_RATE_GBps:g} GB/s)",
+            "ceiling_ctas_per_sm": launch.CEILING_GRID_PER_SM,
+        },
+    }
+
+
+def run_study(
+    config: dict,
+    study: str,
+    dataset: str,
+    out: str | Path,
+    cubin: str | Path,
+    gpu_ids: list[int] | None = None,
+) -> None:
+    """Measure every point of `study` and write results/<dataset>/raw/microbench/<study>.json
+    (or `out`) through the resumable sweep."""
+    if study not in config["microbench"]["studies"]:
+        known = ", ".join(config["microbench"]["studies"])
+        raise ValueError(f"unknown microbench study {study!r} (config has: {known})")
+    points = grid.microbench_points(config["microbench"], study)
+    gpu_ids = gpu_ids if gpu_ids is not None else default_gpu_ids(config)
+    bench = BurstBench(cubin, gpu_ids)
+    measure = PointMeasurer(
+        bench, config["microbench"], timing.TimingPolicy.from_config(config["timing"])
+    )
+    run_sweep(
+        points,
+        measure,
+        Path(out),
+        experiment="microbench",
+        backend="cuda",
+        dataset=dataset,
+        environment=capture(simulated=False),
+        config=raw_config(config, cubin, gpu_ids),
+        study=study,
+        point_timeout_s=POINT_TIMEOUT_S,
+    )
+
+
+def _dataset_for(out: Path, gpu_ids: Sequence[int]) -> str:
+    """results/<dataset>/raw/microbench/<study>.json names its dataset; else the GPUs do."""
+    if out.parent.name == "microbench" and out.parent.parent.name == "raw":
+        return out.parents[2].name
+    import cupy
+
+    from xstage_bench.machine import dataset_name
+
+    names = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in gpu_ids]
+    return dataset_name(names)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="config.yaml")
+    parser.add_argument("--study", required=True, help="a key of microbench.studies")
+    parser.add_argument("--out", required=True, type=Path, help="raw JSON file to write")
+    parser.add_argument("--cubin", required=True, type=Path, help="built burst.cubin")
+    parser.add_argument("--dataset", help="dataset name (default: from --out, else the GPUs)")
+    parser.add_argument("--gpus", help="comma-separated GPU ids, sender first (default: all)")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    gpu_ids = [int(g) for g in args.gpus.split(",")] if args.gpus else default_gpu_ids(config)
+    dataset = args.dataset or _dataset_for(args.out, gpu_ids)
+    run_study(config, args.study, dataset, args.out, args.cubin, gpu_ids)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

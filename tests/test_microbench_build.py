@@ -1,0 +1,412 @@
+"""The microbenchmark kernels build, and the host side of launching them is right (no GPU)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xstage_bench import grid, results
+from xstage_bench.config import load_config
+from xstage_bench.microbench import build, launch, runner
+from xstage_bench.microbench.launch import PointUnsupported
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "kernels" / "microbench" / "burst.cu"
+C_TYPES = {
+    "int": launch.I32,
+    "unsigned int": launch.U32,
+    "long long": launch.I64,
+    "unsigned long long": launch.U64,
+}
+
+
+def kernel_signatures(text: str) -> dict[str, list[tuple[str, str]]]:
+    """extern "C" kernels of a .cu file -> [(parameter name, launch type)]."""
+    sigs = {}
+    pattern = r'extern "C" __global__ void(?: __launch_bounds__\(\d+\))?\s+(\w+)\(([^)]*)\)'
+    for name, params in re.findall(pattern, text):
+        parsed = []
+        for param in params.split(","):
+            ctype, pname = " ".join(param.split()).rsplit(" ", 1)
+            ctype = ctype.removeprefix("const ")
+            parsed.append((pname, launch.PTR if ctype.endswith("*") else C_TYPES[ctype]))
+        sigs[name] = parsed
+    return sigs
+
+
+# --- build ----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: cannot compile .cu")
+def test_burst_cu_compiles_to_an_sm90_cubin_with_every_kernel(tmp_path):
+    cubin = build.build_cubin(SOURCE, tmp_path / "sub" / "burst.cubin")
+    data = cubin.read_bytes()
+    assert data[:4] == b"\x7fELF"
+    for name in launch.KERNEL_PARAMS:
+        assert name.encode() in data, f"kernel {name} missing from the cubin"
+
+
+def test_build_without_nvcc_names_the_problem(monkeypatch, tmp_path):
+    monkeypatch.setattr(build.shutil, "which", lambda _: None)
+    with pytest.raises(build.BuildError, match="nvcc is not on PATH"):
+        build.build_cubin(SOURCE, tmp_path / "x.cubin")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: cannot compile .cu")
+def test_build_error_carries_the_compiler_message(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_text('extern "C" __global__ void k() { undeclared_thing(); }\n')
+    with pytest.raises(build.BuildError, match="undeclared_thing"):
+        build.build_cubin(bad, tmp_path / "bad.cubin")
+
+
+# --- arguments --------------------------------------------------------------------------
+
+
+def test_argument_tables_match_the_kernel_signatures():
+    sigs = kernel_signatures(SOURCE.read_text())
+    assert set(sigs) == set(launch.KERNEL_PARAMS)
+    for name, params in launch.KERNEL_PARAMS.items():
+        assert sigs[name] == list(params), name
+
+
+def test_pack_args_orders_and_types_the_values():
+    names = [n for n, _ in launch.KERNEL_PARAMS["bulk_store"]]
+    packed = launch.pack_args("bulk_store", {"tag": 7, "bytes": 1 << 33, "dst": 0xDEAD0000})
+    assert names == ["dst", "bytes", "tag"]
+    assert [type(v) for v in packed] == [np.uint64, np.uint64, np.uint32]
+    assert [int(v) for v in packed] == [0xDEAD0000, 1 << 33, 7]
+
+
+def test_pack_args_rejects_missing_unknown_and_overflowing_values():
+    with pytest.raises(ValueError, match=r"missing arguments \['tag'\]"):
+        launch.pack_args("bulk_store", {"dst": 1, "bytes": 2})
+    with pytest.raises(ValueError, match=r"unknown arguments \['extra'\]"):
+        launch.pack_args("bulk_store", {"dst": 1, "bytes": 2, "tag": 3, "extra": 4})
+    with pytest.raises(ValueError, match="tag=4294967296 does not fit uint32"):
+        launch.pack_args("bulk_store", {"dst": 1, "bytes": 2, "tag": 1 << 32})
+
+
+def test_error_flags_are_described():
+    assert "barrier" in launch.describe_error(1)
+    text = launch.describe_error(2 | 64)
+    assert "acknowledgement" in text and "0x40" in text
+
+
+# --- plans ------------------------------------------------------------------------------
+
+
+def point(**over) -> dict:
+    p = {
+        "id": "t/x",
+        "kind": "periodic",
+        "study": "t",
+        "K": 132,
+        "V": 4 << 20,
+        "gap_us": 0.0,
+        "width": 16,
+        "dest": "peer",
+        "pattern": "same",
+        "peers": 1,
+        "sync": "free",
+        "gap_mode": "compute",
+    }
+    p.update(over)
+    p["B"] = grid.producer_bytes(p["V"], p["K"])
+    return p
+
+
+def test_plan_same_pattern_uses_one_slot_and_whole_lines():
+    p = launch.plan_train(point(), bursts=6, warmup_bursts=2, world_size=2)
+    assert p.n_slots == 1 and p.n_dst == 1 and p.idle_us == 0
+    assert p.slot_stride % 128 == 0 and p.slot_stride >= p.K * p.B
+
+
+def test_plan_rotate_fills_the_buffer_with_slots():
+    p = launch.plan_train(
+        point(pattern="rotate"), bursts=6, warmup_bursts=2, world_size=2, buffer_bytes=64 << 20
+    )
+    assert p.n_slots == (64 << 20) // p.slot_stride >= 15
+
+
+def test_plan_refuses_more_peers_than_the_machine_has():
+    with pytest.raises(PointUnsupported, match="peers=2 needs 3 GPUs.*world_size=2"):
+        launch.plan_train(point(peers=2), bursts=6, warmup_bursts=2, world_size=2)
+    # The local control has no peers to run out of: it mimics them with local buffers.
+    assert (
+        launch.plan_train(
+            point(peers=2, dest="local"), bursts=6, warmup_bursts=2, world_size=2
+        ).n_dst
+        == 2
+    )
+
+
+def test_plan_refuses_bad_axes_and_oversized_rotation():
+    for over, msg in [
+        ({"width": 2}, "store width"),
+        ({"sync": "x"}, "sync"),
+        ({"gap_mode": "x"}, "gap_mode"),
+        ({"pattern": "x"}, "pattern"),
+    ]:
+        with pytest.raises(PointUnsupported, match=msg):
+            launch.plan_train(point(**over), bursts=6, warmup_bursts=2, world_size=2)
+    with pytest.raises(PointUnsupported, match="rotate"):
+        launch.plan_train(
+            point(pattern="rotate", V=16 << 20),
+            bursts=6,
+            warmup_bursts=2,
+            world_size=2,
+            buffer_bytes=24 << 20,
+        )
+
+
+def test_isolated_idle_drains_the_largest_burst():
+    assert launch.isolated_idle_us(1 << 20) == launch.ISOLATED_MIN_IDLE_US
+    assert launch.isolated_idle_us(32 << 20) == pytest.approx(3 * (32 << 20) / 300e3)
+    p = launch.plan_train(
+        point(kind="isolated", V=32 << 20), bursts=6, warmup_bursts=2, world_size=2
+    )
+    assert p.idle_us == pytest.approx(launch.isolated_idle_us(p.K * p.B))
+
+
+# --- the pattern ------------------------------------------------------------------------
+
+
+def simulate_launch(p: launch.TrainPlan, d: int, tag_base: int, slot_base: int, nbytes: int):
+    """burst_train's stores into destination d, replayed burst by burst on the host."""
+    buf = np.full(nbytes // 4, launch.POISON_WORD, dtype=np.uint32)
+    for n in range(p.n_bursts):
+        m = (tag_base + n) * 0x9E3779B1 % 2**32
+        for k in range(d, p.K, p.n_dst):
+            off = ((slot_base + n) % p.n_slots) * p.slot_stride + (k // p.n_dst) * p.B
+            w = np.arange(off // 4, (off + p.B) // 4, dtype=np.uint64)
+            buf[off // 4 : (off + p.B) // 4] = (w ^ m).astype(np.uint32)
+    return buf
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"K": 5, "V": 5 * 96},
+        {"K": 7, "V": 7 * 64, "peers": 3, "dest": "local"},
+        {"K": 3, "V": 3 * 48, "pattern": "rotate"},
+    ],
+)
+def test_expected_words_match_a_replay_of_the_stores(over):
+    nbytes = 2048 if over.get("pattern") == "rotate" else 8192
+    p = launch.plan_train(
+        point(**over), bursts=5, warmup_bursts=1, world_size=4, buffer_bytes=nbytes
+    )
+    slot_base = 3
+    last = launch.last_burst_per_slot(p.n_bursts, p.n_slots, slot_base)
+    for d in range(p.n_dst):
+        want = launch.expected_words(
+            producers=p.producers_of(d),
+            B=p.B,
+            slot_stride=p.slot_stride,
+            last_burst=last,
+            tag_base=77,
+            buffer_bytes=nbytes,
+        )
+        got = simulate_launch(p, d, 77, slot_base, nbytes)[: want.size]
+        assert launch.compare_words(got, want, "dest") is None
+        written = (want != launch.POISON_WORD).sum()
+        assert written == len(last) * p.producers_of(d) * p.B // 4
+
+
+def test_compare_words_names_the_first_wrong_word():
+    want = launch.expected_words(
+        producers=2, B=64, slot_stride=128, last_burst={0: 4}, tag_base=1, buffer_bytes=1 << 20
+    )
+    assert want.size == (128 + launch.GUARD_BYTES) // 4
+    got = want.copy()
+    got[5] = launch.POISON_WORD
+    got[40] = 0  # past the footprint: the guard band must keep its poison
+    msg = launch.compare_words(got, want, "peer destination 0")
+    assert msg.startswith("peer destination 0: 2 of")
+    assert "first at byte 20" in msg and "never written" in msg
+
+
+# --- stamps -> samples ------------------------------------------------------------------
+
+
+def synthetic_stamps(n_bursts=6, K=4, period=10_000, loop=2_000, skew=100):
+    """Producer k starts burst n at n*period + k*skew and stores for loop + k*10 ns."""
+    n = np.arange(n_bursts)[:, None]
+    k = np.arange(K)[None, :]
+    start = 1_000_000 + n * period + k * skew
+    end = start + loop + k * 10
+    return start.astype(np.uint64), end.astype(np.uint64)
+
+
+def test_train_metrics_of_a_periodic_launch():
+    start, end = synthetic_stamps()
+    m = launch.train_metrics(start, end, warmup=2, kind="periodic", producer_bytes=1000)
+    assert m["t_iss_slowest_us"] == [2.03] * 4
+    assert m["t_iss_window_us"] == pytest.approx([2.33] * 4)  # 3 skews + slowest loop
+    assert m["start_skew_us"] == [0.3] * 4
+    assert m["period_us"] == [10.0] * 3  # steady bursts with a successor: n = 2, 3, 4
+    assert m["gap_measured_us"] == pytest.approx([(10_000 - 2_015) / 1e3] * 3)
+    assert len(m["warmup_t_iss_slowest_us"]) == 2 and len(m["warmup_t_iss_window_us"]) == 2
+    # 13 bursts of 1000 bytes end inside the all-producers-active window of 31.7 us.
+    assert m["issue_rate_GBps"] == [pytest.approx(13 * 1000 / 31_700)]
+
+
+def test_issue_rate_is_the_aggregate_rate_of_drifting_producers():
+    """Producer k repeats every 10 (1 + k/5) us: the leader's period (the earliest start's
+    spacing) would overstate the aggregate rate; the issue rate recovers sum_k B / period_k,
+    and the per-producer median period stays close to it."""
+    n_bursts, K, B = 60, 4, 4000
+    periods = 10_000 * (1 + np.arange(K) / 5)
+    start = (1_000_000 + np.arange(n_bursts)[:, None] * periods[None, :]).astype(np.uint64)
+    end = start + 3_000
+    m = launch.train_metrics(start, end, warmup=4, kind="periodic", producer_bytes=B)
+    true_rate = (B / periods).sum()
+    assert m["issue_rate_GBps"][0] == pytest.approx(true_rate, rel=0.03)
+    leader_rate = K * B / np.median(np.diff(start.min(axis=1).astype(float)))  # bytes/ns
+    assert leader_rate > 1.2 * true_rate
+    assert K * B / np.median(m["period_us"]) / 1e3 == pytest.approx(true_rate, rel=0.05)
+
+
+def test_issue_rate_needs_a_window_where_every_producer_is_steady():
+    start, end = synthetic_stamps(n_bursts=3, K=2, period=1_000, loop=500, skew=5_000)
+    assert launch.issue_rate_GBps(start.astype(np.int64), end.astype(np.int64), 1, 64) is None
+
+
+def test_warmup_bursts_are_kept_apart():
+    start, end = synthetic_stamps()
+    end[0] += 50_000  # a slow first burst must not leak into the steady samples
+    m = launch.train_metrics(start, end, warmup=1, kind="periodic", producer_bytes=1000)
+    assert max(m["t_iss_slowest_us"]) == pytest.approx(2.03)
+    assert m["warmup_t_iss_slowest_us"][0] == pytest.approx(52.03)
+
+
+def test_isolated_metrics_have_no_period_and_bad_warmup_is_refused():
+    start, end = synthetic_stamps()
+    m = launch.train_metrics(start, end, warmup=0, kind="isolated", producer_bytes=1000)
+    assert "period_us" not in m and len(m["t_iss_slowest_us"]) == 6
+    with pytest.raises(ValueError, match="warmup"):
+        launch.train_metrics(start, end, warmup=6, kind="isolated", producer_bytes=1000)
+
+
+def test_probe_metrics_use_the_earliest_ack_and_the_last_fence():
+    start, end = synthetic_stamps(n_bursts=3)
+    fence = end + 500
+    ack = start.min(axis=1, keepdims=True) + np.array([[9_000, 8_000, 7_000, 9_500]])
+    m = launch.probe_metrics(np.stack([start, end, fence, ack]), warmup=1)
+    assert m["visible_us"] == [7.0, 7.0]
+    assert m["fence_us"] == pytest.approx([(300 + 2_030 + 500) / 1e3] * 2)
+
+
+def test_check_stamps_catches_missing_and_reversed_stamps():
+    start, end = synthetic_stamps()
+    launch.check_stamps(np.stack([start, end]), "ok")
+    bad = np.stack([start, end])
+    bad[1, 2, 1] = 0
+    with pytest.raises(launch.MicrobenchError, match="never written"):
+        launch.check_stamps(bad, "x")
+    with pytest.raises(launch.MicrobenchError, match="ends before"):
+        launch.check_stamps(np.stack([end, start]), "x")
+
+
+def test_stamps_extra_is_relative_to_the_first_start():
+    start, end = synthetic_stamps(n_bursts=2, K=2)
+    extra = launch.stamps_extra(start, end)
+    assert extra["start"] == [[0, 100], [10_000, 10_100]]
+    assert extra["end"][0] == [2_000, 2_110]
+
+
+def test_gap_calibration_fit_and_iterations():
+    cal = launch.fit_gap_calibration([0, 1000, 4000], [500.0, 5500.0, 20500.0])
+    assert cal["ns_per_iter"] == pytest.approx(5.0) and cal["fixed_ns"] == pytest.approx(500.0)
+    assert launch.gap_iterations(cal, 0.0) == 0
+    assert launch.gap_iterations(cal, 10.0) == 1900  # (10000 - 500) / 5
+    assert launch.gap_iterations(cal, 0.1) == 0  # shorter than the fixed cost
+    with pytest.raises(launch.MicrobenchError, match="not increasing"):
+        launch.fit_gap_calibration([0, 1000], [500.0, 400.0])
+
+
+# --- the runner, against a fake GPU -----------------------------------------------------
+
+
+class FakeBench:
+    """BurstBench's interface with synthetic stamps: how the runner pools and records."""
+
+    gpu_ids = [0, 1]
+    threads = 512
+    buffer_bytes = 256 << 20
+
+    def __init__(self, wrong: str | None = None):
+        self.wrong = wrong
+        self.launches = []
+
+    def require_coresident(self, kernel, K, shared_bytes):
+        return 264
+
+    def gap_calibration(self, K):
+        return {"K": K, "threads": 512, **launch.fit_gap_calibration([0, 100], [100.0, 600.0])}
+
+    def check_train(self, plan, *, gap_iters, tag_base):
+        return self.wrong
+
+    def run_train(self, plan, *, tag_base, slot_base, gap_iters):
+        self.launches.append((tag_base, slot_base, gap_iters))
+        return synthetic_stamps(n_bursts=plan.n_bursts, K=plan.K)
+
+
+def microbench_config():
+    return load_config(ROOT / "config.yaml")["microbench"]
+
+
+def test_runner_pools_launches_and_keeps_stamps_for_the_chosen_gaps(capsys):
+    mb = microbench_config()
+    bench = FakeBench()
+    measure = runner.PointMeasurer(bench, mb, policy=None)
+    pts = {
+        p["gap_us"]: p
+        for p in grid.microbench_points(mb, "gap_sweep")
+        if "/V=4194304/" in p["id"] and p["dest"] == "peer"
+    }
+    record = measure(pts[10.0])
+    assert record["status"] == "ok" and record["correct"] is True
+    steady = mb["bursts"] - mb["warmup_bursts"]
+    assert record["summary"]["t_iss_slowest_us"]["n"] == steady * mb["launches"]
+    assert record["summary"]["period_us"]["n"] == (steady - 1) * mb["launches"]
+    assert record["summary"]["issue_rate_GBps"]["n"] == mb["launches"]
+    assert record["summary"]["warmup_t_iss_window_us"]["n"] == mb["warmup_bursts"] * mb["launches"]
+    assert len(record["extra"]["stamps_ns"]["start"]) == mb["bursts"]
+    assert record["extra"]["gap_iters"] == 1980  # (10000 - 100) / 5
+    assert [s for _, s, _ in bench.launches] == [n * mb["bursts"] for n in range(mb["launches"])]
+    assert "stamps_ns" not in measure(pts[4.0])["extra"]
+    doc = results.raw_document(
+        experiment="microbench",
+        backend="cuda",
+        dataset="d",
+        environment={
+            "host": "h",
+            "python": "3",
+            "packages": {},
+            "git": {"sha": None, "dirty": None},
+            "started_at": "t",
+            "finished_at": "t",
+        },
+        config={},
+        records=[record],
+        study="gap_sweep",
+    )
+    results.validate_raw(doc, "in-memory")
+    assert "period_us=10.000" in capsys.readouterr().err
+
+
+def test_runner_records_wrong_and_unsupported_points():
+    mb = microbench_config()
+    p = grid.microbench_points(mb, "gap_sweep")[0]
+    wrong = runner.PointMeasurer(FakeBench(wrong="dest 0: 3 words wrong"), mb, None)(p)
+    assert wrong["status"] == "wrong" and wrong["correct"] is False
+    assert "3 words wrong" in wrong["error"]
+    unsupported = runner.PointMeasurer(FakeBench(), mb, None)({**p, "peers": 3})
+    assert unsupported["status"] == "unsupported" and "peers=3" in unsupported["error"]
