@@ -9,10 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xstage_bench import grid, results
+from xstage_bench import grid, results, sweep
 from xstage_bench.config import load_config
 from xstage_bench.microbench import build, launch, runner
 from xstage_bench.microbench.launch import PointUnsupported
+
+ENVIRONMENT = {
+    "host": "h",
+    "python": "3",
+    "packages": {},
+    "git": {"sha": None, "dirty": None},
+    "started_at": "t",
+    "finished_at": "t",
+}
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "kernels" / "microbench" / "burst.cu"
@@ -350,7 +359,9 @@ class FakeBench:
     def gap_calibration(self, K):
         return {"K": K, "threads": 512, **launch.fit_gap_calibration([0, 100], [100.0, 600.0])}
 
-    def check_train(self, plan, *, gap_iters, tag_base):
+    def check_train(self, plan, *, gap_iters, tag_base, kernel_tag_base=None):
+        if kernel_tag_base not in (None, tag_base):
+            return "dest 0: every word holds another launch's tag"
         return self.wrong
 
     def run_train(self, plan, *, tag_base, slot_base, gap_iters):
@@ -386,14 +397,7 @@ def test_runner_pools_launches_and_keeps_stamps_for_the_chosen_gaps(capsys):
         experiment="microbench",
         backend="cuda",
         dataset="d",
-        environment={
-            "host": "h",
-            "python": "3",
-            "packages": {},
-            "git": {"sha": None, "dirty": None},
-            "started_at": "t",
-            "finished_at": "t",
-        },
+        environment=dict(ENVIRONMENT),
         config={},
         records=[record],
         study="gap_sweep",
@@ -410,3 +414,27 @@ def test_runner_records_wrong_and_unsupported_points():
     assert "3 words wrong" in wrong["error"]
     unsupported = runner.PointMeasurer(FakeBench(), mb, None)({**p, "peers": 3})
     assert unsupported["status"] == "unsupported" and "peers=3" in unsupported["error"]
+
+
+def test_injected_faults_become_wrong_and_failed_records(monkeypatch, tmp_path):
+    """The GPU demonstration's logic on a fake bench: one point launches a wrong kernel,
+    one raises; both are recorded with their reason and the sweep completes."""
+    mb = microbench_config()
+    points = grid.microbench_points(mb, "gap_sweep")[:4]
+    monkeypatch.setenv("XSTAGE_INJECT_FAULT", f"wrong:{points[1]['id']};raise:{points[2]['id']}")
+    doc = sweep.run_sweep(
+        points,
+        runner.PointMeasurer(FakeBench(), mb, None),
+        tmp_path / "gap_sweep.json",
+        experiment="microbench",
+        backend="cuda",
+        dataset="fake",
+        environment=dict(ENVIRONMENT),
+        config={},
+        study="gap_sweep",
+        progress=lambda line: None,
+    )
+    statuses = [r["status"] for r in doc["records"]]
+    assert statuses == ["ok", "wrong", "failed", "ok"]
+    assert "another launch's tag" in doc["records"][1]["error"]
+    assert "injected fault" in doc["records"][2]["error"]

@@ -624,13 +624,22 @@ class BurstBench:
             with self.cp.cuda.Device(device):
                 buf.fill(0xFF)
 
-    def check_train(self, plan: TrainPlan, *, gap_iters: int, tag_base: int) -> str | None:
+    def check_train(
+        self,
+        plan: TrainPlan,
+        *,
+        gap_iters: int,
+        tag_base: int,
+        kernel_tag_base: int | None = None,
+    ) -> str | None:
         """Poison every destination, run one launch, and compare every destination with the
-        pattern it must hold; None when correct, else the first difference, named."""
+        pattern it must hold; None when correct, else the first difference, named.
+        `kernel_tag_base` other than `tag_base` runs a deliberately wrong launch (faults)."""
         dests = self.destinations(plan.dest, plan.n_dst)
         self._poison(dests)
         self._sync_all()
-        self.run_train(plan, tag_base=tag_base, slot_base=0, gap_iters=gap_iters)
+        launched = tag_base if kernel_tag_base is None else kernel_tag_base
+        self.run_train(plan, tag_base=launched, slot_base=0, gap_iters=gap_iters)
         last = last_burst_per_slot(plan.n_bursts, plan.n_slots, 0)
         for d, (device, buf) in enumerate(dests):
             want = expected_words(

@@ -14,13 +14,14 @@ every point; the sweep is resumable (sweep.run_sweep).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import grid, timing
+from xstage_bench import faults, grid, timing
 from xstage_bench.clocks import ClockSampler, record_fields
 from xstage_bench.config import load_config
 from xstage_bench.environment import capture
@@ -30,7 +31,8 @@ from xstage_bench.results import failed_record, ok_record
 from xstage_bench.sweep import run_sweep
 
 CHECK_TAG = 0x5EED  # pattern tag of the checked launch; timed launch L uses (L + 1) << 20
-POINT_TIMEOUT_S = 120.0  # every in-kernel wait is bounded, so this is only a last resort
+# Every in-kernel wait is bounded, so the watchdog is only a last resort.
+POINT_TIMEOUT_S = float(os.environ.get("XSTAGE_POINT_TIMEOUT_S", 120.0))
 # Per-CTA stamps of one launch are kept for these (study, gap) points only: enough to show
 # how producers drift apart, small enough to keep the raw files light.
 STAMPED_GAPS_US = {"gap_sweep": (0.0, 10.0)}
@@ -63,6 +65,7 @@ class PointMeasurer:
             "drain_probe": self._probe,
             "ceiling": self._ceiling,
         }[point["kind"]]
+        faults.apply_before_measure(point["id"])
         before = self.sampler.sample()
         try:
             samples, extra = measure(point)
@@ -96,7 +99,11 @@ class PointMeasurer:
             calibration = bench.gap_calibration(plan.K)
             gap_iters = launch.gap_iterations(calibration, plan.gap_us)
             extra.update(gap_calibration=calibration, gap_iters=gap_iters)
-        wrong = bench.check_train(plan, gap_iters=gap_iters, tag_base=CHECK_TAG)
+        # An injected 'wrong' fault launches a kernel that writes another pattern.
+        kernel_tag = CHECK_TAG + 1 if faults.injected("wrong", point["id"]) else CHECK_TAG
+        wrong = bench.check_train(
+            plan, gap_iters=gap_iters, tag_base=CHECK_TAG, kernel_tag_base=kernel_tag
+        )
         if wrong:
             raise launch.WrongResult(wrong)
         samples: dict[str, list[float]] = {}
