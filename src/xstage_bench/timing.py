@@ -210,18 +210,5 @@ def graph_timer(
             for _ in range(calls_per_replay):
                 fn()
         stream = torch.cuda.current_stream(device)
-        flush = _l2_flusher(torch, device) if flush_l2 else None
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-
-    def run_once() -> float:
-        with torch.cuda.device(device), torch.cuda.stream(stream):
-            if flush is not None:
-                flush()
-            start.record(stream)
-            graph.replay()
-            end.record(stream)
-        end.synchronize()
-        return start.elapsed_time(end) * 1000.0 / calls_per_replay
-
-    return run_once
+    timed_replay = cuda_event_timer(graph.replay, device=device, flush_l2=flush_l2, stream=stream)
+    return lambda: timed_replay() / calls_per_replay
