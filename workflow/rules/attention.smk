@@ -5,7 +5,7 @@ rule attention_measure:
     output:
         RESULTS / "{dataset}" / "raw" / "attention.json",
     wildcard_constraints:
-        dataset=MEASURED or "no-measured-dataset",
+        dataset=measuring("attention"),
     resources:
         gpu=WORLD_SIZE,
     conda:

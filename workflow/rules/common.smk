@@ -48,6 +48,14 @@ if PROBE and MEASURING and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", GPUS.count)
 
 
+def measuring(experiment):
+    """Wildcard constraint of a measuring rule: this run's measured dataset when it measures
+    `experiment`, else a name no dataset has (what is on disk is then only read, never remade)."""
+    if MEASURED and experiment in config["measured_experiments"]:
+        return MEASURED
+    return "no-measured-dataset"
+
+
 def measurement_verdict():
     if config["measure"] == "never":
         return "No measurement: config key 'measure' is 'never'; rendering existing datasets."
@@ -64,12 +72,7 @@ def print_measurement_verdict():
     print(f"[xstage] {measurement_verdict()}", file=sys.stderr)
 
 
-def dataset_experiments(dataset):
-    """Which experiments a dataset holds: generated ones by config, references by their files."""
-    if dataset in SIMULATED:
-        return set(EXPERIMENTS)
-    if dataset == MEASURED:
-        return set(config["measured_experiments"])
+def experiments_on_disk(dataset):
     raw = RESULTS / dataset / "raw"
     held = set()
     if any((raw / "microbench").glob("*.json")):
@@ -81,9 +84,21 @@ def dataset_experiments(dataset):
     return held
 
 
+def dataset_experiments(dataset):
+    """Which experiments a dataset holds: what this run makes, plus what is already there."""
+    if dataset in SIMULATED:
+        return set(EXPERIMENTS)
+    if dataset == MEASURED:
+        return set(config["measured_experiments"]) | experiments_on_disk(dataset)
+    return experiments_on_disk(dataset)
+
+
 def dataset_studies(dataset):
-    """Microbench studies of a dataset: the config's, or those a reference holds."""
-    if dataset in SIMULATED or dataset == MEASURED:
+    """Microbench studies of a dataset: the config's where this run makes them, else those
+    already on disk."""
+    if dataset in SIMULATED or (
+        dataset == MEASURED and "microbench" in config["measured_experiments"]
+    ):
         return STUDIES
     return sorted(p.stem for p in (RESULTS / dataset / "raw" / "microbench").glob("*.json"))
 
@@ -129,7 +144,7 @@ def product_available(dataset, product):
     return needs in held and all(
         read.split(":", 1)[1] in dataset_studies(dataset)
         for read in product.reads
-        if read.startswith("microbench:")
+        if read.startswith("microbench:") and read not in product.optional
     )
 
 

@@ -1,5 +1,21 @@
-# Stage 3a: the MegaMoE sweep (expert-wave vs interleaved). The fused GPU kernel is
-# issue 4's; today this stage is simulated, and committed references are rendered.
+# Stage 3a: the MegaMoE sweep (expert-wave vs interleaved schedules of the fused kernel),
+# measured on this machine's GPUs or simulated; the traced runs feed the mechanism figures.
+
+
+rule megamoe_measure:
+    output:
+        sweep=RESULTS / "{dataset}" / "raw" / "megamoe.json",
+        trace=RESULTS / "{dataset}" / "raw" / "megamoe_trace.json",
+    wildcard_constraints:
+        dataset=measuring("megamoe"),
+    resources:
+        gpu=WORLD_SIZE,
+    conda:
+        CONDA_ENV
+    log:
+        RESULTS / "{dataset}" / "logs" / "megamoe.log",
+    script:
+        "../scripts/measure_megamoe.py"
 
 
 rule megamoe_simulate:

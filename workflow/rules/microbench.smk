@@ -8,7 +8,7 @@ rule microbench_measure:
     output:
         RESULTS / "{dataset}" / "raw" / "microbench" / "{study}.json",
     wildcard_constraints:
-        dataset=MEASURED or "no-measured-dataset",
+        dataset=measuring("microbench"),
     resources:
         gpu=WORLD_SIZE,
     conda:

@@ -1,0 +1,287 @@
+"""The fused MoE kernel in Triton: one persistent launch per rank, the combine pushed from
+the Linear-2 epilogue.
+
+What each program owns: nothing fixed. One program per SM takes tiles from the rank's
+tile list (schedule.py) through an atomic counter, in list order, until the list is
+exhausted. A Linear-1 tile computes gate and up for 128 intermediate channels of one row
+block (128 rows of one expert), applies SwiGLU, quantizes the result (FP8 with a
+per-row scale for these 128 channels, or plain bf16) into the intermediate buffer, and
+bumps its row block's counter. A Linear-2 tile waits for that counter to reach I/128
+(a bounded spin: on timeout it raises the error flag and goes on, so a bug fails the
+point instead of hanging the GPU), computes 128 output channels of the row block, and
+stores each row straight into its home rank's combine buffer: a per-row element offset
+from this rank's output base, so one address computation covers local and peer buffers
+(peer memory over NVLink, the X-Stage), with 16-byte vector stores.
+
+Tiling: 128 x 128 output tiles, K steps of 128 channels (64 for bf16) over one weight
+scale block each. FP8 products are "promoted" per K step as in DeepGEMM: each step's
+MMA result is scaled by its activation and weight scales and added to an fp32
+accumulator. W4A8 weights arrive as two nibbles per byte (quant.py's half-split
+packing); each nibble is sign-extended, converted to FP8 in registers, and the two
+halves are multiplied by the two halves of the activation step.
+
+Instrumentation is compiled in only when TRACE is set: per tile, %globaltimer stamps of
+when the tile was taken, when its inputs were ready, when its MMA finished, and the start
+and end of its epilogue stores (the end after a CTA barrier, so it marks the last warp's
+last store issued). The sync buffer is [tile counter, error flag, one counter per row
+block] and must be zeroed before every launch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from xstage_bench.megamoe.quant import AMAX_FLOOR, FP8_MAX, SCALE_BLOCK, check_precision
+from xstage_bench.megamoe.schedule import TRACE_FIELDS
+
+BLOCK_M = 128
+BLOCK_N = 128
+PRECISION_CODE = {"bf16": 0, "w8a8": 1, "w4a8": 2}
+BLOCK_K = {"bf16": 64, "w8a8": 128, "w4a8": 128}
+NUM_WARPS = 8
+NUM_STAGES = 3
+PAD_DST = -(2**62)  # row_dst of a padding row: nothing is stored
+MAX_SPIN = 4_000_000  # polls of a row-block counter (about a microsecond each) before giving up
+SYNC_HEADER = 2  # tile counter, error flag
+
+_PAD_DST = tl.constexpr(PAD_DST)
+_AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_SCALE_BLOCK = tl.constexpr(SCALE_BLOCK)
+_TRACE_WIDTH = tl.constexpr(len(TRACE_FIELDS))
+
+
+@triton.jit
+def _now():
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _gemm_tile(
+    a_rows,  # [BM, 1] pointers to the first channel of each A row
+    a_scales,  # [BM] pointers to each A row's first scale (fp8 precisions)
+    w_cols,  # [1, BN] pointers to the first (packed) channel of each weight row
+    w_scales,  # scalar pointer to this n block's first weight-block scale
+    K,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """fp32 [BM, BN] = A[rows, :K] @ W[cols, :K]^T, block scales applied per K step."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_h = tl.arange(0, BLOCK_K // 2)
+    for kb in range(0, K // BLOCK_K):
+        k0 = kb * BLOCK_K
+        if PRECISION == 0:
+            a = tl.load(a_rows + k0 + offs_k[None, :])
+            w = tl.load(w_cols + k0 + offs_k[:, None])
+            acc = tl.dot(a, w, acc)
+        else:
+            sa = tl.load(a_scales + kb)
+            sw = tl.load(w_scales + kb)
+            if PRECISION == 1:
+                a = tl.load(a_rows + k0 + offs_k[None, :])
+                w = tl.load(w_cols + k0 + offs_k[:, None])
+                step = tl.dot(a, w)
+            else:
+                a_lo = tl.load(a_rows + k0 + offs_h[None, :])
+                a_hi = tl.load(a_rows + k0 + BLOCK_K // 2 + offs_h[None, :])
+                packed = tl.load(w_cols + kb * (BLOCK_K // 2) + offs_h[:, None])
+                lo = ((packed << 4).to(tl.int8, bitcast=True) >> 4).to(tl.float16)
+                hi = (packed.to(tl.int8, bitcast=True) >> 4).to(tl.float16)
+                step = tl.dot(a_lo, lo.to(tl.float8e4nv))
+                step = tl.dot(a_hi, hi.to(tl.float8e4nv), step)
+            acc += step * (sa[:, None] * sw)
+    return acc
+
+
+@triton.jit
+def _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, store_end):
+    base = trace_ptr + idx.to(tl.int64) * _TRACE_WIDTH
+    tl.store(base + 0, pid.to(tl.int64))
+    tl.store(base + 1, taken)
+    tl.store(base + 2, ready)
+    tl.store(base + 3, mma_done)
+    tl.store(base + 4, store_start)
+    tl.store(base + 5, store_end)
+
+
+@triton.jit(do_not_specialize=["n_tiles", "max_spin"])
+def _fused_moe(
+    tiles_ptr,  # int32 [n_tiles, 4]: kind, local expert, row block, n block
+    n_tiles,
+    sync_ptr,  # int32 [2 + blocks], zeroed before the launch
+    x_ptr,  # dispatched activations [rows, H] (fp8 or bf16)
+    xs_ptr,  # their scales [rows, H/128] (fp8 precisions)
+    w1_ptr,  # [E_local, 2I, H] gate rows then up rows (fp8, bf16, or packed int4 [.., H/2])
+    s1_ptr,  # [E_local, 2I/128, H/128]
+    w2_ptr,  # [E_local, H, I] (or packed [.., I/2])
+    s2_ptr,  # [E_local, H/128, I/128]
+    h_ptr,  # intermediate [rows, I]
+    hs_ptr,  # its scales [rows, I/128]
+    out_ptr,  # this rank's output base (bf16); row_dst offsets are relative to it
+    row_dst_ptr,  # int64 [rows]: element offset of each row's destination, or PAD_DST
+    trace_ptr,  # int64 [n_tiles, len(TRACE_FIELDS)] when TRACE
+    H,
+    I,  # noqa: E741 (the paper's name for the expert width)
+    max_spin,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TRACE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    PACK: tl.constexpr = 2 if PRECISION == 2 else 1  # channels per stored weight element
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    idx = tl.atomic_add(sync_ptr, 1)
+    while idx < n_tiles:
+        taken = _now() if TRACE else 0
+        kind = tl.load(tiles_ptr + idx * 4)
+        e = tl.load(tiles_ptr + idx * 4 + 1).to(tl.int64)
+        blk = tl.load(tiles_ptr + idx * 4 + 2)
+        nb = tl.load(tiles_ptr + idx * 4 + 3)
+        rows = blk.to(tl.int64) * BLOCK_M + offs_m
+        cols = nb * BLOCK_N + offs_n
+        if kind == 0:
+            # Linear-1: gate and up for intermediate channels [nb*BN, nb*BN + BN).
+            a_rows = x_ptr + rows[:, None] * H
+            a_scales = xs_ptr + rows * (H // _SCALE_BLOCK)
+            w_rows = w1_ptr + e * (2 * I) * (H // PACK)
+            s_rows = s1_ptr + e * (2 * I // _SCALE_BLOCK) * (H // _SCALE_BLOCK)
+            gate = _gemm_tile(
+                a_rows,
+                a_scales,
+                w_rows + cols[None, :].to(tl.int64) * (H // PACK),
+                s_rows + nb * (H // _SCALE_BLOCK),
+                H,
+                PRECISION,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+            up = _gemm_tile(
+                a_rows,
+                a_scales,
+                w_rows + (I + cols[None, :]).to(tl.int64) * (H // PACK),
+                s_rows + (I // _SCALE_BLOCK + nb) * (H // _SCALE_BLOCK),
+                H,
+                PRECISION,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+            mma_done = _now() if TRACE else 0
+            h = gate * tl.sigmoid(gate) * up
+            h_ptrs = h_ptr + rows[:, None] * I + cols[None, :]
+            store_start = _now() if TRACE else 0
+            if PRECISION == 0:
+                tl.store(h_ptrs, h.to(tl.bfloat16))
+            else:
+                amax = tl.maximum(tl.max(tl.abs(h), axis=1), _AMAX_FLOOR)
+                scale = amax / _FP8_MAX
+                tl.store(h_ptrs, tl.math.div_rn(h, scale[:, None]).to(tl.float8e4nv))
+                tl.store(hs_ptr + rows * (I // _SCALE_BLOCK) + nb, scale)
+            # Every warp's stores are issued before one thread releases the row block.
+            tl.debug_barrier()
+            tl.atomic_add(sync_ptr + 2 + blk, 1, sem="release")
+            if TRACE:
+                _stamp(trace_ptr, idx, pid, taken, taken, mma_done, store_start, _now())
+        else:
+            # Linear-2: wait until every Linear-1 tile of this row block has released it.
+            need = I // BLOCK_N
+            done = tl.atomic_add(sync_ptr + 2 + blk, 0, sem="acquire")
+            spins = 0
+            while (done < need) & (spins < max_spin):
+                done = tl.atomic_add(sync_ptr + 2 + blk, 0, sem="acquire")
+                spins += 1
+            if done < need:
+                tl.atomic_xchg(sync_ptr + 1, 1)
+            ready = _now() if TRACE else 0
+            acc = _gemm_tile(
+                h_ptr + rows[:, None] * I,
+                hs_ptr + rows * (I // _SCALE_BLOCK),
+                w2_ptr + e * H * (I // PACK) + cols[None, :].to(tl.int64) * (I // PACK),
+                s2_ptr + (e * (H // _SCALE_BLOCK) + nb) * (I // _SCALE_BLOCK),
+                I,
+                PRECISION,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+            mma_done = _now() if TRACE else 0
+            # Combine push: row r goes to out_ptr + row_dst[r] (its home rank's slot).
+            dst = tl.load(row_dst_ptr + rows)
+            valid = dst != _PAD_DST
+            dst = tl.multiple_of(tl.where(valid, dst, 0), 8)  # 16-byte aligned rows
+            y = acc.to(tl.bfloat16)
+            store_start = _now() if TRACE else 0
+            tl.store(out_ptr + dst[:, None] + cols[None, :], y, mask=valid[:, None])
+            if TRACE:
+                tl.debug_barrier()
+                _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, _now())
+        idx = tl.atomic_add(sync_ptr, 1)
+
+
+def launch(
+    *,
+    precision: str,
+    tiles,
+    sync,
+    x,
+    xs,
+    w1,
+    s1,
+    w2,
+    s2,
+    h,
+    hs,
+    out,
+    row_dst,
+    H: int,
+    I: int,  # noqa: E741
+    num_programs: int,
+    trace=None,
+    max_spin: int = MAX_SPIN,
+) -> None:
+    """Enqueue one fused launch on the current device and stream (tensors on that device,
+    except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand."""
+    check_precision(precision)
+    if H % BLOCK_N or I % BLOCK_N:
+        raise ValueError(f"H={H} and I={I} must be multiples of {BLOCK_N}")
+    if tiles.ndim != 2 or tiles.shape[1] != 4:
+        raise ValueError(f"tiles must be (n, 4) int32, got {tuple(tiles.shape)}")
+    if out.element_size() != 2 or out.data_ptr() % 16:
+        raise ValueError("out must be a 16-byte aligned bf16 buffer")
+    _fused_moe[(num_programs,)](
+        tiles,
+        tiles.shape[0],
+        sync,
+        x,
+        xs,
+        w1,
+        s1,
+        w2,
+        s2,
+        h,
+        hs,
+        out,
+        row_dst,
+        trace if trace is not None else row_dst,
+        H,
+        I,
+        max_spin,
+        PRECISION=PRECISION_CODE[precision],
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K[precision],
+        TRACE=trace is not None,
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )

@@ -1,0 +1,390 @@
+"""One MoE configuration laid out on P GPUs driven by one process, ready to run.
+
+Each rank holds E/P experts (expert parallelism) and T tokens of its own (its home
+tokens). Dispatch happens once, when the problem is built (torch copies between the
+GPUs; it is not part of the timed kernel): every rank receives the FP8 (or bf16) rows of
+the tokens routed to its experts, in the padded expert-major layout of routing.py.
+
+`forward` is what is timed: on every rank, zero the sync buffer and launch the fused
+kernel, whose Linear-2 epilogue stores each output row into its home rank's combine
+buffer (peer memory: the GPUs have peer access, and a row's destination is an element
+offset from the launching rank's buffer); then a cross-GPU barrier (every rank's stream
+waits for every kernel) and, on each home rank, the top-k weighted reduction of its
+combine buffer (a bf16 batched GEMV with fp32 accumulation).
+
+On CPU tensors (the CPU tests, TRITON_INTERPRET=1) the same code runs rank after rank,
+with no streams or events.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from xstage_bench.megamoe import kernel, routing, schedule
+from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision, pack_int4, quantize_rows
+from xstage_bench.megamoe.reference import ExpertWeights, HomeTokens
+
+INT4_STD = math.sqrt((16**2 - 1) / 12)  # standard deviation of integers uniform in [-8, 7]
+
+
+def _seed(*parts: object) -> int:
+    return zlib.crc32("/".join(str(p) for p in parts).encode())
+
+
+def _generator(torch, device, *parts: object):
+    gen = torch.Generator(device=device)
+    gen.manual_seed(_seed(*parts))
+    return gen
+
+
+def enable_peer_access(devices: list) -> None:
+    """Let every GPU's kernels store into every other GPU's memory (single process).
+
+    A device-to-device torch copy enables peer access for the pair (PyTorch's
+    get_p2p_access); CuPy, where present, enables it explicitly as well. A pair that
+    cannot reach each other is an error: the combine stores would fault.
+    """
+    import torch
+
+    for a in devices:
+        for b in devices:
+            if a == b:
+                continue
+            if not torch.cuda.can_device_access_peer(a.index, b.index):
+                raise RuntimeError(f"GPU {a.index} cannot access GPU {b.index}'s memory (no P2P)")
+            torch.ones(1, device=a).to(b)
+    try:
+        import cupy
+    except ImportError:
+        return
+    for a in devices:
+        for b in devices:
+            if a != b:
+                with cupy.cuda.Device(a.index):
+                    try:
+                        cupy.cuda.runtime.deviceEnablePeerAccess(b.index)
+                    except cupy.cuda.runtime.CUDARuntimeError as e:
+                        if "PeerAccessAlreadyEnabled" not in str(e):
+                            raise
+
+
+def make_expert_weights(point: dict, precision: str, rank: int, device, seed: int = 0):
+    """Random weights of one rank's E/P experts in the kernel's storage format.
+
+    Values are normal (bf16, w8a8) or uniform 4-bit integers (w4a8), with block scales
+    uniform in [0.5, 1.5] over the fan-in's square root, so activations stay of order one.
+    Seeded by shape, precision and rank: every configuration of a shape shares them.
+    """
+    import torch
+
+    check_precision(precision)
+    H, I, E, P = point["H"], point["I"], point["E"], point["world_size"]  # noqa: E741
+    local = E // P
+    gen = _generator(torch, device, seed, point["shape"], precision, f"rank={rank}")
+
+    def one(n: int, k: int):
+        if precision == "bf16":
+            w = torch.empty(local, n, k, dtype=torch.bfloat16, device=device)
+            for e in range(local):
+                w[e] = torch.randn(n, k, generator=gen, device=device) / math.sqrt(k)
+            return w, None
+        spread = 1.0 if precision == "w8a8" else INT4_STD
+        scales = (
+            torch.rand(local, n // SCALE_BLOCK, k // SCALE_BLOCK, generator=gen, device=device)
+            + 0.5
+        ) / (spread * math.sqrt(k))
+        if precision == "w8a8":
+            w = torch.empty(local, n, k, dtype=torch.float8_e4m3fn, device=device)
+            for e in range(local):
+                w[e] = torch.randn(n, k, generator=gen, device=device).to(torch.float8_e4m3fn)
+        else:
+            w = torch.empty(local, n, k // 2, dtype=torch.uint8, device=device)
+            for e in range(local):
+                ints = torch.randint(-8, 8, (n, k), generator=gen, device=device)
+                w[e] = pack_int4(ints.to(torch.int8))
+        return w, scales
+
+    w1, s1 = one(2 * I, H)
+    w2, s2 = one(H, I)
+    return ExpertWeights(w1, s1, w2, s2)
+
+
+def make_home_tokens(point: dict, precision: str, rank: int, device, seed: int = 0) -> HomeTokens:
+    """One home rank's tokens (normal, then FP8-quantized per 128 channels unless bf16),
+    their experts and combine weights (routing.route)."""
+    import torch
+
+    moe_key = (point["shape"], f"T={point['tokens_per_rank']}", f"P={point['world_size']}")
+    gen = _generator(torch, device, seed, *moe_key, f"home={rank}")
+    x = torch.randn(point["tokens_per_rank"], point["H"], generator=gen, device=device)
+    ids, weights = routing.route(point, point["skew_zipf"], rank, seed)
+    if precision == "bf16":
+        return HomeTokens(x.to(torch.bfloat16), None, ids, weights)
+    xq, xs = quantize_rows(x)
+    return HomeTokens(xq, xs, ids, weights)
+
+
+@dataclass
+class RankBuffers:
+    """Everything one rank's kernel reads and writes."""
+
+    plan: routing.RankRows
+    grid: schedule.TileGrid
+    x: object  # received rows (padded_rows, H)
+    xs: object  # their scales, or a 1-element dummy (bf16)
+    h: object  # intermediate (padded_rows, I)
+    hs: object
+    comb: object  # this rank's combine buffer (T * topk, H) bf16: peers write into it
+    out: object  # (T, H) bf16 MoE output of this rank's tokens
+    combine_weights: object  # (T, 1, topk) bf16
+    row_dst: object  # int64 (padded_rows,): offsets from comb to each row's destination
+    sync: object  # int32 (2 + blocks,)
+    tiles: dict  # schedule name -> int32 (n, 4) tile list on the device
+    sink: object = None  # local-control destination (P * T * topk, H) bf16, on demand
+    row_dst_local: object = None
+
+
+class MoEProblem:
+    """A configuration's inputs, weights, dispatched rows, buffers and tile lists."""
+
+    def __init__(
+        self,
+        point: dict,
+        megamoe: dict,
+        devices: list,
+        experts: list[ExpertWeights],
+        *,
+        num_programs: int,
+        seed: int = 0,
+    ):
+        import torch
+
+        self.torch = torch
+        self.point = {**point, "skew_zipf": megamoe["skew_zipf"]}
+        self.precision = point["precision"]
+        check_precision(self.precision)
+        self.devices = devices
+        self.experts = experts
+        self.num_programs = num_programs
+        self.cuda = devices[0].type == "cuda"
+        H, I = point["H"], point["I"]  # noqa: E741
+        if megamoe["block_m"] != kernel.BLOCK_M or megamoe["block_n"] != kernel.BLOCK_N:
+            raise ValueError(
+                f"the kernel's tiles are {kernel.BLOCK_M}x{kernel.BLOCK_N}; config asks "
+                f"block_m={megamoe['block_m']}, block_n={megamoe['block_n']}"
+            )
+        T, topk = point["tokens_per_rank"], point["topk"]
+        self.homes = [
+            make_home_tokens(self.point, self.precision, r, d, seed) for r, d in enumerate(devices)
+        ]
+        plans = routing.dispatch_plan([h.ids for h in self.homes], point["E"], kernel.BLOCK_M)
+        comb = [torch.empty(T * topk, H, dtype=torch.bfloat16, device=d) for d in devices]
+        self.ranks = []
+        for q, (d, plan) in enumerate(zip(devices, plans, strict=True)):
+            grid = schedule.TileGrid(
+                plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
+            )
+            tiles = {
+                name: torch.as_tensor(
+                    schedule.build(name, grid, num_programs, megamoe["lead_rows"]), device=d
+                )
+                for name in megamoe["schedules"]
+            }
+            base = np.array([(c.data_ptr() - comb[q].data_ptr()) // 2 for c in comb])
+            row_dst = np.where(
+                plan.home >= 0, base[np.maximum(plan.home, 0)] + plan.slot * H, kernel.PAD_DST
+            )
+            weights = torch.as_tensor(self.homes[q].weights, device=d)
+            self.ranks.append(
+                RankBuffers(
+                    plan=plan,
+                    grid=grid,
+                    x=self._dispatch(q, plan, "xq", H),
+                    xs=self._dispatch(q, plan, "xs", H // SCALE_BLOCK),
+                    h=torch.empty(plan.padded_rows, I, dtype=self._act_dtype(), device=d),
+                    hs=self._scale_buffer(plan.padded_rows, I, d),
+                    comb=comb[q],
+                    out=torch.empty(T, H, dtype=torch.bfloat16, device=d),
+                    combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
+                    row_dst=torch.as_tensor(row_dst.astype(np.int64), device=d),
+                    sync=torch.zeros(kernel.SYNC_HEADER + plan.blocks, dtype=torch.int32, device=d),
+                    tiles=tiles,
+                )
+            )
+
+    # ---- construction helpers --------------------------------------------------------
+
+    def _act_dtype(self):
+        torch = self.torch
+        return torch.bfloat16 if self.precision == "bf16" else torch.float8_e4m3fn
+
+    def _scale_buffer(self, rows: int, channels: int, device):
+        torch = self.torch
+        if self.precision == "bf16":
+            return torch.zeros(1, dtype=torch.float32, device=device)
+        return torch.zeros(rows, channels // SCALE_BLOCK, dtype=torch.float32, device=device)
+
+    def _dispatch(self, q: int, plan: routing.RankRows, field: str, width: int):
+        """Rank q's received rows of one home-token field (xq or xs), gathered from every
+        home rank; padding rows stay zero (fp8 zero, scale zero)."""
+        torch = self.torch
+        device = self.devices[q]
+        if field == "xs" and self.precision == "bf16":
+            return torch.zeros(1, dtype=torch.float32, device=device)
+        dtype = self._act_dtype() if field == "xq" else torch.float32
+        recv = torch.zeros(plan.padded_rows, width, dtype=dtype, device=device)
+        raw = recv.view(torch.uint8) if dtype == torch.float8_e4m3fn else recv
+        for r, home in enumerate(self.homes):
+            at = np.flatnonzero(plan.home == r)
+            if len(at) == 0:
+                continue
+            src = getattr(home, field)
+            src = src.view(torch.uint8) if src.dtype == torch.float8_e4m3fn else src
+            rows = src[torch.as_tensor(plan.token[at], device=src.device)].to(device)
+            raw[torch.as_tensor(at, device=device)] = rows
+        return recv
+
+    def ensure_local_sink(self) -> None:
+        """The local-store control's destination: the same rows, written to this rank's
+        own memory (slot home * T * topk + t * topk + k), so no store crosses NVLink."""
+        torch = self.torch
+        T, topk, H = self.point["tokens_per_rank"], self.point["topk"], self.point["H"]
+        P = len(self.devices)
+        for q, rb in enumerate(self.ranks):
+            if rb.sink is not None:
+                continue
+            plan = rb.plan
+            rb.sink = torch.empty(P * T * topk, H, dtype=torch.bfloat16, device=self.devices[q])
+            local = np.where(plan.home >= 0, (plan.home * T * topk + plan.slot) * H, kernel.PAD_DST)
+            rb.row_dst_local = torch.as_tensor(local.astype(np.int64), device=self.devices[q])
+
+    # ---- what the measurement reads -------------------------------------------------
+
+    def useful_flops(self) -> float:
+        """6 H I FLOPs per routed row (Linear-1: 4 H I, Linear-2: 2 H I), all ranks."""
+        return 6.0 * self.point["H"] * self.point["I"] * sum(rb.plan.rows for rb in self.ranks)
+
+    def nvlink_bytes(self) -> list[int]:
+        """Bytes each rank's combine epilogue stores into peers (bf16 output rows)."""
+        return [rb.plan.remote_rows() * self.point["H"] * 2 for rb in self.ranks]
+
+    def padded_rows(self) -> list[int]:
+        return [rb.plan.padded_rows for rb in self.ranks]
+
+    def poison(self, *, local: bool = False) -> None:
+        """NaN everywhere the kernel and the combine (or, local, the control) write, so
+        a missed write shows."""
+        torch = self.torch
+        if local:
+            self.ensure_local_sink()
+        for rb in self.ranks:
+            for t in (rb.comb, rb.out):
+                t.fill_(float("nan"))
+            if rb.h.dtype == torch.float8_e4m3fn:
+                rb.h.view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
+                rb.hs.fill_(float("nan"))
+            else:
+                rb.h.fill_(float("nan"))
+            if rb.sink is not None:
+                rb.sink.fill_(float("nan"))
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            for d in self.devices:
+                self.torch.cuda.synchronize(d)
+
+    def error_flags(self) -> list[int]:
+        return [int(rb.sync[1].item()) for rb in self.ranks]
+
+    # ---- running --------------------------------------------------------------------
+
+    def _launch(self, q: int, name: str, *, local: bool, trace) -> None:
+        rb, ex = self.ranks[q], self.experts[q]
+        dummy = rb.xs if self.precision == "bf16" else None
+        rb.sync.zero_()
+        kernel.launch(
+            precision=self.precision,
+            tiles=rb.tiles[name],
+            sync=rb.sync,
+            x=rb.x,
+            xs=rb.xs,
+            w1=ex.w1,
+            s1=dummy if ex.s1 is None else ex.s1,
+            w2=ex.w2,
+            s2=dummy if ex.s2 is None else ex.s2,
+            h=rb.h,
+            hs=rb.hs,
+            out=rb.sink if local else rb.comb,
+            row_dst=rb.row_dst_local if local else rb.row_dst,
+            H=self.point["H"],
+            I=self.point["I"],
+            num_programs=self.num_programs,
+            trace=None if trace is None else trace[q],
+        )
+
+    def _combine(self, q: int) -> None:
+        rb = self.ranks[q]
+        T, topk, H = self.point["tokens_per_rank"], self.point["topk"], self.point["H"]
+        self.torch.bmm(rb.combine_weights, rb.comb.view(T, topk, H), out=rb.out.view(T, 1, H))
+
+    def forward(
+        self,
+        name: str,
+        *,
+        local: bool = False,
+        trace: list | None = None,
+        kernel_events: list | None = None,
+        flushers: dict | None = None,
+    ) -> None:
+        """Enqueue one MoE layer on every rank (see the module doc). local: the local-store
+        control (no combine). trace: per-rank int64 (n_tiles, 6) buffers (TRACE build).
+        kernel_events: a list to which [(start, end) per rank] is appended. flushers:
+        rank -> callable that flushes that rank's L2 after its part is done (ranks > 0;
+        the timer flushes rank 0 before its start event)."""
+        if local:
+            self.ensure_local_sink()
+        if not self.cuda:
+            for q in range(len(self.devices)):
+                self._launch(q, name, local=local, trace=trace)
+            if not local:
+                for q in range(len(self.devices)):
+                    self._combine(q)
+            return
+        torch = self.torch
+        streams = [torch.cuda.current_stream(d) for d in self.devices]
+        go = torch.cuda.Event()
+        go.record(streams[0])
+        done, events = [], []
+        for q, d in enumerate(self.devices):
+            with torch.cuda.device(d):
+                if q:
+                    streams[q].wait_event(go)
+                pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                pair[0].record(streams[q])
+                self._launch(q, name, local=local, trace=trace)
+                pair[1].record(streams[q])
+                events.append(pair)
+                done.append(torch.cuda.Event())
+                done[q].record(streams[q])
+        if kernel_events is not None:
+            kernel_events.append(events)
+        for q, d in enumerate(self.devices):
+            with torch.cuda.device(d):
+                for r, event in enumerate(done):
+                    if r != q:
+                        streams[q].wait_event(event)  # the cross-rank barrier
+                if not local:
+                    self._combine(q)
+                if q:
+                    finished = torch.cuda.Event()
+                    finished.record(streams[q])
+                    streams[0].wait_event(finished)
+                    if flushers and q in flushers:
+                        flushers[q]()
+
+    def outputs(self) -> list:
+        return [rb.out for rb in self.ranks]

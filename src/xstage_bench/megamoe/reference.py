@@ -1,0 +1,114 @@
+"""A plain torch reference for the fused MoE: dequantized weights, fp32 arithmetic.
+
+For a sample of tokens of every home rank: dequantize the token's FP8 (or bf16) input,
+and for each of its top-k experts dequantize that expert's weights, compute gate/up in
+fp32, SwiGLU, Linear-2 in fp32, and add the weighted outputs per token. Two roundings the
+kernel's data path performs by design are applied here too, so that the tolerance
+measures the kernel rather than the formats: the intermediate is requantized as the
+kernel stores it (FP8 per 128 channels, or bf16), and each expert output is rounded to
+bf16 (the combine buffer's type) before the weighted sum.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xstage_bench.megamoe.quant import dequantize_rows, dequantize_weight, quantize_rows
+
+# Relative L2 error (||out - ref|| / ||ref||) a correct kernel stays under: what remains
+# are fp32 summation order, rare flips of an FP8 intermediate rounding, and the bf16 combine.
+TOLERANCE = 2e-2
+
+
+@dataclass
+class HomeTokens:
+    """One home rank's inputs as the kernel sees them."""
+
+    xq: object  # (T, H) fp8 values, or bf16 activations
+    xs: object | None  # (T, H/128) fp32 scales (fp8 precisions), else None
+    ids: np.ndarray  # (T, topk) global expert ids
+    weights: np.ndarray  # (T, topk) combine weights
+
+
+@dataclass
+class ExpertWeights:
+    """One expert rank's weights as the kernel sees them."""
+
+    w1: object  # (E/P, 2I, H) or packed (E/P, 2I, H/2)
+    s1: object | None
+    w2: object  # (E/P, H, I) or packed (E/P, H, I/2)
+    s2: object | None
+
+
+def _intermediate(h, precision: str):
+    """The intermediate as the kernel stores and reloads it."""
+    import torch
+
+    if precision == "bf16":
+        return h.to(torch.bfloat16).float()
+    values, scales = quantize_rows(h)
+    return dequantize_rows(values, scales)
+
+
+def reference_outputs(
+    homes: Sequence[HomeTokens],
+    experts: Sequence[ExpertWeights],
+    tokens: Sequence[np.ndarray],
+    precision: str,
+) -> list:
+    """fp32 (len(tokens[r]), H) MoE outputs of the sampled tokens of every home rank r,
+    on that rank's device. Work is grouped by expert so each expert is dequantized once."""
+    import torch
+    import torch.nn.functional as F
+
+    local = experts[0].w1.shape[0]
+    intermediate = experts[0].w2.shape[-1] * (2 if precision == "w4a8" else 1)
+    work: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for r, (home, picked) in enumerate(zip(homes, tokens, strict=True)):
+        for i, t in enumerate(picked.tolist()):
+            for k, g in enumerate(home.ids[t].tolist()):
+                work[(g // local, g % local)].append((r, i, k))
+    results = []
+    for home, picked in zip(homes, tokens, strict=True):
+        device = home.xq.device
+        rows = torch.as_tensor(picked, device=device)
+        if precision == "bf16":
+            x = home.xq[rows].float()
+        else:  # gather fp8 rows as bytes: not every torch build indexes float8 tensors
+            values = home.xq.view(torch.uint8)[rows].view(home.xq.dtype)
+            x = dequantize_rows(values, home.xs[rows])
+        results.append((x, torch.zeros_like(x)))
+    for (q, e), entries in sorted(work.items()):
+        ex = experts[q]
+        device = ex.w1.device
+        w1 = dequantize_weight(ex.w1[e], None if ex.s1 is None else ex.s1[e], precision)
+        w2 = dequantize_weight(ex.w2[e], None if ex.s2 is None else ex.s2[e], precision)
+        x = torch.stack([results[r][0][i].to(device) for r, i, _ in entries])
+        gate_up = x @ w1.T
+        h = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
+        y = (_intermediate(h, precision) @ w2.T).to(torch.bfloat16).float()
+        for r in {r for r, _, _ in entries}:
+            mine = [j for j, (rr, _, _) in enumerate(entries) if rr == r]
+            at = [entries[j][1] for j in mine]
+            w = [
+                float(homes[r].weights[int(tokens[r][i]), k])
+                for _, i, k in (entries[j] for j in mine)
+            ]
+            acc = results[r][1]
+            scaled = torch.tensor(w, device=device)[:, None] * y[torch.tensor(mine, device=device)]
+            acc.index_add_(0, torch.tensor(at, device=acc.device), scaled.to(acc.device))
+    return [acc for _, acc in results]
+
+
+def relative_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in fp32 (inf if out holds a NaN or an infinity)."""
+    import torch
+
+    out = out.float()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))

@@ -1,0 +1,139 @@
+"""Which experts each token goes to, and where every routed row lands (numpy only).
+
+Expert parallelism over P ranks: rank q holds global experts [q E/P, (q+1) E/P). Every
+rank is also a home rank with T tokens of its own; each token picks top-k distinct
+experts. The rows (token, k) routed to rank q are laid out expert-major, each local
+expert's rows padded up to a multiple of block_m, so that a row block belongs to one
+expert (the layout DeepGEMM's grouped GEMMs call "contiguous"). A row's destination is
+its home rank's combine buffer, slot t * topk + k.
+
+Routing is seeded by the shape, the token count and the world size (not the precision),
+so both precisions and both schedules of a shape see the same tokens and experts.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from xstage_bench.megamoe.quant import bf16_round
+
+ROUTINGS = ("balanced", "skewed")
+
+
+def _rng(seed: int, *parts: object) -> np.random.Generator:
+    key = "/".join(str(p) for p in parts)
+    return np.random.default_rng([seed, zlib.crc32(key.encode())])
+
+
+def route(
+    point: dict, skew_zipf: float, home_rank: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(expert ids (T, topk) int64, combine weights (T, topk) float32) of one home rank.
+
+    balanced: the T*topk (token, k) pairs go round-robin over a seeded permutation of the
+    experts, so every expert gets T*topk/E rows (+-1) from every home rank. skewed: each
+    token draws topk distinct experts with probability proportional to Zipf(skew_zipf)
+    weights over a seeded expert order shared by all ranks (the same experts are hot
+    everywhere), by the Gumbel-top-k trick. Combine weights are a softmax of normal draws,
+    rounded to bf16 so that a bf16 combine multiplies them exactly.
+    """
+    T, topk, E, P = point["tokens_per_rank"], point["topk"], point["E"], point["world_size"]
+    routing = point["routing"]
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    if not 0 < topk <= E:
+        raise ValueError(f"topk must be in [1, E={E}], got {topk}")
+    order = _rng(seed, point["shape"], "experts").permutation(E)
+    rng = _rng(seed, point["shape"], f"T={T}", f"P={P}", routing, f"home={home_rank}")
+    if routing == "balanced":
+        pair = home_rank * T * topk + np.arange(T * topk)
+        ids = order[pair % E].reshape(T, topk)
+    else:
+        log_w = -skew_zipf * np.log(np.arange(1, E + 1, dtype=np.float64))
+        keys = log_w[np.argsort(order)] + rng.gumbel(size=(T, E))  # expert order[i] has rank i
+        ids = np.argpartition(-keys, topk - 1, axis=1)[:, :topk]
+    logits = rng.standard_normal((T, topk))
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    weights = bf16_round((weights / weights.sum(axis=1, keepdims=True)).astype(np.float32))
+    return ids.astype(np.int64), weights
+
+
+def expert_counts(ids: list[np.ndarray], E: int) -> np.ndarray:
+    """Rows routed to each global expert from all home ranks."""
+    return np.bincount(np.concatenate([i.ravel() for i in ids]), minlength=E)
+
+
+@dataclass(frozen=True)
+class RankRows:
+    """The rows one expert rank receives, in its padded expert-major layout.
+
+    Padding rows have home = token = slot = -1. blocks_* describe the block_m row blocks.
+    """
+
+    rank: int
+    block_m: int
+    expert_rows: np.ndarray  # (E/P,) rows per local expert
+    home: np.ndarray  # (padded_rows,) home rank of each row
+    token: np.ndarray  # (padded_rows,) token index on its home rank
+    slot: np.ndarray  # (padded_rows,) t * topk + k in the home rank's combine buffer
+    block_expert: np.ndarray  # (blocks,) local expert of each row block
+    block_rows: np.ndarray  # (blocks,) valid rows in each row block
+
+    @property
+    def padded_rows(self) -> int:
+        return len(self.home)
+
+    @property
+    def rows(self) -> int:
+        return int(self.expert_rows.sum())
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_rows)
+
+    def remote_rows(self) -> int:
+        """Rows whose home is another rank: their outputs cross NVLink in the combine."""
+        return int(np.count_nonzero((self.home >= 0) & (self.home != self.rank)))
+
+
+def dispatch_plan(ids: list[np.ndarray], E: int, block_m: int) -> list[RankRows]:
+    """Where every (home rank, token, k) row lands on its expert's rank: one RankRows per
+    rank, rows sorted by (local expert, home, token, k) and padded per expert."""
+    P = len(ids)
+    if E % P:
+        raise ValueError(f"E={E} experts do not divide over {P} ranks")
+    local = E // P
+    topk = ids[0].shape[1]
+    home = np.concatenate([np.full(i.size, r) for r, i in enumerate(ids)])
+    token = np.concatenate([np.repeat(np.arange(i.shape[0]), topk) for i in ids])
+    k = np.concatenate([np.tile(np.arange(topk), i.shape[0]) for i in ids])
+    expert = np.concatenate([i.ravel() for i in ids])
+    plans = []
+    for q in range(P):
+        mine = np.flatnonzero(expert // local == q)
+        order = mine[np.lexsort((k[mine], token[mine], home[mine], expert[mine] % local))]
+        e_local = expert[order] % local
+        counts = np.bincount(e_local, minlength=local)
+        padded = -(-counts // block_m) * block_m
+        start = np.concatenate([[0], np.cumsum(padded)[:-1]])
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        pos = start[e_local] + np.arange(len(order)) - first[e_local]
+        n = int(padded.sum())
+        h_, t_, s_ = (np.full(n, -1, dtype=np.int64) for _ in range(3))
+        h_[pos], t_[pos], s_[pos] = home[order], token[order], token[order] * topk + k[order]
+        blocks_per = padded // block_m
+        block_expert = np.repeat(np.arange(local), blocks_per)
+        block_rows = np.concatenate(
+            [
+                np.minimum(block_m, c - block_m * np.arange(b))
+                for c, b in zip(counts, blocks_per, strict=True)
+            ]
+            or [np.zeros(0, dtype=np.int64)]
+        ).astype(np.int64)
+        plans.append(
+            RankRows(q, block_m, counts, h_, t_, s_, block_expert, block_rows.astype(np.int64))
+        )
+    return plans

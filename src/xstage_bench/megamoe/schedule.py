@@ -1,0 +1,168 @@
+"""The tile schedules of the fused MoE kernel: the one swappable unit (pure Python).
+
+A schedule is a tile list, an int32 array with one row (kind, local expert, row block,
+n block) per tile. The kernel's persistent programs take list entries in order through
+one atomic counter, so the list *is* the schedule: swapping expert waves for interleaving
+changes nothing else in the kernel (DeepGEMM's habit of making the scheduler its own
+piece with one knob).
+
+A Linear-1 tile (kind L1) computes gate and up for block_n intermediate channels of one
+row block and writes SwiGLU of them; a Linear-2 tile (kind L2) computes block_n output
+channels of one row block and pushes them to the tokens' home ranks. An L2 tile needs all
+L1 tiles of its row block. Every list keeps them earlier (checked by
+`check_dependencies`), so a program that waits for an L2 tile's inputs waits only on
+tiles already taken by running programs: the kernel cannot deadlock, whatever the number
+of resident programs.
+
+expert_wave  DeepGEMM's order: the smallest group of consecutive experts whose L1 tiles
+             give every program one, all their L1 tiles, then all their L2 tiles, then
+             the next group. A wave's L2 tiles, and so their remote stores, bunch together.
+interleaved  the paper's order: an L1 cursor and an L2 cursor. The next tile is L2 when
+             its row block is ready and the L1 cursor leads it by at least `lead_rows`
+             rows (or has finished), else L1. "Ready" is decided when the list is built:
+             the block's last L1 tile sits at least one round of programs (num_programs
+             entries) earlier in the list, so it was taken a full round before and has,
+             with tiles of similar length, finished by the time its L2 tile is taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+L1, L2 = 0, 1
+COLUMNS = ("kind", "expert", "block", "n_block")
+# What the kernel's TRACE build stamps for each list entry (%globaltimer, ns), in order.
+TRACE_FIELDS = ("program", "taken", "ready", "mma_done", "store_start", "store_end")
+
+
+class ScheduleError(ValueError):
+    """A tile list that the kernel must not run (a dependency out of order, a bad tile)."""
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """The work of one rank: its row blocks and the tiles per block of each GEMM."""
+
+    block_expert: np.ndarray  # (blocks,) local expert of each row block
+    block_rows: np.ndarray  # (blocks,) valid rows of each row block
+    l1_per_block: int  # intermediate width I / block_n
+    l2_per_block: int  # hidden width H / block_n
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_rows)
+
+    @property
+    def tiles(self) -> int:
+        return self.blocks * (self.l1_per_block + self.l2_per_block)
+
+    def row_end(self) -> np.ndarray:
+        """Valid rows in all blocks up to and including each block."""
+        return np.cumsum(self.block_rows)
+
+
+def _l1_tiles(grid: TileGrid, block: int) -> list[tuple[int, int, int, int]]:
+    e = int(grid.block_expert[block])
+    return [(L1, e, block, n) for n in range(grid.l1_per_block)]
+
+
+def _l2_tiles(grid: TileGrid, block: int) -> list[tuple[int, int, int, int]]:
+    e = int(grid.block_expert[block])
+    return [(L2, e, block, n) for n in range(grid.l2_per_block)]
+
+
+def expert_wave(grid: TileGrid, num_programs: int, lead_rows: int = 0) -> np.ndarray:
+    """Expert waves (see module doc); lead_rows is not used by this schedule."""
+    tiles: list[tuple[int, int, int, int]] = []
+    wave: list[int] = []
+    for b in range(grid.blocks):
+        wave.append(b)
+        last = b + 1 == grid.blocks
+        closes_expert = last or grid.block_expert[b + 1] != grid.block_expert[b]
+        if closes_expert and (last or len(wave) * grid.l1_per_block >= num_programs):
+            for w in wave:
+                tiles += _l1_tiles(grid, w)
+            for w in wave:
+                tiles += _l2_tiles(grid, w)
+            wave = []
+    return _as_array(tiles)
+
+
+def interleaved(grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray:
+    """An L1 cursor and an L2 cursor with a minimum row lead (see module doc)."""
+    row_end = grid.row_end()
+    row_start = row_end - grid.block_rows
+    last_l1_at = np.full(grid.blocks, -1)  # list position of each block's last L1 tile
+    tiles: list[tuple[int, int, int, int]] = []
+    l1_block = l2_block = 0
+    while l1_block < grid.blocks or l2_block < grid.blocks:
+        l1_done = l1_block == grid.blocks
+        take_l2 = l2_block < grid.blocks and (
+            l1_done
+            or (
+                last_l1_at[l2_block] >= 0
+                and len(tiles) - last_l1_at[l2_block] > num_programs
+                and row_start[l1_block] - row_end[l2_block] >= lead_rows
+            )
+        )
+        if take_l2:
+            tiles += _l2_tiles(grid, l2_block)
+            l2_block += 1
+        else:
+            tiles += _l1_tiles(grid, l1_block)
+            last_l1_at[l1_block] = len(tiles) - 1
+            l1_block += 1
+    return _as_array(tiles)
+
+
+SCHEDULES: dict[str, Callable[[TileGrid, int, int], np.ndarray]] = {
+    "expert_wave": expert_wave,
+    "interleaved": interleaved,
+}
+
+
+def build(name: str, grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray:
+    """The tile list of schedule `name`, checked before any kernel sees it."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
+    if num_programs < 1:
+        raise ValueError(f"num_programs must be >= 1, got {num_programs}")
+    if lead_rows < 0:
+        raise ValueError(f"lead_rows must be >= 0, got {lead_rows}")
+    tiles = SCHEDULES[name](grid, num_programs, lead_rows)
+    check_dependencies(tiles, grid)
+    return tiles
+
+
+def check_dependencies(tiles: np.ndarray, grid: TileGrid) -> None:
+    """Every tile of the grid exactly once, and every L2 tile after all L1 tiles of its
+    row block; a ScheduleError names the first offending list position otherwise."""
+    if tiles.ndim != 2 or tiles.shape[1] != len(COLUMNS):
+        raise ScheduleError(f"a tile list is (n, {len(COLUMNS)}) {COLUMNS}, got {tiles.shape}")
+    l1_seen = np.zeros(grid.blocks, dtype=np.int64)
+    seen: set[tuple[int, int, int]] = set()
+    for i, (kind, expert, block, n) in enumerate(tiles.tolist()):
+        if not 0 <= block < grid.blocks or expert != grid.block_expert[block]:
+            raise ScheduleError(f"tile {i}: block {block} / expert {expert} not in the grid")
+        width = grid.l1_per_block if kind == L1 else grid.l2_per_block
+        if kind not in (L1, L2) or not 0 <= n < width:
+            raise ScheduleError(f"tile {i}: kind {kind} n_block {n} not in the grid")
+        if (kind, block, n) in seen:
+            raise ScheduleError(f"tile {i}: ({kind}, block {block}, n {n}) listed twice")
+        seen.add((kind, block, n))
+        if kind == L1:
+            l1_seen[block] += 1
+        elif l1_seen[block] < grid.l1_per_block:
+            raise ScheduleError(
+                f"tile {i}: Linear-2 tile of block {block} comes before its Linear-1 tiles "
+                f"({l1_seen[block]}/{grid.l1_per_block} listed earlier)"
+            )
+    if len(seen) != grid.tiles:
+        raise ScheduleError(f"the list has {len(seen)} distinct tiles, the grid {grid.tiles}")
+
+
+def _as_array(tiles: list[tuple[int, int, int, int]]) -> np.ndarray:
+    return np.asarray(tiles, dtype=np.int32).reshape(-1, len(COLUMNS))

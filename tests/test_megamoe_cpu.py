@@ -1,0 +1,358 @@
+"""The fused MoE on the CPU: formats, routing, dispatch layout, schedules, trace decoding,
+and the Triton kernel itself under the interpreter.
+
+The format, routing, schedule and trace tests need only numpy. The torch-side formats and
+the kernel need torch and triton (skipped otherwise, as in CI). Under TRITON_INTERPRET=1
+the kernel runs its programs one after another, so the spin-waits never spin; the GPU
+run checks those. The interpreter's float -> FP8 conversion loses the carry when the
+mantissa rounds up into the next power of two (126.7 becomes 64, not 128) and flushes
+FP8 subnormals, which alone costs ~5% relative error on the intermediate; the kernel
+test therefore holds the interpreter to a looser tolerance than the GPU check
+(reference.TOLERANCE), still far below the ~100% of a wrong row, expert or scale.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from xstage_bench.megamoe import quant, routing, schedule
+from xstage_bench.megamoe.runner import expand_schedules, select, trace_points, trace_summary
+
+HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
+needs_torch = pytest.mark.skipif(not HAVE_TORCH_TRITON, reason="torch and triton not installed")
+INTERPRETER_TOLERANCE = 0.1
+
+
+def _point(**kw) -> dict:
+    p = {
+        "shape": "tiny",
+        "H": 256,
+        "I": 256,
+        "E": 8,
+        "topk": 2,
+        "precision": "w8a8",
+        "routing": "balanced",
+        "tokens_per_rank": 64,
+        "world_size": 2,
+    }
+    p.update(kw)
+    return p
+
+
+# ---- formats -----------------------------------------------------------------------
+
+
+def test_e4m3_rounding_grid_saturation_subnormals_and_ties():
+    x = np.array([1.0, 1.0625, 1.1875, 126.7, 447.0, 500.0, -3e4, 3 * 2.0**-9, 2.0**-10, 0.0])
+    got = quant.e4m3_round(x)
+    # 1.0625 is a tie between 1.0 and 1.125 (even mantissa: 1.0); 1.1875 ties up to 1.25;
+    # 126.7 rounds up into the next binade; past 448 saturates; 2^-10 is half a subnormal step.
+    want = [1.0, 1.0, 1.25, 128.0, 448.0, 448.0, -448.0, 3 * 2.0**-9, 0.0, 0.0]
+    np.testing.assert_array_equal(got, np.array(want, dtype=np.float32))
+
+
+def test_bf16_rounding_keeps_8_significant_bits():
+    x = np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 3.14159], dtype=np.float32)
+    np.testing.assert_array_equal(
+        quant.bf16_round(x), np.array([1.0, 1.0 + 2.0**-6, 3.140625], dtype=np.float32)
+    )
+
+
+def test_row_quantization_round_trip_is_within_half_an_fp8_step():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, 384)).astype(np.float32) * np.logspace(-3, 3, 16)[:, None]
+    values, scales = quant.quantize_rows_np(x)
+    assert scales.shape == (16, 3)
+    assert np.abs(values).max() <= quant.FP8_MAX
+    assert np.all(np.abs(values).reshape(16, 3, 128).max(-1) == quant.FP8_MAX)  # amax maps to 448
+    err = np.abs(quant.dequantize_rows_np(values, scales) - x)
+    # half a step of e4m3 (3 mantissa bits) relative, or half a subnormal step of the scale
+    bound = np.maximum(np.abs(x) / 16, np.repeat(scales, 128, axis=1) * 2.0**-10)
+    assert np.all(err <= bound * 1.0001)
+
+
+def test_int4_half_split_packing_layout_and_round_trip():
+    rng = np.random.default_rng(2)
+    w = rng.integers(-8, 8, size=(3, 256))
+    packed = quant.pack_int4_np(w)
+    assert packed.shape == (3, 128) and packed.dtype == np.uint8
+    # byte j of block b: channel 128b + j low, channel 128b + 64 + j high
+    b, j = 1, 5
+    byte = int(packed[0, 64 * b + j])
+    assert ((byte & 0xF) ^ 8) - 8 == w[0, 128 * b + j]
+    assert ((byte >> 4) ^ 8) - 8 == w[0, 128 * b + 64 + j]
+    np.testing.assert_array_equal(quant.unpack_int4_np(packed), w)
+    with pytest.raises(ValueError, match="int4"):
+        quant.pack_int4_np(np.full((1, 128), 8))
+
+
+@needs_torch
+def test_torch_formats_agree_with_the_numpy_specification():
+    import torch
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 256)).astype(np.float32) * 7
+    values, scales = quant.quantize_rows(torch.from_numpy(x))
+    v_np, s_np = quant.quantize_rows_np(x)
+    np.testing.assert_allclose(scales.numpy(), s_np, rtol=1e-7)
+    np.testing.assert_array_equal(values.float().numpy(), v_np)
+    w = rng.integers(-8, 8, size=(2, 128, 256))
+    packed = quant.pack_int4(torch.from_numpy(w).to(torch.int8))
+    np.testing.assert_array_equal(packed[1].numpy(), quant.pack_int4_np(w[1]))
+    np.testing.assert_array_equal(quant.unpack_int4(packed).numpy(), w)
+    s = torch.rand(1, 2) + 0.5
+    deq = quant.dequantize_weight(packed[0], s, "w4a8")
+    np.testing.assert_allclose(deq.numpy(), w[0] * quant.block_scales_expand_np(s.numpy()))
+
+
+# ---- routing and dispatch -------------------------------------------------------------
+
+
+def test_balanced_routing_spreads_rows_evenly_with_distinct_experts():
+    p = _point(E=16, topk=4, tokens_per_rank=100)
+    ids = [routing.route(p, 1.2, r)[0] for r in range(2)]
+    for i in ids:
+        assert all(len(set(row)) == 4 for row in i.tolist())
+        counts = np.bincount(i.ravel(), minlength=16)
+        assert counts.max() - counts.min() <= 1
+    assert routing.expert_counts(ids, 16).sum() == 2 * 100 * 4
+
+
+def test_skewed_routing_is_seeded_heavy_tailed_and_precision_independent():
+    p = _point(E=64, topk=4, tokens_per_rank=2000, routing="skewed")
+    ids_a, w_a = routing.route(p, 1.2, 0)
+    ids_b, w_b = routing.route({**p, "precision": "w4a8"}, 1.2, 0)
+    np.testing.assert_array_equal(ids_a, ids_b)
+    np.testing.assert_array_equal(w_a, w_b)
+    assert not np.array_equal(ids_a, routing.route(p, 1.2, 0, seed=1)[0])
+    assert all(len(set(row)) == 4 for row in ids_a.tolist())
+    counts = np.sort(np.bincount(ids_a.ravel(), minlength=64))[::-1]
+    assert counts[0] > 4 * counts.mean()  # Zipf(1.2): a few hot experts
+    assert counts[0] <= 2000  # each token picks an expert at most once
+    # the same experts are hot on every home rank
+    other = np.bincount(routing.route(p, 1.2, 1)[0].ravel(), minlength=64)
+    assert np.argmax(other) == np.argmax(np.bincount(ids_a.ravel(), minlength=64))
+    np.testing.assert_allclose(w_a.sum(axis=1), 1.0, atol=2e-2)
+    np.testing.assert_array_equal(quant.bf16_round(w_a), w_a)
+
+
+def test_dispatch_plan_places_every_row_once_in_padded_expert_blocks():
+    p = _point(E=8, topk=3, tokens_per_rank=90, routing="skewed")
+    ids = [routing.route(p, 1.2, r)[0] for r in range(2)]
+    plans = routing.dispatch_plan(ids, 8, block_m=16)
+    seen = set()
+    for q, plan in enumerate(plans):
+        assert plan.padded_rows % 16 == 0 and plan.padded_rows == 16 * plan.blocks
+        assert plan.rows == int(plan.block_rows.sum()) == int((plan.home >= 0).sum())
+        for row in np.flatnonzero(plan.home >= 0):
+            home, t, slot = int(plan.home[row]), int(plan.token[row]), int(plan.slot[row])
+            k = slot - t * 3
+            g = int(ids[home][t, k])
+            assert g // 4 == q and g % 4 == plan.block_expert[row // 16]
+            seen.add((home, t, k))
+        assert plan.remote_rows() == int(((plan.home >= 0) & (plan.home != q)).sum())
+    assert len(seen) == 2 * 90 * 3
+
+
+# ---- schedules ------------------------------------------------------------------------
+
+
+def _grid(rows_per_expert, l1=4, l2=6, block_m=128) -> schedule.TileGrid:
+    blocks = [
+        (e, min(block_m, r - s))
+        for e, r in enumerate(rows_per_expert)
+        for s in range(0, r, block_m)
+    ]
+    return schedule.TileGrid(
+        np.array([b[0] for b in blocks]), np.array([b[1] for b in blocks]), l1, l2
+    )
+
+
+@pytest.mark.parametrize("name", sorted(schedule.SCHEDULES))
+@pytest.mark.parametrize("seed", range(4))
+def test_every_schedule_lists_each_tile_once_after_its_dependencies(name, seed):
+    rng = np.random.default_rng(seed)
+    g = _grid(rng.integers(0, 700, size=rng.integers(1, 12)).tolist() + [5])
+    tiles = schedule.build(name, g, num_programs=int(rng.integers(1, 40)), lead_rows=256)
+    assert len(tiles) == g.tiles and tiles.dtype == np.int32
+    schedule.check_dependencies(tiles, g)  # build checked it; check the checker holds too
+
+
+def test_dependency_check_rejects_an_early_linear2_tile_and_a_duplicate():
+    g = _grid([100])  # one row block
+    tiles = schedule.build("expert_wave", g, 8, 0)
+    first_l2 = int(np.flatnonzero(tiles[:, 0] == schedule.L2)[0])
+    swapped = tiles.copy()
+    swapped[[first_l2 - 1, first_l2]] = swapped[[first_l2, first_l2 - 1]]
+    with pytest.raises(schedule.ScheduleError, match="before its Linear-1"):
+        schedule.check_dependencies(swapped, g)
+    with pytest.raises(schedule.ScheduleError, match="twice"):
+        schedule.check_dependencies(np.vstack([tiles, tiles[:1]]), g)
+
+
+def test_expert_waves_fill_every_program_before_their_linear2_tiles():
+    g = _grid([128] * 12, l1=4, l2=6)  # one block per expert: 4 L1 tiles per expert
+    tiles = schedule.expert_wave(g, num_programs=10, lead_rows=0)
+    kinds = tiles[:, 0].tolist()
+    # a wave is the smallest number of experts with >= 10 L1 tiles: 3 experts, 12 tiles
+    assert kinds[:12] == [schedule.L1] * 12 and kinds[12:30] == [schedule.L2] * 18
+    assert set(tiles[:30, 1].tolist()) == {0, 1, 2}
+
+
+def test_interleaving_mixes_the_gemms_and_keeps_its_row_lead():
+    g = _grid([640] * 8, l1=4, l2=6)  # 40 blocks
+    lead, programs = 384, 16
+    tiles = schedule.interleaved(g, num_programs=programs, lead_rows=lead)
+    kinds = tiles[:, 0]
+    last_l1 = int(np.flatnonzero(kinds == schedule.L1)[-1])
+    assert int(np.flatnonzero(kinds == schedule.L2)[0]) < last_l1 // 2  # not one wave per GEMM
+    row_end = g.row_end()
+    l1_rows = 0
+    for i, (kind, _, block, n) in enumerate(tiles.tolist()):
+        if kind == schedule.L1 and n == g.l1_per_block - 1:
+            l1_rows = int(row_end[block])  # rows whose Linear-1 tiles are all listed
+        if kind == schedule.L2 and n == 0 and i < last_l1:
+            assert l1_rows - row_end[block] >= lead
+            last_dep = max(
+                j for j in range(i) if tiles[j, 0] == schedule.L1 and tiles[j, 2] == block
+            )
+            assert i - last_dep > programs  # its inputs were taken a round of programs earlier
+    wave = schedule.expert_wave(g, programs, 0)
+    assert sorted(map(tuple, wave.tolist())) == sorted(map(tuple, tiles.tolist()))
+
+
+# ---- runner pieces ----------------------------------------------------------------------
+
+
+def test_points_expand_per_schedule_and_trace_picks_skewed_w8a8_fewest_tokens():
+    configs = [
+        {
+            "id": f"s/{pr}/{r}/T={t}/P=2",
+            "shape": "s",
+            "precision": pr,
+            "routing": r,
+            "tokens_per_rank": t,
+        }
+        for pr in ("w4a8", "w8a8")
+        for r in ("balanced", "skewed")
+        for t in (1024, 4096)
+    ]
+    pts = expand_schedules(configs, ["expert_wave", "interleaved"])
+    assert len(pts) == 16 and pts[1]["id"] == "s/w4a8/balanced/T=1024/P=2/interleaved"
+    traced = trace_points(configs)
+    assert [p["variant"] for p in traced] == ["expert_wave", "interleaved", "local_control"]
+    assert {p["id"].rsplit("/", 1)[0] for p in traced} == {"s/w8a8/skewed/T=1024/P=2"}
+    assert traced[2]["schedule"] == "expert_wave"
+
+
+def test_select_restricts_the_grid_and_names_an_unknown_shape():
+    moe = {
+        "shapes": [{"name": "a"}, {"name": "b"}],
+        "precisions": ["w8a8"],
+        "routings": ["skewed"],
+        "tokens_per_rank": [1024],
+    }
+    got = select(moe, shapes=["b"], precisions=["bf16"], tokens=["16"])
+    assert got["shapes"] == [{"name": "b"}] and got["precisions"] == ["bf16"]
+    assert got["tokens_per_rank"] == [16] and moe["precisions"] == ["w8a8"]
+    with pytest.raises(ValueError, match="'c'"):
+        select(moe, shapes=["c"])
+
+
+def test_trace_summary_turns_stamps_into_spans_and_a_timeline():
+    tiles = np.array([[0, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 1]], dtype=np.int32)
+    # program, taken, ready, mma_done, store_start, store_end (ns)
+    s = np.array(
+        [
+            [0, 1000, 1000, 3000, 3100, 3500],
+            [1, 1200, 3600, 5000, 5100, 9100],
+            [0, 3600, 3600, 6000, 6000, 7000],
+        ],
+        dtype=np.int64,
+    )
+    spans, extra = trace_summary([s, s[:0]], [tiles, tiles[:0]], keep_timeline=True)
+    assert spans == [4.0, 1.0]
+    assert extra["time_us"] == pytest.approx(8.1)
+    assert extra["timeline"][0] == [0, "L1", 0.0, 2.5, None, None]
+    assert extra["timeline"][1] == [1, "L2", 0.2, 8.1, 4.1, 8.1]
+    assert extra["wait_us_median"][0] == pytest.approx(1.2)  # (2.4 + 0) / 2
+
+
+# ---- the kernel under the interpreter ------------------------------------------------
+
+
+@pytest.fixture
+def interpreted_kernel(monkeypatch):
+    """The kernel module decorated under TRITON_INTERPRET=1, restored afterwards.
+
+    triton.jit reads the variable when it decorates, triton's own library functions too,
+    so triton must first be imported with it set (this module imports no triton at
+    collection; the attention tests' fixture sets it the same way).
+    """
+    if not HAVE_TORCH_TRITON:
+        pytest.skip("torch and triton not installed")
+    import importlib
+    import sys
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(tl.zeros, InterpretedFunction):
+        pytest.skip("triton was imported before TRITON_INTERPRET was set in this process")
+    fresh = "xstage_bench.megamoe.kernel" not in sys.modules
+    kernel = importlib.import_module("xstage_bench.megamoe.kernel")
+    if not fresh:
+        importlib.reload(kernel)
+    yield kernel
+    monkeypatch.delenv("TRITON_INTERPRET")
+    importlib.reload(kernel)
+
+
+@pytest.mark.parametrize("precision,routing_", [("w8a8", "skewed"), ("w4a8", "balanced")])
+def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
+    interpreted_kernel, precision, routing_
+):
+    import torch
+
+    from xstage_bench.megamoe import reference
+    from xstage_bench.megamoe.problem import MoEProblem, make_expert_weights
+
+    moe = {
+        "skew_zipf": 1.2,
+        "block_m": 128,
+        "block_n": 128,
+        "lead_rows": 0,
+        "schedules": ["expert_wave", "interleaved"],
+    }
+    p = _point(E=4, topk=2, tokens_per_rank=48, precision=precision, routing=routing_)
+    devices = [torch.device("cpu")] * 2
+    weights = [make_expert_weights(p, precision, q, d) for q, d in enumerate(devices)]
+    prob = MoEProblem(p, moe, devices, weights, num_programs=3)
+    outs = {}
+    for name in moe["schedules"]:
+        prob.poison()
+        try:
+            prob.forward(name)
+        except Exception as e:  # triton.runtime.errors.InterpreterError
+            # The interpreter passes scalars as 1-element arrays, which numpy >= 2.4
+            # refuses as a loop bound: say so instead of failing obscurely.
+            if "0-dimensional" in str(e):
+                pytest.skip(f"the Triton interpreter cannot run with this numpy: {e}")
+            raise
+        assert prob.error_flags() == [0, 0]
+        outs[name] = [o.clone() for o in prob.outputs()]
+    tokens = [np.arange(48)] * 2
+    ref = reference.reference_outputs(prob.homes, prob.experts, tokens, precision)
+    for o, r in zip(outs["expert_wave"], ref, strict=True):
+        assert reference.relative_error(o, r) < INTERPRETER_TOLERANCE
+    for a, b in zip(outs["expert_wave"], outs["interleaved"], strict=True):
+        assert torch.equal(a, b)
+    prob.poison(local=True)
+    prob.forward("expert_wave", local=True)
+    for rb in prob.ranks:  # the control writes exactly this rank's rows, locally
+        written = ~torch.isnan(rb.sink).any(dim=1)
+        assert int(written.sum()) == rb.plan.rows
