@@ -57,7 +57,11 @@ def dry_run_jobs(tmp_path):
 def test_gpu_jobs_ask_for_a_whole_exclusive_node(tmp_path):
     jobs = dry_run_jobs(tmp_path)
     gpu_jobs = [(rule, res) for rule, res in jobs if rule.endswith("_measure")]
-    assert {rule for rule, _ in gpu_jobs} == {"microbench_measure", "attention_measure"}
+    assert {rule for rule, _ in gpu_jobs} == {
+        "microbench_measure",
+        "megamoe_measure",
+        "attention_measure",
+    }
     assert len([r for r, _ in gpu_jobs if r == "microbench_measure"]) == len(
         load_config(ROOT / "config" / "h200x8.yaml")["microbench"]["studies"]
     )

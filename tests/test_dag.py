@@ -76,3 +76,16 @@ def test_bad_config_stops_with_the_key_named(workdir):
 def test_lint_is_clean(workdir):
     out = snakemake(workdir, "--lint")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_figures_with_an_optional_study_are_made_without_it(workdir):
+    """fig-issue-vs-gap reads gap_sweep_barrier when a dataset has it, and is still made
+    (one row fewer) for a dataset that lacks it."""
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    del config["microbench"]["studies"]["gap_sweep_barrier"]
+    config["datasets"]["reference"] = []
+    (workdir / "free.yaml").write_text(yaml.safe_dump(config))
+    counts = job_counts(workdir, "--configfile", "free.yaml")
+    n_sim = len(config["datasets"]["simulated"])
+    assert counts["figure_fig_issue_vs_gap"] == counts["figure_fig_backpressure_map"] == n_sim
+    assert "microbench:gap_sweep_barrier" in layout.PRODUCTS["fig-issue-vs-gap"].optional

@@ -79,16 +79,97 @@ def test_issue_vs_gap_states_both_definitions(sim_dataset):
     assert any("whole-burst window" in t for t in titles)
 
 
-def test_model_lines_follow_the_fitted_parameters(sim_dataset):
-    """The dashed model line at G=0 is V/R with R from the model file (365 GB/s)."""
+def _panel(fig, *words):
+    return next(ax for ax in fig.axes if all(w in ax.get_title() for w in words))
+
+
+def _dashed_starts(ax) -> list[float]:
+    return sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--")
+
+
+def test_issue_vs_gap_has_a_free_and_an_aligned_row_with_model_lines_on_the_aligned_one(
+    sim_dataset,
+):
+    """The dashed model line at G=0 is V/R with R from the model file (365 GB/s), drawn
+    on the row the model was fitted to (aligned, in the fixture), not on the free one."""
     fig = FIGURES["fig-issue-vs-gap"](sim_dataset)
+    assert len(fig.axes) == 4
     model = json.loads((sim_dataset / layout.MODEL_JSON).read_text())
     R = model["params"]["R_GBps"]["value"] * 1e3
-    dashed = [line for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
-    assert dashed
-    starts = sorted(line.get_ydata()[0] for line in dashed)
     expected = sorted(132 * producer_bytes(V, 132) / R for V in (1 << 20, 4 << 20))
-    assert starts == pytest.approx(expected, rel=1e-9)
+    aligned = _panel(fig, "aligned", "slowest producer")
+    assert "gap_sweep_barrier" in aligned.get_title()
+    assert _dashed_starts(aligned) == pytest.approx(expected, rel=1e-9)
+    assert _dashed_starts(_panel(fig, "free-running", "slowest producer")) == []
+    local = [line for line in _panel(fig, "free-running", "window").get_lines()]
+    assert any(line.get_linestyle() == ":" for line in local)  # the local control
+
+
+def test_issue_vs_gap_without_an_aligned_study_has_one_row_and_says_so(tmp_path):
+    ds = make_dataset(tmp_path, "sim-free", megamoe=False, attention=False)
+    (ds / layout.microbench_raw("gap_sweep_barrier")).unlink()
+    fig = FIGURES["fig-issue-vs-gap"](ds)
+    assert len(fig.axes) == 2
+    notes = " ".join(texts(fig))
+    assert "no study gap_sweep_barrier in this dataset" in notes
+    assert "on the free-running row only" in notes  # the model still has a row to go on
+    assert _dashed_starts(fig.axes[0])
+
+
+def test_backpressure_map_reads_the_aligned_sweep_when_there_is_one(tmp_path):
+    ds = make_dataset(tmp_path, "sim-map", megamoe=False, attention=False)
+    fig = FIGURES["fig-backpressure-map"](ds)
+    assert "(gap_sweep_barrier)" in fig.get_suptitle()
+    assert [ax.get_title() for ax in fig.axes[:2]] == [
+        "K=132, measured",
+        "K=132, model: steady-train law",
+    ]
+    (ds / layout.microbench_raw("gap_sweep_barrier")).unlink()
+    fig = FIGURES["fig-backpressure-map"](ds)
+    assert "(gap_sweep)" in fig.get_suptitle()
+    assert "this dataset has no gap_sweep_barrier" in " ".join(texts(fig))
+
+
+def test_drain_marks_sync_and_draws_the_ceilings(sim_dataset):
+    from fixtures import CEILINGS, LINE_RATE
+
+    fig = FIGURES["fig-drain"](sim_dataset)
+    rate_ax = _panel(fig, "aggregate issue rate")
+    levels = {
+        round(line.get_ydata()[0], 6) for line in rate_ax.get_lines() if len(line.get_ydata()) == 2
+    }
+    assert {CEILINGS["sm_store"], CEILINGS["copy_engine"], LINE_RATE, 365.0} <= levels
+    faces = {
+        str(line.get_markerfacecolor()) for line in rate_ax.get_lines() if line.get_marker() == "o"
+    }
+    assert "none" in faces and len(faces) > 1  # hollow free-running, filled aligned
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "free-running" in labels and "aligned (grid barrier before each burst)" in labels
+
+
+def test_isolated_draws_both_capacity_fits_per_K(sim_dataset):
+    from fixtures import WINDOW_Q
+
+    fig = FIGURES["fig-isolated"](sim_dataset)
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["K=66", "K=132"]
+    for ax, K in zip(fig.axes, (66, 132), strict=True):
+        styles = {line.get_linestyle() for line in ax.get_lines()}
+        assert {"--", "-."} <= styles
+        verticals = sorted(
+            line.get_xdata()[0]
+            for line in ax.get_lines()
+            if line.get_xdata()[0] == line.get_xdata()[-1]
+        )
+        assert K * WINDOW_Q in verticals and 2 * (1 << 20) in verticals
+
+
+def test_model_validation_marks_held_out_and_free_running(sim_dataset):
+    fig = FIGURES["fig-model-validation"](sim_dataset)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"fitted", "held out", "never fitted: free-running", "period"} <= set(labels)
+    notes = " ".join(texts(fig))
+    assert "free-running records (never fitted)" in notes
+    assert "per-producer window variant" in notes
 
 
 def test_ulysses_without_model_omits_the_prediction_with_a_note(tmp_path):
@@ -154,7 +235,7 @@ def test_all_points_failed_is_no_data(tmp_path):
         for r in doc["records"]
     ]
     path.write_text(json.dumps(doc))
-    with pytest.raises(NoDataError, match=r"drain\.json has no ok record \(failed: 6\)"):
+    with pytest.raises(NoDataError, match=r"drain\.json has no ok record \(failed: 12\)"):
         render_product("fig-drain", ds, tmp_path / "out.pdf")
 
 

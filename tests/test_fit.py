@@ -1,4 +1,6 @@
-"""Fitting T0, R, Q: simulate a reduced microbench grid from a profile, fit, recover it."""
+"""Fitting T0, R, Q: simulate a reduced microbench grid from a profile, fit, recover it;
+and the model's checks, each made to pass on data that follows the laws and to fail on
+data (simulated, then edited) that breaks the assumption it tests."""
 
 import json
 from pathlib import Path
@@ -8,8 +10,8 @@ import pytest
 import yaml
 
 from xstage_bench.hardware import load_profile
-from xstage_bench.model import fit
-from xstage_bench.results import read_raw, write_raw
+from xstage_bench.model import checks, fit
+from xstage_bench.results import ok_record, read_raw, write_raw
 from xstage_bench.sim import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,16 +61,52 @@ REDUCED = microbench(
         "dest": ["peer", "local"],
     },
     isolated={"kind": "isolated", "K": [33, 132], "V": ISOLATED_V},
+    ceilings={"kind": "ceiling", "method": ["sm_store"], "dest": ["peer"], "V": [64 * MiB]},
 )
+# Aligned bursts beside free-running ones whose producers start up to 20 us apart.
+ALIGNED = microbench(
+    drain={"kind": "periodic", "K": [33, 132], "V": [4 * MiB, 16 * MiB], "gap_us": [0]},
+    drain_barrier={
+        "kind": "periodic",
+        "K": [33, 132],
+        "V": [4 * MiB, 16 * MiB],
+        "gap_us": [0],
+        "sync": ["barrier"],
+    },
+    gap_sweep_barrier={
+        "kind": "periodic",
+        "K": [132],
+        "V": [1 * MiB, 2 * MiB, 8 * MiB],
+        "gap_us": [0, 2, 4, 10, 30, 60],
+        "sync": ["barrier"],
+    },
+    isolated={"kind": "isolated", "K": [33, 132], "V": ISOLATED_V, "sync": ["barrier"]},
+)
+JITTER = run.SimOptions(start_jitter_us=20.0)
 
 
-def simulate(tmp, config: dict, profile: str, studies=None) -> list[str]:
+def simulate(tmp, config: dict, profile: str, studies=None, free_options=None) -> list[str]:
+    """Simulated raw files; free_options (e.g. start jitter) applies to free-running studies."""
     paths = []
     for study in studies or config["microbench"]["studies"]:
         out = tmp / "raw" / f"{study}.json"
-        run.simulate_microbench(config, profile, study, "sim-test", str(out))
+        free = "barrier" not in config["microbench"]["studies"][study].get("sync", [])
+        options = free_options if free else None
+        run.simulate_microbench(config, profile, study, "sim-test", str(out), options)
         paths.append(str(out))
     return paths
+
+
+def edit_samples(path: str, edit) -> None:
+    """Rewrite a raw file's ok records: edit(point, samples) returns the new samples."""
+    doc = read_raw(path)
+    doc["records"] = [
+        ok_record(r["id"], r["point"], edit(r["point"], dict(r["samples"])))
+        if r["status"] == "ok"
+        else r
+        for r in doc["records"]
+    ]
+    write_raw(path, doc)
 
 
 def fit_dir(tmp, paths, base=None, **kw) -> dict:
@@ -85,7 +123,7 @@ def fit_dir(tmp, paths, base=None, **kw) -> dict:
 @pytest.mark.parametrize("profile", [H200, B200], ids=["h200", "b200"])
 def test_fit_recovers_the_profile(tmp_path, profile):
     truth = load_profile(profile)
-    result = fit_dir(tmp_path, simulate(tmp_path, REDUCED, profile), profile)
+    result = fit_dir(tmp_path, simulate(tmp_path, REDUCED, profile), profile, n_bootstrap=100)
     p = result["params"]
     assert p["R_GBps"]["value"] == pytest.approx(truth.drain_rate_GBps, rel=0.05)
     assert p["Q_bytes"]["value"] == pytest.approx(truth.capacity_bytes, rel=0.05)
@@ -94,7 +132,19 @@ def test_fit_recovers_the_profile(tmp_path, profile):
         assert T0 == pytest.approx(truth.t0_us(K, V), rel=0.05)
     for name in ("R_GBps", "Q_bytes", "t0_fixed_us", "issue_rate_per_sm_GBps"):
         assert p[name]["ci_low"] <= p[name]["value"] <= p[name]["ci_high"]
-    assert all(c["passed"] for c in result["checks"].values()), result["checks"]
+    verdicts = {name: c["passed"] for name, c in result["checks"].items()}
+    assert verdicts == {
+        "split_consistency": True,
+        "t0_plateau_flat": True,
+        "stall_in_store_loop": None,  # no aligned records: nothing to tell apart
+        "one_Q_explains_isolated": True,
+        "per_producer_Q_fits_better": False,  # the truth is one shared Q
+        "r_matches_sm_store_ceiling": True,
+        "r_within_line_rate": True,
+        "heldout_error_within_target": True,
+    }, result["checks"]
+    assert "met by" in result["checks"]["heldout_error_within_target"]["detail"]
+    assert result["fit_set"]["isolated"] == "all (no aligned records)"
     # What was written is what was returned, and the refit profile loads as a profile.
     assert json.loads((tmp_path / "model" / "burst_gap.json").read_text()) == result
     refit = load_profile(tmp_path / "model" / "profile.yaml")
@@ -118,8 +168,14 @@ def test_per_K_validation_and_record_counts(tmp_path):
     assert result["validation_summary"]["n"] == len(held)
     assert result["validation_summary"]["median_abs_rel_error"] < 0.02
     assert {r["dest"] for r in rows} == {"peer"}
+    assert {r["metric"] for r in rows} == {"t_iss_slowest_us", "period_us"}
+    periodic = [r for r in rows if r["kind"] == "periodic"]
+    assert len(periodic) == 2 * (4 + 15)  # an issue time and a period per periodic record
+    assert result["validation_by_metric"]["period_us"]["median_abs_rel_error"] < 0.02
     assert result["records"]["local"] == 15  # the local gap sweep: kept for figures only
     assert result["records"]["used"] == 4 + 15 + 20
+    assert result["ceilings"]["peer_GBps"]["sm_store"] == pytest.approx(365.0, rel=0.02)
+    assert result["ceilings"]["nvlink_line_rate_GBps"] == 450.0
 
 
 def test_dataset_without_isolated_bursts_reports_Q_null(tmp_path):
@@ -162,6 +218,15 @@ def test_a_Q_that_grows_with_K_fails_the_one_Q_check(tmp_path):
     assert per_K[132] > 3 * per_K[33]
     check = result["checks"]["one_Q_explains_isolated"]
     assert check["passed"] is False and "grows with K" in check["detail"]
+    # The per-producer variant finds the window and predicts the held-out bursts better.
+    window = result["variants"]["per_producer_Q"]
+    assert window["params"]["q_bytes"]["value"] == pytest.approx(16384, rel=0.05)
+    better = result["checks"]["per_producer_Q_fits_better"]
+    assert better["passed"] is True and "per-producer window fits" in better["detail"]
+    assert (
+        window["validation_summary"]["median_abs_rel_error"]
+        < result["validation_summary"]["median_abs_rel_error"]
+    )
 
 
 def test_holdout_split_is_deterministic_and_about_a_fifth():
@@ -178,3 +243,96 @@ def test_backends_are_never_mixed(tmp_path):
     write_raw(tmp_path / "cuda.json", doc)
     with pytest.raises(ValueError, match="different backends"):
         fit_dir(tmp_path, paths + [str(tmp_path / "cuda.json")])
+
+
+def test_aligned_records_are_fitted_and_free_ones_validated_apart(tmp_path):
+    paths = simulate(tmp_path, ALIGNED, H200, free_options=JITTER)
+    result = fit_dir(tmp_path, paths, H200, n_bootstrap=20)
+    assert set(result["fit_set"].values()) == {"aligned"}
+    assert result["params"]["R_GBps"]["value"] == pytest.approx(365.0, rel=0.02)
+    rows = result["validation"]
+    apart = [r for r in rows if not r["in_fit_set"]]
+    assert apart and all(r["study"] == "drain" and r["sync"] == "free" for r in apart)
+    assert all(r["held_out"] and not r["aligned"] for r in apart)  # never fitted
+    fitted = [r for r in rows if r["in_fit_set"]]
+    assert all(r["aligned"] and r["sync"] == "barrier" for r in fitted)
+    assert result["validation_summary"]["n"] == sum(r["held_out"] for r in fitted)
+    assert result["validation_summary_free"]["n"] == len(apart)
+    group = result["validation_by_group"]["drain/free:t_iss_slowest_us"]
+    assert group["n"] == group["all"]["n"] == len(apart) // 2
+    # The simulated barrier keeps the backlog between bursts, so the store loop stalls.
+    assert result["checks"]["stall_in_store_loop"]["passed"] is True
+
+
+def test_a_barrier_that_holds_the_drain_fails_the_store_loop_check(tmp_path):
+    """As on 2x H200: bursts that fit in Q issue in T0 even at G=0, and the wait for the
+    drain shows in the period instead (a barrier that completes once the path is empty)."""
+    paths = simulate(tmp_path, ALIGNED, H200, ["drain_barrier", "gap_sweep_barrier", "isolated"])
+    truth = load_profile(H200)
+
+    def drained_start(point, samples):
+        T0 = truth.t0_us(point["K"], point["V"])
+        if point["kind"] == "periodic" and point["V"] <= truth.capacity_bytes:
+            samples["t_iss_slowest_us"] = [T0] * len(samples["t_iss_slowest_us"])
+        return samples
+
+    edit_samples(paths[1], drained_start)
+    check = fit_dir(tmp_path, paths, H200, n_bootstrap=10)["checks"]["stall_in_store_loop"]
+    assert check["passed"] is False
+    assert "moved out of the store loop into the wait between bursts" in check["detail"]
+
+
+def test_R_comes_from_the_aggregate_issue_rate_where_records_have_it(tmp_path):
+    """Drifting producers shorten each one's own period; the aggregate rate does not drift."""
+    paths = simulate(tmp_path, REDUCED, H200, ["drain", "gap_sweep", "isolated"])
+
+    def drifting(point, samples):
+        if point["kind"] == "periodic" and point["gap_us"] == 0:
+            samples["issue_rate_GBps"] = [365.0, 366.0, 364.0]
+            samples["period_us"] = [0.5 * p for p in samples["period_us"]]
+        return samples
+
+    edit_samples(paths[0], drifting)
+    result = fit_dir(tmp_path, paths, H200, n_bootstrap=10)
+    assert result["zero_gap_sources"] == {"issue_rate": 4, "period": 3}  # gap_sweep has none
+    assert result["params"]["R_GBps"]["value"] == pytest.approx(365.0, rel=0.02)
+
+
+def test_R_off_the_ceiling_or_above_the_line_rate_fails_its_check(tmp_path):
+    paths = simulate(tmp_path, REDUCED, H200, ["drain", "isolated", "ceilings"])
+    edit_samples(paths[2], lambda p, s: {"bandwidth_GBps": [2 * b for b in s["bandwidth_GBps"]]})
+    slow_link = tmp_path / "slow_link.yaml"
+    slow_link.write_text(
+        yaml.safe_dump({**load_profile(H200).as_dict(), "nvlink_line_rate_GBps": 300.0})
+    )
+    result = fit_dir(tmp_path, paths, str(slow_link), n_bootstrap=10)
+    ceiling = result["checks"]["r_matches_sm_store_ceiling"]
+    off = result["params"]["R_GBps"]["value"] / result["ceilings"]["peer_GBps"]["sm_store"] - 1
+    assert off == pytest.approx(-0.5, abs=0.02)
+    assert ceiling["passed"] is False and f"{off:+.1%}" in ceiling["detail"]
+    line = result["checks"]["r_within_line_rate"]
+    assert line["passed"] is False and "above the 300 GB/s line rate" in line["detail"]
+
+
+def test_heldout_target_says_by_how_much_and_where_it_fails():
+    def summary(median, n=10):
+        return {"n": n, "median_abs_rel_error": median, "p90_abs_rel_error": 2 * median}
+
+    shared = {
+        "validation_summary": summary(0.12),
+        "validation_summary_free": summary(0.3, 40),
+        "validation_by_metric": {"t_iss_slowest_us": summary(0.12)},
+        "validation_by_group": {
+            "isolated/barrier:t_iss_slowest_us": {**summary(0.2, 4), "all": summary(0.18, 20)},
+            "drain/barrier:period_us": {**summary(0.01, 3), "all": summary(0.02, 15)},
+        },
+    }
+    window = {"validation_summary": summary(0.04)}
+    check = checks.heldout_error_within_target(shared, window, {"isolated": "aligned"})
+    assert check["passed"] is False
+    detail = check["detail"]
+    assert "missed by 7.0 points" in detail
+    assert "isolated/barrier:t_iss_slowest_us 20% (n=4), all records 18% (n=20)" in detail
+    assert "drain/barrier" not in detail  # within target
+    assert "per-producer window variant: held-out median |err| 4.0%" in detail
+    assert "free-running records (never fitted): median |err| 30.0%" in detail

@@ -61,3 +61,10 @@ def test_laws_broadcast_and_agree_with_each_other():
     hidden = gstar > 0
     assert np.all(laws.issue_overhead(T0, gstar - 0.01, V, R)[hidden] > 0)
     assert laws.period(1.0, np.array([2.0, 20.0]), 1000, 100).shape == (2,)
+
+
+def test_train_period_adds_the_gap_to_the_train_issue_time():
+    # Q = 300: the isolated stall (7 us) outlasts the periodic law once G > 3 us.
+    assert laws.train_period(1, 2, 1000, 100, 300) == pytest.approx(10.0)  # V/R
+    assert laws.train_period(1, 50, 1000, 100, 300) == pytest.approx(57.0)  # stall + G
+    assert laws.train_period(1, 50, 1000, 100, 5000) == pytest.approx(51.0)  # T0 + G

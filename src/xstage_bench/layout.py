@@ -30,6 +30,7 @@ class Product:
     stage: str  # microbench | model | megamoe | attention | all
     reads: tuple[str, ...]  # dataset-relative paths (microbench studies as "microbench:<study>")
     caption: str
+    optional: tuple[str, ...] = ()  # reads the product uses when the dataset has them
 
 
 def _mb(*studies: str) -> tuple[str, ...]:
@@ -40,32 +41,39 @@ FIGURES = (
     Product(
         "fig-issue-vs-gap",
         "microbench",
-        _mb("gap_sweep") + (MODEL_JSON,),
-        "Issue time T_iss vs gap G for several burst sizes V, model lines, local control.",
+        _mb("gap_sweep", "gap_sweep_barrier") + (MODEL_JSON,),
+        "Issue time T_iss vs gap G for several burst sizes V, free-running and aligned "
+        "(barrier) producers, both T_iss definitions, model lines, local control.",
+        optional=_mb("gap_sweep_barrier"),
     ),
     Product(
         "fig-drain",
         "microbench",
         _mb("drain") + (MODEL_JSON,),
-        "Period vs V at G=0 for K/B splits of the same V; the slope gives the drain rate R.",
+        "Period and drain rate vs V at G=0 for K/B splits of the same V, free and aligned, "
+        "with the fitted R, the peer ceilings and the NVLink line rate.",
     ),
     Product(
         "fig-isolated",
         "microbench",
         _mb("isolated") + (MODEL_JSON,),
-        "Isolated-burst issue time vs V per K; the knee gives the capacity Q.",
+        "Isolated-burst issue time vs V per K; the knee gives the capacity Q (shared Q and "
+        "per-producer window fits).",
     ),
     Product(
         "fig-backpressure-map",
         "microbench",
-        _mb("gap_sweep") + (MODEL_JSON,),
-        "Measured issue overhead over (V, G) with the model's G* curve.",
+        _mb("gap_sweep", "gap_sweep_barrier") + (MODEL_JSON,),
+        "Measured and modelled issue overhead over (V, G) with the model's G* curve, from "
+        "the aligned gap sweep where there is one.",
+        optional=_mb("gap_sweep_barrier"),
     ),
     Product(
         "fig-model-validation",
         "model",
         (MODEL_JSON,),
-        "Predicted vs measured issue times on held-out points, with the error summary.",
+        "Predicted vs measured issue times and periods, held-out and free-running points "
+        "marked, with the error summaries and the model checks.",
     ),
     Product(
         "fig-megamoe-speedup",

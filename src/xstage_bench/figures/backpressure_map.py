@@ -1,8 +1,12 @@
-"""fig-backpressure-map: measured issue overhead t_iss - T0 over burst size V and gap G.
+"""fig-backpressure-map: issue overhead t_iss - T0 over burst size V and gap G.
 
-T0 is the fitted backpressure-free issue time of each (K, V). The model says the overhead
-vanishes right of the hiding gap G* = [V/R - T0]+, drawn as a white curve: cells right of it
-that are still warm are where the model is wrong. One panel per K; peer stores only.
+Read from the aligned gap sweep (gap_sweep_barrier: a grid barrier before each burst,
+the bursts the laws describe) when the dataset has it, else from the free-running
+gap_sweep; the title names the study. T0 is the fitted backpressure-free issue time of
+each (K, V). Per K, the measured overhead sits beside the model's (the steady-train issue
+time with the fitted T0, R and the K's Q), on one colour scale; the white curve is the
+hiding gap G* = [V/R - T0]+, right of which the periodic law expects no overhead (only an
+isolated burst's stall beyond Q). Peer stores only.
 """
 
 from __future__ import annotations
@@ -10,12 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from xstage_bench.figures import common
-from xstage_bench.model.laws import hiding_gap
+from xstage_bench.model.laws import hiding_gap, issue_time, train_issue_time
 
-STUDY = "gap_sweep"
+STUDIES = ("gap_sweep_barrier", "gap_sweep")  # the first one the dataset has
 METRIC = "t_iss_slowest_us"
 
 
@@ -27,15 +32,48 @@ def _edges(centers: np.ndarray) -> np.ndarray:
     return np.concatenate([[2 * centers[0] - mid[0]], mid, [2 * centers[-1] - mid[-1]]])
 
 
+def _study(dataset_dir: Path) -> tuple[str, dict]:
+    for study in STUDIES[:-1]:
+        doc = common.optional_raw_doc(dataset_dir, f"microbench:{study}")
+        if doc is not None:
+            return study, doc
+    return STUDIES[-1], common.raw_doc(dataset_dir, f"microbench:{STUDIES[-1]}")
+
+
+def _predicted(model: dict, K: int, V: np.ndarray, G: np.ndarray) -> np.ndarray | None:
+    """Model overhead on the (V, G) grid: the steady-train issue time minus T0."""
+    R = common.drain_rate(model)
+    if R is None:
+        return None
+    T0 = common.t0_us(model, K, V)[:, None]
+    Q = common.capacity_for_K(model, K)
+    t = (
+        issue_time(T0=T0, G=G, V=V[:, None], R=R)
+        if Q is None
+        else train_issue_time(T0=T0, G=G, V=V[:, None], R=R, Q=Q)
+    )
+    return t - T0
+
+
+def _annotate(ax, columns: np.ndarray, sizes: np.ndarray, cells: np.ndarray, norm) -> None:
+    """Each cell's value, dark on bright cells and light on dark ones."""
+    for i, V in enumerate(sizes):
+        for j, x in enumerate(columns):
+            if np.isfinite(cells[i, j]):
+                color = "k" if norm(cells[i, j]) > 0.6 else "w"
+                label = f"{cells[i, j]:.1f}".replace("-0.0", "0.0")
+                ax.text(x, V, label, ha="center", va="center", fontsize=5, color=color)
+
+
 def plot(dataset_dir: Path) -> Figure:
-    doc = common.raw_doc(dataset_dir, f"microbench:{STUDY}")
+    study, doc = _study(dataset_dir)
     model = common.model_doc(dataset_dir)
     df = common.records_frame(doc)
-    ok = common.ok_rows(df, dataset_dir, f"microbench/{STUDY}.json", (METRIC,))
+    ok = common.ok_rows(df, dataset_dir, f"microbench/{study}.json", (METRIC,))
     ok = ok[ok["dest"] == "peer"]
     if ok.empty:
         raise common.NoDataError(
-            f"dataset '{dataset_dir.name}': microbench/{STUDY}.json has no ok peer record"
+            f"dataset '{dataset_dir.name}': microbench/{study}.json has no ok peer record"
         )
     if common.t0_us(model, 1, 1.0) is None:
         raise common.NoDataError(
@@ -44,45 +82,69 @@ def plot(dataset_dir: Path) -> Figure:
         )
     R = common.drain_rate(model)
     Ks = sorted(int(k) for k in ok["K"].unique())
+    sync = "barrier" if study == "gap_sweep_barrier" else "free"
 
-    fig, axes = common.new_figure(1, len(Ks), width=5.5, height=4.0)
-    for ax, K in zip(axes[0], Ks, strict=True):
+    grids = {}
+    for K in Ks:
         rows = ok[ok["K"] == K].copy()
         rows["overhead"] = rows[f"{METRIC}_median"] - common.t0_us(model, K, rows["V"])
         grid = rows.pivot_table(index="V", columns="gap_us", values="overhead", aggfunc="first")
-        gaps = grid.columns.to_numpy(float)
-        sizes = grid.index.to_numpy(float)
-        # V is swept geometrically, so cells are laid out on log2(V).
-        mesh = ax.pcolormesh(
-            _edges(gaps),
-            2 ** _edges(np.log2(sizes)),
-            np.ma.masked_invalid(grid.to_numpy(float)),
-            cmap="magma",
-            shading="flat",
-        )
-        fig.colorbar(mesh, ax=ax, label="t_iss - T0 (us)")
-        if R is not None:
-            V = np.geomspace(sizes.min(), sizes.max(), 200)
-            ax.plot(
-                hiding_gap(T0=common.t0_us(model, K, V), V=V, R=R),
-                V,
-                color="white",
-                linewidth=1.5,
-                label="G* = [V/R - T0]+",
+        sizes, gaps = grid.index.to_numpy(float), grid.columns.to_numpy(float)
+        grids[K] = (sizes, gaps, grid.to_numpy(float), _predicted(model, K, sizes, gaps))
+    values = [g[2] for g in grids.values()] + [g[3] for g in grids.values() if g[3] is not None]
+    # A square-root scale, so that sub-microsecond overheads stay visible beside stalls of
+    # tens of microseconds; overheads below zero (issue faster than the fitted T0) clip to 0.
+    norm = PowerNorm(0.5, vmin=0.0, vmax=max(float(np.nanmax(v)) for v in values), clip=True)
+
+    fig, axes = common.new_figure(len(Ks), 2, width=5.6, height=3.4)
+    for row_axes, K in zip(axes, Ks, strict=True):
+        sizes, gaps, measured, predicted = grids[K]
+        # Gaps are swept unevenly (dense near 0), so each gap gets a column of equal width.
+        columns = np.arange(gaps.size, dtype=float)
+        panels = (("measured", measured), ("model: steady-train law", predicted))
+        for ax, (what, cells) in zip(row_axes, panels, strict=True):
+            if cells is None:
+                ax.set_axis_off()
+                ax.set_title(f"K={K}, {what}: omitted, R was not fitted", fontsize=8)
+                continue
+            mesh = ax.pcolormesh(
+                _edges(columns),
+                2 ** _edges(np.log2(sizes)),
+                np.ma.masked_invalid(cells),
+                cmap="magma",
+                norm=norm,
+                shading="flat",
             )
-            ax.legend(fontsize=6, loc="lower right")
-        ax.set_xlim(_edges(gaps)[0], _edges(gaps)[-1])
-        ax.set_yscale("log", base=2)
-        common.byte_ticks(ax.yaxis, sizes)
-        ax.set_xlabel("gap G (us)")
-        ax.set_ylabel("burst size V")
-        ax.set_title(f"K={K}; T_iss = slowest producer's own store loop", fontsize=8)
-    notes = [common.failure_note(df), "blank cells: no ok measurement"]
+            _annotate(ax, columns, sizes, cells, norm)
+            if R is not None:
+                V = np.geomspace(sizes.min(), sizes.max(), 200)
+                gstar = hiding_gap(T0=common.t0_us(model, K, V), V=V, R=R)
+                inside = gstar <= gaps.max()
+                ax.plot(
+                    np.interp(gstar[inside], gaps, columns),
+                    V[inside],
+                    color="white",
+                    linewidth=1.5,
+                )
+            ax.set_xticks(columns, [f"{g:g}" for g in gaps], fontsize=7)
+            ax.set_yscale("log", base=2)
+            common.byte_ticks(ax.yaxis, sizes)
+            ax.set_xlabel("gap G (us), one column per measured gap")
+            ax.set_ylabel("burst size V")
+            ax.set_title(f"K={K}, {what}", fontsize=8)
+        fig.colorbar(mesh, ax=row_axes[-1], label="t_iss - T0 (us)")
+    notes = [
+        f"{study}: {common.SYNC_LABEL[sync]}"
+        + ("" if sync == "barrier" else " (this dataset has no gap_sweep_barrier)"),
+        "T_iss = slowest producer's own store loop; T0, R, Q from model/burst_gap.json; "
+        "white curve: the hiding gap G* = [V/R - T0]+; blank cells: no ok measurement",
+        common.failure_note(df),
+    ]
     if R is None:
-        notes.append("G* curve omitted: R was not fitted")
+        notes.append("G* curve and model panel omitted: R was not fitted")
     return common.finish_figure(
         fig,
-        "Issue overhead over burst size and gap",
+        f"Issue overhead over burst size and gap ({study})",
         common.doc_label(dataset_dir, doc),
         notes,
     )

@@ -340,6 +340,43 @@ def capacity_for_K(model: dict, K: int) -> float | None:
     return param(model, "Q_bytes")
 
 
+WINDOW_VARIANT = "per_producer_Q"
+
+
+def window_model(model: dict) -> dict | None:
+    """The per-producer-window fit (Q = K*q) as a model with its own params, when fitted."""
+    variant = (model.get("variants") or {}).get(WINDOW_VARIANT)
+    if not variant or (variant["params"].get("q_bytes") or {}).get("value") is None:
+        return None
+    return {"params": variant["params"]}
+
+
+def fitted_to_aligned(model: dict) -> bool:
+    """Were the periodic laws fitted to aligned (barrier) records rather than free ones?"""
+    return (model.get("fit_set") or {}).get("periodic") == "aligned"
+
+
+def peer_ceilings(model: dict) -> dict[str, float]:
+    """Horizontal references for rates (GB/s): the run's peer ceilings and the line rate."""
+    ceilings = model.get("ceilings") or {}
+    refs = {
+        f"{method.replace('_', '-')} peer ceiling": float(v)
+        for method, v in (ceilings.get("peer_GBps") or {}).items()
+    }
+    if ceilings.get("nvlink_line_rate_GBps"):
+        refs["NVLink line rate (spec)"] = float(ceilings["nvlink_line_rate_GBps"])
+    return refs
+
+
+# Aligned (barrier) records are drawn filled, free-running ones hollow.
+SYNC_LABEL = {"barrier": "aligned (grid barrier before each burst)", "free": "free-running"}
+
+
+def marker_fill(sync: str, color) -> dict:
+    """Marker face for a sync mode: filled for barrier, hollow for free."""
+    return {"markerfacecolor": color if sync == "barrier" else "none", "markeredgecolor": color}
+
+
 # ---------------------------------------------------------------- shared data derivations
 
 MEGAMOE_CONFIG_COLUMNS = ("shape", "precision", "routing", "tokens_per_rank", "world_size")

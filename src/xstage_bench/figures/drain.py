@@ -1,8 +1,12 @@
-"""fig-drain: steady-state period at zero gap over V, one marker per K/B split.
+"""fig-drain: zero-gap bursts over V, one marker per K/B split, the drain rate R.
 
 At G=0 the period is V/R once the drain dominates, whatever the split of V over K
-producers; the left panel shows the period with the fitted V/R line, the right one the
-achieved rate V/period against the fitted R and its CI, so a split that disagrees stands out.
+producers. The left panel shows each producer's own period (median over producers) with
+the fitted V/R line; the right one the rate the fit uses: the aggregate issue rate where
+the record has it (bytes issued while every producer is steady, which does not depend on
+how the producers are aligned), V/period otherwise. Aligned records (a grid barrier before
+each burst) are filled, free-running ones hollow. Horizontal references: the fitted R with
+its CI, the peer ceilings measured in the same run and the NVLink line rate.
 """
 
 from __future__ import annotations
@@ -10,13 +14,31 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from xstage_bench.figures import common
 
 STUDY = "drain"
 METRIC = "period_us"
+RATE = "issue_rate_GBps"
+PERIOD_MARK = {"marker": "+", "markersize": 9, "linestyle": "none"}
+REF_STYLE = {"sm-store": "-.", "copy-engine": ":", "NVLink": (0, (5, 1, 1, 1, 1, 1))}
+
+
+def _rate(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(GB/s, whether it is the aggregate issue rate) per row: issue rate, else V/period."""
+    by_period = rows["V"] / rows[f"{METRIC}_median"] / common.GBPS_TO_BYTES_PER_US
+    if f"{RATE}_median" not in rows.columns:
+        return by_period.to_numpy(float), np.zeros(len(rows), dtype=bool)
+    aggregate = rows[f"{RATE}_median"].notna().to_numpy()
+    return np.where(aggregate, rows[f"{RATE}_median"], by_period).astype(float), aggregate
+
+
+def _ref_style(name: str):
+    return next((style for key, style in REF_STYLE.items() if name.startswith(key)), "--")
 
 
 def plot(dataset_dir: Path) -> Figure:
@@ -31,64 +53,137 @@ def plot(dataset_dir: Path) -> Figure:
         raise common.NoDataError(
             f"dataset '{dataset_dir.name}': microbench/{STUDY}.json has no ok peer record at G=0"
         )
+    if "sync" not in ok.columns:
+        ok = ok.assign(sync="free")
     R = common.drain_rate(model)
     R_value, R_low, R_high = common.param_ci(model["params"]["R_GBps"])
 
-    fig, axes = common.new_figure(1, 2)
+    fig, axes = common.new_figure(1, 2, width=5.2, height=3.8)
     period_ax, rate_ax = axes[0]
-    Ks = sorted(ok["K"].unique())
+    Ks = sorted(int(k) for k in ok["K"].unique())
     markers = dict(zip(Ks, "osD^vP*X", strict=False))
     palette = dict(zip(Ks, sns.color_palette("deep", len(Ks)), strict=True))
+    syncs = [s for s in ("free", "barrier") if (ok["sync"] == s).any()]
+    # Where some records carry the aggregate rate, the V/period stand-ins are marked apart.
+    mixed = bool(_rate(ok)[1].any())
+    offsets = dict(zip(syncs, (0.97, 1.03) if len(syncs) == 2 else (1.0,), strict=True))
+    used_period = False
+    # The rate axis stops a little above the highest reference (the line rate): a rate
+    # beyond it is impossible for the path, so it is drawn on the top edge with its value.
+    refs_top = max([*common.peer_ceilings(model).values(), R_value if R else 0.0])
+    top = 1.05 * refs_top if refs_top else np.inf
+    off_scale = []
     for K in Ks:
-        rows = ok[ok["K"] == K].sort_values("V")
-        mib = rows["V"] / common.MIB
-        period_ax.errorbar(
-            mib,
-            rows[f"{METRIC}_median"],
-            yerr=common.error_bars(rows, METRIC),
-            color=palette[K],
-            marker=markers.get(K, "o"),
-            linestyle="none",
-            markersize=4,
-            capsize=2,
-            label=f"K={K} (B=V/{K})",
-        )
-        rate = rows["V"] / rows[f"{METRIC}_median"] / common.GBPS_TO_BYTES_PER_US
-        rate_ax.plot(
-            mib,
-            rate,
-            color=palette[K],
-            marker=markers.get(K, "o"),
-            linestyle="none",
-            markersize=4,
-            label=f"K={K}",
+        for sync in syncs:
+            rows = ok[(ok["K"] == K) & (ok["sync"] == sync)].sort_values("V")
+            if rows.empty:
+                continue
+            style = dict(
+                color=palette[K],
+                marker=markers.get(K, "o"),
+                linestyle="none",
+                markersize=5,
+                **common.marker_fill(sync, palette[K]),
+            )
+            # Free and barrier points of one V sit side by side rather than on each other.
+            x = rows["V"].to_numpy(float) * offsets[sync]
+            period_ax.errorbar(
+                x, rows[f"{METRIC}_median"], yerr=common.error_bars(rows, METRIC), **style
+            )
+            rate, aggregate = _rate(rows)
+            high = rate > top
+            off_scale += [(xi, r, palette[K]) for xi, r in zip(x[high], rate[high], strict=True)]
+            shown = np.minimum(rate, 0.985 * top)  # off-scale rates sit just under the edge
+            rate_ax.plot(x, shown, **style)
+            if mixed and not aggregate.all():
+                used_period = True
+                stand_in = ~aggregate
+                rate_ax.plot(
+                    x[stand_in],
+                    shown[stand_in],
+                    color=palette[K],
+                    **PERIOD_MARK,
+                )
+    for xi, r, color in off_scale:
+        rate_ax.annotate(
+            f"{r:.0f}",
+            (xi, 0.985 * top),
+            xytext=(0, -10),
+            textcoords="offset points",
+            ha="center",
+            fontsize=6,
+            color=color,
         )
 
-    V = np.linspace(0.0, float(ok["V"].max()) * 1.05, 100)
+    V = np.geomspace(float(ok["V"].min()) * 0.9, float(ok["V"].max()) * 1.1, 100)
+    refs = []
     if R is not None:
-        period_ax.plot(
-            V / common.MIB,
-            V / R,
-            color="k",
-            linestyle="--",
-            linewidth=1,
-            label=f"V/R, R = {R_value:.0f} GB/s",
-        )
-        rate_ax.axhline(
-            R_value, color="k", linestyle="--", linewidth=1, label=f"fitted R = {R_value:.0f} GB/s"
-        )
+        period_ax.plot(V, V / R, color="k", linestyle="--", linewidth=1)
+        rate_ax.axhline(R_value, color="k", linestyle="--", linewidth=1)
+        refs.append(Line2D([], [], color="k", linestyle="--", label=f"fitted R {R_value:.0f} GB/s"))
         if np.isfinite(R_low) and np.isfinite(R_high):
-            rate_ax.axhspan(R_low, R_high, color="k", alpha=0.1, label="R 95% CI")
-    period_ax.set_xlabel("burst size V (MiB)")
-    period_ax.set_ylabel("period at G=0 (us), median and 95% CI")
-    period_ax.legend(fontsize=6)
-    rate_ax.set_xlabel("burst size V (MiB)")
-    rate_ax.set_ylabel("V / period (GB/s)")
-    rate_ax.legend(fontsize=6)
-    model_note = None if R is not None else "fitted R line omitted: R was not fitted"
+            rate_ax.axhspan(R_low, R_high, color="k", alpha=0.1)
+    for name, value in common.peer_ceilings(model).items():
+        style = _ref_style(name)
+        rate_ax.axhline(value, color="0.4", linestyle=style, linewidth=1)
+        refs.append(Line2D([], [], color="0.4", linestyle=style, label=f"{name} {value:.0f} GB/s"))
+    for ax in (period_ax, rate_ax):
+        ax.set_xscale("log", base=2)
+        common.byte_ticks(ax.xaxis, ok["V"])
+        ax.set_xlabel("burst size V at G=0")
+    period_ax.set_yscale("log")
+    common.plain_log_ticks(period_ax.yaxis)
+    period_ax.set_ylabel("each producer's period (us)\nmedian and 95% CI")
+    period_ax.set_title("period vs V (dashed: V/R)", fontsize=8)
+    rate_ax.set_ylabel("drain rate (GB/s)")
+    if off_scale:
+        rate_ax.set_ylim(top=top)
+    rate_ax.set_title(
+        "aggregate issue rate (+: V/period where absent)" if mixed else "V / period", fontsize=8
+    )
+
+    handles = [
+        Line2D(
+            [], [], color=palette[K], marker=markers.get(K, "o"), linestyle="none", label=f"K={K}"
+        )
+        for K in Ks
+    ]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            marker="o",
+            linestyle="none",
+            label=common.SYNC_LABEL[s],
+            **common.marker_fill(s, "0.3"),
+        )
+        for s in syncs
+    ]
+    if used_period:
+        handles.append(
+            Line2D(
+                [], [], color="0.3", label="+: V/period (no aggregate issue rate)", **PERIOD_MARK
+            )
+        )
+    notes = [common.failure_note(df)]
+    if off_scale:
+        notes.append(
+            f"{len(off_scale)} rate(s) above {top:.0f} GB/s drawn on the top edge, value beside"
+        )
+    if R is None:
+        notes.append("fitted R omitted: R was not fitted")
+    if not common.peer_ceilings(model):
+        notes.append("no ceilings in the model file: ceiling references omitted")
+    if used_period:
+        notes.append(
+            "+: V/period where a record has no aggregate issue rate (free producers that drift "
+            "apart shorten each one's own period, so this rate can exceed the line rate)"
+        )
     return common.finish_figure(
         fig,
-        "Zero-gap period vs burst size: the drain rate R",
+        "Zero-gap bursts vs burst size: the drain rate R",
         common.doc_label(dataset_dir, doc),
-        [common.failure_note(df), model_note],
+        notes,
+        legend=handles + refs,
     )

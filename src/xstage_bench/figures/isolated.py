@@ -1,12 +1,16 @@
-"""fig-isolated: issue time of one burst after a long idle, over V, per K.
+"""fig-isolated: issue time of one burst after a long idle, over V, one panel per K.
 
-Below the capacity Q a burst issues in T0; above it the excess must drain first, so the
-model is max(T0, (V - Q)/R). The fitted Q of each K (or the pooled Q) is marked, with the
-knee where the model leaves T0; the local-memory control is drawn dotted.
+Below the capacity a burst issues in T0; above it the excess must drain first, so the
+model is max(T0, (V - Q)/R). Both capacity fits are drawn in every panel: one Q shared
+by the path (the paper's model, dashed) and a per-producer window, Q = K * q (dash-dot),
+each with its own fitted T0 and R, and a vertical tick at the capacity it puts for this
+K. The panel title gives the Q fitted to this K alone. The local-memory control
+(dest=local) is drawn dotted.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +23,30 @@ from xstage_bench.model.laws import isolated_issue_time
 
 STUDY = "isolated"
 METRIC = "t_iss_slowest_us"
+FITS = (("shared Q", "--"), ("per-producer q", "-."))
+NOTE_CHARS = 190
+
+
+def _fits(model: dict, K: int) -> list[tuple[str, str, float, dict]]:
+    """(name, linestyle, capacity for this K, model) of each Q fit the model file has."""
+    out = []
+    shared = common.param(model, "Q_bytes")
+    if shared is not None:
+        out.append((*FITS[0], shared, model))
+    window = common.window_model(model)
+    if window is not None:
+        out.append((*FITS[1], K * common.param(window, "q_bytes"), window))
+    return out
+
+
+def _per_K_title(model: dict, K: int) -> str:
+    entry = next((e for e in model.get("per_K", []) if e.get("K") == K), None)
+    Q = ((entry or {}).get("Q_bytes") or {}).get("value")
+    if Q is None:
+        return f"K={K}"
+    return (
+        f"K={K}: Q fitted to this K {common.fmt_bytes(Q)} ({Q / K / common.KIB:.1f} KiB/producer)"
+    )
 
 
 def plot(dataset_dir: Path) -> Figure:
@@ -26,15 +54,14 @@ def plot(dataset_dir: Path) -> Figure:
     model = common.model_doc(dataset_dir)
     df = common.records_frame(doc)
     ok = common.ok_rows(df, dataset_dir, f"microbench/{STUDY}.json", (METRIC,))
-    R = common.drain_rate(model)
-
-    fig, axes = common.new_figure(1, 1, width=6.5, height=4.2)
-    ax = axes[0, 0]
     Ks = sorted(int(k) for k in ok["K"].unique())
-    palette = dict(zip(Ks, sns.color_palette("deep", len(Ks)), strict=True))
+    palette = dict(zip(("peer", "local"), sns.color_palette("deep", 2), strict=True))
+    fit_colors = dict(zip((f[0] for f in FITS), ("k", "tab:red"), strict=True))
     V = np.geomspace(float(ok["V"].min()), float(ok["V"].max()), 400)
-    unmodelled = []
-    for K in Ks:
+
+    fig, axes = common.new_figure(1, len(Ks), width=4.2, height=4.0, sharey=True)
+    drawn, unmodelled = set(), []
+    for ax, K in zip(axes[0], Ks, strict=True):
         for dest, linestyle, marker in (("peer", "-", "o"), ("local", ":", "x")):
             rows = ok[(ok["K"] == K) & (ok["dest"] == dest)].sort_values("V")
             if rows.empty:
@@ -43,41 +70,43 @@ def plot(dataset_dir: Path) -> Figure:
                 rows["V"],
                 rows[f"{METRIC}_median"],
                 yerr=common.error_bars(rows, METRIC),
-                color=palette[K],
+                color=palette[dest],
                 linestyle=linestyle,
                 marker=marker,
                 markersize=3,
                 capsize=2,
             )
-        Q = common.capacity_for_K(model, K)
-        T0 = common.t0_us(model, K, V)
-        if R is None or Q is None or T0 is None:
+        modelled = []
+        for name, linestyle, Q, fit in _fits(model, K):
+            R, T0 = common.drain_rate(fit), common.t0_us(fit, K, V)
+            if R is None or T0 is None:
+                continue
+            color = fit_colors[name]
+            ax.plot(V, isolated_issue_time(T0=T0, V=V, Q=Q, R=R), color=color, ls=linestyle, lw=1)
+            ax.axvline(Q, color=color, linestyle=linestyle, linewidth=0.6, alpha=0.6)
+            drawn.add(name)
+            modelled.append(name)
+        if not modelled:
             unmodelled.append(K)
-            continue
-        predicted = isolated_issue_time(T0=T0, V=V, Q=Q, R=R)
-        ax.plot(V, predicted, color=palette[K], linestyle="--", linewidth=1)
-        ax.axvline(Q, color=palette[K], linestyle="-.", linewidth=0.8)
-        stalled = np.flatnonzero(predicted > T0 * (1 + 1e-9))
-        if stalled.size:
-            knee = stalled[0]
-            ax.plot(V[knee], predicted[knee], marker="v", color=palette[K], markersize=7)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    common.byte_ticks(ax.xaxis, ok["V"])
-    common.plain_log_ticks(ax.yaxis)
-    ax.tick_params(axis="x", labelrotation=45, labelsize=6)
-    ax.set_xlabel("burst size V")
-    ax.set_ylabel("T_iss = slowest producer's own store loop (us)")
-    handles = [Line2D([], [], color=palette[K], marker="o", label=f"K={K}") for K in Ks]
-    handles += [
-        Line2D([], [], color="0.3", linestyle="-", marker="o", label="peer (remote stores)"),
-        Line2D([], [], color="0.3", linestyle=":", marker="x", label="local control"),
-        Line2D([], [], color="0.3", linestyle="--", label="model max(T0, (V-Q)/R)"),
-        Line2D([], [], color="0.3", linestyle="-.", label="fitted Q"),
-        Line2D([], [], color="0.3", linestyle="none", marker="v", label="knee"),
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        common.byte_ticks(ax.xaxis, ok["V"])
+        common.plain_log_ticks(ax.yaxis)
+        ax.tick_params(axis="x", labelrotation=60, labelsize=6)
+        ax.set_xlabel("burst size V")
+        ax.set_title(_per_K_title(model, K), fontsize=8)
+    axes[0, 0].set_ylabel("T_iss = slowest producer's own store loop (us)")
+
+    handles = [
+        Line2D([], [], color=palette["peer"], linestyle="-", marker="o", label="peer (remote)"),
+        Line2D([], [], color=palette["local"], linestyle=":", marker="x", label="local control"),
     ]
-    ax.legend(handles=handles, fontsize=6, loc="upper left")
-    notes = [common.failure_note(df)]
+    for name, linestyle in FITS:
+        if name in drawn:
+            what = "Q" if name == "shared Q" else "K*q"
+            label = f"model, {name}: max(T0, (V-{what})/R)\n(vertical: {what} for this K)"
+            handles.append(Line2D([], [], color=fit_colors[name], linestyle=linestyle, label=label))
+    notes = [common.failure_note(df), *_fit_notes(model)]
     if unmodelled:
         notes.append(f"model lines omitted for K={unmodelled}: R, Q or T0 was not fitted")
     return common.finish_figure(
@@ -85,4 +114,19 @@ def plot(dataset_dir: Path) -> Figure:
         "Isolated-burst issue time vs burst size: the capacity Q",
         common.doc_label(dataset_dir, doc),
         notes,
+        legend=handles,
     )
+
+
+def _fit_notes(model: dict) -> list[str]:
+    parts = []
+    Q = common.param(model, "Q_bytes")
+    if Q is not None:
+        parts.append(f"shared Q = {common.fmt_bytes(Q)}")
+    window = common.window_model(model)
+    if window is not None:
+        parts.append(f"per-producer q = {common.param(window, 'q_bytes') / common.KIB:.1f} KiB")
+    check = model["checks"].get("per_producer_Q_fits_better")
+    if check and check["passed"] is not None:
+        parts.append(check["detail"])
+    return textwrap.wrap("; ".join(parts), NOTE_CHARS)

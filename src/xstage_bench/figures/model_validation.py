@@ -1,8 +1,11 @@
-"""fig-model-validation: predicted vs measured issue times, held-out points highlighted.
+"""fig-model-validation: predicted vs measured, held-out points highlighted.
 
-The left panel puts every validated point against the y = x line; the right one shows the
-relative residual per study, so a systematic miss (one study, one regime) is visible rather
-than averaged away. Model checks that did not pass are listed under the figure.
+The left panel puts every validated point against the y = x line; the other two show the
+relative residual per study and sync mode, one panel per metric (the issue time
+t_iss_slowest and, for periodic records, the period), so a systematic miss (one study,
+one regime) is visible rather than averaged away. Colours tell apart the records the
+laws were fitted to, the held-out ones, and those validated apart and never fitted:
+free-running producers and drain probes. Model checks are listed under the figure.
 """
 
 from __future__ import annotations
@@ -14,20 +17,43 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 
 from xstage_bench import layout
 from xstage_bench.figures import common
 
-NOTE_CHARS = 160  # check details can list every V; the figure shows the start
+NOTE_CHARS = 200  # check details can list every V; the figure shows the start
+TARGET = 0.05  # the held-out median |error| the fit aims at (model.checks)
+CATEGORIES = {  # category -> (colour, marker size)
+    "fitted": ("0.65", 10),
+    "held out": ("tab:red", 22),
+    "never fitted: free-running": ("tab:blue", 12),
+    "never fitted: aligned, other kernel": ("tab:orange", 16),
+}
+METRIC_MARKER = {"t_iss_slowest_us": "o", "period_us": "s"}
+METRIC_NAME = {"t_iss_slowest_us": "issue time t_iss_slowest", "period_us": "period"}
 
 
-def _errors_text(rel_error: pd.Series) -> str:
-    errors = rel_error.abs()
-    return f"median |err| {errors.median():.1%}, p90 {errors.quantile(0.9):.1%}"
+def _category(row: pd.Series) -> str:
+    if row.get("in_fit_set", True):
+        return "held out" if row["held_out"] else "fitted"
+    return "never fitted: " + (
+        "aligned, other kernel" if row.get("aligned", False) else "free-running"
+    )
+
+
+def _errors_text(summary: dict | None) -> str:
+    if not summary or not summary.get("n"):
+        return "none"
+    return (
+        f"median |err| {summary['median_abs_rel_error']:.1%}, "
+        f"p90 {summary['p90_abs_rel_error']:.1%} (n={summary['n']})"
+    )
 
 
 def _check_notes(checks: dict) -> list[str]:
-    """Checks that failed, then those the data could not answer (passed is None)."""
+    """Checks that failed, then those the data could not answer, then those that passed."""
     failed = [f"{n}: {c['detail']}" for n, c in checks.items() if c["passed"] is False]
     unknown = [f"{n}: {c['detail']}" for n, c in checks.items() if c["passed"] is None]
     notes = [shorten("model check FAILED - " + f, NOTE_CHARS) for f in failed]
@@ -36,6 +62,73 @@ def _check_notes(checks: dict) -> list[str]:
     if passed:
         notes.append("model checks passed: " + ", ".join(passed))
     return notes
+
+
+def _scatter(ax, val: pd.DataFrame) -> None:
+    for category, (color, size) in CATEGORIES.items():
+        for metric, marker in METRIC_MARKER.items():
+            rows = val[(val["category"] == category) & (val["metric"] == metric)]
+            if rows.empty:
+                continue
+            hollow = category.startswith("never fitted")
+            ax.scatter(
+                rows["measured_us"],
+                rows["predicted_us"],
+                s=size,
+                marker=marker,
+                facecolors="none" if hollow else color,
+                edgecolors=color if hollow else ("k" if category == "held out" else "none"),
+                linewidths=0.7,
+            )
+    values = val[["measured_us", "predicted_us"]].to_numpy(float)
+    bounds = np.array([values.min(), values.max()])
+    ax.plot(bounds, bounds, color="k", linewidth=1)
+    ax.fill_between(bounds, bounds * 0.9, bounds * 1.1, color="k", alpha=0.08)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    common.plain_log_ticks(ax.xaxis)
+    common.plain_log_ticks(ax.yaxis)
+    ax.set_xlabel("measured (us)")
+    ax.set_ylabel("predicted (us)")
+    ax.set_title("predicted vs measured\n(band: +-10%)", fontsize=8)
+
+
+def _residuals(ax, val: pd.DataFrame, metric: str) -> None:
+    rows = val[val["metric"] == metric]
+    if rows.empty:
+        ax.set_axis_off()
+        ax.set_title(f"{METRIC_NAME.get(metric, metric)}: no validated record", fontsize=8)
+        return
+    order = sorted(rows["group"].unique(), key=lambda g: (g.split("\n")[1], g))
+    present = [c for c in CATEGORIES if (rows["category"] == c).any()]
+    sns.stripplot(
+        data=rows,
+        x="group",
+        y="rel_error",
+        hue="category",
+        hue_order=present,
+        order=order,
+        palette={c: CATEGORIES[c][0] for c in present},
+        marker=METRIC_MARKER.get(metric, "o"),
+        dodge=True,
+        size=3,
+        ax=ax,
+        legend=False,
+    )
+    ax.axhline(0, color="k", linewidth=1)
+    ax.axhspan(-TARGET, TARGET, color="tab:green", alpha=0.15)
+    ax.set_yscale("symlog", linthresh=0.1)
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(low, -0.12), max(high, 0.12))  # the +-10% linear band always shows
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:+.0%}" if v else "0"))
+    ax.set_xlabel("")
+    ax.set_ylabel("(predicted - measured) / measured")
+    ax.tick_params(axis="x", labelrotation=35, labelsize=6)
+    ax.set_title(
+        f"{METRIC_NAME.get(metric, metric)}: relative error per study and sync\n"
+        f"(green: +-{TARGET:.0%}; log scale beyond +-10%)",
+        fontsize=8,
+    )
 
 
 def plot(dataset_dir: Path) -> Figure:
@@ -47,76 +140,46 @@ def plot(dataset_dir: Path) -> Figure:
         raise common.NoDataError(
             f"dataset '{dataset_dir.name}': {layout.MODEL_JSON} has no validation points ({reason})"
         )
-    val = val[val["measured_us"].notna() & val["predicted_us"].notna()]
-    held = val[val["held_out"].astype(bool)]
-    fitted = val[~val["held_out"].astype(bool)]
+    val = val[val["measured_us"].notna() & val["predicted_us"].notna()].copy()
+    if "metric" not in val.columns:
+        val["metric"] = "t_iss_slowest_us"
+    val["category"] = val.apply(_category, axis=1)
+    sync = val["sync"] if "sync" in val.columns else pd.Series("", index=val.index)
+    val["group"] = val["study"] + "\n" + sync.fillna("")
+    metrics = [m for m in METRIC_MARKER if (val["metric"] == m).any()]
 
-    fig, axes = common.new_figure(1, 2)
-    scatter_ax, residual_ax = axes[0]
-    scatter_ax.scatter(
-        fitted["measured_us"],
-        fitted["predicted_us"],
-        s=10,
-        color="0.6",
-        label=f"fitted points (n={len(fitted)}): {_errors_text(fitted['rel_error'])}"
-        if len(fitted)
-        else "fitted points (none)",
-    )
-    scatter_ax.scatter(
-        held["measured_us"],
-        held["predicted_us"],
-        s=22,
-        marker="D",
-        color="tab:red",
-        edgecolor="k",
-        linewidth=0.5,
-        label=f"held out (n={len(held)}): {_errors_text(held['rel_error'])}"
-        if len(held)
-        else "held out (none)",
-    )
-    values = val[["measured_us", "predicted_us"]].to_numpy(float)
-    bounds = np.array([values.min(), values.max()])
-    scatter_ax.plot(bounds, bounds, color="k", linewidth=1, label="y = x")
-    scatter_ax.fill_between(
-        bounds, bounds * 0.9, bounds * 1.1, color="k", alpha=0.08, label="+-10%"
-    )
-    scatter_ax.set_xscale("log")
-    scatter_ax.set_yscale("log")
-    common.plain_log_ticks(scatter_ax.xaxis)
-    common.plain_log_ticks(scatter_ax.yaxis)
-    scatter_ax.set_xlabel("measured issue time (us)")
-    scatter_ax.set_ylabel("predicted issue time (us)")
-    scatter_ax.legend(fontsize=6, loc="upper left")
+    fig, axes = common.new_figure(1, 1 + len(metrics), width=4.6, height=5.2)
+    _scatter(axes[0, 0], val)
+    for ax, metric in zip(axes[0, 1:], metrics, strict=True):
+        _residuals(ax, val, metric)
 
-    sns.stripplot(
-        data=val,
-        x="study",
-        y="rel_error",
-        hue="held_out",
-        ax=residual_ax,
-        size=3,
-        palette={False: "0.6", True: "tab:red"},
-        dodge=True,
-    )
-    residual_ax.axhline(0, color="k", linewidth=1)
-    residual_ax.set_ylabel("relative error")
-    residual_ax.set_title("relative error = (predicted - measured) / measured", fontsize=8)
-    residual_ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    residual_ax.legend(title="held out", fontsize=6, title_fontsize=6)
-
-    notes = []
-    if summary.get("median_abs_rel_error") is not None:
+    handles = [
+        Line2D([], [], color=color, marker="o", linestyle="none", label=category)
+        for category, (color, _) in CATEGORIES.items()
+        if (val["category"] == category).any()
+    ]
+    handles += [
+        Line2D([], [], color="0.3", marker=marker, linestyle="none", label=METRIC_NAME[m])
+        for m, marker in METRIC_MARKER.items()
+        if m in metrics
+    ]
+    notes = [f"fit set, held out (shared Q): {_errors_text(summary)}"]
+    by_metric = model.get("validation_by_metric") or {}
+    if by_metric:
+        notes[0] += "; " + "; ".join(f"{m}: {_errors_text(s)}" for m, s in by_metric.items())
+    window = (model.get("variants") or {}).get(common.WINDOW_VARIANT)
+    if window:
         notes.append(
-            f"validation_summary of the fit: median |err| {summary['median_abs_rel_error']:.1%}, "
-            f"p90 {summary['p90_abs_rel_error']:.1%} (n={summary['n']})"
+            f"per-producer window variant, held out: {_errors_text(window['validation_summary'])}"
         )
-    metrics = sorted(set(val["metric"])) if "metric" in val.columns else []
-    if metrics:
-        notes.append("metric(s): " + ", ".join(metrics))
+    free = model.get("validation_summary_free")
+    if free and free.get("n"):
+        notes.append(f"free-running records (never fitted): {_errors_text(free)}")
     notes += _check_notes(model["checks"])
     return common.finish_figure(
         fig,
         "Burst-Gap model: predicted vs measured",
         common.model_label(dataset_dir, model),
         notes,
+        legend=handles,
     )

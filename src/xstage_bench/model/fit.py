@@ -8,17 +8,44 @@ relative residuals of per-record medians:
 - T0 = t0_fixed + B/issue_rate from bursts that meet an empty path: periodic records
   whose gap drains the whole burst (G >= V/R, the large-G plateau) and isolated bursts,
   with the isolated law max(T0, (V - Q)/R) so that bursts beyond the knee do not bias it;
-- Q from the isolated-burst knee, max(T0, (V - Q)/R), pooled and per K (check
-  one_Q_explains_isolated: a Q that grows with K points to a per-producer window).
-  Drain probes are isolated bursts too and join these records.
+- Q from the isolated-burst knee, max(T0, (V - Q)/R), pooled and per K. (Drain probes are
+  isolated bursts too, but their kernel's fixed cost differs: they are validated apart.)
+
+Q comes in two variants, each a full fit of its own: one capacity Q shared by the path
+(the paper's model), and a per-producer window, Q = K * q, which the paper's own numbers
+(Q grows with K) suggest. `params` and `validation` hold the shared-Q model; the window
+variant's parameters and errors sit beside them, and a check says which fits better.
+
+Which records are fitted: aligned bursts where the dataset has them (see records.py);
+free-running records are then validated apart, with their own summary. R comes from the
+aggregate issue rate where records have it (V / issue_rate as the period).
 
 The stages depend on each other (R's fit needs T0 where a burst is issue-bound, T0's needs
 Q, Q's needs T0 and R), so they alternate a few rounds from a robust start. Confidence
 intervals come from a seeded bootstrap over records and over each record's samples.
-A held-out fifth of the records (by id hash) checks the laws' predictions.
+A held-out fifth of the fitted records (by id hash) checks the laws' predictions.
 
-Only peer records of the reference store configuration (16-byte stores, rewriting the
-same lines, one peer) enter the fit; local and other records stay for the figures.
+model/burst_gap.json holds, beside what every reader needs (params, per_K, validation,
+validation_summary, checks):
+- fit_set: per role (zero_gap, periodic, isolated, and period, which is validated only),
+  whether aligned records or all were fitted; fit.validated_apart says what never is;
+  zero_gap_sources: how many zero-gap periods came from issue_rate_GBps, from period_us;
+- validation rows, one per record and metric (t_iss_slowest_us for every record, and
+  period_us for periodic ones, predicted by laws.train_period): sync ("barrier" for every
+  aligned record, drain probes included), aligned, in_fit_set (False: validated apart and
+  never fitted, so held_out is True), predicted_window_us and rel_error_window (the
+  per-producer window's prediction beside the shared-Q one);
+- validation_summary: held-out rows of the fit set (shared Q); validation_summary_free:
+  every free-running row validated apart; validation_by_metric: the first, per metric;
+  validation_by_group: per "study/sync:metric", over held-out rows, with "all" (fitted
+  rows too) beside it to show where the laws miss systematically;
+- variants.per_producer_Q: params (q_bytes per producer, R, t0_fixed, issue rate, with
+  CIs) and the same summaries for the window variant;
+- ceilings: the peer ceilings of the same run (median GB/s per method) and the NVLink line
+  rate of the base profile (a specification, not a measurement);
+- checks (see checks.py): split_consistency, t0_plateau_flat, stall_in_store_loop,
+  one_Q_explains_isolated, per_producer_Q_fits_better, r_matches_sm_store_ceiling,
+  r_within_line_rate, heldout_error_within_target.
 """
 
 from __future__ import annotations
@@ -33,19 +60,28 @@ import yaml
 from scipy.optimize import least_squares
 
 from xstage_bench.hardware import load_profile
-from xstage_bench.model import laws
-from xstage_bench.results import FAILED_STATUSES, atomic_write_text, read_raw
-from xstage_bench.stats import bootstrap_median_ci
+from xstage_bench.model import checks, laws
+from xstage_bench.model.records import (
+    ISOLATED_KINDS,
+    NOT_FITTED_KINDS,
+    REFERENCE_STORES,
+    ROLES,
+    FitData,
+    Loaded,
+    Recs,
+    concat,
+    load,
+    plateau,
+)
+from xstage_bench.results import atomic_write_text
 
 MiB = float(1 << 20)
+KiB = 1024.0
 T0_REFERENCE_B = 32768  # per-K T0 is reported at the paper's B = 32 KB per producer
-REFERENCE_STORES = {"dest": "peer", "width": 16, "pattern": "same", "peers": 1}
 N_BOOTSTRAP = 200
 HOLDOUT_PERCENT = 20
 ROUNDS = 4
-SPLIT_CI_FLOOR = 0.01  # a K/B split's R interval is at least +-1% (clock and timer noise)
-PLATEAU_TOLERANCE = 0.05  # issue time may vary 5% over the plateau gaps
-ONE_Q_TOLERANCE = 0.10  # per-K Q within 10% of each other count as one Q
+WINDOW = "per_producer_Q"
 
 
 class FitError(ValueError):
@@ -53,86 +89,29 @@ class FitError(ValueError):
 
 
 @dataclass(frozen=True)
-class Recs:
-    """Records of one role as arrays: K, V, B per producer, gap, and a value per record."""
-
-    ids: tuple[str, ...]
-    study: tuple[str, ...]
-    kind: tuple[str, ...]
-    K: np.ndarray
-    V: np.ndarray
-    B: np.ndarray
-    G: np.ndarray
-    y: np.ndarray  # per-record median of the role's metric
-    samples: tuple[np.ndarray, ...]
-    series: tuple[str, ...]  # the record's point without its gap (one curve over G)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def take(self, idx, y: np.ndarray | None = None) -> Recs:
-        idx = np.asarray(idx, dtype=int)
-
-        def pick(seq: tuple) -> tuple:
-            return tuple(seq[i] for i in idx)
-
-        return Recs(
-            pick(self.ids),
-            pick(self.study),
-            pick(self.kind),
-            self.K[idx],
-            self.V[idx],
-            self.B[idx],
-            self.G[idx],
-            self.y[idx] if y is None else y,
-            pick(self.samples),
-            pick(self.series),
-        )
-
-    def where(self, mask) -> Recs:
-        return self.take(np.flatnonzero(mask))
-
-
-def _recs(records: list[dict], metric: str) -> Recs:
-    pts = [r["point"] for r in records]
-    samples = tuple(np.asarray(r["samples"][metric], dtype=float) for r in records)
-    return Recs(
-        ids=tuple(r["id"] for r in records),
-        study=tuple(p.get("study", "") for p in pts),
-        kind=tuple(p["kind"] for p in pts),
-        K=np.array([p["K"] for p in pts], dtype=float),
-        V=np.array([p["V"] for p in pts], dtype=float),
-        B=np.array([p["B"] for p in pts], dtype=float),
-        G=np.array([p.get("gap_us", 0.0) for p in pts], dtype=float),
-        y=np.array([np.median(s) for s in samples]),
-        samples=samples,
-        series=tuple(
-            f"{p.get('study', '')}/K={p['K']}/V={p['V']}/sync={p.get('sync')}/"
-            f"gap_mode={p.get('gap_mode')}"
-            for p in pts
-        ),
-    )
-
-
-@dataclass(frozen=True)
-class FitData:
-    zero_gap: Recs  # periodic at G = 0, metric period_us
-    periodic: Recs  # every periodic record, metric t_iss_slowest_us
-    isolated: Recs  # isolated bursts and drain probes, metric t_iss_slowest_us
-
-
-@dataclass(frozen=True)
 class Params:
-    """One fit's result; a None parameter carries its reason."""
+    """One fit's result; a None parameter carries its reason.
+
+    Q is the shared capacity in bytes, or with window=True the per-producer window q, so
+    that a burst of K producers meets Q = K * q.
+    """
 
     R: float | None = None  # bytes/us
     t0_fixed: float | None = None  # us
     issue_rate: float | None = None  # bytes/us per producer
-    Q: float | None = None  # bytes
+    Q: float | None = None  # bytes (shared), or bytes per producer (window)
+    window: bool = False
     reasons: dict = field(default_factory=dict)
 
     def T0(self, B) -> np.ndarray:
         return self.t0_fixed + np.asarray(B, dtype=float) / self.issue_rate
+
+    def Q_for(self, K) -> np.ndarray | None:
+        """The capacity a burst of K producers meets, per record."""
+        if self.Q is None:
+            return None
+        K = np.asarray(K, dtype=float)
+        return self.Q * K if self.window else np.full(K.shape, self.Q)
 
     @property
     def has_T0(self) -> bool:
@@ -153,18 +132,12 @@ def fit_R(zg: Recs, p: Params, R0: float | None = None) -> float:
     return float(x[0] * 1e3)
 
 
-def plateau(periodic: Recs, R: float) -> Recs:
-    """Periodic records whose gap drains the whole burst (G >= V/R): each meets an empty path."""
-    return periodic.where(periodic.G >= periodic.V / R)
+def fit_T0(recs: Recs, R: float, Q: np.ndarray | None, start: Params | None = None) -> tuple:
+    """(t0_fixed_us, issue_rate bytes/us) from bursts on an empty path, isolated law.
 
-
-def _stall(recs: Recs, R: float, Q: float | None) -> np.ndarray:
-    return (recs.V - Q) / R if Q is not None else np.full(len(recs), -np.inf)
-
-
-def fit_T0(recs: Recs, R: float, Q: float | None, start: Params | None = None) -> tuple:
-    """(t0_fixed_us, issue_rate bytes/us) from bursts on an empty path, isolated law."""
-    stall = _stall(recs, R, Q)
+    Q is the capacity each record's burst meets (None: no stall is modelled).
+    """
+    stall = (recs.V - Q) / R if Q is not None else np.full(len(recs), -np.inf)
     free = stall < 0.8 * recs.y  # clearly issue-bound
     if len(np.unique(recs.B[free])) < 2:
         raise FitError(
@@ -184,50 +157,69 @@ def fit_T0(recs: Recs, R: float, Q: float | None, start: Params | None = None) -
     return float(x[0]), float(x[1] * 1e3)
 
 
-def q_start(iso: Recs, R: float) -> float:
-    """A robust start for Q: beyond the knee, V - R*T_iss is about Q whatever V is."""
+def _scale(iso: Recs, window: bool) -> np.ndarray:
+    return iso.K if window else np.ones(len(iso))
+
+
+def q_start(iso: Recs, R: float, window: bool = False) -> float:
+    """A robust start for Q (or q): beyond the knee, V - R*T_iss is about Q whatever V is."""
     top = iso.V >= np.quantile(iso.V, 2 / 3)
-    return max(float(np.median(iso.V[top] - R * iso.y[top])), float(iso.V.min()) * 1e-2)
+    Q = (iso.V[top] - R * iso.y[top]) / _scale(iso, window)[top]
+    return max(float(np.median(Q)), float(np.min(iso.V / _scale(iso, window))) * 1e-2)
 
 
 def fit_Q(iso: Recs, R: float, p: Params, Q0: float | None = None) -> float:
-    """Outstanding capacity (bytes) from isolated bursts: T_iss = max(T0, (V - Q)/R)."""
+    """Outstanding capacity from isolated bursts: T_iss = max(T0, (V - Q)/R).
+
+    With p.window the capacity is K * q and the result is q, bytes per producer.
+    """
     if len(iso) == 0:
         raise FitError("no isolated-burst records (study 'isolated')")
     T0 = p.T0(iso.B)
-    x0 = (Q0 if Q0 is not None else q_start(iso, R)) / MiB
-    x = _solve(lambda x: (np.maximum(T0, (iso.V - x[0] * MiB) / R) - iso.y) / iso.y, [x0], [0.0])
-    Q = float(x[0] * MiB)
-    if np.count_nonzero((iso.V - Q) / R > 1.1 * T0) < 2:
-        bound = float(np.max(iso.V - R * T0)) / MiB
+    unit = KiB if p.window else MiB
+    scale = _scale(iso, p.window) * unit
+    x0 = (Q0 if Q0 is not None else q_start(iso, R, p.window)) / unit
+    x = _solve(lambda x: (np.maximum(T0, (iso.V - x[0] * scale) / R) - iso.y) / iso.y, [x0], [0.0])
+    Q = float(x[0] * unit)
+    if np.count_nonzero((iso.V - Q * _scale(iso, p.window)) / R > 1.1 * T0) < 2:
+        bound = float(np.max((iso.V - R * T0) / _scale(iso, p.window)))
+        what = (
+            f"q is above about {bound / KiB:.1f} KiB per producer"
+            if p.window
+            else (f"Q is above about {bound / MiB:.2f} MiB")
+        )
         raise FitError(
-            f"fewer than two isolated bursts stall beyond T0, so the knee is not "
-            f"measured: Q is above about {bound:.2f} MiB"
+            f"fewer than two isolated bursts stall beyond T0, so the knee is not measured: {what}"
         )
     return Q
 
 
-def fit_chain(data: FitData, start: Params | None = None, rounds: int = ROUNDS) -> Params:
+def fit_chain(
+    data: FitData, start: Params | None = None, rounds: int = ROUNDS, window: bool = False
+) -> Params:
     """Alternate the R, T0 and Q stages; a parameter the data cannot give stays None."""
     reasons: dict[str, str] = {}
     try:
         R = fit_R(data.zero_gap, start or Params(), start.R if start else None)
     except FitError as e:
         why = str(e)
-        return Params(reasons={"R": why, "T0": f"needs R ({why})", "Q": f"needs R ({why})"})
-    p = replace(start, R=R) if start else Params(R=R)
+        return Params(
+            window=window,
+            reasons={"R": why, "T0": f"needs R ({why})", "Q": f"needs R ({why})"},
+        )
+    p = replace(start, R=R) if start else Params(R=R, window=window)
     Q = p.Q
     if Q is None and len(data.isolated):
-        Q = q_start(data.isolated, R)
+        Q = q_start(data.isolated, R, window)
     for _ in range(rounds):
         reasons = {}
         try:
-            t0_fixed, rate = fit_T0(
-                concat(plateau(data.periodic, R), data.isolated), R, Q, p if p.has_T0 else None
-            )
+            recs = concat(plateau(data.periodic, R), data.isolated)
+            Q_recs = None if Q is None else replace(p, Q=Q).Q_for(recs.K)
+            t0_fixed, rate = fit_T0(recs, R, Q_recs, p if p.has_T0 else None)
             p = replace(p, t0_fixed=t0_fixed, issue_rate=rate)
         except FitError as e:
-            return Params(R=R, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
+            return Params(R=R, window=window, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
         try:
             Q = fit_Q(data.isolated, R, p, Q)
         except FitError as e:
@@ -237,17 +229,6 @@ def fit_chain(data: FitData, start: Params | None = None, rounds: int = ROUNDS) 
         R = fit_R(data.zero_gap, p, R)
         p = replace(p, R=R)
     return replace(p, reasons=reasons)
-
-
-def concat(a: Recs, b: Recs) -> Recs:
-    return Recs(
-        a.ids + b.ids,
-        a.study + b.study,
-        a.kind + b.kind,
-        *(np.concatenate([getattr(a, k), getattr(b, k)]) for k in "KVBGy"),
-        a.samples + b.samples,
-        a.series + b.series,
-    )
 
 
 @dataclass(frozen=True)
@@ -279,82 +260,18 @@ def fit_per_K(data: FitData, pooled: Params, K: float) -> PerK:
     try:
         if len(recs) == 0:
             raise FitError(f"no plateau or isolated records at K={K:g}")
-        t0_fixed, rate = fit_T0(recs, pooled.R, Q if Q is not None else pooled.Q, pooled)
+        Q_K = Q if Q is not None else pooled.Q
+        Q_recs = None if Q_K is None else np.full(len(recs), Q_K)
+        t0_fixed, rate = fit_T0(recs, pooled.R, Q_recs, pooled)
         T0 = t0_fixed + T0_REFERENCE_B / rate
     except FitError as e:
         reasons["T0"] = str(e)
     return PerK(R, Q, T0, reasons)
 
 
-# ---- loading -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Loaded:
-    data: FitData
-    backend: str
-    counts: dict
-    sm_count: int | None  # from the raw files' environment, for a profile without a base
-
-
-def _is_reference(point: dict) -> bool:
-    return all(point.get(k, v) == v for k, v in REFERENCE_STORES.items())
-
-
-def load(raw_paths: list[str]) -> Loaded:
-    """Read raw microbench files; sort their records into the fit's roles and count the rest."""
-    backends: dict[str, str] = {}
-    counts = {
-        "used": 0,
-        "local": 0,
-        "other_stores": 0,
-        "ceiling": 0,
-        "failed": dict.fromkeys(FAILED_STATUSES, 0),
-    }
-    periodic, isolated, sm_count = [], [], None
-    for path in raw_paths:
-        doc = read_raw(path)
-        if doc["experiment"] != "microbench":
-            raise ValueError(f"{path}: experiment '{doc['experiment']}' is not microbench")
-        backends[str(path)] = doc["backend"]
-        env = doc["environment"]
-        sm_count = (
-            sm_count
-            or env.get("hardware_profile", {}).get("sm_count")
-            or next((g["sm_count"] for g in env.get("gpus", [])), None)
-        )
-        for r in doc["records"]:
-            point = r["point"]
-            if r["status"] != "ok":
-                counts["failed"][r["status"]] += 1
-            elif point["kind"] == "ceiling":
-                counts["ceiling"] += 1
-            elif point.get("dest", "peer") != "peer":
-                counts["local"] += 1
-            elif not _is_reference(point):
-                counts["other_stores"] += 1
-            else:
-                if not r["samples"].get("t_iss_slowest_us"):
-                    raise ValueError(f"{path}: record '{r['id']}' has no t_iss_slowest_us samples")
-                counts["used"] += 1
-                (periodic if point["kind"] == "periodic" else isolated).append(r)
-    if len(set(backends.values())) > 1:
-        raise ValueError(f"raw files from different backends cannot be fitted together: {backends}")
-    zero_gap = [
-        r
-        for r in periodic
-        if r["point"].get("gap_us", 0.0) == 0.0 and r["samples"].get("period_us")
-    ]
-    data = FitData(
-        _recs(zero_gap, "period_us"),
-        _recs(periodic, "t_iss_slowest_us"),
-        _recs(isolated, "t_iss_slowest_us"),
-    )
-    backend = next(iter(backends.values()), "none")
-    return Loaded(data, backend, counts, sm_count)
-
-
 # ---- bootstrap -----------------------------------------------------------------------
+
+POOLED_KEYS = ("R", "Q", "t0_fixed", "issue_rate")
 
 
 def _boot_medians(recs: Recs, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -365,29 +282,36 @@ def _boot_medians(recs: Recs, n: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def bootstrap(data: FitData, pooled: Params, Ks: list[float], n: int, seed: int) -> dict:
-    """Replicates of every pooled and per-K parameter (NaN where a replicate has none)."""
+def bootstrap(
+    data: FitData, pooled: Params, window: Params, Ks: list[float], n: int, seed: int
+) -> dict:
+    """Replicates of every pooled, window ('w:'-prefixed) and per-K parameter (NaN where a
+    replicate has none)."""
     rng = np.random.default_rng(seed)
-    roles = ("zero_gap", "periodic", "isolated")
-    medians = {role: _boot_medians(getattr(data, role), n, rng) for role in roles}
-    keys = ["R", "Q", "t0_fixed", "issue_rate"] + [
-        f"{q}@{K:g}" for K in Ks for q in ("R", "Q", "T0")
-    ]
+    medians = {role: _boot_medians(getattr(data, role), n, rng) for role in ROLES}
+    keys = [*POOLED_KEYS, *(f"w:{k}" for k in POOLED_KEYS)]
+    keys += [f"{q}@{K:g}" for K in Ks for q in ("R", "Q", "T0")]
     reps = {k: np.full(n, np.nan) for k in keys}
+
+    def put(key: str, b: int, value: float | None) -> None:
+        reps[key][b] = np.nan if value is None else value
+
     for b in range(n):
         picked = {}
-        for role in roles:
+        for role in ROLES:
             recs = getattr(data, role)
             idx = rng.integers(0, len(recs), len(recs))
             picked[role] = recs.take(idx, medians[role][b, idx])
         d = FitData(**picked)
         p = fit_chain(d, start=pooled, rounds=2)
-        for k in ("R", "Q", "t0_fixed", "issue_rate"):
-            reps[k][b] = np.nan if getattr(p, k) is None else getattr(p, k)
+        w = fit_chain(d, start=window, rounds=2, window=True) if window.R is not None else None
+        for k in POOLED_KEYS:
+            put(k, b, getattr(p, k))
+            put(f"w:{k}", b, getattr(w, k) if w else None)
         for K in Ks:
             k = fit_per_K(d, p, K)
             for q, v in (("R", k.R), ("Q", k.Q), ("T0", k.T0_ref)):
-                reps[f"{q}@{K:g}"][b] = np.nan if v is None else v
+                put(f"{q}@{K:g}", b, v)
     return reps
 
 
@@ -407,6 +331,19 @@ def _param(
     return {"value": value * scale, "ci_low": lo, "ci_high": hi}
 
 
+def _params_block(p: Params, reps: dict, prefix: str = "") -> dict:
+    why = p.reasons
+    q_name = "q_bytes" if p.window else "Q_bytes"
+    return {
+        "R_GBps": _param(p.R, reps.get(f"{prefix}R"), 1e-3, why.get("R")),
+        q_name: _param(p.Q, reps.get(f"{prefix}Q"), 1.0, why.get("Q")),
+        "t0_fixed_us": _param(p.t0_fixed, reps.get(f"{prefix}t0_fixed"), 1.0, why.get("T0")),
+        "issue_rate_per_sm_GBps": _param(
+            p.issue_rate, reps.get(f"{prefix}issue_rate"), 1e-3, why.get("T0")
+        ),
+    }
+
+
 # ---- validation ----------------------------------------------------------------------
 
 
@@ -415,150 +352,148 @@ def held_out(record_id: str) -> bool:
     return int(hashlib.sha256(record_id.encode()).hexdigest()[:8], 16) % 100 < HOLDOUT_PERCENT
 
 
-def validate(data: FitData) -> tuple[list[dict], dict]:
-    """Fit without the held-out records, then predict every record's t_iss_slowest."""
+T_ISS = "t_iss_slowest_us"
+PERIOD = "period_us"
 
-    def split(recs: Recs) -> Recs:
-        return recs.where([not held_out(i) for i in recs.ids])
 
-    p = fit_chain(FitData(split(data.zero_gap), split(data.periodic), split(data.isolated)))
-    rows: list[dict] = []
+def predict(p: Params, recs: Recs, metric: str) -> np.ndarray | None:
+    """The laws' value of `metric` for each record, or None where p cannot predict it.
+
+    Periodic records: the steady train's issue time and period (laws.train_*); isolated
+    bursts and drain probes: the isolated law. Without a Q only the periodic law is left.
+    """
     if p.R is None or not p.has_T0:
-        why = p.reasons.get("T0") or p.reasons.get("R")
-        return rows, {
-            "n": 0,
-            "median_abs_rel_error": None,
-            "p90_abs_rel_error": None,
-            "reason": f"no training fit: {why}",
-        }
-    for recs, periodic in ((data.periodic, True), (data.isolated, False)):
-        T0 = p.T0(recs.B)
-        if periodic:
-            pred = (
-                laws.train_issue_time(T0, recs.G, recs.V, p.R, p.Q)
-                if p.Q is not None
-                else laws.issue_time(T0, recs.G, recs.V, p.R)
-            )
-        elif p.Q is not None:
-            pred = laws.isolated_issue_time(T0, recs.V, p.Q, p.R)
-        else:
-            continue  # no Q, no isolated-law prediction
-        for j, rid in enumerate(recs.ids):
-            rows.append(
-                {
-                    "id": rid,
-                    "study": recs.study[j],
-                    "kind": recs.kind[j],
-                    "K": int(recs.K[j]),
-                    "V": int(recs.V[j]),
-                    "gap_us": float(recs.G[j]),
-                    "dest": "peer",
-                    "metric": "t_iss_slowest_us",
-                    "measured_us": float(recs.y[j]),
-                    "predicted_us": float(pred[j]),
-                    "rel_error": float((pred[j] - recs.y[j]) / recs.y[j]),
-                    "held_out": held_out(rid),
-                }
-            )
-    errors = np.abs([r["rel_error"] for r in rows if r["held_out"]])
-    summary = {
+        return None
+    T0 = p.T0(recs.B)
+    Q = p.Q_for(recs.K)
+    if metric == PERIOD:
+        return None if Q is None else laws.train_period(T0, recs.G, recs.V, p.R, Q)
+    isolated = np.isin(recs.kind, ISOLATED_KINDS)
+    if Q is None:
+        return None if isolated.any() else laws.issue_time(T0, recs.G, recs.V, p.R)
+    train = laws.train_issue_time(T0, recs.G, recs.V, p.R, Q)
+    return np.where(isolated, laws.isolated_issue_time(T0, recs.V, Q, p.R), train)
+
+
+def _rel(pred: np.ndarray | None, j: int, measured: float) -> tuple[float | None, float | None]:
+    if pred is None:
+        return None, None
+    return float(pred[j]), float((pred[j] - measured) / measured)
+
+
+def _rows(recs: Recs, metric: str, shared: Params, window: Params, in_fit: bool) -> list:
+    pred = predict(shared, recs, metric)
+    if pred is None:
+        return []  # no shared-Q prediction: nothing to validate (e.g. no Q, isolated law)
+    pred_w = predict(window, recs, metric)
+    rows = []
+    for j, rid in enumerate(recs.ids):
+        y = float(recs.y[j])
+        predicted, rel = _rel(pred, j, y)
+        predicted_w, rel_w = _rel(pred_w, j, y)
+        rows.append(
+            {
+                "id": rid,
+                "study": recs.study[j],
+                "kind": recs.kind[j],
+                "K": int(recs.K[j]),
+                "V": int(recs.V[j]),
+                "gap_us": float(recs.G[j]),
+                "dest": "peer",
+                "sync": "barrier" if recs.aligned[j] else recs.sync[j],
+                "aligned": bool(recs.aligned[j]),
+                "metric": metric,
+                "measured_us": y,
+                "predicted_us": predicted,
+                "rel_error": rel,
+                "predicted_window_us": predicted_w,
+                "rel_error_window": rel_w,
+                "in_fit_set": in_fit,
+                "held_out": held_out(rid) if in_fit else True,
+            }
+        )
+    return rows
+
+
+def summarize_errors(rows: list[dict], key: str = "rel_error") -> dict:
+    errors = np.abs([r[key] for r in rows if r[key] is not None])
+    return {
         "n": int(errors.size),
         "median_abs_rel_error": float(np.median(errors)) if errors.size else None,
         "p90_abs_rel_error": float(np.quantile(errors, 0.9)) if errors.size else None,
     }
-    return rows, summary
 
 
-# ---- checks --------------------------------------------------------------------------
+def summaries(rows: list[dict], key: str = "rel_error") -> dict:
+    """The error summaries of one variant (key: its rel_error column).
+
+    validation_summary: held-out rows of the fit set; validation_summary_free: every
+    free-running row (never fitted); validation_by_metric: the first, per metric;
+    validation_by_group: per "study/sync:metric", over held-out rows, with "all" (fitted
+    rows too, so in-sample) beside it to show where the laws miss systematically.
+    """
+    held = [r for r in rows if r["held_out"]]
+    fit_held = [r for r in held if r["in_fit_set"]]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(f"{r['study']}/{r['sync']}:{r['metric']}", []).append(r)
+    return {
+        "validation_summary": summarize_errors(fit_held, key),
+        "validation_summary_free": summarize_errors(
+            [r for r in rows if not r["in_fit_set"] and not r["aligned"]], key
+        ),
+        "validation_by_metric": {
+            m: summarize_errors([r for r in fit_held if r["metric"] == m], key)
+            for m in sorted({r["metric"] for r in rows})
+        },
+        "validation_by_group": {
+            g: {
+                **summarize_errors([r for r in rs if r["held_out"]], key),
+                "all": summarize_errors(rs, key),
+            }
+            for g, rs in sorted(groups.items())
+        },
+    }
 
 
-def _check(passed: bool | None, detail: str) -> dict:
-    """passed is None where the data cannot answer the question; the detail says why."""
-    return {"passed": None if passed is None else bool(passed), "detail": detail}
+def validate(loaded: Loaded) -> tuple[list[dict], Params]:
+    """Fit both variants without the held-out records, then predict every record's
+    t_iss_slowest (and period, for periodic records): the fit set's, held-out ones
+    flagged, and those validated apart."""
+
+    def training(recs: Recs) -> Recs:
+        return recs.where([not held_out(i) for i in recs.ids])
+
+    train = FitData(*(training(getattr(loaded.fit, role)) for role in ROLES))
+    shared = fit_chain(train)
+    window = fit_chain(train, window=True)
+    rows: list[dict] = []
+    for data, in_fit in ((loaded.fit, True), (loaded.apart, False)):
+        for recs, metric in ((data.periodic, T_ISS), (data.isolated, T_ISS), (data.period, PERIOD)):
+            rows += _rows(recs, metric, shared, window, in_fit)
+    return rows, shared
 
 
-def check_split_consistency(zg: Recs, p: Params) -> dict:
-    """Do the K/B splits of one V drain at one R? Each split's V/period with its CI."""
-    if p.R is None:
-        return _check(None, "not evaluated: no R")
-    drain_bound = zg.V / p.R > 1.2 * (p.T0(zg.B) if p.has_T0 else 0.0)
-    recs = zg.where(drain_bound)
-    order = np.argsort(recs.V)
-    groups: list[list[int]] = []
-    for j in order:  # V within 1% is one V (each split rounds V to K*B)
-        if groups and recs.V[j] <= recs.V[groups[-1][0]] * 1.01:
-            groups[-1].append(j)
-        else:
-            groups.append([j])
-    lines, bad = [], []
-    for g in groups:
-        if len(set(recs.K[g])) < 2:
-            continue
-        lows, highs, parts = [], [], []
-        for j in g:
-            lo, hi = bootstrap_median_ci(recs.samples[j])
-            R_j = recs.V[j] / recs.y[j] / 1e3
-            lows.append(min(recs.V[j] / hi / 1e3, R_j * (1 - SPLIT_CI_FLOOR)))
-            highs.append(max(recs.V[j] / lo / 1e3, R_j * (1 + SPLIT_CI_FLOOR)))
-            parts.append(f"K={recs.K[j]:g} ({recs.study[j]}): {R_j:.1f}")
-        agree = max(lows) <= min(highs)
-        line = f"V={recs.V[g[0]] / MiB:.2f} MiB: " + ", ".join(parts) + " GB/s"
-        lines.append(line)
-        if not agree:
-            bad.append(line)
-    if not lines:
-        return _check(None, "not evaluated: no V was measured with two K/B splits at G=0")
-    if bad:
-        return _check(
-            False, f"{len(bad)} of {len(lines)} V disagree beyond their CIs: " + "; ".join(bad)
-        )
-    return _check(True, f"{len(lines)} V, every K/B split within CIs: " + "; ".join(lines))
-
-
-def check_t0_plateau_flat(periodic: Recs, p: Params) -> dict:
-    """Is the issue time flat over the gaps that drain the whole burst?"""
-    if p.R is None:
-        return _check(None, "not evaluated: no R")
-    plat = plateau(periodic, p.R)
-    spreads = []
-    for name in sorted(set(plat.series)):
-        y = plat.y[[s == name for s in plat.series]]
-        if y.size >= 2:
-            spreads.append(((y.max() - y.min()) / np.median(y), name, y.size))
-    if not spreads:
-        return _check(None, "not evaluated: no series with two gaps beyond V/R")
-    worst = max(spreads)
-    flat = worst[0] <= PLATEAU_TOLERANCE
-    return _check(
-        flat,
-        f"{len(spreads)} series; largest spread over the plateau "
-        f"{worst[0]:.1%} ({worst[1]}, {worst[2]} gaps); tolerance "
-        f"{PLATEAU_TOLERANCE:.0%}",
+def _stall_check(data: FitData, p: Params, per_K: list[dict]) -> dict:
+    """checks.stall_in_store_loop with each K's own Q (the pooled one where a K has none)."""
+    per = data.periodic
+    if p.R is None or not p.has_T0 or p.Q is None or data.period is None:
+        return checks.not_evaluated("needs the pooled R, T0 and Q")
+    Q_of_K = {k["K"]: k["Q_bytes"]["value"] for k in per_K if k["Q_bytes"]["value"]}
+    Q = np.array([Q_of_K.get(int(K), p.Q) for K in per.K])
+    T0 = p.T0(per.B)
+    return checks.stall_in_store_loop(
+        per,
+        data.period,
+        T0,
+        laws.issue_time(T0, per.G, per.V, p.R),
+        laws.isolated_issue_time(T0, per.V, Q, p.R),
     )
 
 
-def check_one_Q(per_K: list[dict]) -> dict:
-    """Does one Q explain the isolated bursts of every K, or does Q grow with K?"""
-    qs = [(k["K"], k["Q_bytes"]) for k in per_K if k["Q_bytes"]["value"] is not None]
-    if len(qs) < 2:
-        return _check(None, "not evaluated: Q fitted for fewer than two K")
-    values = np.array([q["value"] for _, q in qs])
-    lows = [q["ci_low"] if q["ci_low"] is not None else q["value"] for _, q in qs]
-    highs = [q["ci_high"] if q["ci_high"] is not None else q["value"] for _, q in qs]
-    spread = (values.max() - values.min()) / np.median(values)
-    listing = ", ".join(
-        f"K={K}: {q['value'] / MiB:.2f} MiB ({q['value'] / K / 1024:.1f} KiB per producer)"
-        for K, q in qs
-    )
-    if max(lows) <= min(highs) or spread <= ONE_Q_TOLERANCE:
-        return _check(True, f"one Q within CIs or {ONE_Q_TOLERANCE:.0%}: {listing}")
-    grows = bool(np.all(np.diff(values) > 0))
-    hint = (
-        " Q grows with K: a per-producer window describes the knee better than one shared Q."
-        if grows
-        else ""
-    )
-    return _check(False, f"per-K Q disagree (spread {spread:.0%}): {listing}.{hint}")
+def _no_rows_reason(shared: Params) -> str:
+    why = shared.reasons.get("T0") or shared.reasons.get("R") or "no record to predict"
+    return f"no training fit: {why}"
 
 
 # ---- output --------------------------------------------------------------------------
@@ -602,6 +537,26 @@ def _reason_key(profile_key: str) -> str:
     return {"drain_rate_GBps": "R", "capacity_bytes": "Q"}.get(profile_key, "T0")
 
 
+def _per_K(data: FitData, pooled: Params, Ks: list[float], reps: dict) -> list[dict]:
+    why = pooled.reasons
+    out = []
+    for K in Ks:
+        k = (
+            fit_per_K(data, pooled, K)
+            if pooled.R is not None
+            else PerK(None, None, None, {q: f"needs R ({why['R']})" for q in ("R", "Q", "T0")})
+        )
+        out.append(
+            {
+                "K": int(K),
+                "R_GBps": _param(k.R, reps.get(f"R@{K:g}"), 1e-3, k.reasons.get("R")),
+                "Q_bytes": _param(k.Q, reps.get(f"Q@{K:g}"), 1.0, k.reasons.get("Q")),
+                "T0_us": _param(k.T0_ref, reps.get(f"T0@{K:g}"), 1.0, k.reasons.get("T0")),
+            }
+        )
+    return out
+
+
 def fit_files(
     raw_paths: list[str],
     dataset: str,
@@ -614,35 +569,25 @@ def fit_files(
 ) -> dict:
     """Fit T0, R, Q from raw microbench files; write model/burst_gap.json and profile.yaml."""
     loaded = load(raw_paths)
-    data = loaded.data
+    data = loaded.fit
     pooled = fit_chain(data)
+    window = fit_chain(data, window=True)
     Ks = sorted(set(data.zero_gap.K) | set(data.periodic.K) | set(data.isolated.K))
-    reps = bootstrap(data, pooled, Ks, n_bootstrap, seed) if pooled.R is not None else {}
-    why = pooled.reasons
-    params = {
-        "R_GBps": _param(pooled.R, reps.get("R"), 1e-3, why.get("R")),
-        "Q_bytes": _param(pooled.Q, reps.get("Q"), 1.0, why.get("Q")),
-        "t0_fixed_us": _param(pooled.t0_fixed, reps.get("t0_fixed"), 1.0, why.get("T0")),
-        "issue_rate_per_sm_GBps": _param(
-            pooled.issue_rate, reps.get("issue_rate"), 1e-3, why.get("T0")
-        ),
+    reps = bootstrap(data, pooled, window, Ks, n_bootstrap, seed) if pooled.R is not None else {}
+    params = _params_block(pooled, reps)
+    per_K = _per_K(data, pooled, Ks, reps)
+    validation, train_shared = validate(loaded)
+    shared_summaries = summaries(validation)
+    window_summaries = summaries(validation, "rel_error_window")
+    if not validation:
+        shared_summaries["validation_summary"]["reason"] = _no_rows_reason(train_shared)
+    line_rate = load_profile(base_profile).nvlink_line_rate_GBps if base_profile else None
+    ceilings = {
+        "peer_GBps": {m: c["median_GBps"] for m, c in loaded.ceilings.items()},
+        "n_samples": {m: c["n"] for m, c in loaded.ceilings.items()},
+        "nvlink_line_rate_GBps": line_rate,
+        "line_rate_source": f"{base_profile} (specification)" if base_profile else None,
     }
-    per_K = []
-    for K in Ks:
-        k = (
-            fit_per_K(data, pooled, K)
-            if pooled.R is not None
-            else PerK(None, None, None, {q: f"needs R ({why['R']})" for q in ("R", "Q", "T0")})
-        )
-        per_K.append(
-            {
-                "K": int(K),
-                "R_GBps": _param(k.R, reps.get(f"R@{K:g}"), 1e-3, k.reasons.get("R")),
-                "Q_bytes": _param(k.Q, reps.get(f"Q@{K:g}"), 1.0, k.reasons.get("Q")),
-                "T0_us": _param(k.T0_ref, reps.get(f"T0@{K:g}"), 1.0, k.reasons.get("T0")),
-            }
-        )
-    validation, summary = validate(data)
     result = {
         "dataset": dataset,
         "backend": loaded.backend,
@@ -656,13 +601,30 @@ def fit_files(
             "seed": seed,
             "holdout_percent": HOLDOUT_PERCENT,
             "reference_stores": REFERENCE_STORES,
+            "validated_apart": {
+                "kinds": list(NOT_FITTED_KINDS),
+                "sync": "free, where a role has aligned records (see fit_set)",
+            },
         },
+        "fit_set": loaded.fit_set,
+        "zero_gap_sources": loaded.zero_gap_sources,
+        "ceilings": ceilings,
         "validation": validation,
-        "validation_summary": summary,
+        **shared_summaries,
+        "variants": {WINDOW: {"params": _params_block(window, reps, "w:"), **window_summaries}},
         "checks": {
-            "split_consistency": check_split_consistency(data.zero_gap, pooled),
-            "t0_plateau_flat": check_t0_plateau_flat(data.periodic, pooled),
-            "one_Q_explains_isolated": check_one_Q(per_K),
+            "split_consistency": checks.split_consistency(
+                data.zero_gap, pooled.R, pooled.T0 if pooled.has_T0 else None
+            ),
+            "t0_plateau_flat": checks.t0_plateau_flat(data.periodic, pooled.R),
+            "stall_in_store_loop": _stall_check(data, pooled, per_K),
+            "one_Q_explains_isolated": checks.one_Q(per_K),
+            "per_producer_Q_fits_better": checks.per_producer_Q_fits_better(validation),
+            "r_matches_sm_store_ceiling": checks.r_matches_ceiling(params["R_GBps"], ceilings),
+            "r_within_line_rate": checks.r_within_line_rate(params["R_GBps"], per_K, line_rate),
+            "heldout_error_within_target": checks.heldout_error_within_target(
+                shared_summaries, window_summaries, loaded.fit_set
+            ),
         },
     }
     atomic_write_text(out_json, json.dumps(result, indent=1) + "\n")

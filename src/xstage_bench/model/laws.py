@@ -69,6 +69,16 @@ def train_issue_time(
     return np.maximum(issue_time(T0, G, V, R), isolated_issue_time(T0, V, Q, R))
 
 
+def train_period(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike, Q: ArrayLike) -> NDArray:
+    """Period of a steady train from the two laws together: the train's issue time plus G.
+
+    This is the period law max(T0 + G, V/R) with T0 raised to the isolated issue time
+    where a burst stalls even on an empty path (V beyond Q); since the train's issue time
+    is at least V/R - G, the period is never shorter than V/R.
+    """
+    return train_issue_time(T0, G, V, R, Q) + _f(G)
+
+
 def backpressure_free(
     T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike, Q: ArrayLike
 ) -> NDArray:

@@ -1,0 +1,254 @@
+"""Raw microbench records sorted into the roles of the Burst-Gap fit.
+
+The laws describe K producers that burst together. On a GPU, producers that run free
+drift apart (by up to ~500 us within a launch on 2x H200), so only aligned bursts test
+the laws as stated: records with a grid barrier before every burst (sync = barrier) and
+drain probes (whose kernel always meets at a barrier). Where a dataset has aligned
+records of a role, only those are fitted and the free-running ones are validated apart;
+where it has none (a simulated grid without barrier studies), every record is fitted.
+
+Drain probes are validated apart too: their kernel has its own fixed cost per burst (a
+64 KiB burst issues in ~0.1 us there, ~0.26 us in the burst-train kernel on H200), so
+they would bias T0 toward a kernel that none of the other studies runs.
+
+Zero-gap periods, which give R, come from the aggregate issue rate where a record has it
+(V / issue_rate: bytes issued per unit time while every producer is steady, which does
+not depend on how the producers are aligned) and from the per-producer period otherwise
+(the simulator writes only period_us).
+
+Only peer records of the reference store configuration (16-byte stores, rewriting the
+same lines, one peer) enter the fit; local and other records stay for the figures.
+The peer ceilings measured in the same run are collected for the R check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from xstage_bench.results import FAILED_STATUSES, read_raw
+
+REFERENCE_STORES = {"dest": "peer", "width": 16, "pattern": "same", "peers": 1}
+ROLES = ("zero_gap", "periodic", "isolated")  # what the parameters are fitted to
+NOT_FITTED_KINDS = ("drain_probe",)  # validated apart (see the module docstring)
+ISOLATED_KINDS = ("isolated", "drain_probe")  # one burst on an empty path: the isolated law
+
+
+@dataclass(frozen=True)
+class Recs:
+    """Records of one role as arrays: K, V, B per producer, gap, and a value per record."""
+
+    ids: tuple[str, ...]
+    study: tuple[str, ...]
+    kind: tuple[str, ...]
+    sync: tuple[str, ...]  # the point's sync axis (free | barrier)
+    aligned: np.ndarray  # bool: the producers started each burst together
+    K: np.ndarray
+    V: np.ndarray
+    B: np.ndarray
+    G: np.ndarray
+    y: np.ndarray  # per-record median of the role's metric
+    samples: tuple[np.ndarray, ...]
+    series: tuple[str, ...]  # the record's point without its gap (one curve over G)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def take(self, idx, y: np.ndarray | None = None) -> Recs:
+        idx = np.asarray(idx, dtype=int)
+
+        def pick(seq: tuple) -> tuple:
+            return tuple(seq[i] for i in idx)
+
+        return Recs(
+            pick(self.ids),
+            pick(self.study),
+            pick(self.kind),
+            pick(self.sync),
+            self.aligned[idx],
+            self.K[idx],
+            self.V[idx],
+            self.B[idx],
+            self.G[idx],
+            self.y[idx] if y is None else y,
+            pick(self.samples),
+            pick(self.series),
+        )
+
+    def where(self, mask) -> Recs:
+        return self.take(np.flatnonzero(mask))
+
+
+def concat(a: Recs, b: Recs) -> Recs:
+    return Recs(
+        a.ids + b.ids,
+        a.study + b.study,
+        a.kind + b.kind,
+        a.sync + b.sync,
+        *(np.concatenate([getattr(a, k), getattr(b, k)]) for k in ("aligned", *"KVBGy")),
+        a.samples + b.samples,
+        a.series + b.series,
+    )
+
+
+def plateau(periodic: Recs, R: float) -> Recs:
+    """Periodic records whose gap drains the whole burst (G >= V/R): each meets an empty path."""
+    return periodic.where(periodic.G >= periodic.V / R)
+
+
+def is_aligned(point: dict) -> bool:
+    return point.get("sync") == "barrier" or point["kind"] == "drain_probe"
+
+
+def zero_gap_samples(record: dict) -> tuple[np.ndarray, str]:
+    """A zero-gap record's period samples (us) and their source: V/issue_rate or period_us."""
+    rates = record["samples"].get("issue_rate_GBps") or []
+    if rates:
+        # GB/s is bytes per ns: V / (rate * 1e3) is microseconds.
+        return record["point"]["V"] / (np.asarray(rates, dtype=float) * 1e3), "issue_rate"
+    return np.asarray(record["samples"]["period_us"], dtype=float), "period"
+
+
+def recs_from(records: list[dict], samples: list[np.ndarray]) -> Recs:
+    pts = [r["point"] for r in records]
+    return Recs(
+        ids=tuple(r["id"] for r in records),
+        study=tuple(p.get("study", "") for p in pts),
+        kind=tuple(p["kind"] for p in pts),
+        sync=tuple(p.get("sync", "free") for p in pts),
+        aligned=np.array([is_aligned(p) for p in pts], dtype=bool),
+        K=np.array([p["K"] for p in pts], dtype=float),
+        V=np.array([p["V"] for p in pts], dtype=float),
+        B=np.array([p["B"] for p in pts], dtype=float),
+        G=np.array([p.get("gap_us", 0.0) for p in pts], dtype=float),
+        y=np.array([np.median(s) for s in samples]),
+        samples=tuple(samples),
+        series=tuple(
+            f"{p.get('study', '')}/K={p['K']}/V={p['V']}/sync={p.get('sync')}/"
+            f"gap_mode={p.get('gap_mode')}"
+            for p in pts
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class FitData:
+    zero_gap: Recs  # periodic at G = 0, metric V/issue_rate or period_us
+    periodic: Recs  # every periodic record, metric t_iss_slowest_us
+    isolated: Recs  # isolated bursts and drain probes, metric t_iss_slowest_us
+    period: Recs | None = None  # periodic records, metric period_us: validated, not fitted
+
+
+@dataclass(frozen=True)
+class Loaded:
+    fit: FitData  # what the parameters are fitted to (aligned records where there are any)
+    apart: FitData  # records validated apart, never fitted (free-running ones)
+    fit_set: dict  # per role: "aligned" or "all (no aligned records)"; drain probes never
+    zero_gap_sources: dict  # how many zero-gap periods came from issue_rate, from period_us
+    backend: str
+    counts: dict
+    sm_count: int | None  # from the raw files' environment, for a profile without a base
+    ceilings: dict  # peer ceilings of the same run: method -> {median_GBps, n}
+
+
+def _is_reference(point: dict) -> bool:
+    return all(point.get(k, v) == v for k, v in REFERENCE_STORES.items())
+
+
+def _split(recs: Recs, aligned_only: bool) -> tuple[Recs, Recs]:
+    """(fitted, validated apart) records of one role."""
+    fitted = ~np.isin(recs.kind, NOT_FITTED_KINDS)
+    if aligned_only:
+        fitted &= recs.aligned
+    return recs.where(fitted), recs.where(~fitted)
+
+
+def load(raw_paths: list[str]) -> Loaded:
+    """Read raw microbench files; sort their records into the fit's roles and count the rest."""
+    backends: dict[str, str] = {}
+    counts = {
+        "used": 0,
+        "aligned": 0,
+        "local": 0,
+        "other_stores": 0,
+        "ceiling": 0,
+        "failed": dict.fromkeys(FAILED_STATUSES, 0),
+    }
+    periodic, isolated, sm_count = [], [], None
+    ceilings: dict[str, list[float]] = {}
+    for path in raw_paths:
+        doc = read_raw(path)
+        if doc["experiment"] != "microbench":
+            raise ValueError(f"{path}: experiment '{doc['experiment']}' is not microbench")
+        backends[str(path)] = doc["backend"]
+        env = doc["environment"]
+        sm_count = (
+            sm_count
+            or env.get("hardware_profile", {}).get("sm_count")
+            or next((g["sm_count"] for g in env.get("gpus", [])), None)
+        )
+        for r in doc["records"]:
+            point = r["point"]
+            if r["status"] != "ok":
+                counts["failed"][r["status"]] += 1
+            elif point["kind"] == "ceiling":
+                counts["ceiling"] += 1
+                if point.get("dest") == "peer" and r["samples"].get("bandwidth_GBps"):
+                    ceilings.setdefault(point["method"], []).extend(r["samples"]["bandwidth_GBps"])
+            elif point.get("dest", "peer") != "peer":
+                counts["local"] += 1
+            elif not _is_reference(point):
+                counts["other_stores"] += 1
+            else:
+                if not r["samples"].get("t_iss_slowest_us"):
+                    raise ValueError(f"{path}: record '{r['id']}' has no t_iss_slowest_us samples")
+                counts["used"] += 1
+                counts["aligned"] += int(is_aligned(point))
+                (periodic if point["kind"] == "periodic" else isolated).append(r)
+    if len(set(backends.values())) > 1:
+        raise ValueError(f"raw files from different backends cannot be fitted together: {backends}")
+    zero_gap = [
+        r
+        for r in periodic
+        if r["point"].get("gap_us", 0.0) == 0.0
+        and (r["samples"].get("period_us") or r["samples"].get("issue_rate_GBps"))
+    ]
+    zg = [zero_gap_samples(r) for r in zero_gap]
+    sources = {"issue_rate": 0, "period": 0}
+    for _, source in zg:
+        sources[source] += 1
+
+    def slowest(records: list[dict]) -> Recs:
+        return recs_from(
+            records, [np.asarray(r["samples"]["t_iss_slowest_us"], dtype=float) for r in records]
+        )
+
+    with_period = [r for r in periodic if r["samples"].get("period_us")]
+    roles = {
+        "zero_gap": recs_from(zero_gap, [s for s, _ in zg]),
+        "periodic": slowest(periodic),
+        "isolated": slowest(isolated),
+        "period": recs_from(
+            with_period, [np.asarray(r["samples"]["period_us"], dtype=float) for r in with_period]
+        ),
+    }
+    fit, apart, fit_set = {}, {}, {}
+    for role, recs in roles.items():
+        eligible = recs.where(~np.isin(recs.kind, NOT_FITTED_KINDS))
+        aligned_only = bool(eligible.aligned.any())
+        fit[role], apart[role] = _split(recs, aligned_only)
+        fit_set[role] = "aligned" if aligned_only else "all (no aligned records)"
+    return Loaded(
+        fit=FitData(**fit),
+        apart=FitData(**apart),
+        fit_set=fit_set,
+        zero_gap_sources=sources,
+        backend=next(iter(backends.values()), "none"),
+        counts=counts,
+        sm_count=sm_count,
+        ceilings={
+            method: {"median_GBps": float(np.median(v)), "n": len(v)}
+            for method, v in sorted(ceilings.items())
+        },
+    )
