@@ -89,3 +89,9 @@ def test_figures_with_an_optional_study_are_made_without_it(workdir):
     n_sim = len(config["datasets"]["simulated"])
     assert counts["figure_fig_issue_vs_gap"] == counts["figure_fig_backpressure_map"] == n_sim
     assert "microbench:gap_sweep_barrier" in layout.PRODUCTS["fig-issue-vs-gap"].optional
+
+
+def test_every_product_has_a_report_caption():
+    for product in layout.PRODUCTS:
+        caption = ROOT / "workflow" / "report" / f"{product}.rst"
+        assert caption.is_file() and caption.read_text().strip(), product

@@ -24,12 +24,14 @@ ATTENTION_RAW = "raw/attention.json"
 
 @dataclass(frozen=True)
 class Product:
-    """One figure or table: its id, the stage its data comes from, and what it reads."""
+    """One figure or table: its id, the stage its data comes from, and what it reads.
+
+    Its caption, for `snakemake --report`, is workflow/report/<name>.rst.
+    """
 
     name: str
     stage: str  # microbench | model | megamoe | attention | all
     reads: tuple[str, ...]  # dataset-relative paths (microbench studies as "microbench:<study>")
-    caption: str
     optional: tuple[str, ...] = ()  # reads the product uses when the dataset has them
 
 
@@ -42,62 +44,48 @@ FIGURES = (
         "fig-issue-vs-gap",
         "microbench",
         _mb("gap_sweep", "gap_sweep_barrier") + (MODEL_JSON,),
-        "Issue time T_iss vs gap G for several burst sizes V, free-running and aligned "
-        "(barrier) producers, both T_iss definitions, model lines, local control.",
         optional=_mb("gap_sweep_barrier"),
     ),
     Product(
         "fig-drain",
         "microbench",
         _mb("drain") + (MODEL_JSON,),
-        "Period and drain rate vs V at G=0 for K/B splits of the same V, free and aligned, "
-        "with the fitted R, the peer ceilings and the NVLink line rate.",
     ),
     Product(
         "fig-isolated",
         "microbench",
         _mb("isolated") + (MODEL_JSON,),
-        "Isolated-burst issue time vs V per K; the knee gives the capacity Q (shared Q and "
-        "per-producer window fits).",
     ),
     Product(
         "fig-backpressure-map",
         "microbench",
         _mb("gap_sweep", "gap_sweep_barrier") + (MODEL_JSON,),
-        "Measured and modelled issue overhead over (V, G) with the model's G* curve, from "
-        "the aligned gap sweep where there is one.",
         optional=_mb("gap_sweep_barrier"),
     ),
     Product(
         "fig-model-validation",
         "model",
         (MODEL_JSON,),
-        "Predicted vs measured issue times and periods, held-out and free-running points "
-        "marked, with the error summaries and the model checks.",
     ),
     Product(
         "fig-megamoe-speedup",
         "megamoe",
         (MEGAMOE_RAW,),
-        "Interleaved vs expert-wave speedup over the 84 configurations, sorted and grouped.",
     ),
     Product(
         "fig-megamoe-timeline",
         "megamoe",
         (MEGAMOE_TRACE_RAW,),
-        "Per-CTA timeline of Linear-1/Linear-2 tiles and remote-store spans, one config.",
     ),
     Product(
         "fig-store-span-cdf",
         "megamoe",
         (MEGAMOE_TRACE_RAW,),
-        "Per-tile remote-store span CDF: expert-wave, interleaved, local-store control.",
     ),
     Product(
         "fig-ulysses",
         "attention",
         (ATTENTION_RAW,),
-        "Ulysses attention time vs sequence length: alone, serial, fused, per backend.",
     ),
 )
 
@@ -106,31 +94,26 @@ TABLES = (
         "tab-burst-gap-params",
         "model",
         (MODEL_JSON,),
-        "T0, R, Q with confidence intervals per K, beside the paper's B200 values.",
     ),
     Product(
         "tab-megamoe",
         "megamoe",
         (MEGAMOE_RAW,),
-        "Geomean, median, min and max interleaved speedup per group, beside the paper.",
     ),
     Product(
         "tab-ulysses",
         "attention",
         (ATTENTION_RAW,),
-        "Fused-over-serial speedups per backend and length, beside the paper's FA3 table.",
     ),
     Product(
         "tab-claims",
         "all",
         (MODEL_JSON, MEGAMOE_RAW, ATTENTION_RAW),
-        "Every quantitative claim of the paper, with this dataset's number beside it.",
     ),
     Product(
         "tab-noise",
         "all",
         (),
-        "Relative spread of every measured point, and the points above the noise target.",
     ),
 )
 
