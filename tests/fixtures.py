@@ -269,32 +269,45 @@ def megamoe_configs() -> list[dict]:
     return grid.megamoe_points(MEGAMOE, WORLD_SIZE)
 
 
-def write_megamoe(ds: Path, speedups: list[float] | None = None) -> Path:
+def write_megamoe(ds: Path, speedups: list[float] | None = None, baselines: bool = False) -> Path:
     """expert_wave at 100 us and interleaved at 100/speedup us (three identical samples, so
-    medians are exact), plus one unsupported 'deepgemm' record."""
+    medians are exact), plus one unsupported 'deepgemm' record; with `baselines`, per
+    configuration the unfused pipeline at 200 us and, for w8a8 (w4a8: unsupported),
+    DeepGEMM's wave at 120 us and L2-lag at 100 us."""
     configs = megamoe_configs()
     speedups = speedups or [0.95 + 0.05 * i for i in range(len(configs))]
     records = []
+
+    def ok(record_id: str, point: dict, time_us: float) -> dict:
+        extra = {"tflops": 1.0, "nvlink_bytes": 1 << 20}
+        return ok_record(record_id, point, {"time_us": [time_us] * 3}, extra=extra)
+
     for config, speedup in zip(configs, speedups, strict=False):
         for schedule, time_us in (("expert_wave", 100.0), ("interleaved", 100.0 / speedup)):
-            point = {**config, "schedule": schedule}
             records.append(
-                ok_record(
-                    f"{config['id']}/{schedule}",
-                    point,
-                    {"time_us": [time_us] * 3},
-                    extra={"tflops": 1.0, "nvlink_bytes": 1 << 20},
-                )
+                ok(f"{config['id']}/{schedule}", {**config, "schedule": schedule}, time_us)
             )
-    first = configs[0]
-    records.append(
-        failed_record(
-            f"{first['id']}/interleaved/deepgemm",
-            {**first, "schedule": "interleaved", "variant": "deepgemm"},
-            "deep_gemm not importable",
-            status="unsupported",
+        if not baselines:
+            continue
+        point = {**config, "variant": "unfused", "schedule": "unfused"}
+        records.append(ok(f"{config['id']}/unfused", point, 200.0))
+        for schedule, time_us in (("expert_wave", 120.0), ("interleaved", 100.0)):
+            point = {**config, "variant": "deepgemm", "schedule": schedule}
+            record_id = f"{config['id']}/deepgemm/{schedule}"
+            if config["precision"] == "w8a8":
+                records.append(ok(record_id, point, time_us))
+            else:
+                records.append(failed_record(record_id, point, "FP8 only", status="unsupported"))
+    if not baselines:
+        first = configs[0]
+        records.append(
+            failed_record(
+                f"{first['id']}/deepgemm/interleaved",
+                {**first, "schedule": "interleaved", "variant": "deepgemm"},
+                "deep_gemm not importable",
+                status="unsupported",
+            )
         )
-    )
     return _write(ds, layout.MEGAMOE_RAW, "megamoe", records)
 
 

@@ -5,7 +5,7 @@ malformed inputs with an error naming the file."""
 import json
 
 import pytest
-from fixtures import make_dataset, write_microbench, write_model
+from fixtures import make_dataset, write_megamoe, write_microbench, write_model
 
 from xstage_bench import layout
 from xstage_bench.figures.common import NoDataError, fmt_bytes, save_figure, trace_series
@@ -70,6 +70,23 @@ def test_failed_points_are_counted_on_the_figure(sim_dataset):
     assert "1 point failed (timeout: 1), not plotted" in notes
     megamoe_notes = " ".join(texts(FIGURES["fig-megamoe-speedup"](sim_dataset)))
     assert "1 point failed (unsupported: 1)" in megamoe_notes
+
+
+def test_megamoe_speedup_adds_the_baseline_row_only_when_there_are_baselines(tmp_path):
+    plain = make_dataset(tmp_path, "sim-moe", attention=False)
+    assert len(FIGURES["fig-megamoe-speedup"](plain).axes) == 4  # bars, 3 group panels
+    ds = tmp_path / "h200x2-moe"
+    write_megamoe(ds, [1.25, 0.8] * 4, baselines=True)
+    fig = FIGURES["fig-megamoe-speedup"](ds)
+    assert len(fig.axes) == 6
+    ratios, pair = fig.axes[4], fig.axes[5]
+    labels = [t.get_text() for t in ratios.get_legend().get_texts()]
+    assert labels[0].startswith("unfused torch pipeline (geomean") and "n=8" in labels[0]
+    assert labels[1].startswith("DeepGEMM SM90 MegaMoE") and "n=4" in labels[1]
+    unfused_y = sorted(ratios.collections[0].get_offsets()[:, 1])
+    assert unfused_y[0] == pytest.approx(0.4) and unfused_y[-1] == pytest.approx(0.5)
+    # DeepGEMM ran both schedules on the four w8a8 configurations: its speedup is 1.2
+    assert list(pair.collections[0].get_offsets()[:, 1]) == pytest.approx([1.2] * 4)
 
 
 def test_issue_vs_gap_states_both_definitions(sim_dataset):

@@ -19,7 +19,16 @@ import numpy as np
 import pytest
 
 from xstage_bench.megamoe import quant, routing, schedule
-from xstage_bench.megamoe.runner import expand_schedules, select, trace_points, trace_summary
+from xstage_bench.megamoe.baselines import deepgemm, unfused
+from xstage_bench.megamoe.runner import (
+    _config_id,
+    expand_points,
+    expand_schedules,
+    print_summary,
+    select,
+    trace_points,
+    trace_summary,
+)
 
 HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
 needs_torch = pytest.mark.skipif(not HAVE_TORCH_TRITON, reason="torch and triton not installed")
@@ -260,6 +269,64 @@ def test_select_restricts_the_grid_and_names_an_unknown_shape():
     assert got["tokens_per_rank"] == [16] and moe["precisions"] == ["w8a8"]
     with pytest.raises(ValueError, match="'c'"):
         select(moe, shapes=["c"])
+
+
+def test_variants_expand_per_configuration_with_stable_ids():
+    configs = [{"id": f"s/w8a8/skewed/T={t}/P=2", "precision": "w8a8"} for t in (1024, 4096)]
+    moe = {"schedules": ["expert_wave", "interleaved"]}  # no variants key: all three
+    pts = expand_points(configs, moe)
+    ids = [p["id"] for p in pts[:5]]
+    assert ids == [
+        "s/w8a8/skewed/T=1024/P=2/expert_wave",  # ours: ids unchanged, no variant key
+        "s/w8a8/skewed/T=1024/P=2/interleaved",
+        "s/w8a8/skewed/T=1024/P=2/unfused",
+        "s/w8a8/skewed/T=1024/P=2/deepgemm/expert_wave",
+        "s/w8a8/skewed/T=1024/P=2/deepgemm/interleaved",
+    ]
+    assert "variant" not in pts[0] and pts[2]["variant"] == "unfused"
+    assert {_config_id(p) for p in pts[:5]} == {"s/w8a8/skewed/T=1024/P=2"}
+    only = expand_points(configs, {**moe, "variants": ["deepgemm"]})
+    assert [p["schedule"] for p in only] == ["expert_wave", "interleaved"] * 2
+    with pytest.raises(ValueError, match="'cutlass'"):
+        expand_points(configs, {**moe, "variants": ["ours", "cutlass"]})
+    assert select({"shapes": []}, variants=["ours"])["variants"] == ["ours"]
+
+
+def test_deepgemm_schedule_is_read_from_its_printed_config_and_fp8_only():
+    line = "MegaMoESM90Config(block_m=128, num_experts_per_wave=4, l2_lag_units=4017, x=0)"
+    assert deepgemm.schedule_of(line) == "interleaved"  # lag 17 units, group 4 (encoded)
+    assert deepgemm.schedule_of("MegaMoESM90Config(l2_lag_units=0)") == "expert_wave"
+    assert deepgemm.schedule_of("no config printed") is None
+    assert deepgemm.unsupported_reason({"precision": "w8a8"}) is None
+    assert "FP8 x FP8 only" in deepgemm.unsupported_reason({"precision": "w4a8"})
+
+
+def test_exchange_bytes_count_dispatched_rows_with_scales_and_returned_outputs():
+    # 2 ranks, 4 experts (2 per rank), top-1: home 0's tokens go to experts 0 and 2
+    ids = [np.array([[0], [2], [2]]), np.array([[1], [3]])]
+    plans = routing.dispatch_plan(ids, 4, 16)
+    H = 256
+    fp8_row, out_row = H + 4 * (H // 128), 2 * H
+    # rank 0 sends home 0's two rows for expert 2 and returns home 1's row of expert 1
+    assert unfused.exchange_bytes(plans, H, "w8a8") == [
+        2 * fp8_row + out_row,
+        fp8_row + 2 * out_row,
+    ]
+    assert unfused.exchange_bytes(plans, H, "bf16")[1] == 2 * H + 2 * out_row
+
+
+def test_summary_prints_baselines_beside_ours_and_their_geomeans(tmp_path, capsys):
+    from fixtures import write_megamoe
+
+    from xstage_bench import layout
+
+    write_megamoe(tmp_path, [1.25, 0.8] * 4, baselines=True)
+    print_summary(tmp_path / layout.MEGAMOE_RAW)
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("glm-5.2/w8a8/skewed"))
+    assert row.split()[1:6] == ["100.0", "125.0", "200.0", "120.0", "100.0"]
+    assert "our best time / unfused best time over 8 configs: geomean 0.447" in out
+    assert "our best time / deepgemm best time over 4 configs" in out
 
 
 def test_trace_summary_turns_stamps_into_spans_and_a_timeline():

@@ -14,7 +14,7 @@ from xstage_bench.render import TABLES, render_product
 from xstage_bench.results import RawResultError, ok_record, raw_document, write_raw
 from xstage_bench.tables import claims, megamoe, noise
 from xstage_bench.tables import ulysses as ulysses_table
-from xstage_bench.tables.common import Table, to_markdown
+from xstage_bench.tables.common import Table, to_markdown, write_table
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,48 @@ def test_megamoe_config_missing_a_schedule_is_left_out_and_noted(tmp_path):
     table = megamoe.build(ds)
     assert table.frame.iloc[0]["n"] == 1
     assert any("1 configuration(s) lack an ok time" in n for n in table.notes if n)
+
+
+def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path):
+    ds = tmp_path / "h200x2-moe"
+    speedups = [1.25, 0.8] * 4  # interleaved at 80 us or 125 us; ours best: 80 or 100 us
+    write_megamoe(ds, speedups, baselines=True)
+    table = megamoe.build(ds)
+    titles = [title for title, _ in table.sections]
+    assert titles == ["Our best schedule against the baselines", "Per configuration"]
+    summary, per_config = (frame for _, frame in table.sections)
+
+    def overall(name):
+        return summary[(summary["comparison"] == name) & (summary["group"] == "overall")].iloc[0]
+
+    best = np.array([min(100.0, 100.0 / s) for s in speedups])
+    unfused = overall("ours/unfused (time)")
+    assert unfused["n"] == 8 and unfused["geomean"] == pytest.approx(np.prod(best / 200) ** (1 / 8))
+    w8a8 = [c["precision"] == "w8a8" for c in megamoe_configs()]
+    deepgemm = overall("ours/DeepGEMM (time)")  # w4a8 is unsupported: w8a8 rows only
+    assert deepgemm["n"] == 4
+    assert deepgemm["geomean"] == pytest.approx(np.prod(best[w8a8] / 100) ** (1 / 4))
+    assert overall("DeepGEMM L2-lag speedup")["median"] == pytest.approx(1.2)
+    ours_same = overall("our interleaved speedup, same configurations")
+    assert ours_same["n"] == 4
+    assert ours_same["max"] == pytest.approx(max(np.array(speedups)[w8a8]))
+    assert len(per_config) == 8
+    first = per_config.iloc[0]
+    assert first["ours/unfused"] == pytest.approx(best[0] / 200)
+    assert np.isnan(first["ours/DeepGEMM"]) and first["unfused us"] == pytest.approx(200.0)
+    assert any("include their dispatch" in n for n in table.notes if n)
+    out = tmp_path / "tab-megamoe.csv"
+    write_table(table, out)
+    markdown = out.with_suffix(".md").read_text()
+    assert "## Per configuration" in markdown and "ours/DeepGEMM" in markdown
+
+
+def test_megamoe_without_ok_baselines_has_no_baseline_section(tmp_path):
+    ds = tmp_path / "sim-moe"
+    write_megamoe(ds)  # ours only, plus one unsupported DeepGEMM record (as the simulator)
+    table = megamoe.build(ds)
+    assert table.sections == []
+    assert any("1 point failed (unsupported: 1)" in n for n in table.notes if n)
 
 
 def test_noise_flags_the_noisy_point(tmp_path):

@@ -435,6 +435,56 @@ def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     return complete[[*keys, "wave_us", "interleaved_us", "speedup"]], incomplete[keys]
 
 
+BASELINE_COLUMNS = (
+    "ours_best_us",
+    "unfused_us",
+    "deepgemm_wave_us",
+    "deepgemm_lag_us",
+    "deepgemm_best_us",
+    "ours_over_unfused",
+    "ours_over_deepgemm",
+    "ours_speedup",
+    "deepgemm_lag_speedup",
+)
+
+
+def megamoe_baselines(doc: dict) -> pd.DataFrame:
+    """Per configuration with an ok time of ours: our best schedule's time beside the
+    baselines' (ok records only). Ratios are times, ours over the baseline's best (below 1:
+    ours is faster); speedups are wave time over interleaved (ours) or over L2-lag
+    (DeepGEMM) time. Empty when the dataset holds no ok baseline record (the simulator
+    writes none)."""
+    df = records_frame(doc)
+    if df.empty or "variant" not in df.columns:
+        return pd.DataFrame(columns=[*MEGAMOE_CONFIG_COLUMNS, *BASELINE_COLUMNS])
+    keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
+    ok = df[(df["status"] == "ok") & df["time_us_median"].notna()].copy()
+    if not ok["variant"].isin(["unfused", "deepgemm"]).any():
+        return pd.DataFrame(columns=[*keys, *BASELINE_COLUMNS])
+    ok["series"] = ok["variant"].fillna("ours") + "/" + ok["schedule"]
+    wide = ok.pivot_table(index=keys, columns="series", values="time_us_median", aggfunc="first")
+    names = {
+        "ours/expert_wave": "ours_wave_us",
+        "ours/interleaved": "ours_interleaved_us",
+        "unfused/unfused": "unfused_us",
+        "deepgemm/expert_wave": "deepgemm_wave_us",
+        "deepgemm/interleaved": "deepgemm_lag_us",
+    }
+    wide = wide.rename(columns=names).reindex(columns=list(names.values()))
+    out = pd.DataFrame(index=wide.index)
+    out["ours_best_us"] = wide[["ours_wave_us", "ours_interleaved_us"]].min(axis=1)
+    out["unfused_us"] = wide["unfused_us"]
+    out["deepgemm_wave_us"] = wide["deepgemm_wave_us"]
+    out["deepgemm_lag_us"] = wide["deepgemm_lag_us"]
+    out["deepgemm_best_us"] = wide[["deepgemm_wave_us", "deepgemm_lag_us"]].min(axis=1)
+    out["ours_over_unfused"] = out["ours_best_us"] / out["unfused_us"]
+    out["ours_over_deepgemm"] = out["ours_best_us"] / out["deepgemm_best_us"]
+    out["ours_speedup"] = wide["ours_wave_us"] / wide["ours_interleaved_us"]
+    out["deepgemm_lag_speedup"] = wide["deepgemm_wave_us"] / wide["deepgemm_lag_us"]
+    out = out[out["ours_best_us"].notna()]
+    return out.reset_index()[[*keys, *BASELINE_COLUMNS]]
+
+
 def geomean(values: pd.Series | np.ndarray) -> float:
     return float(np.exp(np.mean(np.log(np.asarray(values, dtype=float)))))
 

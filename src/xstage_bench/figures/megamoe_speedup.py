@@ -1,19 +1,24 @@
 """fig-megamoe-speedup: interleaved over expert-wave kernel speedup per configuration.
 
 Top: every configuration as a bar, sorted, colored by model shape, with 1.0, the geometric
-mean and the maximum marked. Bottom: the same speedups split by shape, precision and
-routing, to show which group the gains (and the regressions) come from.
+mean and the maximum marked. Middle: the same speedups split by shape, precision and
+routing, to show which group the gains (and the regressions) come from. Bottom, where the
+dataset holds the baselines (the simulator writes none): per configuration our best
+schedule's time over the unfused torch pipeline's and over DeepGEMM's best schedule's,
+and our interleaved speedup against DeepGEMM's L2-lag speedup.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import seaborn as sns
 from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import ScalarFormatter
 
 from xstage_bench import layout
 from xstage_bench.figures import common
@@ -31,8 +36,10 @@ def plot(dataset_dir: Path) -> Figure:
     shapes = sorted(speedups["shape"].unique())
     palette = dict(zip(shapes, sns.color_palette("tab10", len(shapes)), strict=True))
 
-    fig = plt.figure(figsize=(12, 7))
-    grid = fig.add_gridspec(2, 3, height_ratios=(1.3, 1))
+    baselines = common.megamoe_baselines(doc)
+    rows = 2 if baselines.empty else 3
+    fig = plt.figure(figsize=(12, 7 if rows == 2 else 10.5))
+    grid = fig.add_gridspec(rows, 3, height_ratios=(1.3, 1, 1.2)[:rows])
     bars = fig.add_subplot(grid[0, :])
     bars.bar(
         range(len(speedups)),
@@ -78,6 +85,8 @@ def plot(dataset_dir: Path) -> Figure:
         ax.tick_params(axis="x", labelrotation=30 if group == "shape" else 0, labelsize=6)
 
     notes = [common.failure_note(common.records_frame(doc))]
+    if not baselines.empty:
+        notes += _plot_baselines(fig, grid, baselines, palette)
     if len(incomplete):
         notes.append(
             f"{len(incomplete)} configuration(s) without an ok time for both schedules, not plotted"
@@ -88,3 +97,70 @@ def plot(dataset_dir: Path) -> Figure:
         common.doc_label(dataset_dir, doc),
         notes,
     )
+
+
+BASELINE_SERIES = (
+    ("unfused torch pipeline", "ours_over_unfused", "o"),
+    ("DeepGEMM SM90 MegaMoE", "ours_over_deepgemm", "^"),
+)
+
+
+def _plot_baselines(fig: Figure, grid, baselines, palette: dict) -> list[str]:
+    """The bottom row: time ratios against each baseline, sorted per baseline, and the two
+    kernels' schedule speedups side by side. Returns notes on what could not be drawn."""
+    notes = []
+    ratios = fig.add_subplot(grid[2, :2])
+    for label, column, marker in BASELINE_SERIES:
+        part = baselines[baselines[column].notna()].sort_values(column, ignore_index=True)
+        if part.empty:
+            notes.append(f"{label}: no configuration with an ok time, not plotted")
+            continue
+        ratios.scatter(
+            np.arange(len(part)),
+            part[column],
+            c=[palette.get(s, "gray") for s in part["shape"]],
+            marker=marker,
+            s=14,
+            label=f"{label} (geomean {common.geomean(part[column]):.2f}, n={len(part)})",
+        )
+    ratios.axhline(1.0, color="k", linewidth=1)
+    ratios.set_yscale("log")
+    ratios.set_xlabel("configuration, sorted per baseline")
+    ratios.set_ylabel("our best time / baseline time\n(below 1: ours faster)")
+    ratios.yaxis.set_major_formatter(ScalarFormatter())
+    ratios.yaxis.set_minor_formatter(ScalarFormatter())
+    ratios.tick_params(axis="y", which="both", labelsize=7)
+    if ratios.collections:
+        legend = ratios.legend(fontsize=7, loc="upper left")
+        for handle in legend.legend_handles:  # the markers say which baseline, not which shape
+            handle.set_color("gray")
+
+    pair = fig.add_subplot(grid[2, 2])
+    both = baselines[baselines["deepgemm_lag_speedup"].notna()]
+    if both.empty:
+        pair.text(
+            0.5,
+            0.5,
+            "no configuration where\nDeepGEMM ran both schedules",
+            ha="center",
+            va="center",
+            fontsize=8,
+            transform=pair.transAxes,
+        )
+        pair.set_xticks([])
+        pair.set_yticks([])
+    else:
+        pair.scatter(
+            both["ours_speedup"],
+            both["deepgemm_lag_speedup"],
+            c=[palette.get(s, "gray") for s in both["shape"]],
+            s=14,
+        )
+        low = min(both["ours_speedup"].min(), both["deepgemm_lag_speedup"].min(), 1.0) * 0.95
+        high = max(both["ours_speedup"].max(), both["deepgemm_lag_speedup"].max(), 1.0) * 1.05
+        pair.plot([low, high], [low, high], color="k", linewidth=0.8)
+        pair.set_xlim(low, high)
+        pair.set_ylim(low, high)
+    pair.set_xlabel("ours: wave / interleaved", fontsize=8)
+    pair.set_ylabel("DeepGEMM: wave / L2-lag", fontsize=8)
+    return notes

@@ -112,26 +112,27 @@ def _blocks_of(x: np.ndarray, block: int) -> tuple[int, int]:
 # ---- torch: what runs on the GPU --------------------------------------------------------
 
 
-def quantize_rows(x):
-    """torch: per-row, per-128-channel FP8 e4m3 quantization -> (fp8 values, fp32 scales).
+def quantize_rows(x, block: int = SCALE_BLOCK):
+    """torch: per-row, per-`block`-channel FP8 e4m3 quantization -> (fp8 values, fp32 scales).
 
     The same arithmetic as the kernel's Linear-1 epilogue (amax, floor, divide, convert),
-    so the reference can requantize the intermediate exactly as the kernel does.
+    so the reference can requantize the intermediate exactly as the kernel does. `block`
+    other than 128 serves kernels with finer intermediate scales (DeepGEMM's SM90 MegaMoE).
     """
     import torch
 
     rows, cols = x.shape
-    groups = x.float().reshape(rows, cols // SCALE_BLOCK, SCALE_BLOCK)
+    groups = x.float().reshape(rows, cols // block, block)
     amax = groups.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)
     scales = amax / FP8_MAX
     values = (groups / scales[..., None]).to(torch.float8_e4m3fn).reshape(rows, cols)
     return values, scales
 
 
-def dequantize_rows(values, scales):
-    """torch: fp8 values (rows, C) and scales (rows, C/128) -> fp32."""
+def dequantize_rows(values, scales, block: int = SCALE_BLOCK):
+    """torch: fp8 values (rows, C) and scales (rows, C/block) -> fp32."""
     rows, cols = values.shape
-    groups = values.float().reshape(rows, cols // SCALE_BLOCK, SCALE_BLOCK)
+    groups = values.float().reshape(rows, cols // block, block)
     return (groups * scales[..., None]).reshape(rows, cols)
 
 

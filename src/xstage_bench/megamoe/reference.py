@@ -6,7 +6,11 @@ fp32, SwiGLU, Linear-2 in fp32, and add the weighted outputs per token. Two roun
 kernel's data path performs by design are applied here too, so that the tolerance
 measures the kernel rather than the formats: the intermediate is requantized as the
 kernel stores it (FP8 per 128 channels, or bf16), and each expert output is rounded to
-bf16 (the combine buffer's type) before the weighted sum.
+bf16 (the combine buffer's type) before the weighted sum. Kernels that store the
+intermediate differently (DeepGEMM's SM90 MegaMoE: per-64-channel scales, the top-k weight
+applied before quantization) are checked against the same reference told their format
+(`Intermediate`), so that the tolerance still measures the kernel; so is the unfused
+torch pipeline, whose Linear-1 GEMM returns bf16.
 """
 
 from __future__ import annotations
@@ -17,7 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xstage_bench.megamoe.quant import dequantize_rows, dequantize_weight, quantize_rows
+from xstage_bench.megamoe.quant import (
+    SCALE_BLOCK,
+    dequantize_rows,
+    dequantize_weight,
+    quantize_rows,
+)
 
 # Relative L2 error (||out - ref|| / ||ref||) a correct kernel stays under: what remains
 # are fp32 summation order, rare flips of an FP8 intermediate rounding, and the bf16 combine.
@@ -44,14 +53,26 @@ class ExpertWeights:
     s2: object | None
 
 
-def _intermediate(h, precision: str):
+@dataclass(frozen=True)
+class Intermediate:
+    """How a kernel stores the Linear-1 output (after SwiGLU) for Linear-2 to read."""
+
+    block: int = SCALE_BLOCK  # channels per FP8 scale
+    weighted: bool = False  # the top-k combine weight is applied before quantization
+    linear1_bf16: bool = False  # gate and up are rounded to bf16 before SwiGLU (torch GEMMs)
+
+
+OURS = Intermediate()
+
+
+def _intermediate(h, precision: str, block: int):
     """The intermediate as the kernel stores and reloads it."""
     import torch
 
     if precision == "bf16":
         return h.to(torch.bfloat16).float()
-    values, scales = quantize_rows(h)
-    return dequantize_rows(values, scales)
+    values, scales = quantize_rows(h, block)
+    return dequantize_rows(values, scales, block)
 
 
 def reference_outputs(
@@ -59,6 +80,7 @@ def reference_outputs(
     experts: Sequence[ExpertWeights],
     tokens: Sequence[np.ndarray],
     precision: str,
+    intermediate_format: Intermediate = OURS,
 ) -> list:
     """fp32 (len(tokens[r]), H) MoE outputs of the sampled tokens of every home rank r,
     on that rank's device. Work is grouped by expert so each expert is dequantized once."""
@@ -88,18 +110,24 @@ def reference_outputs(
         w1 = dequantize_weight(ex.w1[e], None if ex.s1 is None else ex.s1[e], precision)
         w2 = dequantize_weight(ex.w2[e], None if ex.s2 is None else ex.s2[e], precision)
         x = torch.stack([results[r][0][i].to(device) for r, i, _ in entries])
+        w = torch.tensor(
+            [float(homes[r].weights[int(tokens[r][i]), k]) for r, i, k in entries], device=device
+        )[:, None]
         gate_up = x @ w1.T
+        if intermediate_format.linear1_bf16:
+            gate_up = gate_up.to(torch.bfloat16).float()
         h = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
-        y = (_intermediate(h, precision) @ w2.T).to(torch.bfloat16).float()
+        if intermediate_format.weighted:
+            h = h * w
+        y = _intermediate(h, precision, intermediate_format.block) @ w2.T
+        y = y.to(torch.bfloat16).float()
+        if not intermediate_format.weighted:
+            y = w * y
         for r in {r for r, _, _ in entries}:
             mine = [j for j, (rr, _, _) in enumerate(entries) if rr == r]
             at = [entries[j][1] for j in mine]
-            w = [
-                float(homes[r].weights[int(tokens[r][i]), k])
-                for _, i, k in (entries[j] for j in mine)
-            ]
             acc = results[r][1]
-            scaled = torch.tensor(w, device=device)[:, None] * y[torch.tensor(mine, device=device)]
+            scaled = y[torch.tensor(mine, device=device)]
             acc.index_add_(0, torch.tensor(at, device=acc.device), scaled.to(acc.device))
     return [acc for _, acc in results]
 

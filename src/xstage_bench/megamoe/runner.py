@@ -1,9 +1,15 @@
-"""Measure the fused MoE kernel over the configured grid and write its raw files.
+"""Measure the fused MoE kernel (and the baselines a user would pick instead) over the
+configured grid and write its raw files.
 
     python -m xstage_bench.megamoe.runner --config config.yaml --dataset h200x2 \
         --out results/h200x2/raw/megamoe.json --trace-out results/h200x2/raw/megamoe_trace.json
 
-One record per (configuration, schedule). Every record is checked before it is timed: the
+One record per (configuration, schedule) of our kernel, id '<config id>/<schedule>'; with
+`megamoe.variants` (default: ours, unfused, deepgemm) also one record per configuration of
+the unfused torch pipeline ('<config id>/unfused', baselines/unfused.py) and one per
+(configuration, schedule) of DeepGEMM's SM90 MegaMoE ('<config id>/deepgemm/<schedule>',
+baselines/deepgemm.py), each measured right after our kernel on the same inputs and
+checked against the same reference before it is timed. Every record of ours is checked: the
 outputs are poisoned (NaN), one layer runs, the error flag of every rank must be clear,
 no output may be NaN, sampled tokens of every home rank must match the torch reference
 (reference.py) within its tolerance, and the interleaved output must be bitwise equal to
@@ -22,9 +28,11 @@ per-program timeline of rank 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +43,7 @@ from xstage_bench.clocks import ClockSampler, record_fields
 from xstage_bench.config import load_config
 from xstage_bench.environment import capture
 from xstage_bench.megamoe import reference, schedule
+from xstage_bench.megamoe.baselines import VARIANTS, deepgemm, unfused
 from xstage_bench.results import failed_record, ok_record
 from xstage_bench.sweep import run_sweep
 
@@ -51,6 +60,29 @@ def _say(line: str) -> None:
 def expand_schedules(points: list[dict], schedules: Sequence[str]) -> list[dict]:
     """One point per (configuration, schedule); id '<config id>/<schedule>'."""
     return [{**p, "schedule": s, "id": f"{p['id']}/{s}"} for p in points for s in schedules]
+
+
+def expand_points(points: list[dict], megamoe: dict) -> list[dict]:
+    """Per configuration, in this order so that they share its inputs: our kernel's
+    schedules, the unfused pipeline, DeepGEMM's schedules (as `megamoe.variants` asks)."""
+    variants = megamoe.get("variants", list(VARIANTS))
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown megamoe variant(s) {unknown}; known: {list(VARIANTS)}")
+    out = []
+    for p in points:
+        if "ours" in variants:
+            out += expand_schedules([p], megamoe["schedules"])
+        if "unfused" in variants:
+            out.append(
+                {**p, "variant": "unfused", "schedule": "unfused", "id": f"{p['id']}/unfused"}
+            )
+        if "deepgemm" in variants:
+            out += [
+                {**p, "variant": "deepgemm", "schedule": s, "id": f"{p['id']}/deepgemm/{s}"}
+                for s in megamoe["schedules"]
+            ]
+    return out
 
 
 def trace_points(points: list[dict], tokens: int | None = None) -> list[dict]:
@@ -79,7 +111,8 @@ def trace_points(points: list[dict], tokens: int | None = None) -> list[dict]:
 
 
 def _config_id(point: dict) -> str:
-    return point["id"].rsplit("/", 1)[0]
+    """The grid id of a point's configuration (its id less the variant and schedule)."""
+    return point["id"].rsplit("/", 2 if point.get("variant") == "deepgemm" else 1)[0]
 
 
 class MoEMeasurer:
@@ -94,6 +127,7 @@ class MoEMeasurer:
         *,
         check_tokens: int = CHECK_TOKENS,
         seed: int = 0,
+        baseline_budget_s: float | None = None,
     ):
         import torch
 
@@ -111,8 +145,14 @@ class MoEMeasurer:
         self._problem_id = None
         self._problem = None  # problem.MoEProblem of the current configuration
         self._reference: list | None = None
+        self._unfused_reference: list | None = None
         self._tokens: list[np.ndarray] = []
         self._outputs: dict[str, list] = {}
+        self._unfused = None  # unfused.UnfusedMoE of the current configuration
+        self._unfused_weights: dict = {}  # its weights, per shape and precision
+        self.deepgemm = deepgemm.DeepGemmWorkers(len(devices))
+        self._deepgemm: tuple | None = None  # (config id, worker results or the failure)
+        self.baseline_budget_s = baseline_budget_s  # what is left of DeepGEMM's wall time
 
     def _flushers(self) -> dict:
         torch = self.torch
@@ -131,11 +171,12 @@ class MoEMeasurer:
         if cid == self._problem_id:
             return self._problem
         torch = self.torch
-        self._problem = self._reference = None
+        self._problem = self._reference = self._unfused = self._unfused_reference = None
         self._outputs = {}
         key = (point["shape"], point["precision"])
         if key != self._weights_key:
             self._weights = []
+            self._unfused_weights = {}
             torch.cuda.empty_cache()
             self._weights = [
                 make_expert_weights(point, point["precision"], q, d, self.seed)
@@ -166,6 +207,15 @@ class MoEMeasurer:
                 prob.homes, prob.experts, self._tokens, prob.precision
             )
         return self._reference
+
+    def errors(self, outputs: list, ref: list | None = None) -> list[float]:
+        """Relative error of each rank's sampled output rows against the reference."""
+        torch = self.torch
+        ref = self.reference() if ref is None else ref
+        return [
+            reference.relative_error(o[torch.as_tensor(t, device=o.device)], r)
+            for o, t, r in zip(outputs, self._tokens, ref, strict=True)
+        ]
 
     # ---- the check ------------------------------------------------------------------
 
@@ -220,6 +270,11 @@ class MoEMeasurer:
     # ---- measure --------------------------------------------------------------------
 
     def __call__(self, point: dict) -> dict:
+        variant = point.get("variant")
+        if variant == "unfused":
+            return self.measure_unfused(point)
+        if variant == "deepgemm":
+            return self.measure_deepgemm(point)
         before = self.sampler.sample()
         prob = self.problem(point)
         error, facts = self.check(point)
@@ -266,6 +321,230 @@ class MoEMeasurer:
             extra=extra,
             **fields,
         )
+
+    # ---- the baselines ----------------------------------------------------------------
+
+    def _join_ranks(self) -> None:
+        """GPU 0's stream waits for every other rank's work; their L2s are then flushed
+        (GPU 0's is flushed by the timer, before its start event)."""
+        torch = self.torch
+        s0 = torch.cuda.current_stream(self.devices[0])
+        for q, d in enumerate(self.devices[1:], start=1):
+            with torch.cuda.device(d):
+                done = torch.cuda.Event()
+                done.record(torch.cuda.current_stream(d))
+                s0.wait_event(done)
+                if self.flushers:
+                    self.flushers[q]()
+
+    def measure_unfused(self, point: dict) -> dict:
+        """Check every GEMM path of the unfused pipeline, time the faster one fully."""
+        before = self.sampler.sample()
+        prob = self.problem(point)
+        if self._unfused is None:
+            self._unfused = unfused.UnfusedMoE(prob, self._unfused_weights)
+        pipe = self._unfused
+        device = self.devices[0].index
+        path_errors: dict[str, str] = {}
+        quick: dict[str, float] = {}
+        rel: dict[str, list[float]] = {}
+        for gemm in unfused.gemm_paths(prob.precision):
+            try:
+                pipe.poison()
+                pipe.forward(gemm)
+                prob.synchronize()
+                if self._unfused_reference is None:
+                    self._unfused_reference = reference.reference_outputs(
+                        prob.homes,
+                        prob.experts,
+                        self._tokens,
+                        prob.precision,
+                        intermediate_format=unfused.FORMAT,
+                    )
+                errors = self.errors(pipe.outputs(), self._unfused_reference)
+            except Exception as e:  # a GEMM this torch cannot run: try the other path
+                path_errors[gemm] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                continue
+            rel[gemm] = errors
+            if max(errors) > reference.TOLERANCE:
+                path_errors[gemm] = f"relative error {max(errors):.3g} > {reference.TOLERANCE:g}"
+                continue
+            once = timing.cuda_event_timer(
+                lambda g=gemm: (pipe.forward(g), self._join_ranks()), device=device, flush_l2=False
+            )
+            quick[gemm] = statistics.median(once() for _ in range(3))
+        facts = {"gemm_errors": path_errors, "rel_error_by_gemm": rel}
+        if not quick:
+            wrong = any("relative error" in e for e in path_errors.values())
+            text = "; ".join(f"{g}: {e}" for g, e in path_errors.items())
+            _say(f"  {point['id']}: {text}")
+            return failed_record(
+                point["id"], point, text, status="wrong" if wrong else "failed", extra=facts
+            )
+        gemm = min(quick, key=quick.get)
+        run_once = timing.cuda_event_timer(
+            lambda: (pipe.forward(gemm), self._join_ranks()),
+            device=device,
+            flush_l2=self.policy.flush_l2,
+        )
+        times = timing.measure(run_once, self.policy)
+        median = statistics.median(times)
+        flops = prob.useful_flops() / len(self.devices)
+        nvlink = unfused.exchange_bytes([rb.plan for rb in prob.ranks], point["H"], prob.precision)
+        extra = {
+            **facts,
+            "gemm": gemm,
+            "gemm_quick_us": quick,
+            "rel_error": rel[gemm],
+            "checked_tokens_per_rank": len(self._tokens[0]),
+            "tflops": flops / (median * 1e6),
+            "nvlink_bytes": int(sum(nvlink)),
+            "nvlink_bytes_per_rank": nvlink,
+            "stop_reason": times.stop_reason,
+        }
+        _say(f"  unfused ({gemm}) time_us={median:.1f} err={max(rel[gemm]):.2e} quick={quick}")
+        return ok_record(
+            point["id"],
+            point,
+            {"time_us": list(times)},
+            correct=True,
+            extra=extra,
+            **record_fields(before, self.sampler.sample()),
+        )
+
+    def _deepgemm_results(self, point: dict) -> tuple[list | None, str | None]:
+        """The worker results of the point's configuration (run once for both schedules),
+        or why there are none."""
+        cid = _config_id(point)
+        if self._deepgemm is not None and self._deepgemm[0] == cid:
+            return self._deepgemm[1], self._deepgemm[2]
+        timeout = deepgemm.DEFAULT_JOB_TIMEOUT_S
+        if self.baseline_budget_s is not None:
+            timeout = min(timeout, self.baseline_budget_s)
+        if timeout <= 0:
+            results, failure = None, "not run: this run's DeepGEMM time budget was spent"
+        else:
+            prob = self.problem(point)
+            job = {
+                "point": prob.point,
+                "seed": self.seed,
+                "tokens": [t.tolist() for t in self._tokens],
+                "policy": dataclasses.asdict(self.policy),
+            }
+            start = time.monotonic()
+            try:
+                results, failure = self.deepgemm.run(job, timeout), None
+            except (TimeoutError, RuntimeError) as e:
+                results, failure = None, str(e)
+            if self.baseline_budget_s is not None:
+                self.baseline_budget_s -= time.monotonic() - start
+        self._deepgemm = (cid, results, failure)
+        return results, failure
+
+    def measure_deepgemm(self, point: dict) -> dict:
+        reason = deepgemm.unsupported_reason(point)
+        if reason:
+            return failed_record(point["id"], point, reason, status="unsupported")
+        before = self.sampler.sample()
+        results, failure = self._deepgemm_results(point)
+        if failure is not None:
+            status = "timeout" if "no answer" in failure else "failed"
+            return failed_record(point["id"], point, failure, status=status)
+        errors = [f"rank {q}: {r.error}" for q, r in enumerate(results) if r.error]
+        if errors:
+            # its host-side checks (DG_HOST_ASSERT) reject a shape on every rank alike
+            # (a missing sgl-deep-gemm is unsupported here too, as a missing FA3 is)
+            rejected = all(
+                "assert" in r.error.lower() or r.error.startswith("ModuleNotFoundError")
+                for r in results
+            )
+            return failed_record(
+                point["id"],
+                point,
+                "; ".join(errors),
+                status="unsupported" if rejected else "failed",
+            )
+        first = results[0]
+        ran = deepgemm.schedule_of(first.config_line)
+        facts = {
+            "deepgemm_version": first.version,
+            "deepgemm_config": first.config_line,
+            "deepgemm_schedule": deepgemm.SCHEDULE_NAMES.get(ran, "unknown"),
+            "first_call_s": [r.first_call_s for r in results],
+        }
+        if ran is None:
+            return failed_record(
+                point["id"],
+                point,
+                "DeepGEMM printed no MegaMoESM90Config (DG_PRINT_CONFIGS): which schedule ran "
+                f"is unknown; printed: {first.config_line!r}",
+                status="failed",
+                extra=facts,
+            )
+        if ran != point["schedule"]:
+            return failed_record(
+                point["id"],
+                point,
+                f"sgl-deep-gemm {first.version} chose its {deepgemm.SCHEDULE_NAMES[ran]} "
+                f"schedule for this configuration and has no knob for its "
+                f"{deepgemm.SCHEDULE_NAMES[point['schedule']]} schedule (buffers of >= 1024 "
+                f"tokens per rank run L2-lag); it ran: {first.config_line}",
+                status="unsupported",
+                extra=facts,
+            )
+        prob = self.problem(point)
+        fmt = reference.Intermediate(block=first.block, weighted=True)
+        ref = reference.reference_outputs(
+            prob.homes, prob.experts, self._tokens, prob.precision, intermediate_format=fmt
+        )
+        outs = [
+            self.torch.as_tensor(r.rows, device=d)
+            for r, d in zip(results, self.devices, strict=True)
+        ]
+        rel = [reference.relative_error(o, f) for o, f in zip(outs, ref, strict=True)]
+        facts.update(
+            rel_error=rel,
+            rel_error_vs_our_format=[
+                reference.relative_error(o, f) for o, f in zip(outs, self.reference(), strict=True)
+            ],
+            checked_tokens_per_rank=len(self._tokens[0]),
+            intermediate_block=first.block,
+        )
+        nan = [q for q, r in enumerate(results) if r.nan_rows]
+        if nan or max(rel) > reference.TOLERANCE:
+            text = (
+                f"output rows left NaN on ranks {nan}"
+                if nan
+                else f"relative error vs the torch reference {max(rel):.3g} > "
+                f"{reference.TOLERANCE:g} (per rank {[f'{e:.3g}' for e in rel]})"
+            )
+            return failed_record(
+                point["id"], point, text, status="wrong", correct=False, extra=facts
+            )
+        times = first.times_us
+        median = statistics.median(times)
+        flops = prob.useful_flops() / len(self.devices)
+        nvlink = unfused.exchange_bytes([rb.plan for rb in prob.ranks], point["H"], prob.precision)
+        facts.update(
+            tflops=flops / (median * 1e6),
+            nvlink_bytes=int(sum(nvlink)),
+            nvlink_bytes_per_rank=nvlink,
+        )
+        _say(
+            f"  deepgemm ({facts['deepgemm_schedule']}) time_us={median:.1f} "
+            f"err={max(rel):.2e} first call {max(facts['first_call_s']):.1f} s"
+        )
+        return ok_record(
+            point["id"],
+            point,
+            {"time_us": times},
+            correct=True,
+            extra=facts,
+            **record_fields(before, self.sampler.sample()),
+        )
+
+    def close(self) -> None:
+        self.deepgemm.close()
 
     def trace(self, point: dict, keep_timeline: bool) -> dict:
         """One instrumented run (after one warm-up run) of a schedule or the control."""
@@ -359,9 +638,14 @@ def trace_summary(
     return spans, extra
 
 
-def select(megamoe: dict, shapes=None, precisions=None, routings=None, tokens=None) -> dict:
-    """The megamoe config restricted to the named shapes, precisions, routings, tokens."""
+def select(
+    megamoe: dict, shapes=None, precisions=None, routings=None, tokens=None, variants=None
+) -> dict:
+    """The megamoe config restricted to the named shapes, precisions, routings, tokens and
+    variants (ours, unfused, deepgemm)."""
     moe = dict(megamoe)
+    if variants:
+        moe["variants"] = list(variants)
     if shapes:
         known = {s["name"] for s in megamoe["shapes"]}
         unknown = sorted(set(shapes) - known)
@@ -416,6 +700,32 @@ def raw_config(config: dict, moe: dict, devices: list, check_tokens: int) -> dic
             "tflops": "useful FLOPs (6 H I per routed row, no padding) per GPU / median time_us",
             "nvlink_bytes": "bf16 output bytes the combine epilogues store into peers, all ranks",
         },
+        "variants": moe.get("variants", list(VARIANTS)),
+        "baselines": {
+            "unfused": {
+                "source": "src/xstage_bench/megamoe/baselines/unfused.py",
+                "dispatch_combine": "peer copies between the GPUs of one process (copy "
+                "engines), the single-process equivalent of an NCCL all_to_all",
+                "gemm": "per configuration the faster checked path of " + ", ".join(unfused.GEMMS),
+                "time_us": "GPU 0 events around: dispatch copies, Linear-1, SwiGLU and "
+                "requantization, Linear-2, combine copies and the top-k weighted sum on every "
+                "rank (the dispatch is inside, unlike our kernel's time_us)",
+                "nvlink_bytes": "dispatched rows (values + scales) and returned bf16 output "
+                "rows that cross to another rank, all ranks",
+            },
+            "deepgemm": {
+                "source": "sgl-deep-gemm (PyPI) deep_gemm.fp8_mega_moe, SM90, "
+                "src/xstage_bench/megamoe/baselines/deepgemm.py",
+                "processes": "one torch.distributed (NCCL) process per GPU, symmetric memory",
+                "schedule": "chosen by DeepGEMM's host heuristics, read from its printed "
+                "MegaMoESM90Config (l2_lag_units > 0: L2-lag = interleaved, 0: wave)",
+                "time_us": "slowest rank's CUDA-event time of one fp8_mega_moe call, after a "
+                "barrier, inputs already in its symmetric buffer (its in-kernel dispatch, "
+                "expert GEMMs, combine and top-k sum are inside)",
+                "check": "sampled rows vs our reference told its intermediate format "
+                "(per-`intermediate_block` FP8 scales, top-k weight before quantization)",
+            },
+        },
     }
 
 
@@ -428,9 +738,12 @@ def run_megamoe(
     *,
     megamoe: dict | None = None,
     check_tokens: int = CHECK_TOKENS,
+    baseline_budget_s: float | None = None,
 ) -> None:
-    """Measure every (configuration, schedule) and write raw/megamoe.json (`out`); with
-    `trace_out`, the instrumented runs of the traced configurations too."""
+    """Measure every (configuration, variant, schedule) and write raw/megamoe.json (`out`);
+    with `trace_out`, the instrumented runs of the traced configurations too (ours only).
+    `baseline_budget_s` bounds the wall time DeepGEMM may take in all (points past it are
+    recorded failed, "not run")."""
     from xstage_bench.megamoe.problem import enable_peer_access
 
     moe = megamoe or config["megamoe"]
@@ -438,21 +751,26 @@ def run_megamoe(
     if len(devices) > 1:
         enable_peer_access(devices)
     policy = timing.TimingPolicy.from_config(config["timing"])
-    measurer = MoEMeasurer(moe, policy, devices, check_tokens=check_tokens)
+    measurer = MoEMeasurer(
+        moe, policy, devices, check_tokens=check_tokens, baseline_budget_s=baseline_budget_s
+    )
     configs = grid.megamoe_points(moe, len(devices))
     env = capture(simulated=False)
     cfg = raw_config(config, moe, devices, check_tokens)
-    run_sweep(
-        expand_schedules(configs, moe["schedules"]),
-        measurer,
-        Path(out),
-        experiment="megamoe",
-        backend="cuda",
-        dataset=dataset,
-        environment=env,
-        config=cfg,
-        point_timeout_s=POINT_TIMEOUT_S,
-    )
+    try:
+        run_sweep(
+            expand_points(configs, moe),
+            measurer,
+            Path(out),
+            experiment="megamoe",
+            backend="cuda",
+            dataset=dataset,
+            environment=env,
+            config=cfg,
+            point_timeout_s=POINT_TIMEOUT_S,
+        )
+    finally:
+        measurer.close()
     if trace_out is None:
         return
     points = trace_points(configs)
@@ -471,35 +789,53 @@ def run_megamoe(
 
 
 def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
-    """A short table of a raw megamoe file (and its trace file): per configuration the
-    two schedules' median times, the speedup, the wave kernel's TFLOP/s; then the totals."""
+    """A short table of a raw megamoe file (and its trace file): per configuration our two
+    schedules' median times and speedup, the baselines' times, our wave kernel's TFLOP/s;
+    then the totals: our speedup and our best time over each baseline's best (geomeans)."""
     from xstage_bench.results import read_raw
 
     doc = read_raw(out)
     by_config: dict[str, dict] = {}
     for r in doc["records"]:
-        by_config.setdefault(_config_id(r), {})[r["point"]["schedule"]] = r
+        key = (r["point"].get("variant") or "ours", r["point"]["schedule"])
+        cid = _config_id({"id": r["id"], "variant": r["point"].get("variant")})
+        by_config.setdefault(cid, {})[key] = r
+    columns = [
+        ("wave us", ("ours", "expert_wave")),
+        ("inter us", ("ours", "interleaved")),
+        ("unfused", ("unfused", "unfused")),
+        ("dg wave", ("deepgemm", "expert_wave")),
+        ("dg lag", ("deepgemm", "interleaved")),
+    ]
     print(
-        f"{'configuration':58s} {'wave us':>9s} {'inter us':>9s} {'speedup':>7s} "
-        f"{'TFLOP/s':>7s} {'rel err':>8s}"
+        f"{'configuration':50s} "
+        + " ".join(f"{name:>9s}" for name, _ in columns)
+        + f" {'speedup':>7s} {'TFLOP/s':>7s} {'rel err':>8s}"
     )
-    speedups = []
+    speedups, ratios = [], {"unfused": [], "deepgemm": []}
     for cid, recs in by_config.items():
-        cells = []
-        for name in ("expert_wave", "interleaved"):
-            r = recs.get(name)
+        cells = {}
+        for name, key in columns:
+            r = recs.get(key)
             ok = r is not None and r["status"] == "ok"
-            cells.append(r["summary"]["time_us"]["median"] if ok else None)
-        wave = recs.get("expert_wave")
-        shown = [f"{c:9.1f}" if c else f"{'-':>9s}" for c in cells]
-        speed = cells[0] / cells[1] if all(cells) else None
+            cells[name] = r["summary"]["time_us"]["median"] if ok else None
+        shown = [f"{cells[n]:9.1f}" if cells[n] else f"{'-':>9s}" for n, _ in columns]
+        speed = (
+            cells["wave us"] / cells["inter us"] if cells["wave us"] and cells["inter us"] else None
+        )
         if speed:
             speedups.append(speed)
+        ours = min((c for c in (cells["wave us"], cells["inter us"]) if c), default=None)
+        for base, names in (("unfused", ["unfused"]), ("deepgemm", ["dg wave", "dg lag"])):
+            best = min((cells[n] for n in names if cells[n]), default=None)
+            if ours and best:
+                ratios[base].append(ours / best)
+        wave = recs.get(("ours", "expert_wave"))
         tflops = wave["extra"]["tflops"] if wave and wave["status"] == "ok" else None
         err = max((wave.get("extra") or {}).get("rel_error", [math.nan])) if wave else math.nan
-        status = ",".join(r["status"] for r in recs.values() if r["status"] != "ok")
+        status = ",".join(sorted({r["status"] for r in recs.values() if r["status"] != "ok"}))
         print(
-            f"{cid:58s} {shown[0]} {shown[1]} "
+            f"{cid:50s} {' '.join(shown)} "
             f"{(f'{speed:7.3f}' if speed else '      -')} "
             f"{(f'{tflops:7.0f}' if tflops else '      -')} {err:8.1e} {status}"
         )
@@ -510,6 +846,13 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
             f"{np.exp(np.log(s).mean()):.3f} median {np.median(s):.3f} "
             f"min {s.min():.3f} max {s.max():.3f}"
         )
+    for base, values in ratios.items():
+        if values:
+            v = np.asarray(values)
+            print(
+                f"our best time / {base} best time over {len(v)} configs: geomean "
+                f"{np.exp(np.log(v).mean()):.3f} min {v.min():.3f} max {v.max():.3f}"
+            )
     if trace_out is not None and Path(trace_out).exists():
         for r in read_raw(trace_out)["records"]:
             spans = (r.get("samples") or {}).get("store_span_us")
@@ -534,6 +877,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--precisions", help="comma-separated: w4a8, w8a8, bf16")
     parser.add_argument("--routings", help="comma-separated: balanced, skewed")
     parser.add_argument("--tokens", help="comma-separated tokens per rank")
+    parser.add_argument("--variants", help="comma-separated: ours, unfused, deepgemm")
+    parser.add_argument(
+        "--baseline-budget-s", type=float, help="wall-time bound on all DeepGEMM runs"
+    )
     parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
     parser.add_argument(
         "--check-tokens",
@@ -553,6 +900,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         split(args.precisions),
         split(args.routings),
         split(args.tokens),
+        split(args.variants),
     )
     run_megamoe(
         config,
@@ -562,6 +910,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.world_size,
         megamoe=moe,
         check_tokens=args.check_tokens,
+        baseline_budget_s=args.baseline_budget_s,
     )
     print_summary(args.out, args.trace_out)
     return 0

@@ -1,7 +1,8 @@
 """What every table shares: a frame with its title and notes, written as CSV and Markdown.
 
-The CSV holds only the data (for other programs); the Markdown copy adds the title with the
-dataset label (measured GPU or "simulated") and the notes (failed points, provenance).
+The CSV holds only the main frame's data (for other programs); the Markdown copy adds the
+title with the dataset label (measured GPU or "simulated"), the notes (failed points,
+provenance) and any further sections.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class Table:
     title: str
     label: str  # the dataset label: measured GPU(s) or "(simulated ...)"
     notes: list[str] = field(default_factory=list)
+    # further (title, frame) sections, written after the main frame in the Markdown copy
+    sections: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
 
 
 def format_cell(value: object) -> str:
@@ -54,4 +57,6 @@ def write_table(table: Table, out: Path) -> None:
     parts = [f"# {table.title}", "", table.label, ""]
     parts += [f"- {n}" for n in table.notes if n]  # notes first: tables can be long
     parts += ["", to_markdown(table.frame)]
+    for title, frame in table.sections:
+        parts += ["", f"## {title}", "", to_markdown(frame)]
     atomic_write_text(out.with_suffix(".md"), "\n".join(parts) + "\n")

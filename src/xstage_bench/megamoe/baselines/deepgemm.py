@@ -1,0 +1,336 @@
+"""DeepGEMM's SM90 FP8 MegaMoE (PyPI sgl-deep-gemm 0.2.5, `deep_gemm.fp8_mega_moe`) on
+the same inputs as our kernel, run in its own torch.distributed process pair.
+
+DeepGEMM exchanges tokens through PyTorch symmetric memory, which needs one process per
+GPU; our runner drives every GPU from one process. So a pair of worker processes (spawned
+once, NCCL over NVLink with multicast off) holds one rank each; the runner sends them one
+configuration at a time and waits a bounded time for the answer (a hang or a crash kills
+the pair and fails the point; the next point starts a fresh pair).
+
+Each worker rebuilds its rank's inputs with the generators our problem uses (the same
+seeded tokens, routing and FP8 weights), converts them with DeepGEMM's own helpers
+(`transform_weights_for_mega_moe_sm90` interleaves gate/up; activations and block scales
+are already DeepGEMM's SM90 formats: FP8 e4m3 with one fp32 scale per token and 128
+channels, 128x128 fp32 weight-block scales), fills the symmetric buffer, and runs the
+kernel once with its output poisoned (NaN). The sampled tokens' rows go back to the runner,
+which checks them against our reference told DeepGEMM's intermediate format (one scale per
+row and `block` channels, read from the buffer's layout, and the top-k weight applied
+before quantization, as its Linear-1 epilogue does). Only then is it timed: per repetition
+the inputs are copied into the buffer (outside the timed region), L2 is flushed, the ranks
+meet at a barrier, and CUDA events on each rank time the kernel; a sample is the slowest
+rank's time. DeepGEMM's time includes its dispatch (the kernel pulls the tokens over
+NVLink); our kernel's time does not.
+
+Which schedule: 0.2.5 picks it on the host (heuristics/sm90_mega_moe.hpp in its sources):
+a symmetric buffer of at least 1024 tokens per rank gets the "L2-lag" interleaved schedule
+(kL2LagUnits > 0: Linear-2 units issued a lag behind Linear-1 on a ring), a smaller one
+(or a call bounded to at most 256 tokens) the wave schedule (kL2LagUnits = 0: all
+Linear-1 blocks of a group of experts, then their Linear-2 blocks). Its Python API has no
+knob for it. We run its default and read which schedule ran from the configuration it
+prints (DG_PRINT_CONFIGS=1, `l2_lag_units=`); the other schedule of the configuration is
+recorded "unsupported" with that line.
+
+Seen on the 2x H200 image (torch 2.11.0+cu130): the wheel's prebuilt _C.so does not load,
+"undefined symbol: _ZN3c104cuda19CUDAErrorLogCaptureC1Ev" (c10::cuda::CUDAErrorLogCapture,
+from the C10_CUDA_CHECK of a newer torch than 2.11), and the wheel carries no sources to
+rebuild it; every W8A8 point is then recorded "failed" with that loader message.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+SCHEDULE_NAMES = {"expert_wave": "wave", "interleaved": "L2-lag"}
+PRECISION = "w8a8"  # the only precision its SM90 MegaMoE takes (FP8 x FP8)
+DEFAULT_JOB_TIMEOUT_S = 300.0  # first call of a shape includes its nvcc JIT compile
+ENV = {  # NVLink multicast off: it can take a shared host's GPUs down
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "DG_PRINT_CONFIGS": "1",
+}
+_CONFIG_LINE = re.compile(r"MegaMoESM90Config\([^\n]*\)")
+
+
+def unsupported_reason(point: dict) -> str | None:
+    """Why DeepGEMM's SM90 MegaMoE cannot run a configuration at all, or None."""
+    if point["precision"] != PRECISION:
+        return (
+            f"DeepGEMM's SM90 MegaMoE (sgl-deep-gemm fp8_mega_moe) takes FP8 x FP8 only; "
+            f"precision {point['precision']} has no SM90 path in it"
+        )
+    return None
+
+
+def schedule_of(config_line: str) -> str | None:
+    """'interleaved' (L2-lag), 'expert_wave' (wave) or None, from a printed config."""
+    m = re.search(r"l2_lag_units=(\d+)", config_line or "")
+    if m is None:
+        return None
+    return "interleaved" if int(m.group(1)) % 1000 > 0 else "expert_wave"
+
+
+@dataclass
+class RankResult:
+    """What one worker reports for one configuration."""
+
+    error: str | None
+    config_line: str = ""
+    block: int = 0  # channels per intermediate scale
+    first_call_s: float = 0.0  # the checked call, including the JIT compile
+    rows: object = None  # float32 (len(tokens), H): the sampled tokens' outputs
+    nan_rows: int = 0
+    times_us: list | None = None
+    version: str = ""
+
+
+class DeepGemmWorkers:
+    """A pair (P) of worker processes running DeepGEMM, started on first use."""
+
+    def __init__(self, world_size: int, timeout_s: float = DEFAULT_JOB_TIMEOUT_S):
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.procs: list = []
+        self.jobs: list = []
+        self.results = None
+
+    def _start(self) -> None:
+        import multiprocessing as mp
+
+        os.environ.update(ENV)  # inherited by the spawned workers
+        ctx = mp.get_context("spawn")
+        self.results = ctx.Queue()
+        self.jobs = [ctx.Queue() for _ in range(self.world_size)]
+        port = _free_port()
+        self.procs = [
+            ctx.Process(
+                target=_worker,
+                args=(rank, self.world_size, port, self.jobs[rank], self.results),
+                daemon=True,
+            )
+            for rank in range(self.world_size)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def run(self, job: dict, timeout_s: float | None = None) -> list[RankResult]:
+        """Run one configuration on every rank; RankResults in rank order. A timeout or a
+        dead worker raises TimeoutError/RuntimeError after killing the pair."""
+        if not self.procs:
+            self._start()
+        for rank, q in enumerate(self.jobs):
+            q.put({**job, "tokens": job["tokens"][rank]})
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        got: dict[int, RankResult] = {}
+        while len(got) < self.world_size:
+            try:
+                rank, result = self.results.get(timeout=1.0)
+                got[rank] = result
+                continue
+            except queue.Empty:
+                pass
+            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+            if dead:
+                codes = [self.procs[r].exitcode for r in dead]
+                self.close()
+                raise RuntimeError(f"DeepGEMM worker(s) {dead} died (exit codes {codes})")
+            if time.monotonic() > deadline:
+                self.close()
+                waited = timeout_s or self.timeout_s
+                raise TimeoutError(f"DeepGEMM workers gave no answer within {waited:.0f} s")
+        return [got[r] for r in range(self.world_size)]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=10)
+        self.procs = []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the worker process ---------------------------------------------------------------
+
+
+def _worker(rank: int, world: int, port: int, jobs, results) -> None:
+    os.environ.update(ENV)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        device_id=torch.device("cuda", rank),
+    )
+    group = dist.group.WORLD
+    while True:
+        job = jobs.get()
+        try:
+            result = _run_job(job, rank, group)
+        except Exception as e:  # DeepGEMM's host asserts arrive here, on every rank alike
+            result = RankResult(error=f"{type(e).__name__}: {str(e).strip()[:1500]}")
+        torch.cuda.empty_cache()
+        results.put((rank, result))
+
+
+def _captured_stdout(fn) -> tuple[object, str]:
+    """Call fn with file descriptor 1 redirected (DeepGEMM prints its config from C++)."""
+    import ctypes
+    import sys
+
+    sys.stdout.flush()
+    libc = ctypes.CDLL(None)
+    saved = os.dup(1)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 1)
+        try:
+            value = fn()
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    return value, text
+
+
+def _import_deep_gemm():
+    """deep_gemm, after loading the CUDA libraries its _C.so names without a search path
+    (torch loads nvrtc only when it needs it): torch's own copies first, else CUDA_HOME's.
+    A library that still fails to load is named with the loader's reason."""
+    import ctypes
+    import glob
+
+    import torch
+
+    roots = [
+        os.path.join(os.path.dirname(torch.__file__), "..", "nvidia"),
+        os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "lib64"),
+    ]
+    for lib in ("libcudart.so.13", "libnvrtc.so.13", "libcublasLt.so.13", "libcublas.so.13"):
+        try:
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            continue
+        except OSError:
+            pass
+        for root in roots:
+            hits = sorted(glob.glob(os.path.join(root, "**", lib), recursive=True))
+            if hits:
+                ctypes.CDLL(hits[0], mode=ctypes.RTLD_GLOBAL)
+                break
+    try:
+        import deep_gemm
+    except OSError as e:
+        raise OSError(f"{e} (loader: {e.__cause__})") from e
+    return deep_gemm
+
+
+def _run_job(job: dict, rank: int, group) -> RankResult:
+    import importlib.metadata
+
+    import torch
+    import torch.distributed as dist
+
+    from xstage_bench.megamoe.problem import make_expert_weights, make_home_tokens
+
+    deep_gemm = _import_deep_gemm()
+    point, seed = job["point"], job["seed"]
+    device = torch.device("cuda", rank)
+    T, H, I = point["tokens_per_rank"], point["H"], point["I"]  # noqa: E741
+    home = make_home_tokens(point, PRECISION, rank, device, seed)
+    ex = make_expert_weights(point, PRECISION, rank, device, seed)
+    l1, l2 = deep_gemm.transform_weights_for_mega_moe_sm90((ex.w1, ex.s1), (ex.w2, ex.s2))
+    buf = deep_gemm.get_symm_buffer_for_sm90_mega_moe(group, point["E"], T, point["topk"], H, I)
+    try:
+        ids = torch.as_tensor(home.ids, device=device)
+        weights = torch.as_tensor(home.weights, device=device)
+
+        def fill() -> None:
+            buf.x[:T].copy_(home.xq)
+            buf.x_sf[:T].copy_(home.xs)
+            buf.topk_idx[:T].copy_(ids)
+            buf.topk_weights[:T].copy_(weights)
+
+        y = torch.empty(T, H, dtype=torch.bfloat16, device=device)
+
+        def call() -> None:
+            deep_gemm.fp8_mega_moe(
+                y, l1, l2, buf, recipe=(128, 128, 128), activation="swiglu", fast_math=True
+            )
+
+        fill()
+        y.fill_(float("nan"))
+        dist.barrier()
+        start = time.perf_counter()
+        _, printed = _captured_stdout(lambda: (call(), torch.cuda.synchronize()))
+        first = time.perf_counter() - start
+        lines = _CONFIG_LINE.findall(printed)
+        rows = torch.as_tensor(job["tokens"], device=device)
+        result = RankResult(
+            error=None,
+            config_line=lines[-1] if lines else printed.strip()[-800:],
+            block=I // buf.l2_acts_sf.shape[-1],
+            first_call_s=first,
+            rows=y[rows].float().cpu().numpy(),
+            nan_rows=int(torch.isnan(y).any(dim=1).sum()),
+            version=importlib.metadata.version("sgl-deep-gemm"),
+        )
+        result.times_us = _time(call, fill, job["policy"], device)
+        return result
+    finally:
+        buf.destroy()
+        dist.barrier()
+
+
+def _time(call, fill, policy: dict, device) -> list[float]:
+    """Fixed-count timing, the same count on every rank: rank 0 sizes it from one call so
+    the repetitions fit the policy's budget (within min_reps..max_reps)."""
+    import torch
+    import torch.distributed as dist
+
+    flush = (
+        torch.empty(
+            torch.cuda.get_device_properties(device).L2_cache_size, dtype=torch.uint8, device=device
+        )
+        if policy["flush_l2"]
+        else None
+    )
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def once() -> float:
+        fill()
+        if flush is not None:
+            flush.zero_()
+        dist.barrier()
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0
+
+    for _ in range(policy["warmup"]):
+        once()
+    first = once()
+    fit = policy["budget_s"] * 1e6 / max(first, 1.0)
+    n = [int(np.clip(fit, policy["min_reps"], policy["max_reps"]))]
+    dist.broadcast_object_list(n, src=0)
+    mine = [first] + [once() for _ in range(n[0] - 1)]
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return [float(max(v)) for v in zip(*every, strict=True)]
