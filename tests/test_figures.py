@@ -60,6 +60,16 @@ def test_render_product_dispatches_to_the_figure(sim_dataset, tmp_path):
     assert out.stat().st_size > 0 and out.with_suffix(".png").exists()
 
 
+@pytest.mark.parametrize("name", ["fig-megamoe-speedup", "fig-model-validation"])
+def test_same_data_gives_the_same_bytes(name, sim_dataset, tmp_path):
+    """A figure is a function of its data: no creation date, no unseeded jitter."""
+    first, second = tmp_path / "a" / f"{name}.pdf", tmp_path / "b" / f"{name}.pdf"
+    render_product(name, sim_dataset, first)
+    render_product(name, sim_dataset, second)
+    for ext in (".pdf", ".png"):
+        assert first.with_suffix(ext).read_bytes() == second.with_suffix(ext).read_bytes()
+
+
 def test_unknown_product_is_refused(sim_dataset, tmp_path):
     with pytest.raises(ValueError, match="unknown product 'fig-nope'"):
         render_product("fig-nope", sim_dataset, tmp_path / "x.pdf")

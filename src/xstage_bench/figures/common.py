@@ -263,10 +263,14 @@ def finish_figure(
 
 
 def save_figure(fig: Figure, out: Path) -> None:
-    """Write the figure as `out` (PDF) and as PNG next to it, then free it."""
+    """Write the figure as `out` (PDF) and as PNG next to it, then free it.
+
+    The PDF carries no creation date, so re-rendering the same data gives the same bytes
+    (a fresh clone that re-renders a committed reference leaves its tree clean).
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    fig.savefig(out, metadata={"CreationDate": None})
     fig.savefig(out.with_suffix(".png"), dpi=DPI)
     plt.close(fig)
 
