@@ -2,6 +2,7 @@ import sys
 import types
 
 import pytest
+from fixtures import environment
 
 from xstage_bench.clocks import ClockSampler, record_fields, throttle_verdict
 from xstage_bench.results import ok_record, raw_document, validate_raw
@@ -169,14 +170,7 @@ def test_record_fields_fit_the_raw_schema(nvml):
     gone = {"available": False, "reason": "no NVML"}
     unknown = ok_record("q", {"id": "q"}, {"t_us": [1.0]}, **record_fields(gone, gone))
     assert unknown["throttled"] is None
-    env = {
-        "host": "h",
-        "python": "3",
-        "packages": {},
-        "git": {"sha": None, "dirty": None},
-        "started_at": "t",
-        "finished_at": "t",
-    }
+    env = environment(simulated=False)
     validate_raw(
         raw_document(
             experiment="attention",

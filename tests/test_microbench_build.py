@@ -8,20 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import environment
 
 from xstage_bench import grid, results, sweep
 from xstage_bench.config import load_config
 from xstage_bench.microbench import build, launch, runner
 from xstage_bench.microbench.launch import PointUnsupported
 
-ENVIRONMENT = {
-    "host": "h",
-    "python": "3",
-    "packages": {},
-    "git": {"sha": None, "dirty": None},
-    "started_at": "t",
-    "finished_at": "t",
-}
+ENVIRONMENT = environment(simulated=False)
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "kernels" / "microbench" / "burst.cu"

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+from fixtures import environment
 
 from xstage_bench.results import (
     RawResultError,
@@ -14,15 +15,7 @@ from xstage_bench.results import (
     write_raw,
 )
 
-ENV = {
-    "host": "h",
-    "python": "3.11",
-    "packages": {},
-    "git": {"sha": None, "dirty": None},
-    "started_at": "t0",
-    "finished_at": "t1",
-    "simulated": True,
-}
+ENV = environment(simulated=True)
 
 
 def doc(records):

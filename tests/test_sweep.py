@@ -7,19 +7,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fixtures import environment
 
 from xstage_bench.results import RawResultError, ok_record, read_raw
 from xstage_bench.sweep import WATCHDOG_EXIT_CODE, partial_path, run_sweep
 
-ENV = {
-    "host": "test",
-    "python": "3",
-    "packages": {},
-    "git": {"sha": None, "dirty": None},
-    "started_at": "2026-01-01T00:00:00.000+00:00",
-    "finished_at": "2026-01-01T00:00:00.000+00:00",
-    "simulated": True,
-}
+ENV = environment(simulated=True)
 POINTS = [{"id": name, "V": i} for i, name in enumerate("abcde")]
 
 
