@@ -24,18 +24,21 @@ LINE_RATE = 450.0
 LOCAL_SCALE = 10.0  # the local path: 10x the rate and the capacity
 GPU = "NVIDIA H200"
 
+# The axes a microbench point takes when its study does not set them (as config.yaml).
+MICROBENCH_DEFAULTS = {
+    "width": 16,
+    "dest": "peer",
+    "pattern": "same",
+    "peers": 1,
+    "sync": "free",
+    "gap_mode": "compute",
+}
+
 MICROBENCH = {
     "bursts": 8,
     "warmup_bursts": 2,
     "launches": 2,
-    "defaults": {
-        "width": 16,
-        "dest": "peer",
-        "pattern": "same",
-        "peers": 1,
-        "sync": "free",
-        "gap_mode": "compute",
-    },
+    "defaults": MICROBENCH_DEFAULTS,
     "studies": {
         "gap_sweep": {
             "kind": "periodic",

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from fixtures import MICROBENCH_DEFAULTS
 
 from xstage_bench.hardware import load_profile
 from xstage_bench.model import checks, fit
@@ -38,14 +39,7 @@ def microbench(**studies) -> dict:
             "bursts": 12,
             "warmup_bursts": 4,
             "launches": 3,
-            "defaults": {
-                "width": 16,
-                "dest": "peer",
-                "pattern": "same",
-                "peers": 1,
-                "sync": "free",
-                "gap_mode": "compute",
-            },
+            "defaults": dict(MICROBENCH_DEFAULTS),
             "studies": studies,
         }
     }

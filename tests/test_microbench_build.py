@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures import environment
+from fixtures import MICROBENCH_DEFAULTS, environment
 
 from xstage_bench import grid, results, sweep
 from xstage_bench.config import load_config
@@ -111,12 +111,7 @@ def point(**over) -> dict:
         "K": 132,
         "V": 4 << 20,
         "gap_us": 0.0,
-        "width": 16,
-        "dest": "peer",
-        "pattern": "same",
-        "peers": 1,
-        "sync": "free",
-        "gap_mode": "compute",
+        **MICROBENCH_DEFAULTS,
     }
     p.update(over)
     p["B"] = grid.producer_bytes(p["V"], p["K"])

@@ -7,6 +7,7 @@ T0 = 0.5 + 1 = 1.5 us, V/R = 4 us, G* = 2.5 us.
 
 import numpy as np
 import pytest
+from fixtures import MICROBENCH_DEFAULTS
 
 from xstage_bench.hardware import HardwareProfile
 from xstage_bench.model import laws
@@ -155,14 +156,7 @@ def microbench_config(**study) -> dict:
             "bursts": 10,
             "warmup_bursts": 3,
             "launches": 2,
-            "defaults": {
-                "width": 16,
-                "dest": "peer",
-                "pattern": "same",
-                "peers": 1,
-                "sync": "free",
-                "gap_mode": "compute",
-            },
+            "defaults": dict(MICROBENCH_DEFAULTS),
             "studies": {"s": study},
         }
     }

@@ -411,6 +411,19 @@ def megamoe_config_name(point: dict) -> str:
     )
 
 
+def megamoe_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """The dataset's MegaMoE raw document and megamoe_speedups of it; NoDataError when no
+    configuration has both of our schedules."""
+    doc = raw_doc(dataset_dir, layout.MEGAMOE_RAW)
+    speedups, incomplete = megamoe_speedups(doc)
+    if speedups.empty:
+        raise NoDataError(
+            f"dataset '{dataset_dir.name}': {layout.MEGAMOE_RAW} has no configuration with ok "
+            "expert_wave and interleaved records (variant absent or 'ours')"
+        )
+    return doc, speedups, incomplete
+
+
 def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per configuration: expert_wave / interleaved time for our kernel (variant absent or
     'ours'). Returns (complete configurations, configurations lacking an ok schedule)."""

@@ -20,18 +20,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import ScalarFormatter
 
-from xstage_bench import layout
 from xstage_bench.figures import common
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc = common.raw_doc(dataset_dir, layout.MEGAMOE_RAW)
-    speedups, incomplete = common.megamoe_speedups(doc)
-    if speedups.empty:
-        raise common.NoDataError(
-            f"dataset '{dataset_dir.name}': {layout.MEGAMOE_RAW} has no configuration with ok "
-            "expert_wave and interleaved records (variant absent or 'ours')"
-        )
+    doc, speedups, incomplete = common.megamoe_sweep(dataset_dir)
     speedups = speedups.sort_values("speedup", ignore_index=True)
     shapes = sorted(speedups["shape"].unique())
     palette = dict(zip(shapes, sns.color_palette("tab10", len(shapes)), strict=True))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from xstage_bench import layout, paper
+from xstage_bench import paper
 from xstage_bench.figures import common
 from xstage_bench.tables.common import Table
 
@@ -25,13 +25,7 @@ def speedup_stats(speedup: pd.Series) -> dict:
 
 
 def build(dataset_dir: Path) -> Table:
-    doc = common.raw_doc(dataset_dir, layout.MEGAMOE_RAW)
-    speedups, incomplete = common.megamoe_speedups(doc)
-    if speedups.empty:
-        raise common.NoDataError(
-            f"dataset '{dataset_dir.name}': {layout.MEGAMOE_RAW} has no configuration with ok "
-            "expert_wave and interleaved records (variant absent or 'ours')"
-        )
+    doc, speedups, incomplete = common.megamoe_sweep(dataset_dir)
     rows = [
         {
             "group": "overall",
