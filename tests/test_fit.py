@@ -16,7 +16,7 @@ from xstage_bench.results import ok_record, read_raw, write_raw
 from xstage_bench.sim import run
 
 ROOT = Path(__file__).resolve().parents[1]
-H200 = str(ROOT / "config" / "hardware" / "h200.yaml")
+H200 = str(ROOT / "tests" / "data" / "h200-seed.yaml")  # fixed: independent of refits
 B200 = str(ROOT / "config" / "hardware" / "b200.yaml")
 MiB = 1 << 20
 ISOLATED_V = [
