@@ -51,6 +51,7 @@ def test_full_config_ulysses_sweep(full_config):
         (lambda c: c["timing"].update(max_reps=4, min_reps=5), "timing.max_reps"),
         (lambda c: c.pop("attention"), "(top level)"),
         (lambda c: c["microbench"].update(typo=1), "microbench"),
+        (lambda c: c.update(world_size=2, gpu_ids=[0, 1, 2]), "gpu_ids"),
     ],
 )
 def test_bad_values_name_their_key(full_config, mutate, key):

@@ -7,15 +7,15 @@ from xstage_bench.gpulock import GpuLock
 from xstage_bench.joblog import gpu_job
 
 
-def fake_snakemake(tmp_path, config, gpus):
+def fake_snakemake(tmp_path, gpu_ids):
     return SimpleNamespace(
-        config=config, resources=SimpleNamespace(gpu=gpus), log=[str(tmp_path / "logs" / "job.log")]
+        params=SimpleNamespace(gpu_ids=gpu_ids), log=[str(tmp_path / "logs" / "job.log")]
     )
 
 
 def test_gpu_job_locks_its_gpus_and_tees_the_log(tmp_path, monkeypatch):
     monkeypatch.setenv("XSTAGE_LOCK_DIR", str(tmp_path / "locks"))
-    with gpu_job(fake_snakemake(tmp_path, {}, 2)) as gpu_ids:
+    with gpu_job(fake_snakemake(tmp_path, [0, 1])) as gpu_ids:
         assert gpu_ids == [0, 1]
         print("progress line", file=sys.stderr)
         held = sorted(p.name for p in (tmp_path / "locks").iterdir())
@@ -25,7 +25,10 @@ def test_gpu_job_locks_its_gpus_and_tees_the_log(tmp_path, monkeypatch):
         pass  # released on exit: another run can take them at once
 
 
-def test_config_gpu_ids_take_precedence(tmp_path, monkeypatch):
+def test_a_job_on_other_gpus_is_not_blocked(tmp_path, monkeypatch):
     monkeypatch.setenv("XSTAGE_LOCK_DIR", str(tmp_path / "locks"))
-    with gpu_job(fake_snakemake(tmp_path, {"gpu_ids": [2, 3]}, 2)) as gpu_ids:
-        assert gpu_ids == [2, 3]
+    with (
+        gpu_job(fake_snakemake(tmp_path, [0, 1])),
+        gpu_job(fake_snakemake(tmp_path, [2, 3])) as ids,
+    ):
+        assert ids == [2, 3]

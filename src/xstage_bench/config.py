@@ -76,6 +76,12 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
             f"config key 'datasets.measured': '{datasets['measured']}' is also a "
             "reference dataset; measuring would overwrite it"
         )
+    gpu_ids = config.get("gpu_ids")
+    if gpu_ids and config["world_size"] != "auto" and len(gpu_ids) != config["world_size"]:
+        raise ConfigError(
+            f"config key 'gpu_ids': {len(gpu_ids)} GPUs listed but world_size is "
+            f"{config['world_size']}"
+        )
     if config["measure"] == "submit":
         if config["world_size"] == "auto":
             raise ConfigError(

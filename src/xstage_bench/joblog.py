@@ -39,11 +39,11 @@ def tee_to(log_path: str | Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def gpu_job(snakemake) -> Iterator[list[int]]:
-    """What every measuring rule does around its work: pick its GPUs (config `gpu_ids`, else
-    the first `resources.gpu`), tee its log, and hold the per-GPU lock so that a second
-    harness run (another snakemake) cannot measure on them meanwhile."""
+    """What every measuring rule does around its work: take its GPUs (`params.gpu_ids`), tee
+    its log, and hold the per-GPU lock so that a second harness run (another snakemake)
+    cannot measure on them meanwhile."""
     from xstage_bench.gpulock import GpuLock
 
-    gpu_ids = snakemake.config.get("gpu_ids") or list(range(snakemake.resources.gpu))
+    gpu_ids = list(snakemake.params.gpu_ids)
     with tee_to(snakemake.log[0]), GpuLock(gpu_ids):
         yield gpu_ids

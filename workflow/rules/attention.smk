@@ -6,8 +6,10 @@ rule attention_measure:
         RESULTS / "{dataset}" / "raw" / "attention.json",
     wildcard_constraints:
         dataset=measuring("attention"),
+    params:
+        gpu_ids=GPU_IDS,
     resources:
-        gpu=WORLD_SIZE,
+        gpu=GPU_JOB,
     conda:
         CONDA_ENV
     log:

@@ -36,14 +36,20 @@ else:
     MEASURED = dataset_name(GPUS.names)
 if config["world_size"] != "auto":
     WORLD_SIZE = config["world_size"]
+elif config.get("gpu_ids"):
+    WORLD_SIZE = len(config["gpu_ids"])
 else:
     WORLD_SIZE = GPUS.count if MEASURING else 2
+GPU_IDS = config.get("gpu_ids") or list(range(WORLD_SIZE))
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
 
-# A GPU job owns the node's GPUs: the `gpu` resource defaults to the GPU count, so
-# --cores all never runs two GPU jobs at once on the same devices.
+# A GPU job holds every GPU of this machine, whatever world size it measures at: the `gpu`
+# resource defaults to the GPU count and each GPU job asks for all of it, so --cores all never
+# runs two GPU jobs at once. On a cluster (submit) a job asks for its world size, on a node
+# of its own (--exclusive in the slurm profile).
+GPU_JOB = GPUS.count if PROBE and MEASURING else WORLD_SIZE
 if PROBE and MEASURING and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", GPUS.count)
 

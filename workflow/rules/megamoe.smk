@@ -8,8 +8,10 @@ rule megamoe_measure:
         trace=RESULTS / "{dataset}" / "raw" / "megamoe_trace.json",
     wildcard_constraints:
         dataset=measuring("megamoe"),
+    params:
+        gpu_ids=GPU_IDS,
     resources:
-        gpu=WORLD_SIZE,
+        gpu=GPU_JOB,
     conda:
         CONDA_ENV
     log:

@@ -9,8 +9,10 @@ rule microbench_measure:
         RESULTS / "{dataset}" / "raw" / "microbench" / "{study}.json",
     wildcard_constraints:
         dataset=measuring("microbench"),
+    params:
+        gpu_ids=GPU_IDS,
     resources:
-        gpu=WORLD_SIZE,
+        gpu=GPU_JOB,
     conda:
         CONDA_ENV
     log:
