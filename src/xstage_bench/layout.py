@@ -127,13 +127,5 @@ def resolve(dataset_dir: Path, read: str) -> Path:
     return dataset_dir / read
 
 
-def figure_path(dataset_dir: Path, name: str, ext: str = "pdf") -> Path:
-    return dataset_dir / "figures" / f"{name}.{ext}"
-
-
-def table_path(dataset_dir: Path, name: str, ext: str = "csv") -> Path:
-    return dataset_dir / "tables" / f"{name}.{ext}"
-
-
 def is_simulated_dataset(name: str) -> bool:
     return name.startswith("sim-")

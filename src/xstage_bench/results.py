@@ -166,8 +166,3 @@ def read_raw(path: str | os.PathLike) -> dict:
         raise RawResultError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     validate_raw(doc, str(path))
     return doc
-
-
-def ok_records(doc: dict) -> list[dict]:
-    """The records that carry trustworthy numbers."""
-    return [r for r in doc["records"] if r["status"] == OK]

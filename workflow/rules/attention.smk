@@ -3,7 +3,7 @@
 
 rule attention_measure:
     output:
-        RESULTS / "{dataset}" / "raw" / "attention.json",
+        RESULTS / "{dataset}" / layout.ATTENTION_RAW,
     wildcard_constraints:
         dataset=measuring("attention"),
     params:
@@ -22,7 +22,7 @@ rule attention_simulate:
     input:
         profile=lambda wc: SIMULATED[wc.dataset],
     output:
-        RESULTS / "{dataset}" / "raw" / "attention.json",
+        RESULTS / "{dataset}" / layout.ATTENTION_RAW,
     wildcard_constraints:
         dataset=r"sim-[A-Za-z0-9._-]+",
     params:

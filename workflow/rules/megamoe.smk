@@ -4,8 +4,8 @@
 
 rule megamoe_measure:
     output:
-        sweep=RESULTS / "{dataset}" / "raw" / "megamoe.json",
-        trace=RESULTS / "{dataset}" / "raw" / "megamoe_trace.json",
+        sweep=RESULTS / "{dataset}" / layout.MEGAMOE_RAW,
+        trace=RESULTS / "{dataset}" / layout.MEGAMOE_TRACE_RAW,
     wildcard_constraints:
         dataset=measuring("megamoe"),
     params:

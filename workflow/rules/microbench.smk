@@ -6,7 +6,7 @@ rule microbench_measure:
     input:
         cubin="build/kernels/sm_90/burst.cubin",
     output:
-        RESULTS / "{dataset}" / "raw" / "microbench" / "{study}.json",
+        RESULTS / "{dataset}" / layout.microbench_raw("{study}"),
     wildcard_constraints:
         dataset=measuring("microbench"),
     params:
@@ -25,7 +25,7 @@ rule microbench_simulate:
     input:
         profile=lambda wc: SIMULATED[wc.dataset],
     output:
-        RESULTS / "{dataset}" / "raw" / "microbench" / "{study}.json",
+        RESULTS / "{dataset}" / layout.microbench_raw("{study}"),
     wildcard_constraints:
         dataset=r"sim-[A-Za-z0-9._-]+",
     conda:

@@ -6,8 +6,8 @@ rule fit_burst_gap:
     input:
         model_inputs,
     output:
-        model=RESULTS / "{dataset}" / "model" / "burst_gap.json",
-        profile=RESULTS / "{dataset}" / "model" / "profile.yaml",
+        model=RESULTS / "{dataset}" / layout.MODEL_JSON,
+        profile=RESULTS / "{dataset}" / layout.MODEL_PROFILE,
     params:
         base_profile=lambda wc: SIMULATED.get(wc.dataset, "config/hardware/h200.yaml"),
     conda:
