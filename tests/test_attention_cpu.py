@@ -196,11 +196,12 @@ def one_rank(interpreter, monkeypatch):
     import torch.distributed as dist
 
     from xstage_bench.attention import runner
-    from xstage_bench.attention.modes import HostFabric
+    from xstage_bench.fabric import HostFabric
     from xstage_bench.timing import TimingPolicy
+    from xstage_bench.workers import free_port
 
     dist.init_process_group(
-        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{runner._free_port()}"
+        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}"
     )
     fabric = HostFabric(
         rank=0,
@@ -306,6 +307,7 @@ def test_sweep_config_applies_reductions_and_names_bad_keys():
 
 @needs_torch
 def test_runner_end_to_end_on_two_cpu_ranks(tmp_path):
+    from xstage_bench import workers
     from xstage_bench.attention import runner
 
     cfg = runner.sweep_config(
@@ -337,5 +339,5 @@ def test_runner_end_to_end_on_two_cpu_ranks(tmp_path):
     assert fused["extra"]["bitwise_equal_serial"] is True
     assert doc["environment"]["device_type"] == "cpu"
     assert "not a measurement" in doc["environment"]["note"]
-    assert not runner.running_marker(out).exists()
+    assert not workers.running_marker(out).exists()
     json.dumps(doc)  # plain JSON all the way down

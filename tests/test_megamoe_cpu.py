@@ -14,6 +14,7 @@ test therefore holds the interpreter to a looser tolerance than the GPU check
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -423,3 +424,95 @@ def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
     for rb in prob.ranks:  # the control writes exactly this rank's rows, locally
         written = ~torch.isnan(rb.sink).any(dim=1)
         assert int(written.sum()) == rb.plan.rows
+
+
+# ---- one process per rank (gloo, shared-memory windows, the interpreter) ---------------
+
+
+def test_per_gpu_verdict_names_the_first_failure_in_runner_order(interpreted_kernel):
+    from xstage_bench.megamoe.distributed import verdict
+
+    good = {"flag": 0, "nan": False, "rel_error": 0.01, "checked_tokens": 32}
+    assert verdict([good, good]) == (
+        None,
+        {"rel_error": [0.01, 0.01], "checked_tokens_per_rank": 32},
+    )
+    error, extra = verdict([good, {**good, "bitwise_equal": False}])
+    assert error == "output differs bitwise from the expert-wave schedule"
+    assert extra["bitwise_equal_to_expert_wave"] is False
+    assert "error flags [0, 1]" in verdict([good, {**good, "flag": 1, "nan": True}])[0]
+    assert "NaN (unwritten) on ranks [1]" in verdict([good, {**good, "nan": True}])[0]
+    error, _ = verdict([good, {**good, "rel_error": 0.5}])
+    assert "0.5 > 0.02" in error
+    assert verdict([good, {**good, "rel_error": 0.05}], tolerance=0.1)[0] is None
+
+
+@needs_torch
+def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
+    interpreted_kernel, tmp_path, monkeypatch
+):
+    """Two gloo ranks run the sweep with a wrong variant and a hang injected: the wrong
+    point is recorded wrong, the hung one timed out, the sweep resumes and finishes, and
+    every checked output equals the single-process path's bit for bit."""
+    import torch
+
+    from xstage_bench import grid
+    from xstage_bench.config import load_config
+    from xstage_bench.megamoe import distributed
+    from xstage_bench.megamoe.problem import MoEProblem, make_expert_weights
+    from xstage_bench.results import read_raw
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "config.yaml")
+    cfg["timing"].update({"warmup": 0, "min_reps": 1, "max_reps": 2, "flush_l2": False})
+    moe = {
+        **cfg["megamoe"],
+        "shapes": [{"name": "tiny", "H": 256, "I": 256, "E": 4, "topk": 2}],
+        "precisions": ["w8a8"],
+        "routings": ["balanced", "skewed"],
+        "tokens_per_rank": [48],
+        "lead_rows": 0,
+    }
+    monkeypatch.setenv(
+        "XSTAGE_INJECT_FAULT",
+        "wrong:balanced/T=48/P=2/interleaved;hang:skewed/T=48/P=2/expert_wave",
+    )
+    out, dump = tmp_path / "megamoe.json", tmp_path / "outputs"
+    distributed.launch(
+        cfg,
+        "cpu-test",
+        out,
+        world_size=2,
+        megamoe=moe,
+        device_type="cpu",
+        tolerance=INTERPRETER_TOLERANCE,
+        dump_dir=dump,
+        point_timeout_s=10,
+        wait_timeout_s=60,
+        max_restarts=1,
+    )
+    doc = read_raw(out)
+    status = {r["id"]: (r["status"], r.get("error") or "") for r in doc["records"]}
+    assert status["tiny/w8a8/balanced/T=48/P=2/expert_wave"][0] == "ok"
+    assert status["tiny/w8a8/balanced/T=48/P=2/interleaved"][0] == "wrong"
+    assert "NaN (unwritten)" in status["tiny/w8a8/balanced/T=48/P=2/interleaved"][1]
+    assert status["tiny/w8a8/skewed/T=48/P=2/expert_wave"][0] == "timeout"
+    assert status["tiny/w8a8/skewed/T=48/P=2/interleaved"][0] == "ok"
+    assert doc["environment"]["process_model"].startswith("one process per GPU")
+    assert "one per GPU" in doc["config"]["processes"]
+
+    devices = [torch.device("cpu")] * 2
+    compared = 0
+    for point in grid.megamoe_points(moe, 2):
+        weights = [make_expert_weights(point, "w8a8", q, d) for q, d in enumerate(devices)]
+        prob = MoEProblem(point, moe, devices, weights, num_programs=distributed.CPU_PROGRAMS)
+        for name in moe["schedules"]:
+            pid = f"{point['id']}/{name}"
+            if status[pid][0] != "ok":
+                continue
+            prob.poison()
+            prob.forward(name)
+            for q, expected in enumerate(prob.outputs()):
+                got = torch.load(dump / f"{pid.replace('/', '__')}.rank{q}.pt")
+                assert torch.equal(got, expected), f"{pid} rank {q}"
+                compared += 1
+    assert compared == 4

@@ -3,7 +3,9 @@
 layout    which rank owns which (token, head) after the All-to-All; the yunchang reshapes
 triton_fa our Triton FlashAttention forward whose epilogue stores rows at their owners
 backends  FA3, FA4 and ours behind one interface; the SDPA reference
-peer_out  peer-backed output windows (CUDA VMM) and the cross-rank device barrier
 modes     alone / serial / fused, the correctness check, one timed repetition
 runner    one process per GPU, the resumable sweep, the command line
+
+Peer windows and the device barrier are in xstage_bench.peer, the fabric they make up in
+xstage_bench.fabric, the process plumbing in xstage_bench.workers (MegaMoE uses them too).
 """

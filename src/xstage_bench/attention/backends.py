@@ -6,7 +6,7 @@ layout FA3/FA4 use — in two ways:
 - `local(q, k, v, out)`: into `out`, a (B, S, H, D) tensor on this GPU (alone, serial);
 - `fused(q, k, v, target)`: every output row into the rank that owns its token
   (`FusedTarget`). FA3 and FA4 are unmodified kernels: they get an `out` whose pages live on
-  the owner GPUs (peer_out.CudaPeerWindow). Our Triton kernel routes rows in its epilogue.
+  the owner GPUs (peer.CudaPeerWindow). Our Triton kernel routes rows in its epilogue.
 
 External backends are imported on first use; a missing one raises BackendUnavailable with
 the import error, which the runner records as "unsupported".

@@ -25,34 +25,14 @@ import copy
 import json
 import math
 import os
-import signal
-import socket
 import statistics
 import sys
-import threading
-import time
-import uuid
-from datetime import timedelta
 from pathlib import Path
 
-from xstage_bench import environment, results, sweep, timing
+from xstage_bench import environment, results, sweep, timing, workers
 from xstage_bench.grid import attention_points
 
-# Never let NCCL, PyTorch or NVSHMEM use NVLink multicast (DEVICE.md): it can take the
-# host's GPUs down for everyone. Exported before any worker starts.
-SAFE_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-RESTART_EXIT_CODE = 76  # a worker's fabric is unusable (a barrier timed out): start afresh
 DTYPE = "bfloat16"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sweep_config(
@@ -104,54 +84,20 @@ def point_seed(point_id: str, rank: int) -> int:
     return zlib.crc32(f"{point_id}/{rank}".encode())
 
 
-def running_marker(out: Path) -> Path:
-    return out.with_name(out.name + ".running.json")
-
-
-class Rank:
+class Rank(workers.Lockstep):
     """One worker's state: its fabric, cached backends and the current shape's buffers."""
 
     def __init__(self, fabric, policy: timing.TimingPolicy, dtype, triton_config):
-        self.fabric, self.policy, self.dtype = fabric, policy, dtype
+        super().__init__(fabric)
+        self.policy, self.dtype = policy, dtype
         self.triton_config = triton_config
         self.backends: dict[str, object] = {}
         self.workspace = None
-        self.broken = False
         self.flush = None
         if fabric.device_type == "cuda" and policy.flush_l2:
             import torch
 
             self.flush = timing._l2_flusher(torch, fabric.rank)
-
-    # -- control channel (gloo broadcast from rank 0) --
-    def command(self, message=None):
-        import torch.distributed as dist
-
-        box = [message]
-        dist.broadcast_object_list(box, src=0, group=self.fabric.ctrl)
-        return box[0]
-
-    def gather(self, value) -> list:
-        import torch.distributed as dist
-
-        out = [None] * self.fabric.world_size
-        dist.all_gather_object(out, value, group=self.fabric.ctrl)
-        return out
-
-    def agree(self, fn):
-        """Run `fn` on every rank; (value on this rank, first error on any rank or None)."""
-        from xstage_bench.attention.modes import WaitTimeout
-
-        value, error = None, None
-        try:
-            value = fn()
-        except WaitTimeout as e:
-            self.broken = True
-            error = f"{type(e).__name__}: {e}"
-        except Exception as e:
-            error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
-        errors = [e for e in self.gather(error) if e]
-        return value, (errors[0] if errors else None)
 
     # -- one point, on every rank --
     def backend(self, name: str):
@@ -243,7 +189,8 @@ class Rank:
         import torch
         import torch.distributed as dist
 
-        from xstage_bench.attention.modes import WaitTimeout, timed_rep
+        from xstage_bench.attention.modes import timed_rep
+        from xstage_bench.fabric import WaitTimeout
 
         error = None
         try:
@@ -323,65 +270,28 @@ def _clock_sampler(fabric):
 def _worker(rank: int, job: dict) -> None:
     """One process per GPU (spawned): join the groups, then drive (rank 0) or follow."""
     import torch
-    import torch.distributed as dist
 
-    from xstage_bench.attention.modes import CudaFabric, HostFabric
-
-    world, cuda = job["world_size"], job["device_type"] == "cuda"
-    timeout = timedelta(seconds=job["collective_timeout_s"])
-    if cuda:
-        torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo",
-        rank=rank,
-        world_size=world,
-        init_method=f"tcp://127.0.0.1:{job['port']}",
-        timeout=timeout,
-        device_id=torch.device("cuda", rank) if cuda else None,
-    )
-    ctrl = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    warm = torch.zeros(world, device=device)
-    dist.all_to_all_single(torch.empty_like(warm), warm)  # communicator and context up, untimed
-    fabric_cls = CudaFabric if cuda else HostFabric
-    fabric = fabric_cls(
-        rank=rank,
-        world_size=world,
-        run_id=job["run_id"],
-        ctrl=ctrl,
-        group=dist.group.WORLD,
-        wait_timeout_s=job["wait_timeout_s"],
-    )
-    dtype = getattr(torch, job["dtype"])
-    config = job["config"]
+    fabric = workers.join(rank, job)
     state = Rank(
-        fabric, timing.TimingPolicy.from_config(config["timing"]), dtype, job["triton_config"]
+        fabric,
+        timing.TimingPolicy.from_config(job["config"]["timing"]),
+        getattr(torch, job["dtype"]),
+        job["triton_config"],
     )
-    out = Path(job["out"])
     try:
         if rank == 0:
-            _drive(state, job, out)
+            _drive(state, job, Path(job["out"]))
         else:
-            while (message := state.command()) is not None:
-                state.execute(message)
+            state.follow(state.execute)
     finally:
         if state.workspace is not None and not state.broken:
-            state.fabric.wait()
-        dist.barrier(group=ctrl)
-        if state.workspace is not None:
-            state.workspace.close()
-        fabric.close()
-        dist.destroy_process_group()
-    # Work done and torn down: leave without interpreter finalization, where a native worker
-    # thread still alive at static destruction can abort the process (std::terminate, seen on
-    # gloo about one run in eight) after every result is already written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+            fabric.wait()
+        workers.leave(fabric, state.workspace.close if state.workspace else lambda: None)
+    workers.exit_cleanly()
 
 
 def _drive(state: Rank, job: dict, out: Path) -> None:
-    marker = running_marker(out)
+    marker = workers.running_marker(out)
     env = environment.capture(simulated=False)
     env["device_type"] = job["device_type"]
     if job["device_type"] != "cuda":
@@ -389,7 +299,7 @@ def _drive(state: Rank, job: dict, out: Path) -> None:
 
     def measure(point: dict) -> dict:
         if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted
-            raise SystemExit(RESTART_EXIT_CODE)
+            raise SystemExit(workers.RESTART_EXIT_CODE)
         marker.write_text(json.dumps(point))
         state.command(point)
         record = state.execute(point)
@@ -412,55 +322,6 @@ def _drive(state: Rank, job: dict, out: Path) -> None:
         state.command(None)
 
 
-def _record_crash(out: Path, code: int) -> bool:
-    """The workers died inside a point: record that point as failed in the partial file.
-
-    False when no point was running (they died starting up or ending): a rerun would only
-    die the same way.
-    """
-    marker, partial = running_marker(out), sweep.partial_path(out)
-    if not marker.exists() or not partial.exists():
-        return False
-    point = json.loads(marker.read_text())
-    marker.unlink()
-    doc = results.read_raw(partial)
-    if not any(r["id"] == point["id"] for r in doc["records"]):
-        doc["records"].append(
-            results.failed_record(
-                point["id"], point, f"a worker process died (exit code {code}) during this point"
-            )
-        )
-        results.write_raw(partial, doc)
-    return True
-
-
-def _run_attempt(job: dict) -> list[int | None]:
-    """Spawn the workers and wait; when one fails, end the others. Exit codes by rank."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(
-        _worker, args=(job,), nprocs=job["world_size"], join=False, start_method="spawn"
-    )
-    procs = ctx.processes
-    try:
-        while True:
-            codes = [p.exitcode for p in procs]
-            if all(c is not None for c in codes):
-                return codes
-            if any(c not in (None, 0) for c in codes):
-                time.sleep(2.0)  # let the others notice and exit on their own
-                return [p.exitcode for p in procs]
-            time.sleep(0.2)
-    finally:  # also on SIGTERM or Ctrl-C of this process: never leave a worker on a GPU
-        for p in procs:
-            if p.exitcode is None:
-                p.terminate()
-                p.join(10)
-                if p.exitcode is None:
-                    p.kill()
-                    p.join()
-
-
 def launch(
     config: dict,
     dataset: str,
@@ -477,44 +338,22 @@ def launch(
 
     `device_type="cpu"` runs the same code on gloo and the Triton interpreter (tests only).
     """
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.environ.update(SAFE_ENV)
-    if threading.current_thread() is threading.main_thread():
-        # A SIGTERM (a job killed by its scheduler) unwinds like Ctrl-C, ending the workers.
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    if device_type == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    for attempt in range(max_restarts + 1):
-        job = {
-            "config": config,
-            "dataset": dataset,
-            "out": str(out),
-            "world_size": world_size,
-            "device_type": device_type,
-            "dtype": DTYPE if device_type == "cuda" else "float16",
-            "triton_config": triton_config,
-            "port": _free_port(),
-            "run_id": f"{uuid.uuid4().hex[:8]}a{attempt}",
-            "point_timeout_s": point_timeout_s,
-            "wait_timeout_s": wait_timeout_s,
-            "collective_timeout_s": max(2 * wait_timeout_s, 120.0),
-        }
-        codes = _run_attempt(job)
-        if all(c == 0 for c in codes):
-            return
-        lead = codes[0]
-        print(f"[attention] attempt {attempt + 1}: worker exit codes {codes}", file=sys.stderr)
-        if lead in (sweep.WATCHDOG_EXIT_CODE, RESTART_EXIT_CODE):
-            continue  # the point is recorded; resume after it in fresh processes
-        if not _record_crash(out, next(c for c in codes if c)):
-            raise RuntimeError(
-                f"attention workers failed outside any point (exit codes "
-                f"{codes}); see the log above"
-            )
-    raise RuntimeError(
-        f"attention sweep did not finish after {max_restarts + 1} attempts; "
-        f"rerun to resume from {sweep.partial_path(out)}"
+    job = {
+        "config": config,
+        "dataset": dataset,
+        "world_size": world_size,
+        "dtype": DTYPE if device_type == "cuda" else "float16",
+        "triton_config": triton_config,
+        "point_timeout_s": point_timeout_s,
+    }
+    workers.launch(
+        _worker,
+        job,
+        out,
+        tag="attention",
+        device_type=device_type,
+        wait_timeout_s=wait_timeout_s,
+        max_restarts=max_restarts,
     )
 
 

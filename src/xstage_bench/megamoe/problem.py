@@ -148,6 +148,125 @@ class RankBuffers:
     row_dst_local: object = None
 
 
+def act_dtype(torch, precision: str):
+    """What the kernel stores activations and the intermediate as."""
+    return torch.bfloat16 if precision == "bf16" else torch.float8_e4m3fn
+
+
+def scale_buffer(torch, precision: str, rows: int, channels: int, device):
+    """FP8 scales per 128 channels, or a 1-element dummy (bf16 has none)."""
+    if precision == "bf16":
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    return torch.zeros(rows, channels // SCALE_BLOCK, dtype=torch.float32, device=device)
+
+
+def rank_buffers(
+    point: dict,
+    megamoe: dict,
+    plan: routing.RankRows,
+    *,
+    device,
+    x,
+    xs,
+    comb,
+    comb_offsets: np.ndarray,
+    combine_weights: np.ndarray,
+    num_programs: int,
+) -> RankBuffers:
+    """One rank's buffers and tile lists around its dispatched rows `x`, `xs`.
+
+    comb_offsets[r]: the element offset from this rank's combine buffer `comb` to rank
+    r's, however the buffers are mapped (peer access in one process, a peer window
+    across processes): row destinations are this offset plus the row's slot.
+    """
+    import torch
+
+    H, I, T, topk = point["H"], point["I"], point["tokens_per_rank"], point["topk"]  # noqa: E741
+    precision = point["precision"]
+    grid = schedule.TileGrid(
+        plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
+    )
+    tiles = {
+        name: torch.as_tensor(
+            schedule.build(name, grid, num_programs, megamoe["lead_rows"]), device=device
+        )
+        for name in megamoe["schedules"]
+    }
+    row_dst = np.where(
+        plan.home >= 0, comb_offsets[np.maximum(plan.home, 0)] + plan.slot * H, kernel.PAD_DST
+    )
+    weights = torch.as_tensor(combine_weights, device=device)
+    return RankBuffers(
+        plan=plan,
+        grid=grid,
+        x=x,
+        xs=xs,
+        h=torch.empty(plan.padded_rows, I, dtype=act_dtype(torch, precision), device=device),
+        hs=scale_buffer(torch, precision, plan.padded_rows, I, device),
+        comb=comb,
+        out=torch.empty(T, H, dtype=torch.bfloat16, device=device),
+        combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
+        row_dst=torch.as_tensor(row_dst.astype(np.int64), device=device),
+        sync=torch.zeros(kernel.SYNC_HEADER + plan.blocks, dtype=torch.int32, device=device),
+        tiles=tiles,
+    )
+
+
+def poison_rank(torch, rb: RankBuffers) -> None:
+    """NaN everywhere one rank's kernel and combine (or the local control) write."""
+    for t in (rb.comb, rb.out):
+        t.fill_(float("nan"))
+    if rb.h.dtype == torch.float8_e4m3fn:
+        rb.h.view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
+        rb.hs.fill_(float("nan"))
+    else:
+        rb.h.fill_(float("nan"))
+    if rb.sink is not None:
+        rb.sink.fill_(float("nan"))
+
+
+def launch_rank(
+    rb: RankBuffers,
+    ex: ExpertWeights,
+    point: dict,
+    name: str,
+    num_programs: int,
+    *,
+    local: bool = False,
+    trace=None,
+) -> None:
+    """Zero the rank's sync buffer and enqueue its fused kernel with schedule `name`."""
+    dummy = rb.xs if point["precision"] == "bf16" else None
+    rb.sync.zero_()
+    kernel.launch(
+        precision=point["precision"],
+        tiles=rb.tiles[name],
+        sync=rb.sync,
+        x=rb.x,
+        xs=rb.xs,
+        w1=ex.w1,
+        s1=dummy if ex.s1 is None else ex.s1,
+        w2=ex.w2,
+        s2=dummy if ex.s2 is None else ex.s2,
+        h=rb.h,
+        hs=rb.hs,
+        out=rb.sink if local else rb.comb,
+        row_dst=rb.row_dst_local if local else rb.row_dst,
+        H=point["H"],
+        I=point["I"],
+        num_programs=num_programs,
+        trace=trace,
+    )
+
+
+def combine_rank(rb: RankBuffers, point: dict) -> None:
+    """The home rank's top-k weighted reduction of its combine buffer (bf16 batched GEMV)."""
+    import torch
+
+    T, topk, H = point["tokens_per_rank"], point["topk"], point["H"]
+    torch.bmm(rb.combine_weights, rb.comb.view(T, topk, H), out=rb.out.view(T, 1, H))
+
+
 class MoEProblem:
     """A configuration's inputs, weights, dispatched rows, buffers and tile lists."""
 
@@ -171,7 +290,7 @@ class MoEProblem:
         self.experts = experts
         self.num_programs = num_programs
         self.cuda = devices[0].type == "cuda"
-        H, I = point["H"], point["I"]  # noqa: E741
+        H = point["H"]
         if megamoe["block_m"] != kernel.BLOCK_M or megamoe["block_n"] != kernel.BLOCK_N:
             raise ValueError(
                 f"the kernel's tiles are {kernel.BLOCK_M}x{kernel.BLOCK_N}; config asks "
@@ -183,50 +302,23 @@ class MoEProblem:
         ]
         plans = routing.dispatch_plan([h.ids for h in self.homes], point["E"], kernel.BLOCK_M)
         comb = [torch.empty(T * topk, H, dtype=torch.bfloat16, device=d) for d in devices]
-        self.ranks = []
-        for q, (d, plan) in enumerate(zip(devices, plans, strict=True)):
-            grid = schedule.TileGrid(
-                plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
+        self.ranks = [
+            rank_buffers(
+                self.point,
+                megamoe,
+                plan,
+                device=d,
+                x=self._dispatch(q, plan, "xq", H),
+                xs=self._dispatch(q, plan, "xs", H // SCALE_BLOCK),
+                comb=comb[q],
+                comb_offsets=np.array([(c.data_ptr() - comb[q].data_ptr()) // 2 for c in comb]),
+                combine_weights=self.homes[q].weights,
+                num_programs=num_programs,
             )
-            tiles = {
-                name: torch.as_tensor(
-                    schedule.build(name, grid, num_programs, megamoe["lead_rows"]), device=d
-                )
-                for name in megamoe["schedules"]
-            }
-            base = np.array([(c.data_ptr() - comb[q].data_ptr()) // 2 for c in comb])
-            row_dst = np.where(
-                plan.home >= 0, base[np.maximum(plan.home, 0)] + plan.slot * H, kernel.PAD_DST
-            )
-            weights = torch.as_tensor(self.homes[q].weights, device=d)
-            self.ranks.append(
-                RankBuffers(
-                    plan=plan,
-                    grid=grid,
-                    x=self._dispatch(q, plan, "xq", H),
-                    xs=self._dispatch(q, plan, "xs", H // SCALE_BLOCK),
-                    h=torch.empty(plan.padded_rows, I, dtype=self._act_dtype(), device=d),
-                    hs=self._scale_buffer(plan.padded_rows, I, d),
-                    comb=comb[q],
-                    out=torch.empty(T, H, dtype=torch.bfloat16, device=d),
-                    combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
-                    row_dst=torch.as_tensor(row_dst.astype(np.int64), device=d),
-                    sync=torch.zeros(kernel.SYNC_HEADER + plan.blocks, dtype=torch.int32, device=d),
-                    tiles=tiles,
-                )
-            )
+            for q, (d, plan) in enumerate(zip(devices, plans, strict=True))
+        ]
 
     # ---- construction helpers --------------------------------------------------------
-
-    def _act_dtype(self):
-        torch = self.torch
-        return torch.bfloat16 if self.precision == "bf16" else torch.float8_e4m3fn
-
-    def _scale_buffer(self, rows: int, channels: int, device):
-        torch = self.torch
-        if self.precision == "bf16":
-            return torch.zeros(1, dtype=torch.float32, device=device)
-        return torch.zeros(rows, channels // SCALE_BLOCK, dtype=torch.float32, device=device)
 
     def _dispatch(self, q: int, plan: routing.RankRows, field: str, width: int):
         """Rank q's received rows of one home-token field (xq or xs), gathered from every
@@ -235,7 +327,7 @@ class MoEProblem:
         device = self.devices[q]
         if field == "xs" and self.precision == "bf16":
             return torch.zeros(1, dtype=torch.float32, device=device)
-        dtype = self._act_dtype() if field == "xq" else torch.float32
+        dtype = act_dtype(torch, self.precision) if field == "xq" else torch.float32
         recv = torch.zeros(plan.padded_rows, width, dtype=dtype, device=device)
         raw = recv.view(torch.uint8) if dtype == torch.float8_e4m3fn else recv
         for r, home in enumerate(self.homes):
@@ -278,19 +370,10 @@ class MoEProblem:
     def poison(self, *, local: bool = False) -> None:
         """NaN everywhere the kernel and the combine (or, local, the control) write, so
         a missed write shows."""
-        torch = self.torch
         if local:
             self.ensure_local_sink()
         for rb in self.ranks:
-            for t in (rb.comb, rb.out):
-                t.fill_(float("nan"))
-            if rb.h.dtype == torch.float8_e4m3fn:
-                rb.h.view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
-                rb.hs.fill_(float("nan"))
-            else:
-                rb.h.fill_(float("nan"))
-            if rb.sink is not None:
-                rb.sink.fill_(float("nan"))
+            poison_rank(self.torch, rb)
 
     def synchronize(self) -> None:
         if self.cuda:
@@ -303,33 +386,18 @@ class MoEProblem:
     # ---- running --------------------------------------------------------------------
 
     def _launch(self, q: int, name: str, *, local: bool, trace) -> None:
-        rb, ex = self.ranks[q], self.experts[q]
-        dummy = rb.xs if self.precision == "bf16" else None
-        rb.sync.zero_()
-        kernel.launch(
-            precision=self.precision,
-            tiles=rb.tiles[name],
-            sync=rb.sync,
-            x=rb.x,
-            xs=rb.xs,
-            w1=ex.w1,
-            s1=dummy if ex.s1 is None else ex.s1,
-            w2=ex.w2,
-            s2=dummy if ex.s2 is None else ex.s2,
-            h=rb.h,
-            hs=rb.hs,
-            out=rb.sink if local else rb.comb,
-            row_dst=rb.row_dst_local if local else rb.row_dst,
-            H=self.point["H"],
-            I=self.point["I"],
-            num_programs=self.num_programs,
+        launch_rank(
+            self.ranks[q],
+            self.experts[q],
+            self.point,
+            name,
+            self.num_programs,
+            local=local,
             trace=None if trace is None else trace[q],
         )
 
     def _combine(self, q: int) -> None:
-        rb = self.ranks[q]
-        T, topk, H = self.point["tokens_per_rank"], self.point["topk"], self.point["H"]
-        self.torch.bmm(rb.combine_weights, rb.comb.view(T, topk, H), out=rb.out.view(T, 1, H))
+        combine_rank(self.ranks[q], self.point)
 
     def forward(
         self,

@@ -16,7 +16,7 @@ torch pipeline, whose Linear-1 GEMM returns bf16.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,23 +77,31 @@ def _intermediate(h, precision: str, block: int):
 
 def reference_outputs(
     homes: Sequence[HomeTokens],
-    experts: Sequence[ExpertWeights],
+    experts: Sequence[ExpertWeights] | Mapping[int, ExpertWeights],
     tokens: Sequence[np.ndarray],
     precision: str,
     intermediate_format: Intermediate = OURS,
 ) -> list:
     """fp32 (len(tokens[r]), H) MoE outputs of the sampled tokens of every home rank r,
-    on that rank's device. Work is grouped by expert so each expert is dequantized once."""
+    on that rank's device. Work is grouped by expert so each expert is dequantized once.
+
+    `experts` maps expert ranks to their weights; given only some ranks (a process that
+    holds one rank's experts), the outputs are the partial sums over those ranks' experts.
+    """
     import torch
     import torch.nn.functional as F
 
-    local = experts[0].w1.shape[0]
-    intermediate = experts[0].w2.shape[-1] * (2 if precision == "w4a8" else 1)
+    if not isinstance(experts, Mapping):
+        experts = dict(enumerate(experts))
+    some = next(iter(experts.values()))
+    local = some.w1.shape[0]
+    intermediate = some.w2.shape[-1] * (2 if precision == "w4a8" else 1)
     work: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
     for r, (home, picked) in enumerate(zip(homes, tokens, strict=True)):
         for i, t in enumerate(picked.tolist()):
             for k, g in enumerate(home.ids[t].tolist()):
-                work[(g // local, g % local)].append((r, i, k))
+                if g // local in experts:
+                    work[(g // local, g % local)].append((r, i, k))
     results = []
     for home, picked in zip(homes, tokens, strict=True):
         device = home.xq.device

@@ -1,0 +1,595 @@
+"""The fused MoE kernel with one process per GPU (torch.distributed): the same kernel,
+schedules, inputs, checks and record ids as runner.py's single-process path, so the two
+can be compared point by point (`xstage compare`).
+
+    python -m xstage_bench.megamoe.distributed --config config.yaml --dataset h200x2 \
+        --out results/h200x2/raw/megamoe_per_gpu.json [--shapes ...] [--world-size 2]
+
+Each rank builds only its share of a configuration: its home tokens and its experts'
+weights (seeded by rank as problem.py seeds them, so the inputs are the single-process
+path's), the routing of every home rank (numpy, cheap), and its dispatched rows, received
+through an all_to_all (NCCL; not timed). Its combine buffer is its chunk of a peer window
+(fabric.window: CUDA VMM chunks that every rank maps into one range), so a row's
+destination is the offset from this rank's chunk to its home rank's chunk plus the row's
+slot, as with peer access in one process.
+
+One timed repetition, on every rank: flush L2, a cross-rank device barrier (start
+together), zero the sync buffer and launch the kernel, a device barrier (system-scope
+fence: every rank's stores have landed), the top-k reduction. time_us is the slowest
+rank's events from after the first barrier to after its reduction; kernel_us the slowest
+rank's kernel alone. The check before timing is runner.py's: poisoned outputs, error
+flags, NaN, sampled tokens of every home rank against the torch reference (each rank
+adds its experts' share of it), and each later schedule bitwise equal to expert-wave.
+
+Only our kernel's schedules run here; the baselines and the traced runs stay in runner.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xstage_bench import environment, faults, grid, results, sweep, timing, workers
+from xstage_bench.config import load_config
+from xstage_bench.megamoe import kernel, reference, routing
+from xstage_bench.megamoe.problem import (
+    RankBuffers,
+    combine_rank,
+    launch_rank,
+    make_expert_weights,
+    make_home_tokens,
+    poison_rank,
+    rank_buffers,
+)
+from xstage_bench.megamoe.reference import HomeTokens
+from xstage_bench.megamoe.runner import (
+    CHECK_TOKENS,
+    POINT_TIMEOUT_S,
+    _config_id,
+    expand_schedules,
+    raw_config,
+    select,
+)
+
+CPU_PROGRAMS = 3  # persistent programs per rank under the Triton interpreter
+
+
+def dispatch_rows(src, plans: list[routing.RankRows], rank: int, group):
+    """This rank's received rows of one home-token field (T, width), in its padded
+    expert-major layout: every home rank sends each expert rank the rows that rank's plan
+    lists from it, in plan order (one all_to_all of raw bytes); padding rows stay zero."""
+    import torch
+    import torch.distributed as dist
+
+    world = len(plans)
+    send_tokens = [plans[d].token[plans[d].home == rank] for d in range(world)]
+    recv_at = [np.flatnonzero(plans[rank].home == r) for r in range(world)]
+    src_bytes = src.view(torch.uint8)
+    send = src_bytes[torch.as_tensor(np.concatenate(send_tokens), device=src.device)]
+    recv = torch.empty(
+        sum(len(a) for a in recv_at), src_bytes.shape[1], dtype=torch.uint8, device=src.device
+    )
+    dist.all_to_all_single(
+        recv,
+        send.contiguous(),
+        output_split_sizes=[len(a) for a in recv_at],
+        input_split_sizes=[len(t) for t in send_tokens],
+        group=group,
+    )
+    out = torch.zeros(plans[rank].padded_rows, src.shape[1], dtype=src.dtype, device=src.device)
+    out.view(torch.uint8)[torch.as_tensor(np.concatenate(recv_at), device=src.device)] = recv
+    return out
+
+
+@dataclass
+class Share:
+    """One rank's share of a configuration."""
+
+    point: dict  # with skew_zipf
+    plans: list[routing.RankRows]  # every rank's (rank 0 reports them all)
+    home: HomeTokens
+    rb: RankBuffers
+    window: object  # the peer window holding every rank's combine buffer
+
+    def close(self) -> None:
+        self.window.close()
+
+
+def build_share(point: dict, megamoe: dict, fabric, *, num_programs: int, seed: int) -> Share:
+    """Collective: every rank calls it with the same point."""
+    import torch
+
+    from xstage_bench.peer import tensor_at
+
+    q, world = fabric.rank, fabric.world_size
+    full = {**point, "skew_zipf": megamoe["skew_zipf"]}
+    T, topk, H = point["tokens_per_rank"], point["topk"], point["H"]
+    ids = [routing.route(full, megamoe["skew_zipf"], r, seed)[0] for r in range(world)]
+    plans = routing.dispatch_plan(ids, point["E"], kernel.BLOCK_M)
+    home = make_home_tokens(full, point["precision"], q, fabric.device, seed)
+    nbytes = T * topk * H * 2
+    window = fabric.window(nbytes)
+    try:
+        comb = tensor_at(
+            window.chunk_ptr(q), nbytes, fabric.device, torch.bfloat16, (T * topk, H), (H, 1)
+        )
+        offsets = np.array([(window.chunk_ptr(r) - window.chunk_ptr(q)) // 2 for r in range(world)])
+        x = dispatch_rows(home.xq, plans, q, fabric.group)
+        if point["precision"] == "bf16":
+            xs = torch.zeros(1, dtype=torch.float32, device=fabric.device)
+        else:
+            xs = dispatch_rows(home.xs, plans, q, fabric.group)
+        rb = rank_buffers(
+            full,
+            megamoe,
+            plans[q],
+            device=fabric.device,
+            x=x,
+            xs=xs,
+            comb=comb,
+            comb_offsets=offsets,
+            combine_weights=home.weights,
+            num_programs=num_programs,
+        )
+    except BaseException:
+        window.close()
+        raise
+    return Share(full, plans, home, rb, window)
+
+
+class MoERank(workers.Lockstep):
+    """One worker's state: its fabric, its experts' weights, the current configuration."""
+
+    def __init__(
+        self,
+        fabric,
+        policy: timing.TimingPolicy,
+        megamoe: dict,
+        *,
+        check_tokens: int,
+        tolerance: float = reference.TOLERANCE,
+        dump_dir: str | None = None,
+    ):
+        super().__init__(fabric)
+        self.tolerance = tolerance
+        self.dump_dir = Path(dump_dir) if dump_dir else None
+        import torch
+
+        self.torch, self.policy, self.moe = torch, policy, megamoe
+        self.check_tokens, self.seed = check_tokens, 0
+        cuda = fabric.device_type == "cuda"
+        self.num_programs = (
+            torch.cuda.get_device_properties(fabric.device).multi_processor_count
+            if cuda
+            else CPU_PROGRAMS
+        )
+        self.flush = timing._l2_flusher(torch, fabric.rank) if cuda and policy.flush_l2 else None
+        self._weights_key, self.experts = None, None
+        self._share_id, self.share = None, None
+        self._reference = None
+        self._outputs: dict[str, object] = {}
+
+    # ---- the configuration ----------------------------------------------------------
+
+    def load(self, point: dict) -> Share:
+        cid = _config_id(point)
+        if cid == self._share_id:
+            return self.share
+        self.release()
+        key = (point["shape"], point["precision"])
+        if key != self._weights_key:
+            self.experts = None
+            self.experts = make_expert_weights(
+                point, point["precision"], self.fabric.rank, self.fabric.device, self.seed
+            )
+            self._weights_key = key
+        self.share = build_share(
+            point, self.moe, self.fabric, num_programs=self.num_programs, seed=self.seed
+        )
+        self._share_id = cid
+        return self.share
+
+    def release(self) -> None:
+        """Free the current configuration's window once no rank still writes into it."""
+        if self.share is None:
+            return
+        self.fabric.wait()
+        self.fabric.host_barrier()
+        self.share.close()
+        self.share, self._share_id, self._reference, self._outputs = None, None, None, {}
+
+    def sampled_tokens(self, T: int) -> list[np.ndarray]:
+        """The home tokens every rank checks (runner.MoEMeasurer's choice)."""
+        rng = np.random.default_rng(self.seed)
+        n = min(T, self.check_tokens)
+        return [np.sort(rng.choice(T, n, replace=False)) for _ in range(self.fabric.world_size)]
+
+    def reference(self, tokens: list[np.ndarray]):
+        """fp32 reference rows of this rank's sampled tokens. Collective: every rank adds
+        its own experts' share for every home rank's sampled tokens."""
+        import torch.distributed as dist
+
+        if self._reference is not None:
+            return self._reference
+        torch, share = self.torch, self.share
+        q, device = self.fabric.rank, self.fabric.device
+        picked = torch.as_tensor(tokens[q], device=device)
+        mine = {
+            "xq": share.home.xq.view(torch.uint8)[picked].cpu().numpy(),
+            "xs": None if share.home.xs is None else share.home.xs[picked].cpu().numpy(),
+            "ids": share.home.ids[tokens[q]],
+            "weights": share.home.weights[tokens[q]],
+        }
+        homes = [
+            HomeTokens(
+                torch.from_numpy(h["xq"]).to(device).view(share.home.xq.dtype),
+                None if h["xs"] is None else torch.from_numpy(h["xs"]).to(device),
+                h["ids"],
+                h["weights"],
+            )
+            for h in self.gather(mine)
+        ]
+        every = [np.arange(len(t)) for t in tokens]
+        partial = reference.reference_outputs(
+            homes, {q: self.experts}, every, share.point["precision"]
+        )
+        total = torch.stack([p.cpu() for p in partial])
+        dist.all_reduce(total, group=self.fabric.ctrl)
+        self._reference = total[q].to(device)
+        return self._reference
+
+    # ---- one point, on every rank -----------------------------------------------------
+
+    def check(self, point: dict) -> dict:
+        """One poisoned run of the point's schedule; this rank's facts. Collective."""
+        torch, fabric = self.torch, self.fabric
+        share = self.load(point)
+        rb = share.rb
+        poison_rank(torch, rb)
+        fabric.wait()
+        fabric.host_barrier()  # nobody writes into a peer before that peer has poisoned
+        checked = rb
+        if faults.injected("wrong", point["id"]) and fabric.rank == 0:
+            # A deliberately wrong variant: the last tile of the list is never computed.
+            tiles = rb.tiles[point["schedule"]]
+            checked = dataclasses.replace(rb, tiles={point["schedule"]: tiles[:-1]})
+        launch_rank(checked, self.experts, share.point, point["schedule"], self.num_programs)
+        fabric.barrier()
+        combine_rank(rb, share.point)
+        fabric.wait()
+        tokens = self.sampled_tokens(point["tokens_per_rank"])
+        facts = {
+            "flag": int(rb.sync[1].item()),
+            "nan": bool(torch.isnan(rb.out).any()),
+            "rel_error": reference.relative_error(
+                rb.out[torch.as_tensor(tokens[fabric.rank], device=rb.out.device)],
+                self.reference(tokens),
+            ),
+            "checked_tokens": len(tokens[fabric.rank]),
+        }
+        self._outputs[point["schedule"]] = rb.out.clone()
+        if self.dump_dir is not None:
+            name = point["id"].replace("/", "__")
+            torch.save(rb.out.cpu(), self.dump_dir / f"{name}.rank{fabric.rank}.pt")
+        first = self._outputs.get("expert_wave")
+        if point["schedule"] != "expert_wave" and first is not None:
+            facts["bitwise_equal"] = bool(torch.equal(first, rb.out))
+        return facts
+
+    def timed_rep(self, schedule: str) -> tuple[float, float]:
+        """One repetition on this rank: (layer us, kernel us)."""
+        fabric, share = self.fabric, self.share
+        if self.flush is not None:
+            self.flush()
+        fabric.barrier()  # start together
+        start = fabric.stamp()
+        launch_rank(share.rb, self.experts, share.point, schedule, self.num_programs)
+        launched = fabric.stamp()
+        fabric.barrier()  # every rank's combine stores have landed
+        combine_rank(share.rb, share.point)
+        done = fabric.stamp()
+        fabric.wait(done)
+        return fabric.elapsed_us(start, done), fabric.elapsed_us(start, launched)
+
+    def rep_all(self, schedule: str) -> tuple[float, float]:
+        """One repetition on every rank: the max over ranks of both times."""
+        import torch.distributed as dist
+
+        torch = self.torch
+        error = None
+        try:
+            layer, kern = self.timed_rep(schedule)
+        except Exception as e:
+            from xstage_bench.fabric import WaitTimeout
+
+            self.broken = self.broken or isinstance(e, WaitTimeout)
+            layer = kern = 0.0
+            error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
+        t = torch.tensor([layer, kern, float(error is not None)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.fabric.ctrl)
+        if t[2] > 0:
+            raise RuntimeError(error or "a peer rank failed this repetition")
+        return float(t[0]), float(t[1])
+
+    def execute(self, point: dict) -> dict | None:
+        """Check, then time one point on every rank in lockstep; rank 0's record counts."""
+        pid = point["id"]
+        facts, error = self.agree(lambda: self.check(point))
+        if error:
+            status = "timeout" if "WaitTimeout" in error else "failed"
+            return results.failed_record(pid, point, f"check: {error}", status=status)
+        every = self.gather(facts)
+        error, extra = verdict(every, self.tolerance)
+        if error:
+            return results.failed_record(
+                pid, point, error, status="wrong", correct=False, extra=extra
+            )
+        if self.fabric.rank != 0:
+            while self.command() == "rep":
+                try:
+                    self.rep_all(point["schedule"])
+                except RuntimeError:
+                    pass  # rank 0 records the failure
+            return None
+        return self._time(point, extra)
+
+    def _time(self, point: dict, extra: dict) -> dict:
+        kernel_us: list[float] = []
+
+        def run_once() -> float:
+            self.command("rep")
+            layer, kern = self.rep_all(point["schedule"])
+            kernel_us.append(kern)
+            return layer
+
+        sampler = _clock_sampler(self.fabric)
+        before = sampler.sample() if sampler else None
+        try:
+            times = timing.measure(run_once, self.policy)
+        except Exception as e:
+            status = "timeout" if "WaitTimeout" in str(e) else "failed"
+            return results.failed_record(
+                point["id"], point, f"timing: {e}", status=status, correct=True, extra=extra
+            )
+        finally:
+            self.command("end")
+        clock_fields = {}
+        if sampler:
+            from xstage_bench.clocks import record_fields
+
+            clock_fields = record_fields(before, sampler.sample())
+        kernel_us = kernel_us[-len(times) :]
+        plans, H, I = self.share.plans, point["H"], point["I"]  # noqa: E741
+        flops = 6.0 * H * I * sum(p.rows for p in plans) / len(plans)
+        nvlink = [p.remote_rows() * H * 2 for p in plans]
+        extra = {
+            **extra,
+            "tflops": flops / (statistics.median(times) * 1e6),
+            "tflops_kernel": flops / (statistics.median(kernel_us) * 1e6),
+            "nvlink_bytes": int(sum(nvlink)),
+            "nvlink_bytes_per_rank": nvlink,
+            "padded_rows_per_rank": [p.padded_rows for p in plans],
+            "stop_reason": times.stop_reason,
+        }
+        return results.ok_record(
+            point["id"],
+            point,
+            {"time_us": list(times), "kernel_us": kernel_us},
+            correct=True,
+            extra=extra,
+            **clock_fields,
+        )
+
+
+def verdict(facts: list[dict], tolerance: float = reference.TOLERANCE) -> tuple[str | None, dict]:
+    """(error or None, the record's check facts) from every rank's check facts, with
+    runner.py's messages."""
+    errors = [f["rel_error"] for f in facts]
+    extra: dict = {"rel_error": errors, "checked_tokens_per_rank": facts[0]["checked_tokens"]}
+    same = [f["bitwise_equal"] for f in facts if "bitwise_equal" in f]
+    if same:
+        extra["bitwise_equal_to_expert_wave"] = all(same)
+    flags = [f["flag"] for f in facts]
+    if any(flags):
+        return f"a Linear-2 tile timed out waiting for its rows (error flags {flags})", extra
+    nan = [q for q, f in enumerate(facts) if f["nan"]]
+    if nan:
+        return f"output rows left NaN (unwritten) on ranks {nan}", extra
+    if max(errors) > tolerance:
+        return (
+            f"relative error vs the torch reference {max(errors):.3g} > "
+            f"{tolerance:g} (per rank {[f'{e:.3g}' for e in errors]})",
+            extra,
+        )
+    if same and not all(same):
+        return "output differs bitwise from the expert-wave schedule", extra
+    return None, extra
+
+
+def _clock_sampler(fabric):
+    if fabric.device_type != "cuda":
+        return None
+    from xstage_bench.clocks import ClockSampler
+
+    return ClockSampler(list(range(fabric.world_size)))
+
+
+# ---- processes ------------------------------------------------------------------------
+
+
+def _worker(rank: int, job: dict) -> None:
+    """One process per GPU (spawned): join the groups, then drive (rank 0) or follow."""
+    fabric = workers.join(rank, job)
+    state = MoERank(
+        fabric,
+        timing.TimingPolicy.from_config(job["config"]["timing"]),
+        job["megamoe"],
+        check_tokens=job["check_tokens"],
+        tolerance=job["tolerance"],
+        dump_dir=job["dump_dir"],
+    )
+    try:
+        if rank == 0:
+            _drive(state, job, Path(job["out"]))
+        else:
+            state.follow(state.execute)
+    finally:
+        if not state.broken:
+            state.release()
+        workers.leave(fabric)
+    workers.exit_cleanly()
+
+
+def _drive(state: MoERank, job: dict, out: Path) -> None:
+    marker = workers.running_marker(out)
+    env = environment.capture(simulated=False)
+    env["device_type"] = job["device_type"]
+    env["process_model"] = "one process per GPU (torch.distributed)"
+    if job["device_type"] != "cuda":
+        env["note"] = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
+
+    def measure(point: dict) -> dict:
+        if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted
+            raise SystemExit(workers.RESTART_EXIT_CODE)
+        marker.write_text(json.dumps(point))
+        faults.apply_before_measure(point["id"])
+        state.command(point)
+        record = state.execute(point)
+        marker.unlink(missing_ok=True)
+        return record
+
+    moe, world = job["megamoe"], job["world_size"]
+    try:
+        sweep.run_sweep(
+            expand_schedules(grid.megamoe_points(moe, world), moe["schedules"]),
+            measure,
+            out,
+            experiment="megamoe",
+            backend="cuda",
+            dataset=job["dataset"],
+            environment=env,
+            config=job["raw_config"],
+            point_timeout_s=job["point_timeout_s"],
+        )
+    finally:
+        state.command(None)
+
+
+def per_gpu_config(config: dict, moe: dict, world_size: int, check_tokens: int) -> dict:
+    """The config a per-GPU raw file records: runner.py's, with this path's definitions."""
+    cfg = raw_config(config, {**moe, "variants": ["ours"]}, list(range(world_size)), check_tokens)
+    cfg["processes"] = "one per GPU (torch.distributed); src/xstage_bench/megamoe/distributed.py"
+    cfg["definitions"]["time_us"] = (
+        "slowest rank's events from after a cross-rank device barrier to after its top-k "
+        "weighted reduction: its fused kernel, a device barrier (system-scope fence) and the "
+        "reduction (dispatch excluded, done once through all_to_all)"
+    )
+    cfg["definitions"]["kernel_us"] = "max over ranks of the fused kernel alone"
+    return cfg
+
+
+def launch(
+    config: dict,
+    dataset: str,
+    out: str | Path,
+    *,
+    world_size: int,
+    megamoe: dict | None = None,
+    device_type: str = "cuda",
+    check_tokens: int = CHECK_TOKENS,
+    tolerance: float = reference.TOLERANCE,
+    dump_dir: str | Path | None = None,
+    point_timeout_s: float = POINT_TIMEOUT_S,
+    wait_timeout_s: float = 60.0,
+    max_restarts: int = 5,
+) -> None:
+    """Measure our kernel's schedules over `megamoe` (default: the config's) on
+    `world_size` ranks into `out`. `device_type="cpu"`: gloo and the interpreter (tests).
+    `dump_dir`: every rank saves its checked output of every point there (torch.save),
+    to compare the process models' outputs bitwise."""
+    moe = megamoe or config["megamoe"]
+    if dump_dir is not None:
+        Path(dump_dir).mkdir(parents=True, exist_ok=True)
+    job = {
+        "config": config,
+        "megamoe": moe,
+        "dataset": dataset,
+        "world_size": world_size,
+        "check_tokens": check_tokens,
+        "tolerance": tolerance,
+        "dump_dir": None if dump_dir is None else str(dump_dir),
+        "point_timeout_s": point_timeout_s,
+        "raw_config": per_gpu_config(config, moe, world_size, check_tokens),
+    }
+    workers.launch(
+        _worker,
+        job,
+        out,
+        tag="megamoe",
+        device_type=device_type,
+        wait_timeout_s=wait_timeout_s,
+        max_restarts=max_restarts,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m xstage_bench.megamoe.distributed", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--config", required=True, help="config.yaml")
+    parser.add_argument("--dataset", required=True, help="dataset name")
+    parser.add_argument("--out", required=True, type=Path, help="raw JSON to write")
+    parser.add_argument("--shapes", help="comma-separated shape names (default: all)")
+    parser.add_argument("--precisions", help="comma-separated: w4a8, w8a8, bf16")
+    parser.add_argument("--routings", help="comma-separated: balanced, skewed")
+    parser.add_argument("--tokens", help="comma-separated tokens per rank")
+    parser.add_argument("--world-size", type=int, help="GPUs (default: every visible GPU)")
+    parser.add_argument("--check-tokens", type=int, default=CHECK_TOKENS)
+    parser.add_argument("--dump-outputs", type=Path, help="save every rank's checked outputs here")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: the Triton interpreter on gloo; a test, not a measurement",
+    )
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+
+    def split(value):
+        return value.split(",") if value else None
+
+    moe = select(
+        config["megamoe"],
+        split(args.shapes),
+        split(args.precisions),
+        split(args.routings),
+        split(args.tokens),
+    )
+    world = args.world_size
+    if world is None:
+        import torch
+
+        world = torch.cuda.device_count() if args.device == "cuda" else 2
+    launch(
+        config,
+        args.dataset,
+        args.out,
+        world_size=world,
+        megamoe=moe,
+        device_type=args.device,
+        check_tokens=args.check_tokens,
+        dump_dir=args.dump_outputs,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""One process per GPU: spawn the ranks, join their groups, keep them in lockstep, and
+survive a rank that hangs or dies.
+
+An experiment provides a module-level `worker(rank, job)` (spawned, so it must be
+importable) that calls `join`, runs its points (rank 0 drives `sweep.run_sweep` and
+broadcasts each point through a `Lockstep`; the others follow), and ends with `leave`.
+`launch` starts the ranks and, when an attempt ends early, records the point it died in
+and resumes the sweep in fresh processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from xstage_bench import results, sweep
+
+# Never let NCCL, PyTorch or NVSHMEM use NVLink multicast (DEVICE.md): it can take the
+# host's GPUs down for everyone. Exported before any worker starts.
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+RESTART_EXIT_CODE = 76  # a worker's fabric is unusable (a barrier timed out): start afresh
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def running_marker(out: Path) -> Path:
+    """Where rank 0 notes the point in flight, so a crash can be pinned on it."""
+    return out.with_name(out.name + ".running.json")
+
+
+class Lockstep:
+    """The control channel over the gloo group: rank 0 broadcasts, every rank answers."""
+
+    def __init__(self, fabric):
+        self.fabric = fabric
+        self.broken = False  # a bounded wait timed out: this fabric cannot be trusted
+
+    def command(self, message=None):
+        import torch.distributed as dist
+
+        box = [message]
+        dist.broadcast_object_list(box, src=0, group=self.fabric.ctrl)
+        return box[0]
+
+    def gather(self, value) -> list:
+        import torch.distributed as dist
+
+        out = [None] * self.fabric.world_size
+        dist.all_gather_object(out, value, group=self.fabric.ctrl)
+        return out
+
+    def agree(self, fn):
+        """Run `fn` on every rank; (value on this rank, first error on any rank or None)."""
+        from xstage_bench.fabric import WaitTimeout
+
+        value, error = None, None
+        try:
+            value = fn()
+        except WaitTimeout as e:
+            self.broken = True
+            error = f"{type(e).__name__}: {e}"
+        except Exception as e:
+            error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
+        errors = [e for e in self.gather(error) if e]
+        return value, (errors[0] if errors else None)
+
+    def follow(self, execute: Callable[[object], object]) -> None:
+        """Ranks > 0: execute what rank 0 broadcasts until it sends None."""
+        while (message := self.command()) is not None:
+            execute(message)
+
+
+def join(rank: int, job: dict):
+    """Join the collective group (NCCL, or gloo on CPU) and a gloo control group, bring
+    the communicator up untimed, and return this rank's fabric."""
+    import torch
+    import torch.distributed as dist
+
+    from xstage_bench.fabric import CudaFabric, HostFabric
+
+    world, cuda = job["world_size"], job["device_type"] == "cuda"
+    timeout = timedelta(seconds=job["collective_timeout_s"])
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        rank=rank,
+        world_size=world,
+        init_method=f"tcp://127.0.0.1:{job['port']}",
+        timeout=timeout,
+        device_id=torch.device("cuda", rank) if cuda else None,
+    )
+    ctrl = dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    warm = torch.zeros(world, device=device)
+    dist.all_to_all_single(torch.empty_like(warm), warm)
+    fabric_cls = CudaFabric if cuda else HostFabric
+    return fabric_cls(
+        rank=rank,
+        world_size=world,
+        run_id=job["run_id"],
+        ctrl=ctrl,
+        group=dist.group.WORLD,
+        wait_timeout_s=job["wait_timeout_s"],
+    )
+
+
+def leave(fabric, release: Callable[[], None] = lambda: None) -> None:
+    """Tear down together: wait for the others, free this rank's peer memory (`release`),
+    close the fabric and the groups."""
+    import torch.distributed as dist
+
+    dist.barrier(group=fabric.ctrl)
+    release()
+    fabric.close()
+    dist.destroy_process_group()
+
+
+def exit_cleanly() -> None:
+    """A worker whose work is done and torn down leaves without interpreter finalization,
+    where a native thread still alive at static destruction can abort the process
+    (std::terminate, seen on gloo about one run in eight) after every result is written."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def record_crash(out: Path, code: int) -> bool:
+    """The workers died inside a point: record that point as failed in the partial file.
+
+    False when no point was running (they died starting up or ending): a rerun would only
+    die the same way.
+    """
+    marker, partial = running_marker(out), sweep.partial_path(out)
+    if not marker.exists() or not partial.exists():
+        return False
+    point = json.loads(marker.read_text())
+    marker.unlink()
+    doc = results.read_raw(partial)
+    if not any(r["id"] == point["id"] for r in doc["records"]):
+        doc["records"].append(
+            results.failed_record(
+                point["id"], point, f"a worker process died (exit code {code}) during this point"
+            )
+        )
+        results.write_raw(partial, doc)
+    return True
+
+
+def run_attempt(worker: Callable, job: dict) -> list[int | None]:
+    """Spawn the workers and wait; when one fails, end the others. Exit codes by rank."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(
+        worker, args=(job,), nprocs=job["world_size"], join=False, start_method="spawn"
+    )
+    procs = ctx.processes
+    try:
+        while True:
+            codes = [p.exitcode for p in procs]
+            if all(c is not None for c in codes):
+                return codes
+            if any(c not in (None, 0) for c in codes):
+                time.sleep(2.0)  # let the others notice and exit on their own
+                return [p.exitcode for p in procs]
+            time.sleep(0.2)
+    finally:  # also on SIGTERM or Ctrl-C of this process: never leave a worker on a GPU
+        for p in procs:
+            if p.exitcode is None:
+                p.terminate()
+                p.join(10)
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+
+
+def launch(
+    worker: Callable,
+    job: dict,
+    out: str | Path,
+    *,
+    tag: str,
+    device_type: str = "cuda",
+    wait_timeout_s: float = 60.0,
+    max_restarts: int = 5,
+) -> None:
+    """Run `worker` on `job["world_size"]` ranks until the sweep into `out` is complete.
+
+    Every attempt gets a fresh port and run id; `job` gains out, device_type, the bounded
+    waits' timeouts and those. `device_type="cpu"` runs on gloo and the Triton interpreter
+    (tests only).
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.update(SAFE_ENV)
+    if threading.current_thread() is threading.main_thread():
+        # A SIGTERM (a job killed by its scheduler) unwinds like Ctrl-C, ending the workers.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if device_type == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    for attempt in range(max_restarts + 1):
+        attempt_job = {
+            **job,
+            "out": str(out),
+            "device_type": device_type,
+            "port": free_port(),
+            "run_id": f"{uuid.uuid4().hex[:8]}a{attempt}",
+            "wait_timeout_s": wait_timeout_s,
+            "collective_timeout_s": max(2 * wait_timeout_s, 120.0),
+        }
+        codes = run_attempt(worker, attempt_job)
+        if all(c == 0 for c in codes):
+            return
+        print(f"[{tag}] attempt {attempt + 1}: worker exit codes {codes}", file=sys.stderr)
+        if codes[0] in (sweep.WATCHDOG_EXIT_CODE, RESTART_EXIT_CODE):
+            continue  # the point is recorded; resume after it in fresh processes
+        if not record_crash(out, next(c for c in codes if c)):
+            raise RuntimeError(
+                f"{tag} workers failed outside any point (exit codes {codes}); see the log above"
+            )
+    raise RuntimeError(
+        f"{tag} sweep did not finish after {max_restarts + 1} attempts; "
+        f"rerun to resume from {sweep.partial_path(out)}"
+    )
