@@ -314,6 +314,30 @@ def write_megamoe(ds: Path, speedups: list[float] | None = None, baselines: bool
     return _write(ds, layout.MEGAMOE_RAW, "megamoe", records)
 
 
+def write_megamoe_per_gpu(ds: Path, scale: dict[str, float] | None = None) -> Path:
+    """The per-GPU path's run of write_megamoe's configurations (our schedules only): the
+    same times, multiplied by scale[id] where given; one point recorded failed."""
+    source = read_json(ds / layout.MEGAMOE_RAW)
+    records = []
+    for r in source["records"]:
+        if r["status"] != "ok" or r["point"].get("variant"):
+            continue
+        factor = (scale or {}).get(r["id"], 1.0)
+        times = [t * factor for t in r["samples"]["time_us"]]
+        records.append(ok_record(r["id"], r["point"], {"time_us": times}))
+    last = records.pop()
+    records.append(failed_record(last["id"], last["point"], "check: rank 1: timed out"))
+    path = _write(ds, layout.MEGAMOE_PER_GPU_RAW, "megamoe", records)
+    doc = read_json(path)
+    doc["environment"]["git"] = {"sha": "f" * 40, "dirty": False}
+    write_raw(path, doc)
+    return path
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
 def _timeline(programs: int, wave: bool) -> tuple[list[list], list[float]]:
     rows, spans = [], []
     for p in range(programs):

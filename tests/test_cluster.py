@@ -56,10 +56,11 @@ def dry_run_jobs(tmp_path):
 
 def test_gpu_jobs_ask_for_a_whole_exclusive_node(tmp_path):
     jobs = dry_run_jobs(tmp_path)
-    gpu_jobs = [(rule, res) for rule, res in jobs if rule.endswith("_measure")]
+    gpu_jobs = [(rule, res) for rule, res in jobs if "_measure" in rule]
     assert {rule for rule, _ in gpu_jobs} == {
         "microbench_measure",
         "megamoe_measure",
+        "megamoe_measure_per_gpu",
         "attention_measure",
     }
     assert len([r for r, _ in gpu_jobs if r == "microbench_measure"]) == len(
@@ -71,7 +72,7 @@ def test_gpu_jobs_ask_for_a_whole_exclusive_node(tmp_path):
         # The plugin's own submission string for these resources:
         job = SimpleNamespace(resources=Resources(gpu=int(res["gpu"]), gpu_model=res["gpu_model"]))
         assert slurm_utils.set_gres_string(job).strip() == "--gpus=h200:8"
-    cpu_jobs = [res for rule, res in jobs if not rule.endswith("_measure")]
+    cpu_jobs = [res for rule, res in jobs if "_measure" not in rule]
     assert cpu_jobs and all("gpu" not in res for res in cpu_jobs)
 
 

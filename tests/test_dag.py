@@ -52,9 +52,11 @@ def test_full_config_dry_run_lists_every_stage(workdir):
     assert counts["megamoe_simulate"] == n_sim * 2  # sweep + mechanism trace
     assert counts["attention_simulate"] == n_sim
     assert counts["fit_burst_gap"] == n_sim
-    for product in layout.PRODUCTS:
-        kind = "figure" if product.startswith("fig-") else "table"
-        assert counts[f"{kind}_{product.replace('-', '_')}"] == n_sim, product
+    for name, product in layout.PRODUCTS.items():
+        rule = f"{'figure' if name.startswith('fig-') else 'table'}_{name.replace('-', '_')}"
+        # the process-model comparison needs a per-GPU run, which only GPUs make
+        expected = 0 if product.stage == "megamoe_per_gpu" else n_sim
+        assert counts.get(rule, 0) == expected, name
     if shutil.which("nvcc"):
         assert counts.get("build_cubin", 0) == len(list((ROOT / "kernels").rglob("*.cu")))
 
@@ -95,3 +97,16 @@ def test_every_product_has_a_report_caption():
     for product in layout.PRODUCTS:
         caption = ROOT / "workflow" / "report" / f"{product}.rst"
         assert caption.is_file() and caption.read_text().strip(), product
+
+
+def test_a_measured_dataset_with_megamoe_per_gpu_compares_the_process_models(workdir):
+    counts = job_counts(
+        workdir,
+        "measured",
+        "--configfile",
+        "config/h200x4.yaml",
+        "--config",
+        "measure=submit",
+    )
+    assert counts["megamoe_measure"] == counts["megamoe_measure_per_gpu"] == 1
+    assert counts["table_tab_process_model"] == 1

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from xstage_bench.compare import CompareError
 from xstage_bench.config import ConfigError, load_config
 from xstage_bench.results import RawResultError, read_raw
 
@@ -67,6 +68,21 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from xstage_bench.compare import compare_docs
+
+    comparison = compare_docs(
+        read_raw(args.a), read_raw(args.b), metric=args.metric, tolerance=args.tolerance
+    )
+    print(f"a: {args.a}\nb: {args.b}")
+    print("\n".join(comparison.lines()))
+    if args.csv:
+        comparison.rows.to_csv(args.csv, index=False)
+        print(f"per-point rows: {args.csv}")
+    summary = comparison.summary()
+    return 0 if summary["points"] and summary["agree"] == summary["points"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xstage", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-profile")
     p.set_defaults(func=_fit)
 
+    p = sub.add_parser(
+        "compare",
+        help="compare two runs of one experiment point by point (exit 1 when any disagrees)",
+    )
+    p.add_argument("a", help="raw JSON of the first run")
+    p.add_argument("b", help="raw JSON of the second run (ratios are b/a)")
+    p.add_argument("--metric", help="sample name (default: time_us or sender_us)")
+    p.add_argument("--tolerance", type=float, default=0.03, help="relative (default 0.03)")
+    p.add_argument("--csv", help="also write the per-point rows here")
+    p.set_defaults(func=_compare)
+
     p = sub.add_parser("render", help="render one figure or table of a dataset")
     p.add_argument("name", help="e.g. fig-drain or tab-megamoe")
     p.add_argument("dataset_dir", help="results/<dataset>")
@@ -112,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, RawResultError, FileNotFoundError) as e:
+    except (ConfigError, RawResultError, CompareError, FileNotFoundError) as e:
         print(f"xstage: error: {e}", file=sys.stderr)
         return 2
 

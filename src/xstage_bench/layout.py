@@ -19,6 +19,9 @@ def microbench_raw(study: str) -> str:
 
 MEGAMOE_RAW = "raw/megamoe.json"
 MEGAMOE_TRACE_RAW = "raw/megamoe_trace.json"
+# Our kernel measured again with one process per GPU (megamoe/distributed.py), to compare
+# with MEGAMOE_RAW's single process; made only where measured_experiments asks for it.
+MEGAMOE_PER_GPU_RAW = "raw/megamoe_per_gpu.json"
 ATTENTION_RAW = "raw/attention.json"
 
 
@@ -30,7 +33,7 @@ class Product:
     """
 
     name: str
-    stage: str  # microbench | model | megamoe | attention | all
+    stage: str  # microbench | model | megamoe | megamoe_per_gpu | attention | all
     reads: tuple[str, ...]  # dataset-relative paths (microbench studies as "microbench:<study>")
     optional: tuple[str, ...] = ()  # reads the product uses when the dataset has them
 
@@ -104,6 +107,11 @@ TABLES = (
         "tab-ulysses",
         "attention",
         (ATTENTION_RAW,),
+    ),
+    Product(
+        "tab-process-model",
+        "megamoe_per_gpu",
+        (MEGAMOE_RAW, MEGAMOE_PER_GPU_RAW),
     ),
     Product(
         "tab-claims",

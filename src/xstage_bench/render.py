@@ -24,7 +24,7 @@ from xstage_bench.figures import (
     ulysses,
 )
 from xstage_bench.figures.common import NoDataError, save_figure
-from xstage_bench.tables import burst_gap_params, claims, megamoe, noise
+from xstage_bench.tables import burst_gap_params, claims, megamoe, noise, process_model
 from xstage_bench.tables import ulysses as ulysses_table
 from xstage_bench.tables.common import write_table
 
@@ -44,6 +44,7 @@ FIGURES = {
 TABLES = {
     "tab-burst-gap-params": burst_gap_params.build,
     "tab-megamoe": megamoe.build,
+    "tab-process-model": process_model.build,
     "tab-ulysses": ulysses_table.build,
     "tab-claims": claims.build,
     "tab-noise": noise.build,

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -40,9 +41,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def use_gpus(config: dict) -> None:
+    """Make the config's `gpu_ids` (if any) the GPUs the spawned ranks see, as 0..P-1."""
+    if config.get("gpu_ids"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config["gpu_ids"])
+
+
 def running_marker(out: Path) -> Path:
     """Where rank 0 notes the point in flight, so a crash can be pinned on it."""
     return out.with_name(out.name + ".running.json")
+
+
+@dataclass
+class Timed:
+    """Rank 0's result of Lockstep.timed: the stopping rule's samples of the first time,
+    the other times of the same repetitions (one list each), the clock fields; or why the
+    timing failed (`error`, with the record's `status`)."""
+
+    samples: object  # timing.Samples, None when it failed
+    others: list[list[float]]
+    clock_fields: dict
+    error: str | None = None
+    status: str = "ok"
+
+
+def _clock_sampler(fabric):
+    if fabric.device_type != "cuda":
+        return None
+    from xstage_bench.clocks import ClockSampler
+
+    return ClockSampler(list(range(fabric.world_size)))
 
 
 class Lockstep:
@@ -80,6 +108,65 @@ class Lockstep:
             error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
         errors = [e for e in self.gather(error) if e]
         return value, (errors[0] if errors else None)
+
+    def rep_max(self, rep: Callable[[], tuple[float, ...]], width: int) -> tuple[float, ...]:
+        """Run one repetition `rep` (-> `width` times) on every rank; each time's maximum
+        over ranks. RuntimeError, naming the rank, when it failed on any rank."""
+        import torch
+        import torch.distributed as dist
+
+        from xstage_bench.fabric import WaitTimeout
+
+        error = None
+        try:
+            values = tuple(rep())
+        except Exception as e:
+            self.broken = self.broken or isinstance(e, WaitTimeout)
+            values = (0.0,) * width
+            error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
+        t = torch.tensor([*values, float(error is not None)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.fabric.ctrl)
+        if t[-1] > 0:
+            raise RuntimeError(error or "a peer rank failed this repetition")
+        return tuple(float(x) for x in t[:-1])
+
+    def timed(self, rep: Callable[[], tuple[float, ...]], width: int, policy) -> Timed | None:
+        """Time `rep` on every rank in lockstep: rank 0's stopping rule (timing.measure)
+        over the first of its times, rank 0 broadcasting one "rep" per repetition. Rank 0
+        gets the result (the other ranks None); clocks are sampled around it on CUDA."""
+        from xstage_bench import timing
+
+        if self.fabric.rank != 0:
+            while self.command() == "rep":
+                try:
+                    self.rep_max(rep, width)
+                except RuntimeError:
+                    pass  # rank 0 records the failure
+            return None
+        others: list[tuple[float, ...]] = []
+
+        def run_once() -> float:
+            self.command("rep")
+            first, *rest = self.rep_max(rep, width)
+            others.append(tuple(rest))
+            return first
+
+        sampler = _clock_sampler(self.fabric)
+        before = sampler.sample() if sampler else None
+        try:
+            samples = timing.measure(run_once, policy)
+        except Exception as e:
+            status = "timeout" if "WaitTimeout" in str(e) else "failed"
+            return Timed(None, [], {}, f"timing: {e}", status)
+        finally:
+            self.command("end")
+        clock_fields = {}
+        if sampler:
+            from xstage_bench.clocks import record_fields
+
+            clock_fields = record_fields(before, sampler.sample())
+        rest = [list(col) for col in zip(*others[-len(samples) :], strict=True)]
+        return Timed(samples, rest, clock_fields)
 
     def follow(self, execute: Callable[[object], object]) -> None:
         """Ranks > 0: execute what rank 0 broadcasts until it sends None."""
@@ -140,6 +227,45 @@ def exit_cleanly() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def drive(state: Lockstep, job: dict, points: list[dict], *, experiment: str, config: dict):
+    """Rank 0: run the sweep over `points` into job["out"], broadcasting each point so that
+    every rank executes it (`state.execute`), then release the others (None)."""
+    from xstage_bench import environment, faults
+
+    out = Path(job["out"])
+    marker = running_marker(out)
+    env = environment.capture(simulated=False)
+    env["device_type"] = job["device_type"]
+    env["process_model"] = "one process per GPU (torch.distributed)"
+    if job["device_type"] != "cuda":
+        env["note"] = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
+
+    def measure(point: dict) -> dict:
+        if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted
+            raise SystemExit(RESTART_EXIT_CODE)
+        marker.write_text(json.dumps(point))
+        faults.apply_before_measure(point["id"])
+        state.command(point)
+        record = state.execute(point)
+        marker.unlink(missing_ok=True)
+        return record
+
+    try:
+        sweep.run_sweep(
+            points,
+            measure,
+            out,
+            experiment=experiment,
+            backend="cuda",
+            dataset=job["dataset"],
+            environment=env,
+            config=config,
+            point_timeout_s=job["point_timeout_s"],
+        )
+    finally:
+        state.command(None)
 
 
 def record_crash(out: Path, code: int) -> bool:

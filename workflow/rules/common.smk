@@ -18,7 +18,8 @@ except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
 
 RESULTS = Path("results")
-EXPERIMENTS = ("microbench", "megamoe", "attention")
+EXPERIMENTS = ("microbench", "megamoe", "attention", "megamoe_per_gpu")
+SIMULATED_EXPERIMENTS = ("microbench", "megamoe", "attention")
 STUDIES = list(config["microbench"]["studies"])
 # "submit": the GPUs are on cluster nodes the executor provides, so nothing is probed here.
 PROBE = config["measure"] in ("auto", "always")
@@ -85,6 +86,8 @@ def experiments_on_disk(dataset):
         held.add("microbench")
     if (raw / "megamoe.json").exists():
         held.add("megamoe")
+    if (raw / "megamoe_per_gpu.json").exists():
+        held.add("megamoe_per_gpu")
     if (raw / "attention.json").exists():
         held.add("attention")
     return held
@@ -93,7 +96,7 @@ def experiments_on_disk(dataset):
 def dataset_experiments(dataset):
     """Which experiments a dataset holds: what this run makes, plus what is already there."""
     if dataset in SIMULATED:
-        return set(EXPERIMENTS)
+        return set(SIMULATED_EXPERIMENTS)
     if dataset == MEASURED:
         return set(config["measured_experiments"]) | experiments_on_disk(dataset)
     return experiments_on_disk(dataset)
@@ -120,6 +123,9 @@ def resolve_reads(dataset, reads):
         elif read == layout.MODEL_JSON:
             if "microbench" in held:
                 paths.append(str(RESULTS / dataset / read))
+        elif read == layout.MEGAMOE_PER_GPU_RAW:
+            if "megamoe_per_gpu" in held:
+                paths.append(str(RESULTS / dataset / read))
         elif read.startswith("raw/megamoe"):
             if "megamoe" in held:
                 paths.append(str(RESULTS / dataset / read))
@@ -138,16 +144,18 @@ def all_raw(dataset):
                   str(RESULTS / dataset / layout.MEGAMOE_TRACE_RAW)]
     if "attention" in held:
         files.append(str(RESULTS / dataset / layout.ATTENTION_RAW))
+    if "megamoe_per_gpu" in held:
+        files.append(str(RESULTS / dataset / layout.MEGAMOE_PER_GPU_RAW))
     return files
 
 
 def product_available(dataset, product):
     """A product is made for a dataset when every experiment it needs is there."""
     held = dataset_experiments(dataset)
-    needs = {"model": "microbench"}.get(product.stage, product.stage)
-    if needs == "all":
+    if product.stage == "all":
         return bool(held)
-    return needs in held and all(
+    needs = {"model": {"microbench"}, "megamoe_per_gpu": {"megamoe", "megamoe_per_gpu"}}
+    return needs.get(product.stage, {product.stage}) <= held and all(
         read.split(":", 1)[1] in dataset_studies(dataset)
         for read in product.reads
         if read.startswith("microbench:") and read not in product.optional

@@ -20,6 +20,25 @@ rule megamoe_measure:
         "../scripts/measure_megamoe.py"
 
 
+# Opt-in (measured_experiments: megamoe_per_gpu): our kernel's schedules once more, with one
+# process per GPU (torch.distributed), for tab-process-model.
+rule megamoe_measure_per_gpu:
+    output:
+        RESULTS / "{dataset}" / layout.MEGAMOE_PER_GPU_RAW,
+    wildcard_constraints:
+        dataset=measuring("megamoe_per_gpu"),
+    params:
+        gpu_ids=GPU_IDS,
+    resources:
+        gpu=GPU_JOB,
+    conda:
+        CONDA_ENV
+    log:
+        RESULTS / "{dataset}" / "logs" / "megamoe_per_gpu.log",
+    script:
+        "../scripts/measure_megamoe_per_gpu.py"
+
+
 rule megamoe_simulate:
     input:
         profile=lambda wc: SIMULATED[wc.dataset],

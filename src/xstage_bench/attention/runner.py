@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
-import os
 import statistics
 import sys
 from pathlib import Path
 
-from xstage_bench import environment, results, sweep, timing, workers
+from xstage_bench import results, timing, workers
 from xstage_bench.grid import attention_points
 
 DTYPE = "bfloat16"
@@ -184,61 +182,19 @@ class Rank(workers.Lockstep):
         errors = [e for e in self.gather(error) if e]
         return backend, (errors[0] if errors else None)
 
-    def _rep_all(self, backend, mode, ws) -> tuple[float, float, str | None]:
-        """One repetition on every rank; the max over ranks of both clocks."""
-        import torch
-        import torch.distributed as dist
-
-        from xstage_bench.attention.modes import timed_rep
-        from xstage_bench.fabric import WaitTimeout
-
-        error = None
-        try:
-            sender, completion = timed_rep(backend, mode, ws, self.flush)
-        except Exception as e:
-            if isinstance(e, WaitTimeout):
-                self.broken = True
-            sender = completion = 0.0
-            error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
-        t = torch.tensor([sender, completion, float(error is not None)], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.fabric.ctrl)
-        if t[2] > 0:
-            return math.nan, math.nan, error or "a peer rank failed this repetition"
-        return float(t[0]), float(t[1]), None
-
     def _time(self, point, backend, ws, extra) -> dict | None:
-        mode = point["mode"]
-        if self.fabric.rank != 0:
-            while self.command() == "rep":
-                self._rep_all(backend, mode, ws)
+        from xstage_bench.attention.modes import timed_rep
+
+        timed = self.timed(
+            lambda: timed_rep(backend, point["mode"], ws, self.flush), 2, self.policy
+        )
+        if timed is None:  # ranks > 0
             return None
-        completions: list[float] = []
-
-        def run_once() -> float:
-            self.command("rep")
-            sender, completion, error = self._rep_all(backend, mode, ws)
-            if error:
-                raise RuntimeError(error)
-            completions.append(completion)
-            return sender
-
-        sampler = _clock_sampler(self.fabric)
-        before = sampler.sample() if sampler else None
-        try:
-            samples = timing.measure(run_once, self.policy)
-        except Exception as e:
-            status = "timeout" if "WaitTimeout" in str(e) else "failed"
+        if timed.error:
             return results.failed_record(
-                point["id"], point, f"timing: {e}", status=status, correct=True, extra=extra
+                point["id"], point, timed.error, status=timed.status, correct=True, extra=extra
             )
-        finally:
-            self.command("end")
-        clock_fields = {}
-        if sampler:
-            from xstage_bench.clocks import record_fields
-
-            clock_fields = record_fields(before, sampler.sample())
-        completion = completions[-len(samples) :]
+        samples, (completion,) = timed.samples, timed.others
         extra = {
             **extra,
             "tflops": ws.layout.attention_flops() / (statistics.median(samples) * 1e6),
@@ -255,16 +211,8 @@ class Rank(workers.Lockstep):
             {"sender_us": list(samples), "completion_us": completion},
             correct=True,
             extra=extra,
-            **clock_fields,
+            **timed.clock_fields,
         )
-
-
-def _clock_sampler(fabric):
-    if fabric.device_type != "cuda":
-        return None
-    from xstage_bench.clocks import ClockSampler
-
-    return ClockSampler(list(range(fabric.world_size)))
 
 
 def _worker(rank: int, job: dict) -> None:
@@ -280,7 +228,8 @@ def _worker(rank: int, job: dict) -> None:
     )
     try:
         if rank == 0:
-            _drive(state, job, Path(job["out"]))
+            points = ordered_points(job["config"]["attention"], job["world_size"])
+            workers.drive(state, job, points, experiment="attention", config=job["config"])
         else:
             state.follow(state.execute)
     finally:
@@ -288,38 +237,6 @@ def _worker(rank: int, job: dict) -> None:
             fabric.wait()
         workers.leave(fabric, state.workspace.close if state.workspace else lambda: None)
     workers.exit_cleanly()
-
-
-def _drive(state: Rank, job: dict, out: Path) -> None:
-    marker = workers.running_marker(out)
-    env = environment.capture(simulated=False)
-    env["device_type"] = job["device_type"]
-    if job["device_type"] != "cuda":
-        env["note"] = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
-
-    def measure(point: dict) -> dict:
-        if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted
-            raise SystemExit(workers.RESTART_EXIT_CODE)
-        marker.write_text(json.dumps(point))
-        state.command(point)
-        record = state.execute(point)
-        marker.unlink(missing_ok=True)
-        return record
-
-    try:
-        sweep.run_sweep(
-            ordered_points(job["config"]["attention"], job["world_size"]),
-            measure,
-            out,
-            experiment="attention",
-            backend="cuda",
-            dataset=job["dataset"],
-            environment=env,
-            config=job["config"],
-            point_timeout_s=job["point_timeout_s"],
-        )
-    finally:
-        state.command(None)
 
 
 def launch(
@@ -371,8 +288,7 @@ def _world_size(config: dict, world_size: int | None) -> int:
 
 def run_attention(config: dict, dataset: str, out: str, world_size: int | None = None) -> None:
     """The DAG's entry: the config's full attention sweep on this machine's GPUs."""
-    if config.get("gpu_ids"):
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config["gpu_ids"])
+    workers.use_gpus(config)
     launch(config, dataset, out, world_size=_world_size(config, world_size))
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from collections.abc import Sequence
@@ -37,8 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import environment, faults, grid, results, sweep, timing, workers
-from xstage_bench.config import load_config
+from xstage_bench import faults, grid, results, timing, workers
 from xstage_bench.megamoe import kernel, reference, routing
 from xstage_bench.megamoe.problem import (
     RankBuffers,
@@ -54,9 +52,10 @@ from xstage_bench.megamoe.runner import (
     CHECK_TOKENS,
     POINT_TIMEOUT_S,
     _config_id,
+    add_grid_arguments,
     expand_schedules,
     raw_config,
-    select,
+    selected_grid,
 )
 
 CPU_PROGRAMS = 3  # persistent programs per rank under the Triton interpreter
@@ -299,26 +298,6 @@ class MoERank(workers.Lockstep):
         fabric.wait(done)
         return fabric.elapsed_us(start, done), fabric.elapsed_us(start, launched)
 
-    def rep_all(self, schedule: str) -> tuple[float, float]:
-        """One repetition on every rank: the max over ranks of both times."""
-        import torch.distributed as dist
-
-        torch = self.torch
-        error = None
-        try:
-            layer, kern = self.timed_rep(schedule)
-        except Exception as e:
-            from xstage_bench.fabric import WaitTimeout
-
-            self.broken = self.broken or isinstance(e, WaitTimeout)
-            layer = kern = 0.0
-            error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
-        t = torch.tensor([layer, kern, float(error is not None)], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.fabric.ctrl)
-        if t[2] > 0:
-            raise RuntimeError(error or "a peer rank failed this repetition")
-        return float(t[0]), float(t[1])
-
     def execute(self, point: dict) -> dict | None:
         """Check, then time one point on every rank in lockstep; rank 0's record counts."""
         pid = point["id"]
@@ -332,41 +311,14 @@ class MoERank(workers.Lockstep):
             return results.failed_record(
                 pid, point, error, status="wrong", correct=False, extra=extra
             )
-        if self.fabric.rank != 0:
-            while self.command() == "rep":
-                try:
-                    self.rep_all(point["schedule"])
-                except RuntimeError:
-                    pass  # rank 0 records the failure
+        timed = self.timed(lambda: self.timed_rep(point["schedule"]), 2, self.policy)
+        if timed is None:  # ranks > 0
             return None
-        return self._time(point, extra)
-
-    def _time(self, point: dict, extra: dict) -> dict:
-        kernel_us: list[float] = []
-
-        def run_once() -> float:
-            self.command("rep")
-            layer, kern = self.rep_all(point["schedule"])
-            kernel_us.append(kern)
-            return layer
-
-        sampler = _clock_sampler(self.fabric)
-        before = sampler.sample() if sampler else None
-        try:
-            times = timing.measure(run_once, self.policy)
-        except Exception as e:
-            status = "timeout" if "WaitTimeout" in str(e) else "failed"
+        if timed.error:
             return results.failed_record(
-                point["id"], point, f"timing: {e}", status=status, correct=True, extra=extra
+                pid, point, timed.error, status=timed.status, correct=True, extra=extra
             )
-        finally:
-            self.command("end")
-        clock_fields = {}
-        if sampler:
-            from xstage_bench.clocks import record_fields
-
-            clock_fields = record_fields(before, sampler.sample())
-        kernel_us = kernel_us[-len(times) :]
+        times, (kernel_us,) = timed.samples, timed.others
         plans, H, I = self.share.plans, point["H"], point["I"]  # noqa: E741
         flops = 6.0 * H * I * sum(p.rows for p in plans) / len(plans)
         nvlink = [p.remote_rows() * H * 2 for p in plans]
@@ -385,7 +337,7 @@ class MoERank(workers.Lockstep):
             {"time_us": list(times), "kernel_us": kernel_us},
             correct=True,
             extra=extra,
-            **clock_fields,
+            **timed.clock_fields,
         )
 
 
@@ -414,14 +366,6 @@ def verdict(facts: list[dict], tolerance: float = reference.TOLERANCE) -> tuple[
     return None, extra
 
 
-def _clock_sampler(fabric):
-    if fabric.device_type != "cuda":
-        return None
-    from xstage_bench.clocks import ClockSampler
-
-    return ClockSampler(list(range(fabric.world_size)))
-
-
 # ---- processes ------------------------------------------------------------------------
 
 
@@ -438,7 +382,9 @@ def _worker(rank: int, job: dict) -> None:
     )
     try:
         if rank == 0:
-            _drive(state, job, Path(job["out"]))
+            moe = job["megamoe"]
+            points = expand_schedules(grid.megamoe_points(moe, job["world_size"]), moe["schedules"])
+            workers.drive(state, job, points, experiment="megamoe", config=job["raw_config"])
         else:
             state.follow(state.execute)
     finally:
@@ -446,41 +392,6 @@ def _worker(rank: int, job: dict) -> None:
             state.release()
         workers.leave(fabric)
     workers.exit_cleanly()
-
-
-def _drive(state: MoERank, job: dict, out: Path) -> None:
-    marker = workers.running_marker(out)
-    env = environment.capture(simulated=False)
-    env["device_type"] = job["device_type"]
-    env["process_model"] = "one process per GPU (torch.distributed)"
-    if job["device_type"] != "cuda":
-        env["note"] = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
-
-    def measure(point: dict) -> dict:
-        if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted
-            raise SystemExit(workers.RESTART_EXIT_CODE)
-        marker.write_text(json.dumps(point))
-        faults.apply_before_measure(point["id"])
-        state.command(point)
-        record = state.execute(point)
-        marker.unlink(missing_ok=True)
-        return record
-
-    moe, world = job["megamoe"], job["world_size"]
-    try:
-        sweep.run_sweep(
-            expand_schedules(grid.megamoe_points(moe, world), moe["schedules"]),
-            measure,
-            out,
-            experiment="megamoe",
-            backend="cuda",
-            dataset=job["dataset"],
-            environment=env,
-            config=job["raw_config"],
-            point_timeout_s=job["point_timeout_s"],
-        )
-    finally:
-        state.command(None)
 
 
 def per_gpu_config(config: dict, moe: dict, world_size: int, check_tokens: int) -> dict:
@@ -540,19 +451,19 @@ def launch(
     )
 
 
+def run_per_gpu(config: dict, dataset: str, out: str | Path, world_size: int) -> None:
+    """The DAG's entry: the config's MegaMoE grid, our schedules, one process per GPU."""
+    workers.use_gpus(config)
+    launch(config, dataset, out, world_size=world_size)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m xstage_bench.megamoe.distributed", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--config", required=True, help="config.yaml")
-    parser.add_argument("--dataset", required=True, help="dataset name")
+    add_grid_arguments(parser)
     parser.add_argument("--out", required=True, type=Path, help="raw JSON to write")
-    parser.add_argument("--shapes", help="comma-separated shape names (default: all)")
-    parser.add_argument("--precisions", help="comma-separated: w4a8, w8a8, bf16")
-    parser.add_argument("--routings", help="comma-separated: balanced, skewed")
-    parser.add_argument("--tokens", help="comma-separated tokens per rank")
     parser.add_argument("--world-size", type=int, help="GPUs (default: every visible GPU)")
-    parser.add_argument("--check-tokens", type=int, default=CHECK_TOKENS)
     parser.add_argument("--dump-outputs", type=Path, help="save every rank's checked outputs here")
     parser.add_argument(
         "--device",
@@ -561,18 +472,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cpu: the Triton interpreter on gloo; a test, not a measurement",
     )
     args = parser.parse_args(argv)
-    config = load_config(args.config)
-
-    def split(value):
-        return value.split(",") if value else None
-
-    moe = select(
-        config["megamoe"],
-        split(args.shapes),
-        split(args.precisions),
-        split(args.routings),
-        split(args.tokens),
-    )
+    try:
+        config, moe = selected_grid(args)
+    except ValueError as e:  # a bad config file or grid option, named
+        parser.error(str(e))
     world = args.world_size
     if world is None:
         import torch

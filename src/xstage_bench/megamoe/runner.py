@@ -867,28 +867,24 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
             print(f"trace {r['id']}: {r['status']} {text} {r.get('error') or ''}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command-line options that restrict the MegaMoE grid (see `select`)."""
     parser.add_argument("--config", required=True, help="config.yaml")
     parser.add_argument("--dataset", required=True, help="dataset name")
-    parser.add_argument("--out", required=True, type=Path, help="raw/megamoe.json to write")
-    parser.add_argument("--trace-out", type=Path, help="raw/megamoe_trace.json to write")
     parser.add_argument("--shapes", help="comma-separated shape names (default: all)")
     parser.add_argument("--precisions", help="comma-separated: w4a8, w8a8, bf16")
     parser.add_argument("--routings", help="comma-separated: balanced, skewed")
     parser.add_argument("--tokens", help="comma-separated tokens per rank")
-    parser.add_argument("--variants", help="comma-separated: ours, unfused, deepgemm")
-    parser.add_argument(
-        "--baseline-budget-s", type=float, help="wall-time bound on all DeepGEMM runs"
-    )
-    parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
     parser.add_argument(
         "--check-tokens",
         type=int,
         default=CHECK_TOKENS,
         help="tokens per home rank compared with the reference",
     )
-    args = parser.parse_args(argv)
+
+
+def selected_grid(args: argparse.Namespace) -> tuple[dict, dict]:
+    """(config, its megamoe section restricted as the options of add_grid_arguments say)."""
     config = load_config(args.config)
 
     def split(value):
@@ -900,8 +896,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         split(args.precisions),
         split(args.routings),
         split(args.tokens),
-        split(args.variants),
+        split(getattr(args, "variants", None)),
     )
+    return config, moe
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_grid_arguments(parser)
+    parser.add_argument("--out", required=True, type=Path, help="raw/megamoe.json to write")
+    parser.add_argument("--trace-out", type=Path, help="raw/megamoe_trace.json to write")
+    parser.add_argument("--variants", help="comma-separated: ours, unfused, deepgemm")
+    parser.add_argument(
+        "--baseline-budget-s", type=float, help="wall-time bound on all DeepGEMM runs"
+    )
+    parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
+    args = parser.parse_args(argv)
+    try:
+        config, moe = selected_grid(args)
+    except ValueError as e:  # a bad config file or grid option, named
+        parser.error(str(e))
     run_megamoe(
         config,
         args.dataset,
