@@ -293,6 +293,20 @@ def test_variants_expand_per_configuration_with_stable_ids():
     assert select({"shapes": []}, variants=["ours"])["variants"] == ["ours"]
 
 
+def test_deepgemm_workers_can_take_torch_from_their_own_site(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.delenv(deepgemm.SITE_ENV, raising=False)
+    assert deepgemm.prefer_site() is None
+    monkeypatch.setenv(deepgemm.SITE_ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=f"{deepgemm.SITE_ENV}=.* holds no torch"):
+        deepgemm.prefer_site()
+    (tmp_path / "torch").mkdir()
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert deepgemm.prefer_site() == str(tmp_path)
+    assert sys.path[0] == str(tmp_path)
+
+
 def test_deepgemm_schedule_is_read_from_its_printed_config_and_fp8_only():
     line = "MegaMoESM90Config(block_m=128, num_experts_per_wave=4, l2_lag_units=4017, x=0)"
     assert deepgemm.schedule_of(line) == "interleaved"  # lag 17 units, group 4 (encoded)

@@ -468,6 +468,7 @@ class MoEMeasurer:
         ran = deepgemm.schedule_of(first.config_line)
         facts = {
             "deepgemm_version": first.version,
+            "deepgemm_torch": first.torch_version,
             "deepgemm_config": first.config_line,
             "deepgemm_schedule": deepgemm.SCHEDULE_NAMES.get(ran, "unknown"),
             "first_call_s": [r.first_call_s for r in results],

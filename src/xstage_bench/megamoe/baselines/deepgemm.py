@@ -32,8 +32,12 @@ recorded "unsupported" with that line.
 
 Seen on the 2x H200 image (torch 2.11.0+cu130): the wheel's prebuilt _C.so does not load,
 "undefined symbol: _ZN3c104cuda19CUDAErrorLogCaptureC1Ev" (c10::cuda::CUDAErrorLogCapture,
-from the C10_CUDA_CHECK of a newer torch than 2.11), and the wheel carries no sources to
-rebuild it; every W8A8 point is then recorded "failed" with that loader message.
+from the C10_CUDA_CHECK of torch >= 2.12), and the wheel carries no sources to rebuild it
+(every wheel from 0.2.2 to 0.2.5 needs that symbol; PyPI has no sdist); every W8A8 point is
+then recorded "failed" with that loader message. The workers are processes of their own,
+so they can import another torch than the runner: XSTAGE_DEEPGEMM_SITE names a directory
+(a `pip install --target`) holding torch >= 2.12, put first on the workers' sys.path; the
+record's extra says which torch the workers ran (`deepgemm_torch`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SCHEDULE_NAMES = {"expert_wave": "wave", "interleaved": "L2-lag"}
+SITE_ENV = "XSTAGE_DEEPGEMM_SITE"  # a site directory with the torch DeepGEMM was built for
 PRECISION = "w8a8"  # the only precision its SM90 MegaMoE takes (FP8 x FP8)
 DEFAULT_JOB_TIMEOUT_S = 300.0  # first call of a shape includes its nvcc JIT compile
 ENV = {  # NVLink multicast off: it can take a shared host's GPUs down
@@ -90,6 +95,7 @@ class RankResult:
     nan_rows: int = 0
     times_us: list | None = None
     version: str = ""
+    torch_version: str = ""
 
 
 class DeepGemmWorkers:
@@ -165,8 +171,22 @@ def _free_port() -> int:
 # ---- the worker process ---------------------------------------------------------------
 
 
+def prefer_site() -> str | None:
+    """Put XSTAGE_DEEPGEMM_SITE first on sys.path (before torch is imported), or None."""
+    import sys
+
+    site = os.environ.get(SITE_ENV)
+    if not site:
+        return None
+    if not os.path.isdir(os.path.join(site, "torch")):
+        raise FileNotFoundError(f"{SITE_ENV}={site} holds no torch package")
+    sys.path.insert(0, site)
+    return site
+
+
 def _worker(rank: int, world: int, port: int, jobs, results) -> None:
     os.environ.update(ENV)
+    prefer_site()
     import torch
     import torch.distributed as dist
 
@@ -249,7 +269,13 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
 
     from xstage_bench.megamoe.problem import make_expert_weights, make_home_tokens
 
-    deep_gemm = _import_deep_gemm()
+    try:
+        deep_gemm = _import_deep_gemm()
+    except (OSError, ImportError) as e:
+        raise type(e)(
+            f"{e} [the workers run torch {torch.__version__}; the sgl-deep-gemm wheels need "
+            f"torch >= 2.12: {SITE_ENV} can name a site directory holding one]"
+        ) from e
     point, seed = job["point"], job["seed"]
     device = torch.device("cuda", rank)
     T, H, I = point["tokens_per_rank"], point["H"], point["I"]  # noqa: E741
@@ -290,6 +316,7 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
             rows=y[rows].float().cpu().numpy(),
             nan_rows=int(torch.isnan(y).any(dim=1).sum()),
             version=importlib.metadata.version("sgl-deep-gemm"),
+            torch_version=torch.__version__,
         )
         result.times_us = _time(call, fill, job["policy"], device)
         return result
