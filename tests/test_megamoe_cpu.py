@@ -394,6 +394,8 @@ def interpreted_kernel(monkeypatch):
     importlib.reload(kernel)
 
 
+# Not bf16: the Triton 3.6 interpreter computes tl.dot of bf16 operands wrongly (a 16x16 bf16
+# dot is off by about 1e10 while the loads are exact), so the bf16 path is checked on GPUs only.
 @pytest.mark.parametrize("precision,routing_", [("w8a8", "skewed"), ("w4a8", "balanced")])
 def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
     interpreted_kernel, precision, routing_
