@@ -22,7 +22,7 @@ import pytest
 from xstage_bench.megamoe import quant, routing, schedule
 from xstage_bench.megamoe.baselines import deepgemm, unfused
 from xstage_bench.megamoe.runner import (
-    _config_id,
+    config_id,
     expand_points,
     expand_schedules,
     print_summary,
@@ -285,7 +285,7 @@ def test_variants_expand_per_configuration_with_stable_ids():
         "s/w8a8/skewed/T=1024/P=2/deepgemm/interleaved",
     ]
     assert "variant" not in pts[0] and pts[2]["variant"] == "unfused"
-    assert {_config_id(p) for p in pts[:5]} == {"s/w8a8/skewed/T=1024/P=2"}
+    assert {config_id(p) for p in pts[:5]} == {"s/w8a8/skewed/T=1024/P=2"}
     only = expand_points(configs, {**moe, "variants": ["deepgemm"]})
     assert [p["schedule"] for p in only] == ["expert_wave", "interleaved"] * 2
     with pytest.raises(ValueError, match="'cutlass'"):

@@ -40,6 +40,7 @@ from xstage_bench import faults, grid, results, timing, workers
 from xstage_bench.megamoe import kernel, reference, routing
 from xstage_bench.megamoe.problem import (
     RankBuffers,
+    check_tiles,
     combine_rank,
     launch_rank,
     make_expert_weights,
@@ -51,8 +52,8 @@ from xstage_bench.megamoe.reference import HomeTokens
 from xstage_bench.megamoe.runner import (
     CHECK_TOKENS,
     POINT_TIMEOUT_S,
-    _config_id,
     add_grid_arguments,
+    config_id,
     expand_schedules,
     raw_config,
     selected_grid,
@@ -108,6 +109,7 @@ def build_share(point: dict, megamoe: dict, fabric, *, num_programs: int, seed: 
 
     from xstage_bench.peer import tensor_at
 
+    check_tiles(megamoe)
     q, world = fabric.rank, fabric.world_size
     full = {**point, "skew_zipf": megamoe["skew_zipf"]}
     T, topk, H = point["tokens_per_rank"], point["topk"], point["H"]
@@ -157,11 +159,11 @@ class MoERank(workers.Lockstep):
         tolerance: float = reference.TOLERANCE,
         dump_dir: str | None = None,
     ):
+        import torch
+
         super().__init__(fabric)
         self.tolerance = tolerance
         self.dump_dir = Path(dump_dir) if dump_dir else None
-        import torch
-
         self.torch, self.policy, self.moe = torch, policy, megamoe
         self.check_tokens, self.seed = check_tokens, 0
         cuda = fabric.device_type == "cuda"
@@ -179,13 +181,13 @@ class MoERank(workers.Lockstep):
     # ---- the configuration ----------------------------------------------------------
 
     def load(self, point: dict) -> Share:
-        cid = _config_id(point)
+        cid = config_id(point)
         if cid == self._share_id:
             return self.share
         self.release()
         key = (point["shape"], point["precision"])
         if key != self._weights_key:
-            self.experts = None
+            self.experts = None  # free the old weights before making the new ones
             self.experts = make_expert_weights(
                 point, point["precision"], self.fabric.rank, self.fabric.device, self.seed
             )

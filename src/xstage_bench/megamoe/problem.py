@@ -160,6 +160,15 @@ def scale_buffer(torch, precision: str, rows: int, channels: int, device):
     return torch.zeros(rows, channels // SCALE_BLOCK, dtype=torch.float32, device=device)
 
 
+def check_tiles(megamoe: dict) -> None:
+    """The config's tile sizes must be the kernel's (they are recorded, not chosen)."""
+    if megamoe["block_m"] != kernel.BLOCK_M or megamoe["block_n"] != kernel.BLOCK_N:
+        raise ValueError(
+            f"the kernel's tiles are {kernel.BLOCK_M}x{kernel.BLOCK_N}; config asks "
+            f"block_m={megamoe['block_m']}, block_n={megamoe['block_n']}"
+        )
+
+
 def rank_buffers(
     point: dict,
     megamoe: dict,
@@ -291,11 +300,7 @@ class MoEProblem:
         self.num_programs = num_programs
         self.cuda = devices[0].type == "cuda"
         H = point["H"]
-        if megamoe["block_m"] != kernel.BLOCK_M or megamoe["block_n"] != kernel.BLOCK_N:
-            raise ValueError(
-                f"the kernel's tiles are {kernel.BLOCK_M}x{kernel.BLOCK_N}; config asks "
-                f"block_m={megamoe['block_m']}, block_n={megamoe['block_n']}"
-            )
+        check_tiles(megamoe)
         T, topk = point["tokens_per_rank"], point["topk"]
         self.homes = [
             make_home_tokens(self.point, self.precision, r, d, seed) for r, d in enumerate(devices)

@@ -110,7 +110,7 @@ def trace_points(points: list[dict], tokens: int | None = None) -> list[dict]:
     return out
 
 
-def _config_id(point: dict) -> str:
+def config_id(point: dict) -> str:
     """The grid id of a point's configuration (its id less the variant and schedule)."""
     return point["id"].rsplit("/", 2 if point.get("variant") == "deepgemm" else 1)[0]
 
@@ -167,7 +167,7 @@ class MoEMeasurer:
     def problem(self, point: dict):
         from xstage_bench.megamoe.problem import MoEProblem, make_expert_weights
 
-        cid = _config_id(point)
+        cid = config_id(point)
         if cid == self._problem_id:
             return self._problem
         torch = self.torch
@@ -415,7 +415,7 @@ class MoEMeasurer:
     def _deepgemm_results(self, point: dict) -> tuple[list | None, str | None]:
         """The worker results of the point's configuration (run once for both schedules),
         or why there are none."""
-        cid = _config_id(point)
+        cid = config_id(point)
         if self._deepgemm is not None and self._deepgemm[0] == cid:
             return self._deepgemm[1], self._deepgemm[2]
         timeout = deepgemm.DEFAULT_JOB_TIMEOUT_S
@@ -778,7 +778,7 @@ def run_megamoe(
     first = points[0]["id"].rsplit("/", 1)[0] if points else None
     run_sweep(
         points,
-        lambda p: measurer.trace(p, keep_timeline=_config_id(p) == first),
+        lambda p: measurer.trace(p, keep_timeline=config_id(p) == first),
         Path(trace_out),
         experiment="megamoe_trace",
         backend="cuda",
@@ -799,7 +799,7 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
     by_config: dict[str, dict] = {}
     for r in doc["records"]:
         key = (r["point"].get("variant") or "ours", r["point"]["schedule"])
-        cid = _config_id({"id": r["id"], "variant": r["point"].get("variant")})
+        cid = config_id({"id": r["id"], "variant": r["point"].get("variant")})
         by_config.setdefault(cid, {})[key] = r
     columns = [
         ("wave us", ("ours", "expert_wave")),
