@@ -70,6 +70,7 @@ class Comparison:
             worst = self.rows.reindex(
                 (self.rows["ratio"] - 1).abs().sort_values(ascending=False).index
             ).head(5)
+            out.append("largest differences:")
             for _, r in worst.iterrows():
                 out.append(
                     f"  {r['id']}: {r['median_a']:.4g} -> {r['median_b']:.4g} "
