@@ -23,3 +23,14 @@ def test_malformed_spec_is_named(monkeypatch):
     monkeypatch.setenv(faults.ENV, "explode:K=33")
     with pytest.raises(ValueError, match="XSTAGE_INJECT_FAULT: 'explode:K=33'"):
         faults.injected("wrong", "x")
+
+
+def test_a_crash_ends_the_process_with_its_own_exit_code(monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(faults.ENV, "crash:K=33/")
+    code = "from xstage_bench import faults; faults.apply_before_measure('drain/K=33/V=1')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == faults.CRASH_EXIT_CODE
+    assert "crash at drain/K=33/V=1" in done.stderr

@@ -467,9 +467,10 @@ def test_per_gpu_verdict_names_the_first_failure_in_runner_order(interpreted_ker
 def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
     interpreted_kernel, tmp_path, monkeypatch
 ):
-    """Two gloo ranks run the sweep with a wrong variant and a hang injected: the wrong
-    point is recorded wrong, the hung one timed out, the sweep resumes and finishes, and
-    every checked output equals the single-process path's bit for bit."""
+    """Two gloo ranks run the sweep with a wrong variant, a hang and a crash injected: the
+    wrong point is recorded wrong, the hung one timed out, the one whose process died
+    failed; the sweep resumes after each and finishes, and every checked output equals the
+    single-process path's bit for bit."""
     import torch
 
     from xstage_bench import grid
@@ -485,12 +486,13 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
         "shapes": [{"name": "tiny", "H": 256, "I": 256, "E": 4, "topk": 2}],
         "precisions": ["w8a8"],
         "routings": ["balanced", "skewed"],
-        "tokens_per_rank": [48],
+        "tokens_per_rank": [48, 32],
         "lead_rows": 0,
     }
     monkeypatch.setenv(
         "XSTAGE_INJECT_FAULT",
-        "wrong:balanced/T=48/P=2/interleaved;hang:skewed/T=48/P=2/expert_wave",
+        "wrong:balanced/T=48/P=2/interleaved;hang:skewed/T=48/P=2/expert_wave;"
+        "crash:skewed/T=48/P=2/interleaved",
     )
     out, dump = tmp_path / "megamoe.json", tmp_path / "outputs"
     distributed.launch(
@@ -504,7 +506,7 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
         dump_dir=dump,
         point_timeout_s=10,
         wait_timeout_s=60,
-        max_restarts=1,
+        max_restarts=2,
     )
     doc = read_raw(out)
     status = {r["id"]: (r["status"], r.get("error") or "") for r in doc["records"]}
@@ -512,7 +514,8 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
     assert status["tiny/w8a8/balanced/T=48/P=2/interleaved"][0] == "wrong"
     assert "NaN (unwritten)" in status["tiny/w8a8/balanced/T=48/P=2/interleaved"][1]
     assert status["tiny/w8a8/skewed/T=48/P=2/expert_wave"][0] == "timeout"
-    assert status["tiny/w8a8/skewed/T=48/P=2/interleaved"][0] == "ok"
+    crashed = status["tiny/w8a8/skewed/T=48/P=2/interleaved"]
+    assert crashed == ("failed", "a worker process died (exit code 70) during this point")
     assert doc["environment"]["process_model"].startswith("one process per GPU")
     assert "one per GPU" in doc["config"]["processes"]
 
@@ -531,4 +534,4 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
                 got = torch.load(dump / f"{pid.replace('/', '__')}.rank{q}.pt")
                 assert torch.equal(got, expected), f"{pid} rank {q}"
                 compared += 1
-    assert compared == 4
+    assert compared == 2 * 5  # 8 points, 3 of them not ok, 2 ranks each

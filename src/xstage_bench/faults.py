@@ -5,6 +5,8 @@ each entry is `<kind>:<substring of a point id>`. Kinds:
   wrong  the kernel writes a pattern other than the one the check expects (a wrong variant)
   raise  the measurement raises before it starts
   hang   the measurement never returns, so the sweep's watchdog must end it
+  crash  the measuring process dies on the spot, as after a segfault (exit code 70): a
+         multi-process runner records the point failed and resumes in fresh processes
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import os
 
 ENV = "XSTAGE_INJECT_FAULT"
-KINDS = ("wrong", "raise", "hang")
+KINDS = ("wrong", "raise", "hang", "crash")
+CRASH_EXIT_CODE = 70  # EX_SOFTWARE
 
 
 def _entries() -> list[tuple[str, str]]:
@@ -36,7 +39,14 @@ def injected(kind: str, point_id: str) -> bool:
 
 
 def apply_before_measure(point_id: str) -> None:
-    """The 'raise' and 'hang' faults, for a runner to call before it measures a point."""
+    """The 'raise', 'hang' and 'crash' faults, for a runner to call before it measures a
+    point."""
+    if injected("crash", point_id):
+        import sys
+
+        sys.stderr.write(f"injected fault ({ENV}): crash at {point_id}\n")
+        sys.stderr.flush()
+        os._exit(CRASH_EXIT_CODE)
     if injected("raise", point_id):
         raise RuntimeError(f"injected fault ({ENV}) at {point_id}")
     if injected("hang", point_id):
