@@ -45,8 +45,10 @@ from xstage_bench.megamoe.problem import (
     launch_rank,
     make_expert_weights,
     make_home_tokens,
+    nvlink_bytes,
     poison_rank,
     rank_buffers,
+    useful_flops,
 )
 from xstage_bench.megamoe.reference import HomeTokens
 from xstage_bench.megamoe.runner import (
@@ -56,6 +58,7 @@ from xstage_bench.megamoe.runner import (
     config_id,
     expand_schedules,
     raw_config,
+    sampled_tokens,
     selected_grid,
 )
 
@@ -207,12 +210,6 @@ class MoERank(workers.Lockstep):
         self.share.close()
         self.share, self._share_id, self._reference, self._outputs = None, None, None, {}
 
-    def sampled_tokens(self, T: int) -> list[np.ndarray]:
-        """The home tokens every rank checks (runner.MoEMeasurer's choice)."""
-        rng = np.random.default_rng(self.seed)
-        n = min(T, self.check_tokens)
-        return [np.sort(rng.choice(T, n, replace=False)) for _ in range(self.fabric.world_size)]
-
     def reference(self, tokens: list[np.ndarray]):
         """fp32 reference rows of this rank's sampled tokens. Collective: every rank adds
         its own experts' share for every home rank's sampled tokens."""
@@ -266,7 +263,9 @@ class MoERank(workers.Lockstep):
         fabric.barrier()
         combine_rank(rb, share.point)
         fabric.wait()
-        tokens = self.sampled_tokens(point["tokens_per_rank"])
+        tokens = sampled_tokens(
+            point["tokens_per_rank"], self.check_tokens, fabric.world_size, self.seed
+        )
         facts = {
             "flag": int(rb.sync[1].item()),
             "nan": bool(torch.isnan(rb.out).any()),
@@ -321,9 +320,9 @@ class MoERank(workers.Lockstep):
                 pid, point, timed.error, status=timed.status, correct=True, extra=extra
             )
         times, (kernel_us,) = timed.samples, timed.others
-        plans, H, I = self.share.plans, point["H"], point["I"]  # noqa: E741
-        flops = 6.0 * H * I * sum(p.rows for p in plans) / len(plans)
-        nvlink = [p.remote_rows() * H * 2 for p in plans]
+        plans = self.share.plans
+        flops = useful_flops(point, plans) / len(plans)
+        nvlink = nvlink_bytes(point, plans)
         extra = {
             **extra,
             "tflops": flops / (statistics.median(times) * 1e6),

@@ -160,6 +160,16 @@ def scale_buffer(torch, precision: str, rows: int, channels: int, device):
     return torch.zeros(rows, channels // SCALE_BLOCK, dtype=torch.float32, device=device)
 
 
+def useful_flops(point: dict, plans: list[routing.RankRows]) -> float:
+    """6 H I FLOPs per routed row (Linear-1: 4 H I, Linear-2: 2 H I), all ranks."""
+    return 6.0 * point["H"] * point["I"] * sum(plan.rows for plan in plans)
+
+
+def nvlink_bytes(point: dict, plans: list[routing.RankRows]) -> list[int]:
+    """Bytes each rank's combine epilogue stores into peers (bf16 output rows)."""
+    return [plan.remote_rows() * point["H"] * 2 for plan in plans]
+
+
 def check_tiles(megamoe: dict) -> None:
     """The config's tile sizes must be the kernel's (they are recorded, not chosen)."""
     if megamoe["block_m"] != kernel.BLOCK_M or megamoe["block_n"] != kernel.BLOCK_N:
@@ -362,12 +372,10 @@ class MoEProblem:
     # ---- what the measurement reads -------------------------------------------------
 
     def useful_flops(self) -> float:
-        """6 H I FLOPs per routed row (Linear-1: 4 H I, Linear-2: 2 H I), all ranks."""
-        return 6.0 * self.point["H"] * self.point["I"] * sum(rb.plan.rows for rb in self.ranks)
+        return useful_flops(self.point, [rb.plan for rb in self.ranks])
 
     def nvlink_bytes(self) -> list[int]:
-        """Bytes each rank's combine epilogue stores into peers (bf16 output rows)."""
-        return [rb.plan.remote_rows() * self.point["H"] * 2 for rb in self.ranks]
+        return nvlink_bytes(self.point, [rb.plan for rb in self.ranks])
 
     def padded_rows(self) -> list[int]:
         return [rb.plan.padded_rows for rb in self.ranks]

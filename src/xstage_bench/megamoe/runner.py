@@ -45,6 +45,7 @@ from xstage_bench.environment import capture
 from xstage_bench.megamoe import reference, schedule
 from xstage_bench.megamoe.baselines import VARIANTS, deepgemm, unfused
 from xstage_bench.results import failed_record, ok_record
+from xstage_bench.stats import geomean
 from xstage_bench.sweep import run_sweep
 
 POINT_TIMEOUT_S = 600.0  # spins are bounded in the kernel; this is only a last resort
@@ -108,6 +109,13 @@ def trace_points(points: list[dict], tokens: int | None = None) -> list[dict]:
             sched = "expert_wave" if variant == LOCAL_CONTROL else variant
             out.append({**p, "schedule": sched, "variant": variant, "id": f"{p['id']}/{variant}"})
     return out
+
+
+def sampled_tokens(T: int, check_tokens: int, world_size: int, seed: int) -> list[np.ndarray]:
+    """The home tokens of every rank whose outputs are checked against the reference."""
+    rng = np.random.default_rng(seed)
+    n = min(T, check_tokens)
+    return [np.sort(rng.choice(T, n, replace=False)) for _ in range(world_size)]
 
 
 def config_id(point: dict) -> str:
@@ -194,10 +202,9 @@ class MoEMeasurer:
             seed=self.seed,
         )
         self._problem_id = cid
-        T = point["tokens_per_rank"]
-        rng = np.random.default_rng(self.seed)
-        n = min(T, self.check_tokens)
-        self._tokens = [np.sort(rng.choice(T, n, replace=False)) for _ in self.devices]
+        self._tokens = sampled_tokens(
+            point["tokens_per_rank"], self.check_tokens, len(self.devices), self.seed
+        )
         return self._problem
 
     def reference(self) -> list:
@@ -844,7 +851,7 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
         s = np.asarray(speedups)
         print(
             f"speedup interleaved/wave over {len(s)} configs: geomean "
-            f"{np.exp(np.log(s).mean()):.3f} median {np.median(s):.3f} "
+            f"{geomean(s):.3f} median {np.median(s):.3f} "
             f"min {s.min():.3f} max {s.max():.3f}"
         )
     for base, values in ratios.items():
@@ -852,7 +859,7 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
             v = np.asarray(values)
             print(
                 f"our best time / {base} best time over {len(v)} configs: geomean "
-                f"{np.exp(np.log(v).mean()):.3f} min {v.min():.3f} max {v.max():.3f}"
+                f"{geomean(v):.3f} min {v.min():.3f} max {v.max():.3f}"
             )
     if trace_out is not None and Path(trace_out).exists():
         for r in read_raw(trace_out)["records"]:

@@ -45,23 +45,20 @@ from __future__ import annotations
 import os
 import queue
 import re
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from xstage_bench.workers import SAFE_ENV, free_port
+
 SCHEDULE_NAMES = {"expert_wave": "wave", "interleaved": "L2-lag"}
 SITE_ENV = "XSTAGE_DEEPGEMM_SITE"  # a site directory with the torch DeepGEMM was built for
 PRECISION = "w8a8"  # the only precision its SM90 MegaMoE takes (FP8 x FP8)
 DEFAULT_JOB_TIMEOUT_S = 300.0  # first call of a shape includes its nvcc JIT compile
-ENV = {  # NVLink multicast off: it can take a shared host's GPUs down
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-    "DG_PRINT_CONFIGS": "1",
-}
+# NVLink multicast off (workers.SAFE_ENV), and DeepGEMM prints the config it chose.
+ENV = {**SAFE_ENV, "DG_PRINT_CONFIGS": "1"}
 _CONFIG_LINE = re.compile(r"MegaMoESM90Config\([^\n]*\)")
 
 
@@ -115,7 +112,7 @@ class DeepGemmWorkers:
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.jobs = [ctx.Queue() for _ in range(self.world_size)]
-        port = _free_port()
+        port = free_port()
         self.procs = [
             ctx.Process(
                 target=_worker,
@@ -160,12 +157,6 @@ class DeepGemmWorkers:
                 p.kill()
             p.join(timeout=10)
         self.procs = []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the worker process ---------------------------------------------------------------
