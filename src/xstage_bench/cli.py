@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from xstage_bench.compare import CompareError
+from xstage_bench.compare import DEFAULT_TOLERANCE, CompareError
 from xstage_bench.config import ConfigError, load_config
 from xstage_bench.results import RawResultError, read_raw
 
@@ -123,7 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", help="raw JSON of the first run")
     p.add_argument("b", help="raw JSON of the second run (ratios are b/a)")
     p.add_argument("--metric", help="sample name (default: time_us or sender_us)")
-    p.add_argument("--tolerance", type=float, default=0.03, help="relative (default 0.03)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"relative (default {DEFAULT_TOLERANCE})",
+    )
     p.add_argument("--csv", help="also write the per-point rows here")
     p.set_defaults(func=_compare)
 

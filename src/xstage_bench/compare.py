@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from xstage_bench.results import OK
+from xstage_bench.stats import geomean
 
 DEFAULT_TOLERANCE = 0.03
 PREFERRED_METRICS = ("time_us", "sender_us")
@@ -46,7 +47,7 @@ class Comparison:
             return {"points": 0}
         return {
             "points": int(ratio.size),
-            "geomean_ratio": float(np.exp(np.log(ratio).mean())),
+            "geomean_ratio": geomean(ratio),
             "median_ratio": float(np.median(ratio)),
             "min_ratio": float(ratio.min()),
             "max_ratio": float(ratio.max()),

@@ -50,3 +50,8 @@ def summarize(samples: Sequence[float]) -> dict:
 def summarize_all(samples: dict[str, Sequence[float]]) -> dict[str, dict]:
     """Summaries for every metric that has samples."""
     return {name: summarize(values) for name, values in samples.items() if len(values) > 0}
+
+
+def geomean(values: Sequence[float]) -> float:
+    """Geometric mean (of ratios or speedups; every value must be positive)."""
+    return float(np.exp(np.mean(np.log(np.asarray(values, dtype=float)))))

@@ -34,6 +34,7 @@ from matplotlib.ticker import (  # noqa: E402
 from xstage_bench import layout  # noqa: E402
 from xstage_bench.model.laws import BYTES_PER_US_PER_GBPS as GBPS_TO_BYTES_PER_US  # noqa: E402
 from xstage_bench.results import read_raw  # noqa: E402
+from xstage_bench.stats import geomean  # noqa: E402, F401 (figures and tables use common.geomean)
 
 DPI = 100
 NOTE_LINE_IN = 0.13  # height of one 7-point line of notes, in inches
@@ -500,10 +501,6 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     out["deepgemm_lag_speedup"] = wide["deepgemm_wave_us"] / wide["deepgemm_lag_us"]
     out = out[out["ours_best_us"].notna()]
     return out.reset_index()[[*keys, *BASELINE_COLUMNS]]
-
-
-def geomean(values: pd.Series | np.ndarray) -> float:
-    return float(np.exp(np.mean(np.log(np.asarray(values, dtype=float)))))
 
 
 def serial_over_fused(doc: dict) -> pd.DataFrame:
