@@ -69,8 +69,12 @@ def megamoe_points(megamoe: dict, world_size: int) -> list[dict]:
     The 84 paper configurations are 7 shapes x 2 precisions x 2 routings x 3 sizes.
     """
     points = []
-    for shape, precision, routing, tokens in itertools.product(
-        megamoe["shapes"], megamoe["precisions"], megamoe["routings"], megamoe["tokens_per_rank"]
+    for shape, precision, routing, tokens, fraction in itertools.product(
+        megamoe["shapes"],
+        megamoe["precisions"],
+        megamoe["routings"],
+        megamoe["tokens_per_rank"],
+        megamoe.get("remote_fractions", ["natural"]),
     ):
         if shape["E"] % world_size:
             raise ValueError(
@@ -82,6 +86,9 @@ def megamoe_points(megamoe: dict, world_size: int) -> list[dict]:
             precision=precision, routing=routing, tokens_per_rank=tokens, world_size=world_size
         )
         p["id"] = f"{p['shape']}/{precision}/{routing}/T={tokens}/P={world_size}"
+        if fraction != "natural":  # natural routing keeps the ids of earlier datasets
+            p["remote_fraction"] = float(fraction)
+            p["id"] += f"/f={float(fraction):g}"
         points.append(p)
     return points
 

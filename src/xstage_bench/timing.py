@@ -125,6 +125,18 @@ def measure(
         return Samples(samples, stop_reason=reason, warmup=policy.warmup, elapsed_s=elapsed)
 
 
+def host_timer(fn: Callable[[], object]) -> Callable[[], float]:
+    """A `run_once` for work that is synchronous on the host (the CPU tests of the GPU
+    code): wall-clock microseconds around `fn`. Never a GPU measurement."""
+
+    def run_once() -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+
+    return run_once
+
+
 def _cuda_torch():
     """torch, checked to have a usable CUDA device; a clear TimingError otherwise."""
     try:

@@ -240,7 +240,9 @@ def drive(state: Lockstep, job: dict, points: list[dict], *, experiment: str, co
     env["device_type"] = job["device_type"]
     env["process_model"] = "one process per GPU (torch.distributed)"
     if job["device_type"] != "cuda":
-        env["note"] = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
+        from xstage_bench.measure import CPU_NOTE
+
+        env["note"] = CPU_NOTE
 
     def measure(point: dict) -> dict:
         if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted

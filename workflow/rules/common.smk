@@ -1,5 +1,7 @@
 # Shared helpers: config validation, the machine's GPUs, datasets and what each one holds.
 
+import json
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -7,6 +9,7 @@ from pathlib import Path
 from xstage_bench import layout
 from xstage_bench.config import ConfigError, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
+from xstage_bench.measure import experiment_config
 
 
 try:
@@ -21,18 +24,24 @@ RESULTS = Path("results")
 EXPERIMENTS = ("microbench", "megamoe", "attention", "megamoe_per_gpu")
 SIMULATED_EXPERIMENTS = ("microbench", "megamoe", "attention")
 STUDIES = list(config["microbench"]["studies"])
+# measure_device "cpu": the measuring rules run on gloo and the Triton interpreter (CI's test
+# of the rules), so no GPU is probed and what they write is labelled a test.
+DEVICE = config.get("measure_device", "cuda")
+CPU_TEST = DEVICE == "cpu" and config["measure"] != "never"
 # "submit": the GPUs are on cluster nodes the executor provides, so nothing is probed here.
-PROBE = config["measure"] in ("auto", "always")
+PROBE = config["measure"] in ("auto", "always") and not CPU_TEST
 GPUS = probe_gpus() if PROBE else None
 
-if config["measure"] == "always" and not GPUS.can_measure:
+if PROBE and config["measure"] == "always" and not GPUS.can_measure:
     sys.exit(f"config key 'measure' is 'always' but no measurement is possible: {GPUS.reason}")
 
-MEASURING = config["measure"] == "submit" or (PROBE and GPUS.can_measure)
+MEASURING = CPU_TEST or config["measure"] == "submit" or (PROBE and GPUS.can_measure)
 if not MEASURING:
     MEASURED = None
 elif config["datasets"]["measured"] != "auto":
     MEASURED = config["datasets"]["measured"]
+elif CPU_TEST:
+    MEASURED = "cpu-test"
 else:
     MEASURED = dataset_name(GPUS.names)
 if config["world_size"] != "auto":
@@ -40,8 +49,21 @@ if config["world_size"] != "auto":
 elif config.get("gpu_ids"):
     WORLD_SIZE = len(config["gpu_ids"])
 else:
-    WORLD_SIZE = GPUS.count if MEASURING else 2
+    WORLD_SIZE = GPUS.count if PROBE and MEASURING else 2
 GPU_IDS = config.get("gpu_ids") or list(range(WORLD_SIZE))
+# Measuring rules run `python -m xstage_bench.measure` (see that module for why not a
+# `script:`): this interpreter, or the rule's conda environment's with --use-conda.
+USE_CONDA = any("conda" in str(m).lower() for m in workflow.deployment_settings.deployment_method)
+MEASURE = f"{'python' if USE_CONDA else shlex.quote(sys.executable)} -m xstage_bench.measure"
+MEASURE_ARGS = (
+    "--dataset {wildcards.dataset} --log {log:q} --config-json {params.config:q} "
+    f"--gpu-ids {','.join(map(str, GPU_IDS))} --device {DEVICE}"
+)
+
+
+def measure_config(experiment):
+    """The config a measuring rule passes (a param: when it changes, the rule reruns)."""
+    return json.dumps(experiment_config(config, experiment), sort_keys=True)
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
@@ -50,7 +72,7 @@ REFERENCE = config["datasets"]["reference"]
 # resource defaults to the GPU count and each GPU job asks for all of it, so --cores all never
 # runs two GPU jobs at once. On a cluster (submit) a job asks for its world size, on a node
 # of its own (--exclusive in the slurm profile).
-GPU_JOB = GPUS.count if PROBE and MEASURING else WORLD_SIZE
+GPU_JOB = GPUS.count if PROBE and MEASURING else 0 if CPU_TEST else WORLD_SIZE
 if PROBE and MEASURING and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", GPUS.count)
 
@@ -68,6 +90,9 @@ def measurement_verdict():
         return "No measurement: config key 'measure' is 'never'; rendering existing datasets."
     if config["measure"] == "submit":
         return f"Measuring dataset '{MEASURED}' on {WORLD_SIZE} GPUs per job, through the executor."
+    if CPU_TEST:
+        return f"Testing the measuring rules on the CPU (gloo, Triton interpreter) into " \
+               f"'{MEASURED}': a test of the harness, not a measurement."
     if not MEASURING:
         return f"No measurement was made on this machine: {GPUS.reason}. Rendering the " \
                f"reference and simulated datasets only."

@@ -31,6 +31,7 @@ from xstage_bench import results, timing, workers
 from xstage_bench.grid import attention_points
 
 DTYPE = "bfloat16"
+CPU_TRITON_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16}  # small tiles: the interpreter is slow
 
 
 def sweep_config(
@@ -286,10 +287,25 @@ def _world_size(config: dict, world_size: int | None) -> int:
     return torch.cuda.device_count()
 
 
-def run_attention(config: dict, dataset: str, out: str, world_size: int | None = None) -> None:
-    """The DAG's entry: the config's full attention sweep on this machine's GPUs."""
-    workers.use_gpus(config)
-    launch(config, dataset, out, world_size=_world_size(config, world_size))
+def run_attention(
+    config: dict,
+    dataset: str,
+    out: str,
+    world_size: int | None = None,
+    device_type: str = "cuda",
+) -> None:
+    """The DAG's entry: the config's full attention sweep on this machine's GPUs (or, with
+    device_type="cpu", on gloo and the Triton interpreter: CI's test of the rule)."""
+    if device_type == "cuda":
+        workers.use_gpus(config)
+    launch(
+        config,
+        dataset,
+        out,
+        world_size=_world_size(config, world_size),
+        device_type=device_type,
+        triton_config=None if device_type == "cuda" else CPU_TRITON_CONFIG,
+    )
 
 
 def _ints(text: str) -> list[int]:

@@ -53,6 +53,7 @@ from xstage_bench.megamoe.problem import (
 from xstage_bench.megamoe.reference import HomeTokens
 from xstage_bench.megamoe.runner import (
     CHECK_TOKENS,
+    CPU_PROGRAMS,
     POINT_TIMEOUT_S,
     add_grid_arguments,
     config_id,
@@ -61,8 +62,6 @@ from xstage_bench.megamoe.runner import (
     sampled_tokens,
     selected_grid,
 )
-
-CPU_PROGRAMS = 3  # persistent programs per rank under the Triton interpreter
 
 
 def dispatch_rows(src, plans: list[routing.RankRows], rank: int, group):
@@ -452,10 +451,14 @@ def launch(
     )
 
 
-def run_per_gpu(config: dict, dataset: str, out: str | Path, world_size: int) -> None:
-    """The DAG's entry: the config's MegaMoE grid, our schedules, one process per GPU."""
-    workers.use_gpus(config)
-    launch(config, dataset, out, world_size=world_size)
+def run_per_gpu(
+    config: dict, dataset: str, out: str | Path, world_size: int, device_type: str = "cuda"
+) -> None:
+    """The DAG's entry: the config's MegaMoE grid, our schedules, one process per GPU (or,
+    with device_type="cpu", gloo and the Triton interpreter: CI's test of the rule)."""
+    if device_type == "cuda":
+        workers.use_gpus(config)
+    launch(config, dataset, out, world_size=world_size, device_type=device_type)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

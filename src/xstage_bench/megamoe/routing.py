@@ -9,6 +9,14 @@ its home rank's combine buffer, slot t * topk + k.
 
 Routing is seeded by the shape, the token count and the world size (not the precision),
 so both precisions and both schedules of a shape see the same tokens and experts.
+
+The remote fraction f is the share of a home rank's (token, k) rows whose expert lives on
+another rank, so that their outputs cross NVLink in the combine. Left "natural", routing
+spreads experts over all ranks and f is about (P-1)/P (1/2 on 2 GPUs, 7/8 on 8). A number
+re-homes rows to carry another node's per-GPU traffic on this one (7/8 on 2 GPUs): a
+seeded choice of exactly round(f T topk) of the rank's rows is routed among the other
+ranks' experts, the rest among its own, by the same balanced or skewed rule restricted to
+those experts. Expert loads stay balanced across ranks, since every rank does the same.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import numpy as np
 from xstage_bench.megamoe.quant import bf16_round
 
 ROUTINGS = ("balanced", "skewed")
+NATURAL = "natural"  # remote fraction: wherever routing sends the rows
 
 
 def _rng(seed: int, *parts: object) -> np.random.Generator:
@@ -48,7 +57,10 @@ def route(
         raise ValueError(f"topk must be in [1, E={E}], got {topk}")
     order = _rng(seed, point["shape"], "experts").permutation(E)
     rng = _rng(seed, point["shape"], f"T={T}", f"P={P}", routing, f"home={home_rank}")
-    if routing == "balanced":
+    fraction = point.get("remote_fraction", NATURAL)
+    if fraction != NATURAL:
+        ids = _route_with_remote_fraction(point, float(fraction), order, home_rank, skew_zipf, rng)
+    elif routing == "balanced":
         pair = home_rank * T * topk + np.arange(T * topk)
         ids = order[pair % E].reshape(T, topk)
     else:
@@ -59,6 +71,53 @@ def route(
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
     weights = bf16_round((weights / weights.sum(axis=1, keepdims=True)).astype(np.float32))
     return ids.astype(np.int64), weights
+
+
+def _route_with_remote_fraction(
+    point: dict,
+    fraction: float,
+    order: np.ndarray,
+    home_rank: int,
+    skew_zipf: float,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Expert ids (T, topk) with exactly round(fraction T topk) rows on other ranks."""
+    T, topk, E, P = point["tokens_per_rank"], point["topk"], point["E"], point["world_size"]
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"remote_fraction must be in [0, 1] or 'natural', got {fraction}")
+    local = E // P
+    mine = order // local == home_rank  # order[i] lives on this rank
+    groups = {False: order[mine], True: order[~mine]}  # local experts, remote experts
+    remote = np.zeros(T * topk, dtype=bool)
+    remote[rng.permutation(T * topk)[: round(fraction * T * topk)]] = True
+    remote = remote.reshape(T, topk)
+    for is_remote, experts in groups.items():
+        need = np.count_nonzero(remote == is_remote, axis=1).max(initial=0)
+        if need > len(experts):
+            where = "other ranks'" if is_remote else "its own"
+            raise ValueError(
+                f"remote_fraction {fraction}: a token needs {need} distinct experts on "
+                f"{where} ranks, which hold {len(experts)} (E={E}, P={P}, topk={topk})"
+            )
+    ids = np.empty((T, topk), dtype=np.int64)
+    if point["routing"] == "balanced":
+        # Each group's rows take its experts round-robin: a token's picks in a group are
+        # consecutive, hence distinct; every home rank starts at its own offset.
+        for is_remote, experts in groups.items():
+            rows = np.flatnonzero(remote.ravel() == is_remote)
+            turn = home_rank * T * topk + np.arange(len(rows))
+            ids.ravel()[rows] = experts[turn % len(experts)]
+        return ids
+    log_w = -skew_zipf * np.log(np.arange(1, E + 1, dtype=np.float64))
+    keys = log_w[np.argsort(order)] + rng.gumbel(size=(T, E))
+    for is_remote, experts in groups.items():
+        # Gumbel-top-k over the group: each token's n best experts in it, distinct.
+        sub = keys[:, experts]
+        ranked = experts[np.argsort(-sub, axis=1)]
+        n = np.count_nonzero(remote == is_remote, axis=1)
+        for t in np.flatnonzero(n):
+            ids[t, remote[t] == is_remote] = ranked[t, : n[t]]
+    return ids
 
 
 def expert_counts(ids: list[np.ndarray], E: int) -> np.ndarray:

@@ -42,12 +42,15 @@ from xstage_bench import grid, timing
 from xstage_bench.clocks import ClockSampler, record_fields
 from xstage_bench.config import load_config
 from xstage_bench.environment import capture
+from xstage_bench.measure import CPU_NOTE
 from xstage_bench.megamoe import reference, schedule
 from xstage_bench.megamoe.baselines import VARIANTS, deepgemm, unfused
 from xstage_bench.results import failed_record, ok_record
 from xstage_bench.stats import geomean
 from xstage_bench.sweep import run_sweep
 
+CPU_PROGRAMS = 3  # persistent programs per rank under the Triton interpreter
+TRACE_NEEDS_GPU = "the traced build reads %globaltimer, which the Triton interpreter cannot run"
 POINT_TIMEOUT_S = 600.0  # spins are bounded in the kernel; this is only a last resort
 CHECK_TOKENS = 32  # tokens of every home rank compared with the reference
 LOCAL_CONTROL = "local_control"
@@ -145,9 +148,14 @@ class MoEMeasurer:
         self.devices = devices
         self.check_tokens = check_tokens
         self.seed = seed
-        self.num_programs = torch.cuda.get_device_properties(devices[0]).multi_processor_count
-        self.sampler = ClockSampler([d.index for d in devices])
-        self.flushers = self._flushers() if policy.flush_l2 else None
+        self.cuda = devices[0].type == "cuda"
+        self.num_programs = (
+            torch.cuda.get_device_properties(devices[0]).multi_processor_count
+            if self.cuda
+            else CPU_PROGRAMS
+        )
+        self.sampler = ClockSampler([d.index for d in devices] if self.cuda else [])
+        self.flushers = self._flushers() if self.cuda and policy.flush_l2 else None
         self._weights_key = None
         self._weights: list = []
         self._problem_id = None
@@ -294,21 +302,24 @@ class MoEMeasurer:
         fn = lambda: prob.forward(  # noqa: E731
             point["schedule"], kernel_events=events, flushers=self.flushers
         )
-        run_once = timing.cuda_event_timer(
-            fn, device=self.devices[0].index, flush_l2=self.policy.flush_l2
+        run_once = (
+            timing.cuda_event_timer(fn, device=self.devices[0].index, flush_l2=self.policy.flush_l2)
+            if self.cuda
+            else timing.host_timer(fn)
         )
         times = timing.measure(run_once, self.policy)
-        kernel_us = [
-            max(start.elapsed_time(end) * 1000.0 for start, end in ranks)
-            for ranks in events[-len(times) :]
-        ]
+        samples = {"time_us": list(times)}
         median = statistics.median(times)
         flops = prob.useful_flops() / len(self.devices)
         nvlink = prob.nvlink_bytes()
-        extra = {
-            **facts,
-            "tflops": flops / (median * 1e6),
-            "tflops_kernel": flops / (statistics.median(kernel_us) * 1e6),
+        extra = {**facts, "tflops": flops / (median * 1e6)}
+        if events:  # CUDA: each rank's kernel alone, from the events around it
+            samples["kernel_us"] = [
+                max(start.elapsed_time(end) * 1000.0 for start, end in ranks)
+                for ranks in events[-len(times) :]
+            ]
+            extra["tflops_kernel"] = flops / (statistics.median(samples["kernel_us"]) * 1e6)
+        extra |= {
             "nvlink_bytes": int(sum(nvlink)),
             "nvlink_bytes_per_rank": nvlink,
             "padded_rows_per_rank": prob.padded_rows(),
@@ -317,13 +328,12 @@ class MoEMeasurer:
         }
         fields = record_fields(before, self.sampler.sample())
         _say(
-            f"  time_us={median:.1f} kernel_us={statistics.median(kernel_us):.1f} "
-            f"tflops={extra['tflops']:.0f} err={max(facts['rel_error']):.2e}"
+            f"  time_us={median:.1f} tflops={extra['tflops']:.0f} err={max(facts['rel_error']):.2e}"
         )
         return ok_record(
             point["id"],
             point,
-            {"time_us": list(times), "kernel_us": kernel_us},
+            samples,
             correct=True,
             extra=extra,
             **fields,
@@ -556,6 +566,8 @@ class MoEMeasurer:
 
     def trace(self, point: dict, keep_timeline: bool) -> dict:
         """One instrumented run (after one warm-up run) of a schedule or the control."""
+        if not self.cuda:
+            return failed_record(point["id"], point, TRACE_NEEDS_GPU, status="unsupported")
         torch = self.torch
         before = self.sampler.sample()
         prob = self.problem(point)
@@ -669,9 +681,11 @@ def select(
     return moe
 
 
-def default_devices(config: dict, world_size: int | None = None) -> list:
+def default_devices(config: dict, world_size: int | None = None, device_type: str = "cuda") -> list:
     import torch
 
+    if device_type == "cpu":
+        return [torch.device("cpu")] * (world_size or 2)
     count = torch.cuda.device_count()
     if world_size is None:
         world_size = (
@@ -747,23 +761,30 @@ def run_megamoe(
     megamoe: dict | None = None,
     check_tokens: int = CHECK_TOKENS,
     baseline_budget_s: float | None = None,
+    device_type: str = "cuda",
 ) -> None:
     """Measure every (configuration, variant, schedule) and write raw/megamoe.json (`out`);
     with `trace_out`, the instrumented runs of the traced configurations too (ours only).
     `baseline_budget_s` bounds the wall time DeepGEMM may take in all (points past it are
-    recorded failed, "not run")."""
+    recorded failed, "not run"). device_type="cpu": every rank on the CPU under the Triton
+    interpreter, our kernel only (CI's test of the rule; the traces are unsupported)."""
     from xstage_bench.megamoe.problem import enable_peer_access
 
     moe = megamoe or config["megamoe"]
-    devices = default_devices(config, world_size)
-    if len(devices) > 1:
+    devices = default_devices(config, world_size, device_type)
+    if device_type == "cpu":
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"
+        moe = {**moe, "variants": ["ours"]}
+    elif len(devices) > 1:
         enable_peer_access(devices)
     policy = timing.TimingPolicy.from_config(config["timing"])
     measurer = MoEMeasurer(
         moe, policy, devices, check_tokens=check_tokens, baseline_budget_s=baseline_budget_s
     )
     configs = grid.megamoe_points(moe, len(devices))
-    env = capture(simulated=False)
+    env = run_environment(device_type)
     cfg = raw_config(config, moe, devices, check_tokens)
     try:
         run_sweep(
@@ -790,10 +811,19 @@ def run_megamoe(
         experiment="megamoe_trace",
         backend="cuda",
         dataset=dataset,
-        environment=capture(simulated=False),
+        environment=run_environment(device_type),
         config=cfg,
         point_timeout_s=POINT_TIMEOUT_S,
     )
+
+
+def run_environment(device_type: str) -> dict:
+    """The environment block, saying plainly when the run was a CPU test."""
+    env = capture(simulated=False)
+    env["device_type"] = device_type
+    if device_type != "cuda":
+        env["note"] = CPU_NOTE
+    return env
 
 
 def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:

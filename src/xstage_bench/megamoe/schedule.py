@@ -19,14 +19,21 @@ expert_wave  DeepGEMM's order: the smallest group of consecutive experts whose L
              the next group. A wave's L2 tiles, and so their remote stores, bunch together.
 interleaved  the paper's order: an L1 cursor and an L2 cursor. The next tile is L2 when
              its row block is ready and the L1 cursor leads it by at least `lead_rows`
-             rows (or has finished), else L1. "Ready" is decided when the list is built:
-             the block's last L1 tile sits at least one round of programs (num_programs
-             entries) earlier in the list, so it was taken a full round before and has,
-             with tiles of similar length, finished by the time its L2 tile is taken.
+             rows (or has finished), else L1. "Ready" is decided when the list is built,
+             by playing the list as the kernel will: num_programs programs each take the
+             next entry when they finish their last, and a tile lasts its FLOPs
+             (`tile_costs`: an L1 tile computes gate and up over H, an L2 tile one product
+             over I, so an L1 tile lasts 2H/I L2 tiles). A block is ready when its last L1
+             tile has ended by the time its first L2 tile would be taken, so no program
+             waits on a block that the list itself made late. (Counting list entries
+             instead, "one round of programs earlier", assumed tiles of equal length: with
+             L1 tiles 4x longer than L2 tiles, as for DeepSeek-V4-Flash, Linear-2 tiles
+             waited, measured with compute emulated and every store local.)
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -91,11 +98,38 @@ def expert_wave(grid: TileGrid, num_programs: int, lead_rows: int = 0) -> np.nda
     return _as_array(tiles)
 
 
+def tile_costs(grid: TileGrid) -> tuple[float, float]:
+    """Relative durations of an L1 and an L2 tile: their FLOPs (4 BM BN H for gate and up,
+    2 BM BN I for the down product) in units of 2 BM BN block_n."""
+    return 2.0 * grid.l2_per_block, float(grid.l1_per_block)
+
+
+class ListClock:
+    """The kernel's programs playing a tile list: each takes the next entry as soon as it
+    is free (the atomic counter), so entry i starts when the earliest program frees up."""
+
+    def __init__(self, num_programs: int):
+        self.free = [0.0] * num_programs  # a heap of the times the programs free up
+
+    def now(self) -> float:
+        """When the next entry will be taken."""
+        return self.free[0]
+
+    def take(self, cost: float) -> float:
+        """Give the next entry to the earliest free program; when that entry ends."""
+        end = heapq.heappop(self.free) + cost
+        heapq.heappush(self.free, end)
+        return end
+
+
 def interleaved(grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray:
-    """An L1 cursor and an L2 cursor with a minimum row lead (see module doc)."""
+    """An L1 cursor and an L2 cursor with a minimum row lead; an L2 block is taken only
+    once the list's own clock says its L1 tiles have ended (see module doc)."""
     row_end = grid.row_end()
     row_start = row_end - grid.block_rows
-    last_l1_at = np.full(grid.blocks, -1)  # list position of each block's last L1 tile
+    l1_cost, l2_cost = tile_costs(grid)
+    clock = ListClock(num_programs)
+    l1_end = np.full(grid.blocks, np.inf)  # when each block's last L1 tile ends
     tiles: list[tuple[int, int, int, int]] = []
     l1_block = l2_block = 0
     while l1_block < grid.blocks or l2_block < grid.blocks:
@@ -103,19 +137,40 @@ def interleaved(grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray
         take_l2 = l2_block < grid.blocks and (
             l1_done
             or (
-                last_l1_at[l2_block] >= 0
-                and len(tiles) - last_l1_at[l2_block] > num_programs
+                l1_end[l2_block] <= clock.now()
                 and row_start[l1_block] - row_end[l2_block] >= lead_rows
             )
         )
         if take_l2:
             tiles += _l2_tiles(grid, l2_block)
+            for _ in range(grid.l2_per_block):
+                clock.take(l2_cost)
             l2_block += 1
         else:
             tiles += _l1_tiles(grid, l1_block)
-            last_l1_at[l1_block] = len(tiles) - 1
+            l1_end[l1_block] = max(clock.take(l1_cost) for _ in range(grid.l1_per_block))
             l1_block += 1
     return _as_array(tiles)
+
+
+def play(tiles: np.ndarray, grid: TileGrid, num_programs: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, wait) of every list entry when num_programs programs run the list with
+    `tile_costs` durations and nothing else (no memory, no stores): an L2 tile starts when
+    it is taken or, if later, when its block's last L1 tile ends; its wait is the gap."""
+    l1_cost, l2_cost = tile_costs(grid)
+    clock = ListClock(num_programs)
+    l1_end = np.zeros(grid.blocks)
+    start, wait = np.zeros(len(tiles)), np.zeros(len(tiles))
+    for i, (kind, _, block, _) in enumerate(tiles.tolist()):
+        taken = clock.now()
+        if kind == L1:
+            start[i] = taken
+            l1_end[block] = max(l1_end[block], clock.take(l1_cost))
+        else:
+            start[i] = max(taken, l1_end[block])
+            wait[i] = start[i] - taken
+            clock.take(wait[i] + l2_cost)
+    return start, wait
 
 
 SCHEDULES: dict[str, Callable[[TileGrid, int, int], np.ndarray]] = {

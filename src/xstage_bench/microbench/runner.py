@@ -217,20 +217,35 @@ def run_study(
     study: str,
     dataset: str,
     out: str | Path,
-    cubin: str | Path,
+    cubin: str | Path | None,
     gpu_ids: list[int] | None = None,
+    device_type: str = "cuda",
 ) -> None:
     """Measure every point of `study` and write results/<dataset>/raw/microbench/<study>.json
-    (or `out`) through the resumable sweep."""
+    (or `out`) through the resumable sweep.
+
+    device_type="cpu" (CI's test of the rule) plans the same points and tries to start the
+    benchmark; with no GPU that fails, and every point is recorded failed with the reason.
+    On CUDA a benchmark that cannot start raises instead, so that a rerun retries it."""
     if study not in config["microbench"]["studies"]:
         known = ", ".join(config["microbench"]["studies"])
         raise ValueError(f"unknown microbench study {study!r} (config has: {known})")
     points = grid.microbench_points(config["microbench"], study)
-    gpu_ids = gpu_ids if gpu_ids is not None else default_gpu_ids(config)
-    bench = BurstBench(cubin, gpu_ids)
-    measure = PointMeasurer(
-        bench, config["microbench"], timing.TimingPolicy.from_config(config["timing"])
-    )
+    env = capture(simulated=False)
+    env["device_type"] = device_type
+    if device_type == "cuda":
+        gpu_ids = gpu_ids if gpu_ids is not None else default_gpu_ids(config)
+        measure = PointMeasurer(
+            BurstBench(cubin, gpu_ids),
+            config["microbench"],
+            timing.TimingPolicy.from_config(config["timing"]),
+        )
+    else:
+        from xstage_bench.measure import CPU_NOTE
+
+        env["note"] = CPU_NOTE
+        gpu_ids = gpu_ids or [0, 1]
+        measure = _cpu_measurer(cubin, gpu_ids)
     run_sweep(
         points,
         measure,
@@ -238,11 +253,24 @@ def run_study(
         experiment="microbench",
         backend="cuda",
         dataset=dataset,
-        environment=capture(simulated=False),
+        environment=env,
         config=raw_config(config, cubin, gpu_ids),
         study=study,
         point_timeout_s=POINT_TIMEOUT_S,
     )
+
+
+def _cpu_measurer(cubin: str | Path | None, gpu_ids: list[int]):
+    """What a CPU test run can do: try to start the benchmark and, when it cannot, record
+    every point failed with why."""
+    try:
+        BurstBench(cubin, gpu_ids)
+    except Exception as e:
+        reason = f"the burst benchmark cannot start here: {type(e).__name__}: {e}"
+    else:
+        reason = "a CPU test run measures nothing, although this machine could"
+    _say(f"[microbench] {reason}")
+    return lambda point: failed_record(point["id"], point, reason)
 
 
 def _dataset_for(out: Path, gpu_ids: Sequence[int]) -> str:

@@ -1,0 +1,115 @@
+"""`python -m xstage_bench.measure`: the one entry point of every measuring rule.
+
+    python -m xstage_bench.measure attention --dataset h200x2 --config-json '{...}' \
+        --out results/h200x2/raw/attention.json --log results/h200x2/logs/attention.log
+
+The rules call this module instead of running a Snakemake `script:`, because the
+experiments that start one process per GPU spawn their workers, and a spawned child
+re-imports its parent's `__main__`: a generated rule script there dies without the
+`snakemake` object it expects. Started with `-m`, the parent's `__main__` is this module,
+which a child imports harmlessly.
+
+Around the work it does what every measuring job does: tee stdout and stderr into the
+rule's log, and hold the per-GPU locks (gpulock) so that another harness run cannot
+measure on the same GPUs meanwhile. `--device cpu` runs the same code on gloo and the
+Triton interpreter (CI's test of the rules; what it writes is labelled, never a
+measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+EXPERIMENTS = ("microbench", "megamoe", "megamoe_per_gpu", "megamoe_emulated", "attention")
+CPU_NOTE = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
+
+
+def experiment_config(config: dict, experiment: str) -> dict:
+    """The part of a validated config that an experiment's measurement reads: a change
+    anywhere else must not make Snakemake rerun it (the rules pass this as a param)."""
+    section = {"megamoe_per_gpu": "megamoe", "megamoe_emulated": "megamoe"}.get(
+        experiment, experiment
+    )
+    keys = ("world_size", "gpu_ids", "timing", section)
+    return {k: config[k] for k in keys if k in config}
+
+
+def _run(experiment: str, config: dict, args: argparse.Namespace, gpu_ids: list[int]) -> None:
+    world = len(gpu_ids)
+    device = args.device
+    if experiment == "microbench":
+        from xstage_bench.microbench.runner import run_study
+
+        run_study(config, args.study, args.dataset, args.out, args.cubin, gpu_ids=gpu_ids)
+    elif experiment == "megamoe":
+        from xstage_bench.megamoe.runner import run_megamoe
+
+        run_megamoe(config, args.dataset, args.out, args.trace_out, world, device_type=device)
+    elif experiment == "megamoe_per_gpu":
+        from xstage_bench.megamoe.distributed import run_per_gpu
+
+        run_per_gpu(config, args.dataset, args.out, world, device_type=device)
+    elif experiment == "megamoe_emulated":
+        from xstage_bench.megamoe.emulated import run_emulated
+
+        run_emulated(config, args.dataset, args.out, world, device_type=device)
+    else:
+        from xstage_bench.attention.runner import run_attention
+
+        run_attention(config, args.dataset, args.out, world_size=world, device_type=device)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m xstage_bench.measure", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("experiment", choices=EXPERIMENTS)
+    ap.add_argument("--config-json", required=True, help="the experiment's config, as JSON")
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--out", required=True, help="raw JSON to write (resumes its .partial.json)")
+    ap.add_argument("--trace-out", help="megamoe: the traced runs' raw JSON")
+    ap.add_argument("--study", help="microbench: a key of microbench.studies")
+    ap.add_argument("--cubin", help="microbench: the built burst.cubin")
+    ap.add_argument("--log", help="also write stdout and stderr here")
+    ap.add_argument("--gpu-ids", default="0,1", help="comma-separated GPU ids (default 0,1)")
+    ap.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: gloo and the Triton interpreter; a test of the harness, not a measurement",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from xstage_bench.gpulock import GpuLock
+    from xstage_bench.joblog import tee_to
+
+    args = build_parser().parse_args(argv)
+    try:
+        config = json.loads(args.config_json)
+        gpu_ids = [int(g) for g in args.gpu_ids.split(",") if g]
+    except ValueError as e:
+        print(f"xstage measure: bad --config-json or --gpu-ids: {e}", file=sys.stderr)
+        return 2
+    if args.experiment == "microbench" and not args.study:
+        print("xstage measure: microbench needs --study", file=sys.stderr)
+        return 2
+    if args.experiment == "megamoe" and not args.trace_out:
+        print("xstage measure: megamoe needs --trace-out", file=sys.stderr)
+        return 2
+    log = tee_to(args.log) if args.log else contextlib.nullcontext()
+    # A CPU test holds no GPU: it takes no lock, so it never waits for a real run.
+    lock = GpuLock(gpu_ids) if args.device == "cuda" else contextlib.nullcontext()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with log, lock:
+        _run(args.experiment, config, args, gpu_ids)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
