@@ -44,6 +44,12 @@ rule measured:
         dataset_targets(MEASURED) if MEASURED else [],
 
 
+# Only what this machine's measuring rules write (raw files), nothing rendered.
+rule measured_raw:
+    input:
+        measured_raw_files(),
+
+
 # Only the simulated datasets.
 rule simulated:
     input:

@@ -334,6 +334,43 @@ def write_megamoe_per_gpu(ds: Path, scale: dict[str, float] | None = None) -> Pa
     return path
 
 
+EMULATED_RATES = (500.0, 2000.0, 4500.0)
+EMULATED_FRACTIONS = (0.0, "natural", 0.875)
+
+
+def write_megamoe_emulated(ds: Path) -> Path:
+    """The emulated sweep of one shape: compute time 1e6/X us; expert waves lose
+    0.3 f X/4500 of it to backpressure, interleaving 0.05 f (the local control, f = 0,
+    loses nothing); waits and spans in the extras."""
+    shape = MEGAMOE["shapes"][0]
+    records = []
+    for fraction in EMULATED_FRACTIONS:
+        f = 0.5 if fraction == "natural" else fraction
+        for rate in EMULATED_RATES:
+            compute = 1e6 / rate
+            times = {
+                "expert_wave": compute * (1 + 0.3 * f * rate / 4500),
+                "interleaved": compute * (1 + 0.05 * f),
+            }
+            for sched, t in times.items():
+                label = "natural" if fraction == "natural" else f"{fraction:g}"
+                point = {
+                    "shape": shape["name"],
+                    **{k: v for k, v in shape.items() if k != "name"},
+                    "precision": "w8a8",
+                    "routing": "balanced",
+                    "tokens_per_rank": 4096,
+                    "world_size": WORLD_SIZE,
+                    "emulated_tflops": rate,
+                    "remote_fraction": fraction,
+                    "schedule": sched,
+                }
+                rid = f"{shape['name']}/T=4096/P=2/X={rate:g}/f={label}/{sched}"
+                extra = {"wait_us_p90": 0.1, "store_span_us_median": 3.0 + 5.0 * f}
+                records.append(ok_record(rid, point, {"time_us": [t] * 3}, extra=extra))
+    return _write(ds, layout.MEGAMOE_EMULATED_RAW, "megamoe_emulated", records)
+
+
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 

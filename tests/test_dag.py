@@ -54,8 +54,8 @@ def test_full_config_dry_run_lists_every_stage(workdir):
     assert counts["fit_burst_gap"] == n_sim
     for name, product in layout.PRODUCTS.items():
         rule = f"{'figure' if name.startswith('fig-') else 'table'}_{name.replace('-', '_')}"
-        # the process-model comparison needs a per-GPU run, which only GPUs make
-        expected = 0 if product.stage == "megamoe_per_gpu" else n_sim
+        # the process-model comparison and the emulated sweep are made only on GPUs
+        expected = 0 if product.stage in ("megamoe_per_gpu", "megamoe_emulated") else n_sim
         assert counts.get(rule, 0) == expected, name
     if shutil.which("nvcc"):
         assert counts.get("build_cubin", 0) == len(list((ROOT / "kernels").rglob("*.cu")))

@@ -1,22 +1,14 @@
 """A measuring rule's job: its GPUs, its log, and the per-GPU lock around the work."""
 
 import sys
-from types import SimpleNamespace
 
 from xstage_bench.gpulock import GpuLock
-from xstage_bench.joblog import gpu_job
+from xstage_bench.joblog import measuring_job
 
 
-def fake_snakemake(tmp_path, gpu_ids):
-    return SimpleNamespace(
-        params=SimpleNamespace(gpu_ids=gpu_ids), log=[str(tmp_path / "logs" / "job.log")]
-    )
-
-
-def test_gpu_job_locks_its_gpus_and_tees_the_log(tmp_path, monkeypatch):
+def test_a_measuring_job_locks_its_gpus_and_tees_the_log(tmp_path, monkeypatch):
     monkeypatch.setenv("XSTAGE_LOCK_DIR", str(tmp_path / "locks"))
-    with gpu_job(fake_snakemake(tmp_path, [0, 1])) as gpu_ids:
-        assert gpu_ids == [0, 1]
+    with measuring_job(tmp_path / "logs" / "job.log", [0, 1]):
         print("progress line", file=sys.stderr)
         held = sorted(p.name for p in (tmp_path / "locks").iterdir())
         assert held == ["gpu0.lock", "gpu1.lock"]
@@ -28,7 +20,8 @@ def test_gpu_job_locks_its_gpus_and_tees_the_log(tmp_path, monkeypatch):
 def test_a_job_on_other_gpus_is_not_blocked(tmp_path, monkeypatch):
     monkeypatch.setenv("XSTAGE_LOCK_DIR", str(tmp_path / "locks"))
     with (
-        gpu_job(fake_snakemake(tmp_path, [0, 1])),
-        gpu_job(fake_snakemake(tmp_path, [2, 3])) as ids,
+        measuring_job(tmp_path / "a.log", [0, 1]),
+        measuring_job(tmp_path / "b.log", [2, 3]),
     ):
-        assert ids == [2, 3]
+        held = sorted(p.name for p in (tmp_path / "locks").iterdir())
+        assert held == ["gpu0.lock", "gpu1.lock", "gpu2.lock", "gpu3.lock"]

@@ -19,12 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xstage_bench.megamoe import quant, routing, schedule
+from xstage_bench.megamoe import quant, reference, routing, schedule
 from xstage_bench.megamoe.baselines import deepgemm, unfused
 from xstage_bench.megamoe.runner import (
     config_id,
     expand_points,
     expand_schedules,
+    linear2_waits,
     print_summary,
     select,
     trace_points,
@@ -33,7 +34,7 @@ from xstage_bench.megamoe.runner import (
 
 HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
 needs_torch = pytest.mark.skipif(not HAVE_TORCH_TRITON, reason="torch and triton not installed")
-INTERPRETER_TOLERANCE = 0.1
+INTERPRETER_TOLERANCE = reference.INTERPRETER_TOLERANCE
 
 
 def _point(**kw) -> dict:
@@ -384,6 +385,7 @@ def test_trace_summary_turns_stamps_into_spans_and_a_timeline():
     assert extra["timeline"][0] == [0, "L1", 0.0, 2.5, None, None]
     assert extra["timeline"][1] == [1, "L2", 0.2, 8.1, 4.1, 8.1]
     assert extra["wait_us_median"][0] == pytest.approx(1.2)  # (2.4 + 0) / 2
+    assert linear2_waits([s, s[:0]], [tiles, tiles[:0]]) == pytest.approx([2.4, 0.0])
 
 
 # ---- the kernel under the interpreter ------------------------------------------------

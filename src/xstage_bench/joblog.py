@@ -38,12 +38,16 @@ def tee_to(log_path: str | Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def gpu_job(snakemake) -> Iterator[list[int]]:
-    """What every measuring rule does around its work: take its GPUs (`params.gpu_ids`), tee
-    its log, and hold the per-GPU lock so that a second harness run (another snakemake)
-    cannot measure on them meanwhile."""
+def measuring_job(
+    log_path: str | Path | None, gpu_ids: list[int], *, lock: bool = True
+) -> Iterator[None]:
+    """What every measuring rule does around its work: tee its log, and hold the per-GPU
+    lock so that a second harness run (another snakemake) cannot measure on its GPUs
+    meanwhile. lock=False for a CPU test, which holds no GPU and so waits for no one."""
     from xstage_bench.gpulock import GpuLock
 
-    gpu_ids = list(snakemake.params.gpu_ids)
-    with tee_to(snakemake.log[0]), GpuLock(gpu_ids):
-        yield gpu_ids
+    with (
+        tee_to(log_path) if log_path else contextlib.nullcontext(),
+        GpuLock(gpu_ids) if lock else contextlib.nullcontext(),
+    ):
+        yield

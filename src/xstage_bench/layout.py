@@ -23,6 +23,9 @@ MEGAMOE_TRACE_RAW = "raw/megamoe_trace.json"
 # with MEGAMOE_RAW's single process; made only where measured_experiments asks for it.
 MEGAMOE_PER_GPU_RAW = "raw/megamoe_per_gpu.json"
 ATTENTION_RAW = "raw/attention.json"
+# The compute-emulated MegaMoE sweep (megamoe/emulated.py): measured on GPUs with each
+# tile's MMA replaced by a calibrated wait; made only where measured_experiments asks.
+MEGAMOE_EMULATED_RAW = "raw/megamoe_emulated.json"
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,12 @@ FIGURES = (
         "attention",
         (ATTENTION_RAW,),
     ),
+    Product(
+        "fig-megamoe-crossover",
+        "megamoe_emulated",
+        (MEGAMOE_EMULATED_RAW, MODEL_JSON),
+        optional=(MODEL_JSON,),
+    ),
 )
 
 TABLES = (
@@ -112,6 +121,12 @@ TABLES = (
         "tab-process-model",
         "megamoe_per_gpu",
         (MEGAMOE_RAW, MEGAMOE_PER_GPU_RAW),
+    ),
+    Product(
+        "tab-megamoe-crossover",
+        "megamoe_emulated",
+        (MEGAMOE_EMULATED_RAW, MODEL_JSON),
+        optional=(MODEL_JSON,),
     ),
     Product(
         "tab-claims",

@@ -19,8 +19,8 @@ measurement).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,7 +44,15 @@ def _run(experiment: str, config: dict, args: argparse.Namespace, gpu_ids: list[
     if experiment == "microbench":
         from xstage_bench.microbench.runner import run_study
 
-        run_study(config, args.study, args.dataset, args.out, args.cubin, gpu_ids=gpu_ids)
+        run_study(
+            config,
+            args.study,
+            args.dataset,
+            args.out,
+            args.cubin,
+            gpu_ids=gpu_ids,
+            device_type=device,
+        )
     elif experiment == "megamoe":
         from xstage_bench.megamoe.runner import run_megamoe
 
@@ -86,8 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xstage_bench.gpulock import GpuLock
-    from xstage_bench.joblog import tee_to
+    from xstage_bench.joblog import measuring_job
 
     args = build_parser().parse_args(argv)
     try:
@@ -102,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.experiment == "megamoe" and not args.trace_out:
         print("xstage measure: megamoe needs --trace-out", file=sys.stderr)
         return 2
-    log = tee_to(args.log) if args.log else contextlib.nullcontext()
-    # A CPU test holds no GPU: it takes no lock, so it never waits for a real run.
-    lock = GpuLock(gpu_ids) if args.device == "cuda" else contextlib.nullcontext()
+    if args.device == "cpu":
+        # Triton reads this when it first decorates a kernel: before any experiment loads.
+        os.environ["TRITON_INTERPRET"] = "1"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with log, lock:
+    with measuring_job(args.log, gpu_ids, lock=args.device == "cuda"):
         _run(args.experiment, config, args, gpu_ids)
     return 0
 

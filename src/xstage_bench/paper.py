@@ -63,6 +63,11 @@ MEGAMOE_MAX = 1.62
 MEGAMOE_MEDIAN = 1.17
 MEGAMOE_MIN = 0.94
 MEGAMOE_CONFIGS = 84
+# The paper's node's compute-to-drain ratio: dense FP8 rate (vendor figure for a B200-class
+# GPU, not the paper's) over its measured R. An emulated rate of this ratio times our R puts
+# our interconnect where the paper's kernel ran.
+B200_FP8_TFLOPS = 4500.0
+PAPER_FLOP_PER_BYTE = B200_FP8_TFLOPS * 1e12 / (B200_R_GBPS * 1e9)
 
 CLAIMS: tuple[Claim, ...] = (
     Claim(

@@ -17,6 +17,7 @@ from xstage_bench.figures import (
     drain,
     isolated,
     issue_vs_gap,
+    megamoe_crossover,
     megamoe_speedup,
     megamoe_timeline,
     model_validation,
@@ -24,7 +25,16 @@ from xstage_bench.figures import (
     ulysses,
 )
 from xstage_bench.figures.common import NoDataError, save_figure
-from xstage_bench.tables import burst_gap_params, claims, megamoe, noise, process_model
+from xstage_bench.tables import (
+    burst_gap_params,
+    claims,
+    megamoe,
+    noise,
+    process_model,
+)
+from xstage_bench.tables import (
+    megamoe_crossover as megamoe_crossover_table,
+)
 from xstage_bench.tables import ulysses as ulysses_table
 from xstage_bench.tables.common import write_table
 
@@ -40,11 +50,13 @@ FIGURES = {
     "fig-megamoe-timeline": megamoe_timeline.plot,
     "fig-store-span-cdf": store_span_cdf.plot,
     "fig-ulysses": ulysses.plot,
+    "fig-megamoe-crossover": megamoe_crossover.plot,
 }
 TABLES = {
     "tab-burst-gap-params": burst_gap_params.build,
     "tab-megamoe": megamoe.build,
     "tab-process-model": process_model.build,
+    "tab-megamoe-crossover": megamoe_crossover_table.build,
     "tab-ulysses": ulysses_table.build,
     "tab-claims": claims.build,
     "tab-noise": noise.build,

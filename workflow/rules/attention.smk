@@ -7,15 +7,15 @@ rule attention_measure:
     wildcard_constraints:
         dataset=measuring("attention"),
     params:
-        gpu_ids=GPU_IDS,
+        config=measure_config("attention"),
     resources:
         gpu=GPU_JOB,
     conda:
         CONDA_ENV
     log:
         RESULTS / "{dataset}" / "logs" / "attention.log",
-    script:
-        "../scripts/measure_attention.py"
+    shell:
+        f"{MEASURE} attention --out {{output:q}} {MEASURE_ARGS}"
 
 
 rule attention_simulate:

@@ -21,7 +21,6 @@ except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
 
 RESULTS = Path("results")
-EXPERIMENTS = ("microbench", "megamoe", "attention", "megamoe_per_gpu")
 SIMULATED_EXPERIMENTS = ("microbench", "megamoe", "attention")
 STUDIES = list(config["microbench"]["studies"])
 # measure_device "cpu": the measuring rules run on gloo and the Triton interpreter (CI's test
@@ -62,7 +61,7 @@ MEASURE_ARGS = (
 
 
 def measure_config(experiment):
-    """The config a measuring rule passes (a param: when it changes, the rule reruns)."""
+    """The config a measuring job is given, as a param, so that a change reruns it."""
     return json.dumps(experiment_config(config, experiment), sort_keys=True)
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
@@ -115,6 +114,8 @@ def experiments_on_disk(dataset):
         held.add("megamoe_per_gpu")
     if (raw / "attention.json").exists():
         held.add("attention")
+    if (raw / "megamoe_emulated.json").exists():
+        held.add("megamoe_emulated")
     return held
 
 
@@ -151,6 +152,9 @@ def resolve_reads(dataset, reads):
         elif read == layout.MEGAMOE_PER_GPU_RAW:
             if "megamoe_per_gpu" in held:
                 paths.append(str(RESULTS / dataset / read))
+        elif read == layout.MEGAMOE_EMULATED_RAW:
+            if "megamoe_emulated" in held:
+                paths.append(str(RESULTS / dataset / read))
         elif read.startswith("raw/megamoe"):
             if "megamoe" in held:
                 paths.append(str(RESULTS / dataset / read))
@@ -171,7 +175,19 @@ def all_raw(dataset):
         files.append(str(RESULTS / dataset / layout.ATTENTION_RAW))
     if "megamoe_per_gpu" in held:
         files.append(str(RESULTS / dataset / layout.MEGAMOE_PER_GPU_RAW))
+    if "megamoe_emulated" in held:
+        files.append(str(RESULTS / dataset / layout.MEGAMOE_EMULATED_RAW))
     return files
+
+
+def measured_raw_files():
+    """The raw files this run's measuring rules write (with their traces)."""
+    if not MEASURED:
+        return []
+    files = all_raw(MEASURED)
+    if "megamoe" in config["measured_experiments"]:
+        files.append(str(RESULTS / MEASURED / layout.MEGAMOE_TRACE_RAW))
+    return sorted(set(files))
 
 
 def product_available(dataset, product):

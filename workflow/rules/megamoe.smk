@@ -9,15 +9,15 @@ rule megamoe_measure:
     wildcard_constraints:
         dataset=measuring("megamoe"),
     params:
-        gpu_ids=GPU_IDS,
+        config=measure_config("megamoe"),
     resources:
         gpu=GPU_JOB,
     conda:
         CONDA_ENV
     log:
         RESULTS / "{dataset}" / "logs" / "megamoe.log",
-    script:
-        "../scripts/measure_megamoe.py"
+    shell:
+        f"{MEASURE} megamoe --out {{output.sweep:q}} --trace-out {{output.trace:q}} {MEASURE_ARGS}"
 
 
 # Opt-in (measured_experiments: megamoe_per_gpu): our kernel's schedules once more, with one
@@ -28,15 +28,35 @@ rule megamoe_measure_per_gpu:
     wildcard_constraints:
         dataset=measuring("megamoe_per_gpu"),
     params:
-        gpu_ids=GPU_IDS,
+        config=measure_config("megamoe_per_gpu"),
     resources:
         gpu=GPU_JOB,
     conda:
         CONDA_ENV
     log:
         RESULTS / "{dataset}" / "logs" / "megamoe_per_gpu.log",
-    script:
-        "../scripts/measure_megamoe_per_gpu.py"
+    shell:
+        f"{MEASURE} megamoe_per_gpu --out {{output:q}} {MEASURE_ARGS}"
+
+
+# Opt-in (measured_experiments: megamoe_emulated): the kernel's tile lists, counters and
+# peer stores with each tile's MMA replaced by a wait for its FLOPs at an emulated compute
+# rate, over rates x remote fractions (megamoe.emulated), for fig-megamoe-crossover.
+rule megamoe_measure_emulated:
+    output:
+        RESULTS / "{dataset}" / layout.MEGAMOE_EMULATED_RAW,
+    wildcard_constraints:
+        dataset=measuring("megamoe_emulated"),
+    params:
+        config=measure_config("megamoe_emulated"),
+    resources:
+        gpu=GPU_JOB,
+    conda:
+        CONDA_ENV
+    log:
+        RESULTS / "{dataset}" / "logs" / "megamoe_emulated.log",
+    shell:
+        f"{MEASURE} megamoe_emulated --out {{output:q}} {MEASURE_ARGS}"
 
 
 rule megamoe_simulate:

@@ -2,23 +2,26 @@
 # from a hardware profile. Both write results/<dataset>/raw/microbench/<study>.json.
 
 
+# A CPU test (measure_device: cpu) has no nvcc to build the cubin: the rule then plans the
+# study and records why every point could not be measured.
 rule microbench_measure:
     input:
-        cubin="build/kernels/sm_90/burst.cubin",
+        cubin=[] if CPU_TEST else "build/kernels/sm_90/burst.cubin",
     output:
         RESULTS / "{dataset}" / layout.microbench_raw("{study}"),
     wildcard_constraints:
         dataset=measuring("microbench"),
     params:
-        gpu_ids=GPU_IDS,
+        config=measure_config("microbench"),
     resources:
         gpu=GPU_JOB,
     conda:
         CONDA_ENV
     log:
         RESULTS / "{dataset}" / "logs" / "microbench-{study}.log",
-    script:
-        "../scripts/measure_microbench.py"
+    shell:
+        f"{MEASURE} microbench --study {{wildcards.study}} --out {{output:q}} {MEASURE_ARGS}"
+        + ("" if CPU_TEST else " --cubin {input.cubin:q}")
 
 
 rule microbench_simulate:

@@ -384,8 +384,15 @@ def marker_fill(sync: str, color) -> dict:
 
 # ---------------------------------------------------------------- shared data derivations
 
-MEGAMOE_CONFIG_COLUMNS = ("shape", "precision", "routing", "tokens_per_rank", "world_size")
-MEGAMOE_GROUPS = ("shape", "precision", "routing")
+MEGAMOE_CONFIG_COLUMNS = (
+    "shape",
+    "precision",
+    "routing",
+    "tokens_per_rank",
+    "world_size",
+    "remote_fraction",
+)
+MEGAMOE_GROUPS = ("shape", "precision", "routing", "remote_fraction")
 
 
 def megamoe_config_key(point: dict) -> tuple:
@@ -412,6 +419,27 @@ def megamoe_config_name(point: dict) -> str:
     )
 
 
+def remote_fraction_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """remote_fraction as a label ('natural' where routing chose, else '0.875'), so that a
+    sweep over both keeps them apart and natural rows are never dropped as missing."""
+    if "remote_fraction" not in df.columns:
+        return df
+    labels = [
+        "natural"
+        if v is None or v == "natural" or (isinstance(v, float) and np.isnan(v))
+        else f"{float(v):g}"
+        for v in df["remote_fraction"]
+    ]
+    return df.assign(remote_fraction=labels)
+
+
+def natural_routing(speedups: pd.DataFrame) -> pd.DataFrame:
+    """The configurations with routing's own remote fraction (all, where none is set)."""
+    if "remote_fraction" not in speedups.columns:
+        return speedups
+    return speedups[speedups["remote_fraction"] == "natural"]
+
+
 def megamoe_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     """The dataset's MegaMoE raw document and megamoe_speedups of it; NoDataError when no
     configuration has both of our schedules."""
@@ -428,7 +456,7 @@ def megamoe_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
 def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per configuration: expert_wave / interleaved time for our kernel (variant absent or
     'ours'). Returns (complete configurations, configurations lacking an ok schedule)."""
-    df = records_frame(doc)
+    df = remote_fraction_labels(records_frame(doc))
     if df.empty:
         return df, df
     if "variant" in df.columns:
@@ -472,7 +500,7 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     ours is faster); speedups are wave time over interleaved (ours) or over L2-lag
     (DeepGEMM) time. Empty when the dataset holds no ok baseline record (the simulator
     writes none)."""
-    df = records_frame(doc)
+    df = remote_fraction_labels(records_frame(doc))
     if df.empty or "variant" not in df.columns:
         return pd.DataFrame(columns=[*MEGAMOE_CONFIG_COLUMNS, *BASELINE_COLUMNS])
     keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
@@ -527,3 +555,45 @@ def serial_over_fused(doc: dict) -> pd.DataFrame:
     if out is None:
         return pd.DataFrame(columns=keys)
     return out.reset_index().sort_values(keys, ignore_index=True)
+
+
+def fraction_name(fraction: str) -> str:
+    """How a remote fraction label reads in a legend."""
+    if fraction == "natural":
+        return "f natural ((P-1)/P)"
+    if float(fraction) == 0:
+        return "f = 0 (local-store control)"
+    return f"f = {fraction}"
+
+
+def emulated_speedups(doc: dict) -> pd.DataFrame:
+    """Per (shape, X, f) of the emulated sweep: expert-wave over interleaved time, with the
+    ratio's extremes over the two medians' CIs, and both schedules' wait and span stats."""
+    df = remote_fraction_labels(records_frame(doc))
+    keys = ["shape", "tokens_per_rank", "world_size", "emulated_tflops", "remote_fraction"]
+    if df.empty or "time_us_median" not in df.columns:
+        return pd.DataFrame(columns=[*keys, "speedup", "speedup_low", "speedup_high"])
+    ok = df[df["status"] == "ok"]
+    wide = ok.pivot_table(
+        index=keys,
+        columns="schedule",
+        values=["time_us_median", "time_us_ci_low", "time_us_ci_high"],
+        aggfunc="first",
+        sort=False,
+    )
+    if ("time_us_median", "interleaved") not in wide.columns or (
+        "time_us_median",
+        "expert_wave",
+    ) not in wide.columns:
+        return pd.DataFrame(columns=[*keys, "speedup", "speedup_low", "speedup_high"])
+    out = pd.DataFrame(index=wide.index)
+    out["wave_us"] = wide[("time_us_median", "expert_wave")]
+    out["interleaved_us"] = wide[("time_us_median", "interleaved")]
+    out["speedup"] = out["wave_us"] / out["interleaved_us"]
+    out["speedup_low"] = (
+        wide[("time_us_ci_low", "expert_wave")] / wide[("time_us_ci_high", "interleaved")]
+    )
+    out["speedup_high"] = (
+        wide[("time_us_ci_high", "expert_wave")] / wide[("time_us_ci_low", "interleaved")]
+    )
+    return out[out["speedup"].notna()].reset_index()

@@ -24,8 +24,8 @@ from xstage_bench.figures import common
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc, speedups, incomplete = common.megamoe_sweep(dataset_dir)
-    speedups = speedups.sort_values("speedup", ignore_index=True)
+    doc, every_fraction, incomplete = common.megamoe_sweep(dataset_dir)
+    speedups = common.natural_routing(every_fraction).sort_values("speedup", ignore_index=True)
     shapes = sorted(speedups["shape"].unique())
     palette = dict(zip(shapes, sns.color_palette("tab10", len(shapes)), strict=True))
 
@@ -60,7 +60,7 @@ def plot(dataset_dir: Path) -> Figure:
     handles.append(Line2D([], [], color="tab:red", linestyle="--", label=f"geomean {gm:.3f}x"))
     bars.legend(handles=handles, fontsize=6, ncol=4, loc="upper left")
 
-    for i, group in enumerate(common.MEGAMOE_GROUPS):
+    for i, group in enumerate(("shape", "precision", "routing")):
         ax = fig.add_subplot(grid[1, i])
         sns.stripplot(
             data=speedups,
@@ -78,6 +78,13 @@ def plot(dataset_dir: Path) -> Figure:
         ax.tick_params(axis="x", labelrotation=30 if group == "shape" else 0, labelsize=6)
 
     notes = [common.failure_note(common.records_frame(doc))]
+    if len(speedups) < len(every_fraction):
+        for fraction, part in every_fraction.groupby("remote_fraction"):
+            if fraction != "natural":
+                notes.append(
+                    f"remote fraction {fraction} (rows re-homed): {len(part)} configurations, "
+                    f"geomean {common.geomean(part['speedup']):.3f}x, not plotted (tab-megamoe)"
+                )
     if not baselines.empty:
         notes += _plot_baselines(fig, grid, baselines, palette)
     if len(incomplete):

@@ -60,6 +60,7 @@ from xstage_bench.megamoe.runner import (
     expand_schedules,
     raw_config,
     sampled_tokens,
+    select,
     selected_grid,
 )
 
@@ -394,9 +395,12 @@ def _worker(rank: int, job: dict) -> None:
     workers.exit_cleanly()
 
 
-def per_gpu_config(config: dict, moe: dict, world_size: int, check_tokens: int) -> dict:
+def per_gpu_config(
+    config: dict, moe: dict, world_size: int, check_tokens: int, device_type: str = "cuda"
+) -> dict:
     """The config a per-GPU raw file records: runner.py's, with this path's definitions."""
-    cfg = raw_config(config, {**moe, "variants": ["ours"]}, list(range(world_size)), check_tokens)
+    moe = {**moe, "variants": ["ours"]}
+    cfg = raw_config(config, moe, world_size, check_tokens, device_type)
     cfg["processes"] = "one per GPU (torch.distributed); src/xstage_bench/megamoe/distributed.py"
     cfg["definitions"]["time_us"] = (
         "slowest rank's events from after a cross-rank device barrier to after its top-k "
@@ -416,7 +420,7 @@ def launch(
     megamoe: dict | None = None,
     device_type: str = "cuda",
     check_tokens: int = CHECK_TOKENS,
-    tolerance: float = reference.TOLERANCE,
+    tolerance: float | None = None,
     dump_dir: str | Path | None = None,
     point_timeout_s: float = POINT_TIMEOUT_S,
     wait_timeout_s: float = 60.0,
@@ -425,7 +429,8 @@ def launch(
     """Measure our kernel's schedules over `megamoe` (default: the config's) on
     `world_size` ranks into `out`. `device_type="cpu"`: gloo and the interpreter (tests).
     `dump_dir`: every rank saves its checked output of every point there (torch.save),
-    to compare the process models' outputs bitwise."""
+    to compare the process models' outputs bitwise. `tolerance` defaults to the device
+    type's (reference.tolerance)."""
     moe = megamoe or config["megamoe"]
     if dump_dir is not None:
         Path(dump_dir).mkdir(parents=True, exist_ok=True)
@@ -435,10 +440,10 @@ def launch(
         "dataset": dataset,
         "world_size": world_size,
         "check_tokens": check_tokens,
-        "tolerance": tolerance,
+        "tolerance": reference.tolerance(device_type) if tolerance is None else tolerance,
         "dump_dir": None if dump_dir is None else str(dump_dir),
         "point_timeout_s": point_timeout_s,
-        "raw_config": per_gpu_config(config, moe, world_size, check_tokens),
+        "raw_config": per_gpu_config(config, moe, world_size, check_tokens, device_type),
     }
     workers.launch(
         _worker,
@@ -458,7 +463,29 @@ def run_per_gpu(
     with device_type="cpu", gloo and the Triton interpreter: CI's test of the rule)."""
     if device_type == "cuda":
         workers.use_gpus(config)
-    launch(config, dataset, out, world_size=world_size, device_type=device_type)
+    launch(
+        config,
+        dataset,
+        out,
+        world_size=world_size,
+        megamoe=per_gpu_grid(config["megamoe"]),
+        device_type=device_type,
+    )
+
+
+def per_gpu_grid(megamoe: dict) -> dict:
+    """The megamoe config restricted as `megamoe.per_gpu` says (the whole grid without it)."""
+    only = megamoe.get("per_gpu") or {}
+    moe = select(
+        megamoe,
+        only.get("shapes"),
+        only.get("precisions"),
+        only.get("routings"),
+        only.get("tokens_per_rank"),
+    )
+    if "remote_fractions" in only:
+        moe["remote_fractions"] = list(only["remote_fractions"])
+    return moe
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,13 @@ accumulator. W4A8 weights arrive as two nibbles per byte (quant.py's half-split
 packing); each nibble is sign-extended, converted to FP8 in registers, and the two
 halves are multiplied by the two halves of the activation step.
 
+Compute emulation (EMULATE, a separate build): every tile's MMA is replaced by a wait on
+%globaltimer for the tile's FLOPs at an emulated per-GPU rate (`l1_ns`, `l2_ns` per tile,
+from `schedule.emulated_tile_ns`), and the tile stores zeros where it would store its product. The
+tile lists, row-block counters and epilogue stores (real bytes into real peer buffers)
+are unchanged, so the X-Stage is measured on the real interconnect at compute rates the
+GEMMs cannot reach here.
+
 Instrumentation is compiled in only when TRACE is set: per tile, %globaltimer stamps of
 when the tile was taken, when its inputs were ready, when its MMA finished, and the start
 and end of its epilogue stores (the end after a CTA barrier, so it marks the last warp's
@@ -101,6 +108,15 @@ def _gemm_tile(
 
 
 @triton.jit
+def _spin(ns):
+    """Busy-wait `ns` nanoseconds of %globaltimer: an emulated MMA."""
+    start = _now()
+    now = start
+    while now - start < ns:
+        now = _now()
+
+
+@triton.jit
 def _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, store_end):
     base = trace_ptr + idx.to(tl.int64) * _TRACE_WIDTH
     tl.store(base + 0, pid.to(tl.int64))
@@ -111,7 +127,7 @@ def _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, store_end):
     tl.store(base + 5, store_end)
 
 
-@triton.jit(do_not_specialize=["n_tiles", "max_spin"])
+@triton.jit(do_not_specialize=["n_tiles", "max_spin", "l1_ns", "l2_ns"])
 def _fused_moe(
     tiles_ptr,  # int32 [n_tiles, 4]: kind, local expert, row block, n block
     n_tiles,
@@ -130,11 +146,14 @@ def _fused_moe(
     H,
     I,  # noqa: E741 (the paper's name for the expert width)
     max_spin,
+    l1_ns,  # EMULATE: the wait that stands for a Linear-1 tile's MMA
+    l2_ns,  # EMULATE: the same for a Linear-2 tile
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     TRACE: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     PACK: tl.constexpr = 2 if PRECISION == 2 else 1  # channels per stored weight element
@@ -155,28 +174,33 @@ def _fused_moe(
             a_scales = xs_ptr + rows * (H // _SCALE_BLOCK)
             w_rows = w1_ptr + e * (2 * I) * (H // PACK)
             s_rows = s1_ptr + e * (2 * I // _SCALE_BLOCK) * (H // _SCALE_BLOCK)
-            gate = _gemm_tile(
-                a_rows,
-                a_scales,
-                w_rows + cols[None, :].to(tl.int64) * (H // PACK),
-                s_rows + nb * (H // _SCALE_BLOCK),
-                H,
-                PRECISION,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-            )
-            up = _gemm_tile(
-                a_rows,
-                a_scales,
-                w_rows + (I + cols[None, :]).to(tl.int64) * (H // PACK),
-                s_rows + (I // _SCALE_BLOCK + nb) * (H // _SCALE_BLOCK),
-                H,
-                PRECISION,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-            )
+            if EMULATE:
+                _spin(l1_ns)
+                gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                up = gate
+            else:
+                gate = _gemm_tile(
+                    a_rows,
+                    a_scales,
+                    w_rows + cols[None, :].to(tl.int64) * (H // PACK),
+                    s_rows + nb * (H // _SCALE_BLOCK),
+                    H,
+                    PRECISION,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                )
+                up = _gemm_tile(
+                    a_rows,
+                    a_scales,
+                    w_rows + (I + cols[None, :]).to(tl.int64) * (H // PACK),
+                    s_rows + (I // _SCALE_BLOCK + nb) * (H // _SCALE_BLOCK),
+                    H,
+                    PRECISION,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                )
             mma_done = _now() if TRACE else 0
             h = gate * tl.sigmoid(gate) * up
             h_ptrs = h_ptr + rows[:, None] * I + cols[None, :]
@@ -204,17 +228,21 @@ def _fused_moe(
             if done < need:
                 tl.atomic_xchg(sync_ptr + 1, 1)
             ready = _now() if TRACE else 0
-            acc = _gemm_tile(
-                h_ptr + rows[:, None] * I,
-                hs_ptr + rows * (I // _SCALE_BLOCK),
-                w2_ptr + e * H * (I // PACK) + cols[None, :].to(tl.int64) * (I // PACK),
-                s2_ptr + (e * (H // _SCALE_BLOCK) + nb) * (I // _SCALE_BLOCK),
-                I,
-                PRECISION,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-            )
+            if EMULATE:
+                _spin(l2_ns)
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            else:
+                acc = _gemm_tile(
+                    h_ptr + rows[:, None] * I,
+                    hs_ptr + rows * (I // _SCALE_BLOCK),
+                    w2_ptr + e * H * (I // PACK) + cols[None, :].to(tl.int64) * (I // PACK),
+                    s2_ptr + (e * (H // _SCALE_BLOCK) + nb) * (I // _SCALE_BLOCK),
+                    I,
+                    PRECISION,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                )
             mma_done = _now() if TRACE else 0
             # Combine push: row r goes to out_ptr + row_dst[r] (its home rank's slot).
             dst = tl.load(row_dst_ptr + rows)
@@ -249,9 +277,11 @@ def launch(
     num_programs: int,
     trace=None,
     max_spin: int = MAX_SPIN,
+    emulate_ns: tuple[int, int] | None = None,
 ) -> None:
     """Enqueue one fused launch on the current device and stream (tensors on that device,
-    except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand."""
+    except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand.
+    emulate_ns: (Linear-1, Linear-2) waits per tile that replace the MMAs (EMULATE)."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
         raise ValueError(f"H={H} and I={I} must be multiples of {BLOCK_N}")
@@ -277,11 +307,13 @@ def launch(
         H,
         I,
         max_spin,
+        *(emulate_ns or (0, 0)),
         PRECISION=PRECISION_CODE[precision],
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K[precision],
         TRACE=trace is not None,
+        EMULATE=emulate_ns is not None,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )

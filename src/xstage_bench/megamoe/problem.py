@@ -253,8 +253,10 @@ def launch_rank(
     *,
     local: bool = False,
     trace=None,
+    emulate_ns: tuple[int, int] | None = None,
 ) -> None:
-    """Zero the rank's sync buffer and enqueue its fused kernel with schedule `name`."""
+    """Zero the rank's sync buffer and enqueue its fused kernel with schedule `name`
+    (emulate_ns: the compute-emulated build, see kernel.py)."""
     dummy = rb.xs if point["precision"] == "bf16" else None
     rb.sync.zero_()
     kernel.launch(
@@ -275,6 +277,7 @@ def launch_rank(
         I=point["I"],
         num_programs=num_programs,
         trace=trace,
+        emulate_ns=emulate_ns,
     )
 
 
@@ -398,7 +401,7 @@ class MoEProblem:
 
     # ---- running --------------------------------------------------------------------
 
-    def _launch(self, q: int, name: str, *, local: bool, trace) -> None:
+    def _launch(self, q: int, name: str, *, local: bool, trace, emulate_ns=None) -> None:
         launch_rank(
             self.ranks[q],
             self.experts[q],
@@ -407,6 +410,7 @@ class MoEProblem:
             self.num_programs,
             local=local,
             trace=None if trace is None else trace[q],
+            emulate_ns=emulate_ns,
         )
 
     def _combine(self, q: int) -> None:
@@ -420,17 +424,19 @@ class MoEProblem:
         trace: list | None = None,
         kernel_events: list | None = None,
         flushers: dict | None = None,
+        emulate_ns: tuple[int, int] | None = None,
     ) -> None:
         """Enqueue one MoE layer on every rank (see the module doc). local: the local-store
         control (no combine). trace: per-rank int64 (n_tiles, 6) buffers (TRACE build).
         kernel_events: a list to which [(start, end) per rank] is appended. flushers:
         rank -> callable that flushes that rank's L2 after its part is done (ranks > 0;
-        the timer flushes rank 0 before its start event)."""
+        the timer flushes rank 0 before its start event). emulate_ns: the compute-emulated
+        build's per-tile waits (kernel.emulated_tile_ns)."""
         if local:
             self.ensure_local_sink()
         if not self.cuda:
             for q in range(len(self.devices)):
-                self._launch(q, name, local=local, trace=trace)
+                self._launch(q, name, local=local, trace=trace, emulate_ns=emulate_ns)
             if not local:
                 for q in range(len(self.devices)):
                     self._combine(q)
@@ -446,7 +452,7 @@ class MoEProblem:
                     streams[q].wait_event(go)
                 pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 pair[0].record(streams[q])
-                self._launch(q, name, local=local, trace=trace)
+                self._launch(q, name, local=local, trace=trace, emulate_ns=emulate_ns)
                 pair[1].record(streams[q])
                 events.append(pair)
                 done.append(torch.cuda.Event())

@@ -31,6 +31,15 @@ from xstage_bench.megamoe.quant import (
 # Relative L2 error (||out - ref|| / ||ref||) a correct kernel stays under: what remains
 # are fp32 summation order, rare flips of an FP8 intermediate rounding, and the bf16 combine.
 TOLERANCE = 2e-2
+# Under the Triton interpreter (CPU tests) the float -> FP8 conversion loses the carry when
+# the mantissa rounds into the next power of two and flushes FP8 subnormals, about 5% on
+# the intermediate: still far below the ~100% of a wrong row, expert or scale.
+INTERPRETER_TOLERANCE = 0.1
+
+
+def tolerance(device_type: str) -> float:
+    """The relative error a correct kernel stays under on this device type."""
+    return TOLERANCE if device_type == "cuda" else INTERPRETER_TOLERANCE
 
 
 @dataclass

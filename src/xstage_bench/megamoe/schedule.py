@@ -104,6 +104,22 @@ def tile_costs(grid: TileGrid) -> tuple[float, float]:
     return 2.0 * grid.l2_per_block, float(grid.l1_per_block)
 
 
+def emulated_tile_ns(
+    H: int,
+    I: int,  # noqa: E741
+    tflops: float,
+    num_programs: int,
+    block_m: int = 128,
+    block_n: int = 128,
+) -> tuple[int, int]:
+    """(Linear-1, Linear-2) tile times in ns at an emulated per-GPU rate of `tflops`: a
+    tile's FLOPs (4 BM BN H for gate and up, 2 BM BN I for the down product) at one
+    program's share of it (the compute-emulated kernel waits this long per tile)."""
+    per_program = tflops * 1e12 / num_programs  # FLOP/s
+    l1, l2 = 4 * block_m * block_n * H, 2 * block_m * block_n * I
+    return round(l1 / per_program * 1e9), round(l2 / per_program * 1e9)
+
+
 class ListClock:
     """The kernel's programs playing a tile list: each takes the next entry as soon as it
     is free (the atomic counter), so entry i starts when the earliest program frees up."""

@@ -1,0 +1,58 @@
+"""tab-megamoe-crossover: the emulated sweep per (shape, X, f): both schedules' times, the
+speedup with its CI-derived range, and the mechanism beside it: each schedule's Linear-2
+waits for inputs (p90) and remote-store spans (median) from one traced run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from xstage_bench import layout
+from xstage_bench.figures import common
+from xstage_bench.figures.megamoe_crossover import crossover_rate_tflops
+from xstage_bench.tables.common import Table
+
+MECHANISM = {"extra_wait_us_p90": "wait_p90_us", "extra_store_span_us_median": "span_us"}
+
+
+def build(dataset_dir: Path) -> Table:
+    doc = common.raw_doc(dataset_dir, layout.MEGAMOE_EMULATED_RAW)
+    speedups = common.emulated_speedups(doc)
+    if speedups.empty:
+        raise common.NoDataError(
+            f"dataset '{dataset_dir.name}': {layout.MEGAMOE_EMULATED_RAW} has no point with "
+            "ok expert_wave and interleaved records"
+        )
+    keys = ["shape", "emulated_tflops", "remote_fraction"]
+    df = common.remote_fraction_labels(common.records_frame(doc))
+    ok = df[df["status"] == "ok"]
+    mechanism = ok.pivot_table(
+        index=keys, columns="schedule", values=list(MECHANISM), aggfunc="first", sort=False
+    )
+    mechanism.columns = [f"{sched}_{MECHANISM[col]}" for col, sched in mechanism.columns]
+    frame = speedups[[*keys, "wave_us", "interleaved_us", "speedup", "speedup_low", "speedup_high"]]
+    frame = frame.merge(mechanism.reset_index(), on=keys, how="left")
+    frame = frame.rename(columns={"emulated_tflops": "X_tflops", "remote_fraction": "f"})
+    notes = [
+        "emulated: measured on GPUs, every tile's MMA replaced by a wait for its FLOPs at X "
+        "TFLOP/s per GPU; f = share of combine rows stored into another GPU (0: the "
+        "local-store control; natural: routing's own).",
+        "speedup = expert-wave time / interleaved time (medians); low/high: the ratio at the "
+        "extremes of the two medians' 95% CIs.",
+        "wait_p90_us: 90th percentile of the Linear-2 tiles' wait for their row block; "
+        "span_us: median remote-store span per Linear-2 tile (one traced run each).",
+        common.failure_note(common.records_frame(doc), "left out"),
+    ]
+    marker = crossover_rate_tflops(dataset_dir)
+    if marker:
+        notes.append(
+            f"the paper's compute-to-drain ratio corresponds to X = {marker[0]:.0f} TFLOP/s "
+            f"here ({marker[1]})."
+        )
+    return Table(
+        pd.DataFrame(frame),
+        "MegaMoE with compute emulated: schedules over compute rate and remote fraction",
+        common.doc_label(dataset_dir, doc) + " (emulated compute)",
+        notes,
+    )

@@ -1,0 +1,80 @@
+"""The compute-emulated MegaMoE sweep: its grid, and the crossover figure and table drawn
+from a synthetic measured dataset (tests/fixtures.py) whose speedups are known."""
+
+import pandas as pd
+import pytest
+from fixtures import EMULATED_FRACTIONS, EMULATED_RATES, make_dataset, write_megamoe_emulated
+
+from xstage_bench.figures import common
+from xstage_bench.megamoe import schedule
+from xstage_bench.megamoe.emulated import emulated_points
+from xstage_bench.render import render_product
+from xstage_bench.results import read_raw
+
+MOE = {
+    "shapes": [{"name": "a", "H": 4096, "I": 2048, "E": 256, "topk": 6}],
+    "schedules": ["expert_wave", "interleaved"],
+    "emulated": {
+        "shapes": ["a"],
+        "tflops": [1000, 3000],
+        "remote_fractions": [0, "natural", 0.875],
+        "tokens_per_rank": 4096,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    ds = make_dataset(tmp_path_factory.mktemp("data"), "h200x2-emulated")
+    write_megamoe_emulated(ds)
+    return ds
+
+
+def test_points_cover_rates_fractions_and_schedules_with_stable_ids():
+    points = emulated_points(MOE, 2)
+    assert len(points) == 2 * 3 * 2
+    ids = [p["id"] for p in points]
+    assert ids[:2] == ["a/T=4096/P=2/X=1000/f=0/expert_wave", "a/T=4096/P=2/X=1000/f=0/interleaved"]
+    assert "a/T=4096/P=2/X=3000/f=natural/interleaved" in ids
+    assert {p["remote_fraction"] for p in points} == {0.0, "natural", 0.875}
+    # one shape and fraction's points are adjacent: they share one problem
+    keys = [(p["shape"], p["remote_fraction"]) for p in points]
+    assert keys == sorted(keys, key=keys.index)
+
+
+def test_an_unknown_shape_is_named():
+    bad = {**MOE, "emulated": {**MOE["emulated"], "shapes": ["b"]}}
+    with pytest.raises(ValueError, match="megamoe.emulated.shapes.*'b'"):
+        emulated_points(bad, 2)
+
+
+def test_tile_waits_follow_the_flops_at_the_emulated_rate():
+    # 132 programs at 1000 TFLOP/s: an L1 tile (4*128*128*4096 FLOPs) lasts 35.4 us
+    l1, l2 = schedule.emulated_tile_ns(4096, 2048, 1000.0, 132)
+    assert l1 == round(4 * 128 * 128 * 4096 / (1000e12 / 132) * 1e9)
+    assert l1 / l2 == pytest.approx(2 * 4096 / 2048, rel=1e-4)  # whole ns
+    assert schedule.emulated_tile_ns(4096, 2048, 2000.0, 132)[0] == pytest.approx(l1 / 2, abs=1)
+
+
+def test_speedups_pair_the_schedules_per_rate_and_fraction(measured):
+    speedups = common.emulated_speedups(read_raw(measured / "raw" / "megamoe_emulated.json"))
+    assert len(speedups) == len(EMULATED_RATES) * len(EMULATED_FRACTIONS)
+    row = speedups[(speedups["remote_fraction"] == "0.875") & (speedups["emulated_tflops"] == 4500)]
+    assert row["speedup"].item() == pytest.approx((1 + 0.3 * 0.875) / (1 + 0.05 * 0.875))
+    control = speedups[speedups["remote_fraction"] == "0"]
+    assert control["speedup"].tolist() == pytest.approx([1.0] * len(EMULATED_RATES))
+
+
+def test_crossover_figure_and_table_render_labelled_emulated(measured, tmp_path):
+    out = tmp_path / "figures" / "fig-megamoe-crossover.pdf"
+    render_product("fig-megamoe-crossover", measured, out)
+    assert out.read_bytes().startswith(b"%PDF") and out.with_suffix(".png").exists()
+    table = tmp_path / "tables" / "tab-megamoe-crossover.csv"
+    render_product("tab-megamoe-crossover", measured, table)
+    frame = pd.read_csv(table)
+    assert len(frame) == len(EMULATED_RATES) * len(EMULATED_FRACTIONS)
+    assert {"expert_wave_wait_p90_us", "interleaved_span_us"} <= set(frame.columns)
+    markdown = table.with_suffix(".md").read_text()
+    assert "emulated" in markdown and "2x NVIDIA H200" in markdown
+    # the dataset's fitted R places the paper's compute-to-drain ratio
+    assert "corresponds to X =" in markdown

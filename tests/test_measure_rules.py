@@ -1,0 +1,116 @@
+"""Every measuring rule, run the way a user runs it: through Snakemake, on the CPU.
+
+config/ci-measure.yaml sets measure_device: cpu, so the same rules a GPU run uses start
+`python -m xstage_bench.measure` on gloo and the Triton interpreter: single-process and
+one-process-per-GPU MegaMoE, attention, and the microbenchmark as far as it goes without
+a GPU. A rule that breaks under Snakemake (as spawned workers of a `script:` rule once
+did) fails here. Needs torch, triton and snakemake in one environment (.venv-kernels).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xstage_bench.results import read_raw
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("torch", "triton", "snakemake")),
+    reason="needs torch, triton and snakemake in one environment (.venv-kernels)",
+)
+
+
+def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """The measured raw files of config/ci-measure.yaml, made once in a copy of the repo."""
+    work = tmp_path_factory.mktemp("repo")
+    for name in ("Snakefile", "workflow", "config.yaml", "config", "kernels", "envs"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    out = snakemake(work, "measured_raw", "--configfile", "config/ci-measure.yaml")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return work, work / "results" / "cpu-test" / "raw", out.stderr
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {r["id"]: r["status"] for r in doc["records"]}
+
+
+def test_every_raw_file_is_valid_and_labelled_a_cpu_test(cpu_run):
+    _, raw, log = cpu_run
+    files = sorted(p.relative_to(raw).as_posix() for p in raw.rglob("*.json"))
+    assert files == [
+        "attention.json",
+        "megamoe.json",
+        "megamoe_emulated.json",
+        "megamoe_per_gpu.json",
+        "megamoe_trace.json",
+        "microbench/gap_sweep.json",
+    ]
+    for name in files:
+        env = read_raw(raw / name)["environment"]
+        assert env["device_type"] == "cpu", name
+        assert "not a measurement" in env["note"], name
+    assert "Testing the measuring rules on the CPU" in log
+
+
+def test_megamoe_both_process_models_check_and_time_every_point(cpu_run):
+    _, raw, _ = cpu_run
+    for name in ("megamoe.json", "megamoe_per_gpu.json"):
+        doc = read_raw(raw / name)
+        assert set(statuses(doc).values()) == {"ok"}, name
+        assert len(doc["records"]) == 4  # 2 schedules x (natural, 0.875)
+    single = read_raw(raw / "megamoe.json")["records"]
+    inter = [r for r in single if r["point"]["schedule"] == "interleaved"]
+    assert all(r["extra"]["bitwise_equal_to_expert_wave"] for r in inter)
+    # the re-homed configuration sends 7/8 of the combine rows to the other rank
+    natural, rehomed = (
+        next(r for r in single if r["point"].get("remote_fraction") == f) for f in (None, 0.875)
+    )
+    assert rehomed["extra"]["nvlink_bytes"] == pytest.approx(
+        natural["extra"]["nvlink_bytes"] * 0.875 / 0.5, rel=0.1
+    )
+
+
+def test_attention_runs_ours_and_records_a_missing_backend(cpu_run):
+    _, raw, _ = cpu_run
+    got = statuses(read_raw(raw / "attention.json"))
+    assert {k: v for k, v in got.items() if k.startswith("triton/")} == {
+        f"triton/{m}/H=2/S=128/P=2": "ok" for m in ("alone", "serial", "fused")
+    }
+    assert {v for k, v in got.items() if k.startswith("fa3/")} == {"unsupported"}
+
+
+def test_what_needs_a_gpu_is_recorded_with_the_reason(cpu_run):
+    _, raw, _ = cpu_run
+    micro = read_raw(raw / "microbench" / "gap_sweep.json")
+    assert len(micro["records"]) == 2  # the study's points, planned
+    assert {r["status"] for r in micro["records"]} == {"failed"}
+    assert all("burst benchmark cannot start" in r["error"] for r in micro["records"])
+    for name in ("megamoe_trace.json", "megamoe_emulated.json"):
+        records = read_raw(raw / name)["records"]
+        assert records and {r["status"] for r in records} == {"unsupported"}
+        assert all("%globaltimer" in r["error"] for r in records)
+
+
+def test_a_rerun_has_nothing_to_do(cpu_run):
+    work, _, _ = cpu_run
+    out = snakemake(work, "-n", "measured_raw", "--configfile", "config/ci-measure.yaml")
+    assert out.returncode == 0
+    assert "Nothing to be done" in out.stdout + out.stderr
