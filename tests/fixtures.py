@@ -366,7 +366,11 @@ def write_megamoe_emulated(ds: Path) -> Path:
                     "schedule": sched,
                 }
                 rid = f"{shape['name']}/T=4096/P=2/X={rate:g}/f={label}/{sched}"
-                extra = {"wait_us_p90": 0.1, "store_span_us_median": 3.0 + 5.0 * f}
+                extra = {
+                    "wait_us_p90": 0.1,
+                    "store_span_us_median": 3.0 + 5.0 * f,
+                    "equivalent_tflops": 0.5 * 1e6 / t,  # half the nominal rate, and less
+                }
                 records.append(ok_record(rid, point, {"time_us": [t] * 3}, extra=extra))
     return _write(ds, layout.MEGAMOE_EMULATED_RAW, "megamoe_emulated", records)
 

@@ -587,6 +587,15 @@ def emulated_speedups(doc: dict) -> pd.DataFrame:
     ) not in wide.columns:
         return pd.DataFrame(columns=[*keys, "speedup", "speedup_low", "speedup_high"])
     out = pd.DataFrame(index=wide.index)
+    if "extra_equivalent_tflops" in ok.columns:
+        achieved = ok.pivot_table(
+            index=keys,
+            columns="schedule",
+            values="extra_equivalent_tflops",
+            aggfunc="first",
+            sort=False,
+        )
+        out["wave_equivalent_tflops"] = achieved.get("expert_wave")
     out["wave_us"] = wide[("time_us_median", "expert_wave")]
     out["interleaved_us"] = wide[("time_us_median", "interleaved")]
     out["speedup"] = out["wave_us"] / out["interleaved_us"]

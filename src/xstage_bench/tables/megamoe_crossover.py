@@ -31,7 +31,10 @@ def build(dataset_dir: Path) -> Table:
         index=keys, columns="schedule", values=list(MECHANISM), aggfunc="first", sort=False
     )
     mechanism.columns = [f"{sched}_{MECHANISM[col]}" for col, sched in mechanism.columns]
-    frame = speedups[[*keys, "wave_us", "interleaved_us", "speedup", "speedup_low", "speedup_high"]]
+    columns = ["wave_us", "interleaved_us", "speedup", "speedup_low", "speedup_high"]
+    if "wave_equivalent_tflops" in speedups.columns:
+        columns.insert(0, "wave_equivalent_tflops")
+    frame = speedups[[*keys, *columns]]
     frame = frame.merge(mechanism.reset_index(), on=keys, how="left")
     frame = frame.rename(columns={"emulated_tflops": "X_tflops", "remote_fraction": "f"})
     notes = [
@@ -40,6 +43,8 @@ def build(dataset_dir: Path) -> Table:
         "local-store control; natural: routing's own).",
         "speedup = expert-wave time / interleaved time (medians); low/high: the ratio at the "
         "extremes of the two medians' 95% CIs.",
+        "wave_equivalent_tflops: useful FLOPs per GPU over the expert-wave time, the rate "
+        "actually achieved (below X: padding rows, epilogues, combine and tail).",
         "wait_p90_us: 90th percentile of the Linear-2 tiles' wait for their row block; "
         "span_us: median remote-store span per Linear-2 tile (one traced run each).",
         common.failure_note(common.records_frame(doc), "left out"),
