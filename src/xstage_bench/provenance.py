@@ -97,6 +97,11 @@ def _made(environment: dict, profile_path: str | None) -> tuple[str, str]:
     )
 
 
+def _sha(git: dict) -> str:
+    sha = (git.get("sha") or "not recorded")[:10]
+    return sha + (" (dirty)" if git.get("dirty") else "")
+
+
 def describe(dataset_dir: Path, profile_path: str | None = None) -> DatasetProvenance:
     """How a dataset was made, from every raw file's environment block."""
     dataset_dir = Path(dataset_dir)
@@ -106,15 +111,9 @@ def describe(dataset_dir: Path, profile_path: str | None = None) -> DatasetProve
     kind, made = _made(files[0].environment, profile_path)
     starts = sorted(f.environment.get("started_at", "") for f in files)
     ends = sorted(f.environment.get("finished_at", "") for f in files)
-    shas = sorted(
-        {
-            f"{(f.environment.get('git') or {}).get('sha', '?')[:10]}"
-            + (" (dirty)" if (f.environment.get("git") or {}).get("dirty") else "")
-            for f in files
-        }
-    )
-    experiments = Counter()
-    ok = Counter()
+    shas = sorted({_sha(f.environment.get("git") or {}) for f in files})
+    experiments: Counter[str] = Counter()
+    ok: Counter[str] = Counter()
     for f in files:
         experiments[f.experiment] += f.records
         ok[f.experiment] += f.ok

@@ -192,7 +192,7 @@ def build(datasets: list[Dataset], figures: list[Path], captions: Path) -> str:
     parts += ['<h2 id="datasets">Datasets</h2>', datasets_table(list(found.values()))]
     parts.append('<h2 id="figures">Figures</h2>')
     order = {p.name: i for i, p in enumerate(layout.FIGURES)}
-    for d in datasets:
+    for d in measured + [d for d in datasets if d not in measured]:  # measured first
         pngs = sorted(
             (f for f in figures if f.parent.parent.name == d.name), key=lambda f: order[f.stem]
         )
