@@ -94,7 +94,7 @@ def plot(dataset_dir: Path) -> Figure:
         common.plain_log_ticks(ax.yaxis)
         ax.tick_params(axis="x", labelrotation=60, labelsize=6)
         ax.set_xlabel("burst size V")
-        ax.set_title(_per_K_title(model, K), fontsize=8)
+        ax.set_title(_per_K_title(model, K), fontsize=common.PANEL_TITLE_FONT)
     axes[0, 0].set_ylabel("T_iss = slowest producer's own store loop (us)")
 
     handles = [

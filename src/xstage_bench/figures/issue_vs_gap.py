@@ -101,7 +101,10 @@ def plot(dataset_dir: Path) -> Figure:
                     ax.plot(gaps, line, color=color, linestyle="--", linewidth=1)
             ax.set_yscale("log")
             common.plain_log_ticks(ax.yaxis)
-            ax.set_title(f"{common.SYNC_LABEL[sync]} ({study})\n{definition}", fontsize=8)
+            ax.set_title(
+                f"{common.SYNC_LABEL[sync]} ({study})\n{definition}",
+                fontsize=common.PANEL_TITLE_FONT,
+            )
         row_axes[0].set_ylabel("issue time T_iss (us)\nmedian and 95% CI")
     for ax in axes[-1]:
         ax.set_xlabel("gap G (us)")

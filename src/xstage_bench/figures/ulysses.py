@@ -85,7 +85,7 @@ def plot(dataset_dir: Path) -> Figure:
         world = ", ".join(
             f"P={int(p)}" for p in sorted(ok[ok["backend"] == backend]["world_size"].unique())
         )
-        time_ax.set_title(f"{backend} ({world})", fontsize=8)
+        time_ax.set_title(f"{backend} ({world})", fontsize=common.PANEL_TITLE_FONT)
         time_ax.set_yscale("log")
         common.plain_log_ticks(time_ax.yaxis)
         ratio_ax.axhline(1.0, color="0.5", linewidth=0.8)
