@@ -246,7 +246,7 @@ def new_figure(
 
 def _wrap(notes: list[str | None], width_in: float) -> list[str]:
     """Notes wrapped to the figure's width (never cut): one list entry per printed line."""
-    chars = max(40, int(width_in * 72 / (NOTE_FONT * 0.55)))
+    chars = max(40, int(width_in * 72 / (NOTE_FONT * 0.6)))
     return [line for n in notes if n for line in textwrap.wrap(n, chars, subsequent_indent="  ")]
 
 

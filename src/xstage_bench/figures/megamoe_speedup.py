@@ -76,7 +76,10 @@ def plot(dataset_dir: Path) -> Figure:
         ax.axhline(1.0, color="k", linewidth=1)
         ax.set_xlabel(group)
         ax.set_ylabel("speedup" if i == 0 else "")
-        ax.tick_params(axis="x", labelrotation=30 if group == "shape" else 0, labelsize=9)
+        ax.tick_params(axis="x", labelsize=9)
+        if group == "shape":  # long names: slanted, each ending under its own column
+            for label in ax.get_xticklabels():
+                label.set(rotation=30, ha="right", rotation_mode="anchor")
 
     notes = [common.failure_note(common.records_frame(doc))]
     if not baselines.empty:
@@ -147,7 +150,7 @@ def _plot_baselines(fig: Figure, grid, baselines, palette: dict, deepgemm: str) 
     both = baselines[baselines["deepgemm_lag_speedup"].notna()]
     if both.empty:
         why = textwrap.fill(
-            f"DeepGEMM SM90 MegaMoE ran no configuration with both schedules: {deepgemm}", 42
+            f"DeepGEMM SM90 MegaMoE ran no configuration with both schedules: {deepgemm}", 38
         )
         pair.text(
             0.5,
