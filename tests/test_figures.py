@@ -231,6 +231,26 @@ def test_ulysses_without_model_omits_the_prediction_with_a_note(tmp_path):
     )
 
 
+def test_ulysses_backend_without_an_ok_point_gets_a_panel_saying_why(tmp_path):
+    ds = make_dataset(tmp_path, "sim-no-triton", megamoe=False)
+    path = ds / "raw" / "attention.json"
+    doc = json.loads(path.read_text())
+    for r in doc["records"]:
+        if r["point"]["backend"] == "triton":
+            r.update(status="unsupported", error="triton: not importable")
+            for key in ("samples", "summary", "correct"):
+                r.pop(key, None)
+    path.write_text(json.dumps(doc))
+    fig = FIGURES["fig-ulysses"](ds)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "triton: not measured" in titles
+    assert any(
+        "unsupported: triton: not importable" in t.get_text().replace("\n", " ")
+        for ax in fig.axes
+        for t in ax.texts
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "missing"),
     [
