@@ -4,6 +4,8 @@ counterpart columns come from their own sources."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from fixtures import TRUTH, make_dataset, megamoe_configs, write_megamoe
@@ -108,6 +110,25 @@ def test_a_new_counterpart_is_one_more_column(root, monkeypatch):
     frame = frame_of(root / "h200x2-fixture")
     assert frame.loc["moe.geomean", "emulated (P=8)"] == "1.200"
     assert frame.loc["bg.R", "emulated (P=8)"] == claims.NOT_ANSWERED
+
+
+def test_an_emulated_file_of_the_dataset_answers_through_the_same_functions(root, tmp_path):
+    """A raw file of the dataset itself (here the MegaMoE sweep under another name) read as
+    an emulated counterpart: the measured answer functions give its column."""
+    ds = tmp_path / "h200x2-emulated"
+    shutil.copytree(root / "h200x2-fixture", ds)
+    shutil.copy(ds / "raw" / "megamoe.json", ds / "raw" / "megamoe_emulated.json")
+    emulated = counterparts.Counterpart(
+        column="emulated",
+        kind="emulated",
+        sources=counterparts.dataset_file("raw/megamoe_emulated.json", "megamoe"),
+        answers={"moe.geomean": claim_answers.MEASURED["moe.geomean"]},
+    )
+    src = emulated.sources(ds)
+    assert src.megamoe is not None and src.attention is None
+    assert emulated.sources(root / "sim-b200") is None
+    found = emulated.answers["moe.geomean"](src)
+    assert found.text == frame_of(ds).loc["moe.geomean", "ours"]
 
 
 @pytest.mark.parametrize(
