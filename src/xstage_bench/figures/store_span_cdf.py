@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from xstage_bench import layout
 from xstage_bench.figures import common
@@ -108,6 +109,7 @@ def plot(dataset_dir: Path) -> Figure:
     detail_ax.set_yticks(range(len(configs)), configs)
     detail_ax.tick_params(axis="y", labelsize=9)
     detail_ax.set_ylim(len(configs) - 0.5, -0.5)
+    detail_ax.xaxis.set_major_locator(MaxNLocator(4))  # few ticks: the range can be tiny
     detail_ax.set_xlabel("median span (us)")
     detail_ax.set_title("per configuration: median span", fontsize=common.PANEL_TITLE_FONT)
     missing = [LABEL[s] for s in SERIES if not spans[s]]
