@@ -186,7 +186,9 @@ def build(datasets: list[Dataset], figures: list[Path], captions: Path) -> str:
         "paper with our number and a verdict, the datasets and how each was made, then "
         "every figure. Simulated datasets come from the discrete-event X-Stage model and "
         'are marked <span class="simulated-badge">simulated</span>; they are never '
-        "measurements.</p>",
+        "measurements. The DAG's rule graph (the report's Workflow view) follows the "
+        "figures at the bottom of this page; each figure and table is also a result of its "
+        "own in the menu's per-dataset sections.</p>",
     ]
     parts += [_claims_section(d, found[d.name]) for d in for_claims]
     parts += ['<h2 id="datasets">Datasets</h2>', datasets_table(list(found.values()))]
