@@ -191,10 +191,11 @@ def build(datasets: list[Dataset], figures: list[Path], captions: Path) -> str:
         "own in the menu's per-dataset sections.</p>",
     ]
     parts += [_claims_section(d, found[d.name]) for d in for_claims]
-    parts += ['<h2 id="datasets">Datasets</h2>', datasets_table(list(found.values()))]
+    listed = measured + [d for d in datasets if d not in measured]  # measured first
+    parts += ['<h2 id="datasets">Datasets</h2>', datasets_table([found[d.name] for d in listed])]
     parts.append('<h2 id="figures">Figures</h2>')
     order = {p.name: i for i, p in enumerate(layout.FIGURES)}
-    for d in measured + [d for d in datasets if d not in measured]:  # measured first
+    for d in listed:
         pngs = sorted(
             (f for f in figures if f.parent.parent.name == d.name), key=lambda f: order[f.stem]
         )
