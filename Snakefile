@@ -5,7 +5,7 @@
 #   snakemake --cores all --configfile config/smoke.yaml   # the CI-sized run
 #
 # Stages, one rule file each: build -> microbench / megamoe / attention (measured on GPUs or
-# simulated) -> model (Burst-Gap fit) -> figures and tables -> report.
+# simulated) -> model (Burst-Gap fit) -> figures and tables -> report summary.
 
 from snakemake.utils import min_version
 
@@ -19,6 +19,10 @@ if not workflow.overwrite_configfiles:
     configfile: "config.yaml"
 
 
+# `snakemake --report report.html` opens on this page: it includes the summary (report.smk).
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/build.smk"
 include: "workflow/rules/microbench.smk"
@@ -26,6 +30,7 @@ include: "workflow/rules/megamoe.smk"
 include: "workflow/rules/attention.smk"
 include: "workflow/rules/model.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/report.smk"
 
 
 onstart:
@@ -35,6 +40,7 @@ onstart:
 rule all:
     input:
         all_targets(),
+        SUMMARY,
     default_target: True
 
 

@@ -45,6 +45,9 @@ SIMULATED_FIGURES = sorted(n for n in FIGURES if layout.PRODUCTS[n].stage != "me
 def test_figure_renders_pdf_and_png_labelled_simulated(name, sim_dataset, tmp_path):
     fig = FIGURES[name](sim_dataset)
     assert "simulated" in fig.get_suptitle()
+    # ...and inside the plot itself, in every panel that draws data
+    panels = [ax for ax in fig.axes if ax.axison and ax.get_label() != "<colorbar>"]
+    assert all("SIMULATED" in [t.get_text() for t in ax.texts] for ax in panels)
     out = tmp_path / f"{name}.pdf"
     save_figure(fig, out)
     assert out.read_bytes().startswith(b"%PDF")
@@ -54,9 +57,27 @@ def test_figure_renders_pdf_and_png_labelled_simulated(name, sim_dataset, tmp_pa
 
 @pytest.mark.parametrize("name", ["fig-drain", "fig-model-validation", "fig-ulysses"])
 def test_measured_figure_names_the_gpus(name, measured_dataset):
-    title = FIGURES[name](measured_dataset).get_suptitle()
+    fig = FIGURES[name](measured_dataset)
+    title = fig.get_suptitle()
     assert "simulated" not in title
     assert "2x NVIDIA H200" in title
+    assert not any("SIMULATED" in t.get_text() for ax in fig.axes for t in ax.texts)
+
+
+def test_notes_are_wrapped_never_cut(sim_dataset):
+    """Model-check details run long: the figure wraps them whole and grows to hold them."""
+    fig = FIGURES["fig-model-validation"](sim_dataset)
+    notes = "\n".join(t.get_text() for t in fig.texts)
+    assert "[...]" not in notes
+    assert all(len(line) < 200 for line in notes.splitlines())
+
+
+def test_legend_sits_beside_the_panels(sim_dataset):
+    fig = FIGURES["fig-ulysses"](sim_dataset)
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    right_of_panels = max(ax.get_window_extent().x1 for ax in fig.axes)
+    assert legend.x0 >= right_of_panels
 
 
 def test_render_product_dispatches_to_the_figure(sim_dataset, tmp_path):
@@ -215,6 +236,26 @@ def test_ulysses_without_model_omits_the_prediction_with_a_note(tmp_path):
     )
 
 
+def test_ulysses_backend_without_an_ok_point_gets_a_panel_saying_why(tmp_path):
+    ds = make_dataset(tmp_path, "sim-no-triton", megamoe=False)
+    path = ds / "raw" / "attention.json"
+    doc = json.loads(path.read_text())
+    for r in doc["records"]:
+        if r["point"]["backend"] == "triton":
+            r.update(status="unsupported", error="triton: not importable")
+            for key in ("samples", "summary", "correct"):
+                r.pop(key, None)
+    path.write_text(json.dumps(doc))
+    fig = FIGURES["fig-ulysses"](ds)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "triton: not measured" in titles
+    assert any(
+        "unsupported: triton: not importable" in t.get_text().replace("\n", " ")
+        for ax in fig.axes
+        for t in ax.texts
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "missing"),
     [
@@ -283,12 +324,17 @@ def test_trace_series_reads_both_encodings_of_the_local_control():
     assert trace_series({"schedule": "interleaved", "variant": "interleaved"}) == "interleaved"
 
 
-def test_store_span_cdf_draws_all_three_runs(sim_dataset):
+def test_store_span_cdf_draws_one_distribution_per_run(sim_dataset):
+    """Configurations aggregated: one curve per run, whatever the number of configurations,
+    and the per-configuration medians in a panel of their own."""
     fig = FIGURES["fig-store-span-cdf"](sim_dataset)
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert [label.split(":")[0] for label in labels] == [
-        "expert_wave",
+        "expert waves",
         "interleaved",
-        "local_control",
+        "local-store control",
     ]
-    assert "median 3.50 us" in labels[2]
+    assert "medians 3.50 us" in labels[2]
+    cdf, detail = fig.axes[:2]
+    assert len(cdf.get_lines()) == 3
+    assert len(detail.collections) == 3

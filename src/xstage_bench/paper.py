@@ -24,6 +24,7 @@ class Claim:
     summary: bool  # True: from a secondary summary, not the abstract
     context: str = ""  # the hardware or configuration the number belongs to
     upper: float | None = None  # set when the paper states a range [value, upper]
+    at_most: bool = False  # the paper states a bound ("within 0.5 us"), not a value
 
     @property
     def provenance(self) -> str:
@@ -35,6 +36,11 @@ class Claim:
 
 
 B200 = "8-GPU B200-class node, 148 SMs, NVLink5"
+# The same node as fields, for the reasons a claim differs on our hardware.
+PAPER_GPUS = 8
+PAPER_SM_COUNT = 148
+PAPER_LINK = "NVLink5"
+PAPER_NODE = f"{PAPER_GPUS}x B200-class ({PAPER_SM_COUNT} SMs, {PAPER_LINK})"
 
 # The FA3 Ulysses table of the paper (summary), 8 GPUs: sequence length -> (serial, fused) us.
 # The summary writes the lengths as 8K ... 64K; they are read as multiples of 1024 tokens.
@@ -171,6 +177,7 @@ CLAIMS: tuple[Claim, ...] = (
         "us",
         True,
         B200,
+        at_most=True,
     ),
     Claim(
         "moe.over_unfused",

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from xstage_bench import layout
 from xstage_bench.config import ConfigError, resolve_extends, validate_config
+from xstage_bench import provenance
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
+from xstage_bench.tables import counterparts
 
 
 try:
@@ -66,6 +68,7 @@ def measure_config(experiment):
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
+REFERENCE_CHECK = "logs/raw-check.txt"
 
 # A GPU job holds every GPU of this machine, whatever world size it measures at: the `gpu`
 # resource defaults to the GPU count and each GPU job asks for all of it, so --cores all never
@@ -265,16 +268,54 @@ def model_inputs(wildcards):
 
 def product_inputs(product):
     def inputs(wildcards):
+        checked = reference_checked(wildcards.dataset)
         if product.name in ("tab-claims", "tab-noise"):
             files = all_raw(wildcards.dataset)
             if "microbench" in dataset_experiments(wildcards.dataset):
                 files.append(str(RESULTS / wildcards.dataset / layout.MODEL_JSON))
-            return files
-        return resolve_reads(wildcards.dataset, product.reads)
+            if product.name == "tab-claims":
+                files += claims_counterpart_inputs(wildcards.dataset)
+            return files + checked
+        return resolve_reads(wildcards.dataset, product.reads) + checked
 
     return inputs
+
+
+def reference_checked(dataset):
+    """A committed reference's products wait for its raw-file check (rule check_reference in
+    report.smk), so that every dataset's jobs start at the same depth of the DAG."""
+    return [str(RESULTS / dataset / REFERENCE_CHECK)] if dataset in REFERENCE else []
+
+
+def claims_counterpart_inputs(dataset):
+    """Files of the datasets tab-claims shows beside this one's (tables.counterparts)."""
+    files = []
+    for other in counterparts.datasets_read():
+        if other != dataset and other in datasets():
+            files += all_raw(other)
+            if "microbench" in dataset_experiments(other):
+                files.append(str(RESULTS / other / layout.MODEL_JSON))
+    return files
 
 
 wildcard_constraints:
     dataset=r"[A-Za-z0-9._-]+",
     study=r"[a-z0-9_]+",
+
+
+# --- report (report.smk) ---
+
+SUMMARY = str(RESULTS / "report" / "summary.html")
+
+
+def summary_inputs(wildcards):
+    figures, tables, raw = [], [], []
+    for dataset in datasets():
+        for target in dataset_targets(dataset):
+            if target.endswith(".pdf"):
+                figures.append(target[: -len(".pdf")] + ".png")
+            elif Path(target).name == "tab-claims.csv":
+                tables.append(target)
+        raw += all_raw(dataset)
+    captions = [f"workflow/report/{p.name}.rst" for p in layout.FIGURES]
+    return {"figures": figures, "claims": tables, "raw": raw, "captions": captions}

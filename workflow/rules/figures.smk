@@ -1,10 +1,23 @@
 # Stage 5: every figure and table is one rule, one renderer module, one output, made from
 # the raw JSON (and the fitted model) of one dataset. Figures are a PDF with a PNG beside it,
-# tables a CSV with a Markdown copy. Outputs go into `snakemake --report`.
+# tables a CSV with a Markdown copy. The report shows a figure's PNG (a browser previews it
+# inline, where a PDF pane stays blank) and a table's CSV, each with its caption.
+
+
+def in_report(path, product):
+    return report(
+        path,
+        caption=f"../report/{product.name}.rst",
+        category="{dataset}",
+        subcategory=product_formats(product)[0],
+        labels={"product": product.name, "dataset": "{dataset}"},
+    )
 
 
 for _product in layout.PRODUCTS.values():
     _kind, _ext, _companion = product_formats(_product)
+    _main = str(RESULTS / "{dataset}" / _kind / f"{_product.name}.{_ext}")
+    _second = str(RESULTS / "{dataset}" / _kind / f"{_product.name}.{_companion}")
 
     rule:
         name:
@@ -12,13 +25,8 @@ for _product in layout.PRODUCTS.values():
         input:
             product_inputs(_product),
         output:
-            main=report(
-                str(RESULTS / "{dataset}" / _kind / f"{_product.name}.{_ext}"),
-                caption=f"../report/{_product.name}.rst",
-                category="{dataset}",
-                subcategory=_kind,
-            ),
-            companion=str(RESULTS / "{dataset}" / _kind / f"{_product.name}.{_companion}"),
+            main=_main if _kind == "figures" else in_report(_main, _product),
+            companion=in_report(_second, _product) if _kind == "figures" else _second,
         params:
             product=_product.name,
         conda:

@@ -4,7 +4,8 @@
 
 rule fit_burst_gap:
     input:
-        model_inputs,
+        raw=model_inputs,
+        checked=lambda wc: reference_checked(wc.dataset),
     output:
         model=RESULTS / "{dataset}" / layout.MODEL_JSON,
         profile=RESULTS / "{dataset}" / layout.MODEL_PROFILE,

@@ -5,7 +5,7 @@ from xstage_bench.model.fit import fit_files
 
 with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
     fit_files(
-        list(snakemake.input),  # noqa: F821
+        list(snakemake.input.raw),  # noqa: F821
         snakemake.wildcards.dataset,  # noqa: F821
         snakemake.output.model,  # noqa: F821
         snakemake.output.profile,  # noqa: F821

@@ -22,6 +22,7 @@ from xstage_bench.model.laws import hiding_gap, issue_time, train_issue_time
 
 STUDIES = ("gap_sweep_barrier", "gap_sweep")  # the first one the dataset has
 METRIC = "t_iss_slowest_us"
+CELL_FONT = 9.5
 
 
 def _edges(centers: np.ndarray) -> np.ndarray:
@@ -62,7 +63,7 @@ def _annotate(ax, columns: np.ndarray, sizes: np.ndarray, cells: np.ndarray, nor
             if np.isfinite(cells[i, j]):
                 color = "k" if norm(cells[i, j]) > 0.6 else "w"
                 label = f"{cells[i, j]:.1f}".replace("-0.0", "0.0")
-                ax.text(x, V, label, ha="center", va="center", fontsize=5, color=color)
+                ax.text(x, V, label, ha="center", va="center", fontsize=CELL_FONT, color=color)
 
 
 def plot(dataset_dir: Path) -> Figure:
@@ -96,8 +97,12 @@ def plot(dataset_dir: Path) -> Figure:
     # tens of microseconds; overheads below zero (issue faster than the fitted T0) clip to 0.
     norm = PowerNorm(0.5, vmin=0.0, vmax=max(float(np.nanmax(v)) for v in values), clip=True)
 
-    fig, axes = common.new_figure(len(Ks), 2, width=5.6, height=3.4)
-    for row_axes, K in zip(axes, Ks, strict=True):
+    # Measured above model, one pair of rows per K: wide panels, so every cell's number
+    # has room at a readable size.
+    fig, axes = common.new_figure(
+        2 * len(Ks), 1, width=10.5, height=2.2 + 0.35 * max(len(g[0]) for g in grids.values())
+    )
+    for row_axes, K in zip(axes.reshape(len(Ks), 2), Ks, strict=True):
         sizes, gaps, measured, predicted = grids[K]
         # Gaps are swept unevenly (dense near 0), so each gap gets a column of equal width.
         columns = np.arange(gaps.size, dtype=float)
@@ -105,7 +110,9 @@ def plot(dataset_dir: Path) -> Figure:
         for ax, (what, cells) in zip(row_axes, panels, strict=True):
             if cells is None:
                 ax.set_axis_off()
-                ax.set_title(f"K={K}, {what}: omitted, R was not fitted", fontsize=8)
+                ax.set_title(
+                    f"K={K}, {what}: omitted, R was not fitted", fontsize=common.PANEL_TITLE_FONT
+                )
                 continue
             mesh = ax.pcolormesh(
                 _edges(columns),
@@ -126,13 +133,13 @@ def plot(dataset_dir: Path) -> Figure:
                     color="white",
                     linewidth=1.5,
                 )
-            ax.set_xticks(columns, [f"{g:g}" for g in gaps], fontsize=7)
+            ax.set_xticks(columns, [f"{g:g}" for g in gaps])
             ax.set_yscale("log", base=2)
             common.byte_ticks(ax.yaxis, sizes)
             ax.set_xlabel("gap G (us), one column per measured gap")
             ax.set_ylabel("burst size V")
-            ax.set_title(f"K={K}, {what}", fontsize=8)
-        fig.colorbar(mesh, ax=row_axes[-1], label="t_iss - T0 (us)")
+            ax.set_title(f"K={K}, {what}", fontsize=common.PANEL_TITLE_FONT)
+            fig.colorbar(mesh, ax=ax, label="t_iss - T0 (us)", fraction=0.04, pad=0.01)
     notes = [
         f"{study}: {common.SYNC_LABEL[sync]}"
         + ("" if sync == "barrier" else " (this dataset has no gap_sweep_barrier)"),

@@ -9,6 +9,7 @@ there raises NoDataError naming the dataset and the file.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -37,13 +38,18 @@ from xstage_bench.results import read_raw  # noqa: E402
 from xstage_bench.stats import geomean  # noqa: E402, F401 (figures and tables use common.geomean)
 
 DPI = 100
-NOTE_LINE_IN = 0.13  # height of one 7-point line of notes, in inches
-LEGEND_WIDTH_IN = 2.2  # room for a legend at the right of the panels
+# Text sizes (points) chosen for reading at report size, where a figure shows about as
+# wide as a laptop screen: tick labels follow the seaborn theme below.
+TITLE_FONT = 13
+PANEL_TITLE_FONT = 10.5
+LEGEND_FONT = 9.5
+NOTE_FONT = 9
+NOTE_LINE_IN = 0.17  # height of one line of notes, in inches
 MIB = 1 << 20
 KIB = 1 << 10
 ELEMENT_BYTES = 2  # bf16 activations and outputs (MegaMoE combine, attention output)
 
-sns.set_theme(style="whitegrid", context="paper")
+sns.set_theme(style="whitegrid", context="paper", font_scale=1.3)
 
 
 class NoDataError(ValueError):
@@ -238,6 +244,33 @@ def new_figure(
     return fig, axes
 
 
+def _wrap(notes: list[str | None], width_in: float) -> list[str]:
+    """Notes wrapped to the figure's width (never cut): one list entry per printed line."""
+    chars = max(40, int(width_in * 72 / (NOTE_FONT * 0.6)))
+    return [line for n in notes if n for line in textwrap.wrap(n, chars, subsequent_indent="  ")]
+
+
+def _stamp_simulated(fig: Figure) -> None:
+    """A faint 'simulated' across every panel, behind the data: the plot itself says so."""
+    for ax in fig.axes:
+        if ax.get_label() == "<colorbar>" or not ax.get_visible() or not ax.axison:
+            continue
+        ax.text(
+            0.5,
+            0.5,
+            "SIMULATED",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            rotation=20,
+            fontsize=26,
+            fontweight="bold",
+            color="tab:purple",
+            alpha=0.13,
+            zorder=0,
+        )
+
+
 def finish_figure(
     fig: Figure,
     title: str,
@@ -245,21 +278,32 @@ def finish_figure(
     notes: list[str | None],
     legend: list[Artist] | None = None,
 ) -> Figure:
-    """Title with the dataset label on its own line, notes in small print at the bottom,
-    and optionally a legend to the right of every panel (where it hides no data)."""
-    fig.suptitle(f"{title}\n{label}", fontsize=10)
+    """Title with the dataset label on its own line, notes at the bottom (wrapped, never
+    cut), optionally one legend right of the panels, level with the top of the data (it
+    hides none), and 'SIMULATED' inside every panel of a simulated dataset."""
+    fig.suptitle(f"{title}\n{label}", fontsize=TITLE_FONT)
+    if "(simulated" in label:  # dataset_label marks every simulated dataset so
+        _stamp_simulated(fig)
+    width, height = fig.get_size_inches()
     right = 1.0
+    handle = None
     if legend:
-        width, height = fig.get_size_inches()
-        fig.set_size_inches(width + LEGEND_WIDTH_IN, height)  # the panels keep their size
-        fig.legend(handles=legend, loc="center right", fontsize=6, frameon=False)
-        right = width / (width + LEGEND_WIDTH_IN)
-    height = fig.get_size_inches()[1]
-    lines = [n for n in notes if n]
+        handle = fig.legend(handles=legend, loc="upper left", fontsize=LEGEND_FONT, frameon=False)
+        extent = handle.get_window_extent(fig.canvas.get_renderer())
+        legend_in = extent.width / fig.dpi + 0.2
+        fig.set_size_inches(width + legend_in, height)  # the panels keep their size
+        right = width / (width + legend_in)
+    lines = _wrap(notes, fig.get_size_inches()[0])
+    notes_in = 0.25 + NOTE_LINE_IN * len(lines)
+    fig.set_size_inches(fig.get_size_inches()[0], height + notes_in)  # panels keep their size
     if lines:
-        fig.text(0.01, 0.005, "\n".join(lines), fontsize=7, va="bottom", ha="left", color="0.3")
-    bottom = (0.15 + NOTE_LINE_IN * len(lines)) / height
-    fig.tight_layout(rect=(0, bottom, right, 1))
+        fig.text(
+            0.01, 0.005, "\n".join(lines), fontsize=NOTE_FONT, va="bottom", ha="left", color="0.25"
+        )
+    fig.tight_layout(rect=(0, notes_in / (height + notes_in), right, 1))
+    if handle is not None:
+        top = max(ax.get_position().y1 for ax in fig.axes)
+        handle.set_bbox_to_anchor((right, top), transform=fig.transFigure)
     return fig
 
 

@@ -111,7 +111,7 @@ def plot(dataset_dir: Path) -> Figure:
             xytext=(0, -10),
             textcoords="offset points",
             ha="center",
-            fontsize=6,
+            fontsize=common.LEGEND_FONT,
             color=color,
         )
 
@@ -134,12 +134,13 @@ def plot(dataset_dir: Path) -> Figure:
     period_ax.set_yscale("log")
     common.plain_log_ticks(period_ax.yaxis)
     period_ax.set_ylabel("each producer's period (us)\nmedian and 95% CI")
-    period_ax.set_title("period vs V (dashed: V/R)", fontsize=8)
+    period_ax.set_title("period vs V (dashed: V/R)", fontsize=common.PANEL_TITLE_FONT)
     rate_ax.set_ylabel("drain rate (GB/s)")
     if off_scale:
         rate_ax.set_ylim(top=top)
     rate_ax.set_title(
-        "aggregate issue rate (+: V/period where absent)" if mixed else "V / period", fontsize=8
+        "aggregate issue rate (+: V/period where absent)" if mixed else "V / period",
+        fontsize=common.PANEL_TITLE_FONT,
     )
 
     handles = [

@@ -45,7 +45,7 @@ def _per_K_title(model: dict, K: int) -> str:
     if Q is None:
         return f"K={K}"
     return (
-        f"K={K}: Q fitted to this K {common.fmt_bytes(Q)} ({Q / K / common.KIB:.1f} KiB/producer)"
+        f"K={K}: Q fitted to this K\n{common.fmt_bytes(Q)} ({Q / K / common.KIB:.1f} KiB/producer)"
     )
 
 
@@ -92,10 +92,12 @@ def plot(dataset_dir: Path) -> Figure:
         ax.set_yscale("log")
         common.byte_ticks(ax.xaxis, ok["V"])
         common.plain_log_ticks(ax.yaxis)
-        ax.tick_params(axis="x", labelrotation=60, labelsize=6)
+        ax.tick_params(axis="x", labelsize=9)
+        for label in ax.get_xticklabels():
+            label.set(rotation=55, ha="right", rotation_mode="anchor")
         ax.set_xlabel("burst size V")
-        ax.set_title(_per_K_title(model, K), fontsize=8)
-    axes[0, 0].set_ylabel("T_iss = slowest producer's own store loop (us)")
+        ax.set_title(_per_K_title(model, K), fontsize=common.PANEL_TITLE_FONT)
+    axes[0, 0].set_ylabel("T_iss (us): slowest producer's\nown store loop")
 
     handles = [
         Line2D([], [], color=palette["peer"], linestyle="-", marker="o", label="peer (remote)"),

@@ -69,7 +69,7 @@ def plot(dataset_dir: Path) -> Figure:
     )
     colors = dict(zip(bursts, sns.color_palette("viridis", len(bursts)), strict=True))
     gaps = np.linspace(0.0, max(float(ok["gap_us"].max()) for *_, ok in rows), 300)
-    fig, axes = common.new_figure(len(rows), 2, sharey=True, sharex=True, height=3.2)
+    fig, axes = common.new_figure(len(rows), 2, sharey=True, sharex=True, width=5.8, height=3.4)
     unmodelled = False
     for row_axes, (sync, study, ok) in zip(axes, rows, strict=True):
         row_bursts = {(int(k), int(v)) for k, v in zip(ok["K"], ok["V"], strict=True)}
@@ -101,7 +101,10 @@ def plot(dataset_dir: Path) -> Figure:
                     ax.plot(gaps, line, color=color, linestyle="--", linewidth=1)
             ax.set_yscale("log")
             common.plain_log_ticks(ax.yaxis)
-            ax.set_title(f"{common.SYNC_LABEL[sync]} ({study})\n{definition}", fontsize=8)
+            ax.set_title(
+                f"{common.SYNC_LABEL[sync]}\n{study}: {definition}",
+                fontsize=common.PANEL_TITLE_FONT,
+            )
         row_axes[0].set_ylabel("issue time T_iss (us)\nmedian and 95% CI")
     for ax in axes[-1]:
         ax.set_xlabel("gap G (us)")

@@ -10,6 +10,7 @@ and our interleaved speedup against DeepGEMM's L2-lag speedup.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,7 @@ def plot(dataset_dir: Path) -> Figure:
         (best, speedups["speedup"].max()),
         textcoords="offset points",
         xytext=(-30, 4),
-        fontsize=7,
+        fontsize=common.LEGEND_FONT,
     )
     bars.set_xlim(-0.6, len(speedups) - 0.4)
     bars.set_ylim(min(0.9, speedups["speedup"].min() * 0.95), speedups["speedup"].max() * 1.08)
@@ -58,7 +59,7 @@ def plot(dataset_dir: Path) -> Figure:
     bars.set_ylabel("expert-wave time / interleaved time")
     handles = [Patch(color=palette[s], label=s) for s in shapes]
     handles.append(Line2D([], [], color="tab:red", linestyle="--", label=f"geomean {gm:.3f}x"))
-    bars.legend(handles=handles, fontsize=6, ncol=4, loc="upper left")
+    bars.legend(handles=handles, fontsize=common.LEGEND_FONT, ncol=4, loc="upper left")
 
     for i, group in enumerate(("shape", "precision", "routing")):
         ax = fig.add_subplot(grid[1, i])
@@ -75,7 +76,10 @@ def plot(dataset_dir: Path) -> Figure:
         ax.axhline(1.0, color="k", linewidth=1)
         ax.set_xlabel(group)
         ax.set_ylabel("speedup" if i == 0 else "")
-        ax.tick_params(axis="x", labelrotation=30 if group == "shape" else 0, labelsize=6)
+        ax.tick_params(axis="x", labelsize=9)
+        if group == "shape":  # long names: slanted, each ending under its own column
+            for label in ax.get_xticklabels():
+                label.set(rotation=30, ha="right", rotation_mode="anchor")
 
     notes = [common.failure_note(common.records_frame(doc))]
     if len(speedups) < len(every_fraction):
@@ -86,7 +90,7 @@ def plot(dataset_dir: Path) -> Figure:
                     f"geomean {common.geomean(part['speedup']):.3f}x, not plotted (tab-megamoe)"
                 )
     if not baselines.empty:
-        notes += _plot_baselines(fig, grid, baselines, palette)
+        notes += _plot_baselines(fig, grid, baselines, palette, _deepgemm_outcome(doc))
     if len(incomplete):
         notes.append(
             f"{len(incomplete)} configuration(s) without an ok time for both schedules, not plotted"
@@ -105,7 +109,20 @@ BASELINE_SERIES = (
 )
 
 
-def _plot_baselines(fig: Figure, grid, baselines, palette: dict) -> list[str]:
+def _deepgemm_outcome(doc: dict) -> str:
+    """What happened to DeepGEMM's records: '84 failed (<error>); 84 unsupported (<error>)'."""
+    records = [r for r in doc["records"] if r["point"].get("variant") == "deepgemm"]
+    if not records:
+        return "the dataset has no DeepGEMM record"
+    parts = []
+    for status in sorted({r["status"] for r in records}):
+        some = [r for r in records if r["status"] == status]
+        error = next((str(r["error"]).splitlines()[0] for r in some if r.get("error")), "")
+        parts.append(f"{len(some)} {status}" + (f" ({error[:90]})" if error else ""))
+    return "; ".join(parts)
+
+
+def _plot_baselines(fig: Figure, grid, baselines, palette: dict, deepgemm: str) -> list[str]:
     """The bottom row: time ratios against each baseline, sorted per baseline, and the two
     kernels' schedule speedups side by side. Returns notes on what could not be drawn."""
     notes = []
@@ -113,7 +130,8 @@ def _plot_baselines(fig: Figure, grid, baselines, palette: dict) -> list[str]:
     for label, column, marker in BASELINE_SERIES:
         part = baselines[baselines[column].notna()].sort_values(column, ignore_index=True)
         if part.empty:
-            notes.append(f"{label}: no configuration with an ok time, not plotted")
+            why = f": {deepgemm}" if column == "ours_over_deepgemm" else ""
+            notes.append(f"{label}: no configuration with an ok time, not plotted{why}")
             continue
         ratios.scatter(
             np.arange(len(part)),
@@ -129,22 +147,25 @@ def _plot_baselines(fig: Figure, grid, baselines, palette: dict) -> list[str]:
     ratios.set_ylabel("our best time / baseline time\n(below 1: ours faster)")
     ratios.yaxis.set_major_formatter(ScalarFormatter())
     ratios.yaxis.set_minor_formatter(ScalarFormatter())
-    ratios.tick_params(axis="y", which="both", labelsize=7)
+    ratios.tick_params(axis="y", which="both", labelsize=9)
     if ratios.collections:
-        legend = ratios.legend(fontsize=7, loc="upper left")
+        legend = ratios.legend(fontsize=common.LEGEND_FONT, loc="upper left")
         for handle in legend.legend_handles:  # the markers say which baseline, not which shape
             handle.set_color("gray")
 
     pair = fig.add_subplot(grid[2, 2])
     both = baselines[baselines["deepgemm_lag_speedup"].notna()]
     if both.empty:
+        why = textwrap.fill(
+            f"DeepGEMM SM90 MegaMoE ran no configuration with both schedules: {deepgemm}", 38
+        )
         pair.text(
             0.5,
             0.5,
-            "no configuration where\nDeepGEMM ran both schedules",
+            why,
             ha="center",
             va="center",
-            fontsize=8,
+            fontsize=common.LEGEND_FONT,
             transform=pair.transAxes,
         )
         pair.set_xticks([])
@@ -161,6 +182,6 @@ def _plot_baselines(fig: Figure, grid, baselines, palette: dict) -> list[str]:
         pair.plot([low, high], [low, high], color="k", linewidth=0.8)
         pair.set_xlim(low, high)
         pair.set_ylim(low, high)
-    pair.set_xlabel("ours: wave / interleaved", fontsize=8)
-    pair.set_ylabel("DeepGEMM: wave / L2-lag", fontsize=8)
+    pair.set_xlabel("ours: wave / interleaved")
+    pair.set_ylabel("DeepGEMM: wave / L2-lag")
     return notes

@@ -68,20 +68,16 @@ def plot(dataset_dir: Path) -> Figure:
             ax.broken_barh(spans, (y, height), facecolors=COLORS[kind], linewidth=0)
         ax.set_ylim(programs + 0.2, -0.2)
         ax.set_ylabel("program (CTA)")
-        ax.set_title(f"{schedule}: kernel time {end:.1f} us", fontsize=8)
+        ax.set_title(f"{schedule}: kernel time {end:.1f} us", fontsize=common.PANEL_TITLE_FONT)
     axes[-1, 0].set_xlabel("time since the first tile started (us)")
-    axes[0, 0].legend(
-        handles=[
-            Patch(color=COLORS["L1"], label="Linear-1 tile"),
-            Patch(color=COLORS["L2"], label="Linear-2 tile"),
-            Patch(color=COLORS["store"], label="remote-store span of a Linear-2 tile"),
-        ],
-        fontsize=6,
-        loc="upper right",
-    )
     return common.finish_figure(
         fig,
         f"MegaMoE per-program timeline: {common.megamoe_config_name(first)}",
         common.doc_label(dataset_dir, doc),
         [common.failure_note(common.records_frame(doc))],
+        legend=[
+            Patch(color=COLORS["L1"], label="Linear-1 tile"),
+            Patch(color=COLORS["L2"], label="Linear-2 tile"),
+            Patch(color=COLORS["store"], label="remote-store span\nof a Linear-2 tile"),
+        ],
     )

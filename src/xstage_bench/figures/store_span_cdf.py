@@ -1,8 +1,9 @@
 """fig-store-span-cdf: distribution of the per-tile remote-store span.
 
-One ECDF per (configuration, schedule), colored by schedule: expert waves (drain-bound,
-wide), interleaved (near the floor) and the local-store control (the floor itself). The
-legend gives the range of per-configuration medians, the number the paper quotes.
+Left: one distribution per run (expert waves, interleaved, and the local-store control,
+the floor), the traced configurations aggregated with equal weight (the mean of their
+ECDFs), so three curves instead of one per configuration. Right: the per-configuration
+detail, each configuration's median span per run, the number the paper quotes.
 """
 
 from __future__ import annotations
@@ -12,60 +13,111 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from xstage_bench import layout
 from xstage_bench.figures import common
 
 METRIC = "store_span_us"
-SCHEDULES = {"expert_wave": "tab:orange", "interleaved": "tab:blue", "local_control": "0.4"}
+SERIES = {  # run -> (colour, marker, line style); the control is dashed and its markers
+    # small, so a schedule lying on the floor stays visible under it
+    "expert_wave": ("tab:orange", "o", "-"),
+    "interleaved": ("tab:blue", "s", "-"),
+    "local_control": ("0.2", "D", "--"),
+}
+MARKER_SIZE = {"expert_wave": 90, "interleaved": 60, "local_control": 22}
+TAIL = 0.995  # the CDF's x axis ends at this quantile of all spans (the longest tail noted)
+LABEL = {
+    "expert_wave": "expert waves",
+    "interleaved": "interleaved",
+    "local_control": "local-store control",
+}
+
+
+def _spans(doc: dict) -> dict[str, dict[str, np.ndarray]]:
+    """run -> configuration name -> its sorted span samples (ok records only)."""
+    spans: dict[str, dict[str, np.ndarray]] = {s: {} for s in SERIES}
+    for record in doc["records"]:
+        series = common.trace_series(record["point"])
+        samples = (record.get("samples") or {}).get(METRIC)
+        if record["status"] == "ok" and series in spans and samples:
+            name = _short_name(record["point"])
+            spans[series][name] = np.sort(np.asarray(samples, dtype=float))
+    return spans
+
+
+def _short_name(point: dict) -> str:
+    """'glm-5.2\nw8a8, skewed, T=1024' (the world size is the dataset's)."""
+    tokens = point.get("tokens_per_rank")
+    rest = [point.get("precision"), point.get("routing")] + ([f"T={tokens}"] if tokens else [])
+    return f"{point.get('shape')}\n" + ", ".join(str(r) for r in rest if r)
+
+
+def _mean_ecdf(samples: list[np.ndarray], grid: np.ndarray) -> np.ndarray:
+    """The configurations' ECDFs averaged on `grid`: each configuration weighs the same."""
+    return np.mean([np.searchsorted(s, grid, side="right") / s.size for s in samples], axis=0)
 
 
 def plot(dataset_dir: Path) -> Figure:
     doc = common.raw_doc(dataset_dir, layout.MEGAMOE_TRACE_RAW)
-    spans: dict[str, list[np.ndarray]] = {s: [] for s in SCHEDULES}
-    for record in doc["records"]:
-        schedule = common.trace_series(record["point"])
-        samples = (record.get("samples") or {}).get(METRIC)
-        if record["status"] == "ok" and schedule in spans and samples:
-            spans[schedule].append(np.sort(np.asarray(samples, dtype=float)))
+    spans = _spans(doc)
     if not any(spans.values()):
         raise common.NoDataError(
             f"dataset '{dataset_dir.name}': {layout.MEGAMOE_TRACE_RAW} has no ok record with "
-            f"'{METRIC}' samples for {', '.join(SCHEDULES)}"
+            f"'{METRIC}' samples for {', '.join(SERIES)}"
         )
+    configs = sorted({name for by_config in spans.values() for name in by_config})
+    fig, axes = common.new_figure(1, 2, width=6.0, height=4.6)
+    cdf_ax, detail_ax = axes[0]
 
-    fig, axes = common.new_figure(1, 1, width=6.5, height=4.2)
-    ax = axes[0, 0]
+    every = np.concatenate([v for by_config in spans.values() for v in by_config.values()])
+    grid = np.linspace(every.min(), every.max(), 2000)
     handles = []
-    for schedule, color in SCHEDULES.items():
-        if not spans[schedule]:
+    for series, (color, marker, style) in SERIES.items():
+        if not spans[series]:
             continue
-        for values in spans[schedule]:
-            ax.step(
-                values,
-                np.arange(1, values.size + 1) / values.size,
-                where="post",
-                color=color,
-                linewidth=1,
-                alpha=0.8,
-            )
-        medians = [float(np.median(v)) for v in spans[schedule]]
-        median_text = (
-            f"{medians[0]:.2f}" if len(medians) == 1 else f"{min(medians):.2f}-{max(medians):.2f}"
+        samples = list(spans[series].values())
+        cdf_ax.step(
+            grid, _mean_ecdf(samples, grid), where="post", color=color, linestyle=style, lw=2
         )
+        medians = [float(np.median(v)) for v in samples]
+        low, high = min(medians), max(medians)
+        text = f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
         handles.append(
             Line2D(
                 [],
                 [],
                 color=color,
-                label=(f"{schedule}: median {median_text} us ({len(medians)} config(s))"),
+                marker=marker,
+                linestyle=style,
+                linewidth=2,
+                label=f"{LABEL[series]}: medians {text} us",
             )
         )
-    ax.set_xlabel("remote-store span of one Linear-2 tile (us)")
-    ax.set_ylabel("fraction of tiles")
-    ax.legend(handles=handles, fontsize=7, loc="lower right")
-    missing = [s for s in SCHEDULES if not spans[s]]
-    notes = [common.failure_note(common.records_frame(doc))]
+        positions = [configs.index(name) for name in spans[series]]
+        detail_ax.scatter(
+            medians, positions, color=color, marker=marker, s=MARKER_SIZE[series], zorder=3
+        )
+    right = float(np.quantile(every, TAIL))
+    cdf_ax.set_xlim(every.min() - 0.02 * (right - every.min()), right)
+    cdf_ax.set_xlabel("remote-store span of one Linear-2 tile (us)")
+    cdf_ax.set_ylabel("fraction of tiles")
+    cdf_ax.set_title(
+        f"all {len(configs)} traced configuration(s), each weighted equally",
+        fontsize=common.PANEL_TITLE_FONT,
+    )
+    detail_ax.set_yticks(range(len(configs)), configs)
+    detail_ax.tick_params(axis="y", labelsize=9)
+    detail_ax.set_ylim(len(configs) - 0.5, -0.5)
+    detail_ax.xaxis.set_major_locator(MaxNLocator(4))  # few ticks: the range can be tiny
+    detail_ax.set_xlabel("median span (us)")
+    detail_ax.set_title("per configuration: median span", fontsize=common.PANEL_TITLE_FONT)
+    missing = [LABEL[s] for s in SERIES if not spans[s]]
+    notes = [
+        f"x axis to the {TAIL:.1%} quantile of all spans ({right:.2f} us); "
+        f"the longest span is {every.max():.2f} us",
+        common.failure_note(common.records_frame(doc)),
+    ]
     if missing:
         notes.append("no data for: " + ", ".join(missing))
     return common.finish_figure(
@@ -73,4 +125,5 @@ def plot(dataset_dir: Path) -> Figure:
         "MegaMoE per-tile remote-store span",
         common.doc_label(dataset_dir, doc),
         notes,
+        legend=handles,
     )

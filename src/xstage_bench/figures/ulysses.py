@@ -10,6 +10,7 @@ an overhead that stays flat or grows with S is visible at a glance.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -38,6 +39,31 @@ def _draw(ax: Axes, x: pd.Series, y: pd.Series, yerr, **style) -> None:
     ax.errorbar(x, y, yerr=yerr, markersize=3, capsize=2, **style)
 
 
+def _why_empty(time_ax: Axes, ratio_ax: Axes, backend: str, rows: pd.DataFrame) -> None:
+    """An empty column for a backend without an ok point: its statuses and first error."""
+    parts = []
+    for status, group in rows.groupby("status"):
+        errors = group["error"].dropna()
+        error = str(errors.iloc[0]).splitlines()[0][:120] if len(errors) else ""
+        parts.append(f"{len(group)} {status}" + (f": {error}" if error else ""))
+    text = textwrap.fill(f"{backend}: no ok point. " + "; ".join(parts), 34)
+    time_ax.text(
+        0.5,
+        0.5,
+        text,
+        ha="center",
+        va="center",
+        fontsize=common.LEGEND_FONT,
+        transform=time_ax.transAxes,
+        wrap=True,
+    )
+    time_ax.set_title(f"{backend}: not measured", fontsize=common.PANEL_TITLE_FONT)
+    for ax in (time_ax, ratio_ax):
+        ax.set_xticks([])
+        ax.set_yticks([])
+    ratio_ax.set_axis_off()
+
+
 def plot(dataset_dir: Path) -> Figure:
     doc = common.raw_doc(dataset_dir, layout.ATTENTION_RAW)
     df = common.records_frame(doc)
@@ -46,9 +72,15 @@ def plot(dataset_dir: Path) -> Figure:
     R = common.drain_rate(model) if model else None
 
     backends = sorted(ok["backend"].unique())
+    # Backends that were tried but have no ok point get a column that says why.
+    absent = sorted(set(df["backend"].dropna()) - set(backends))
     heads = sorted(int(h) for h in ok["heads"].unique())
     markers = dict(zip(heads, MARKERS, strict=False))
-    fig, axes = common.new_figure(2, len(backends), width=4.2, height=3.2, sharex=True)
+    fig, axes = common.new_figure(
+        2, len(backends) + len(absent), width=4.2, height=3.2, sharex="col"
+    )
+    for col, backend in enumerate(absent, start=len(backends)):
+        _why_empty(axes[0, col], axes[1, col], backend, df[df["backend"] == backend])
     for col, backend in enumerate(backends):
         time_ax, ratio_ax = axes[0, col], axes[1, col]
         for H in heads:
@@ -85,7 +117,7 @@ def plot(dataset_dir: Path) -> Figure:
         world = ", ".join(
             f"P={int(p)}" for p in sorted(ok[ok["backend"] == backend]["world_size"].unique())
         )
-        time_ax.set_title(f"{backend} ({world})", fontsize=8)
+        time_ax.set_title(f"{backend} ({world})", fontsize=common.PANEL_TITLE_FONT)
         time_ax.set_yscale("log")
         common.plain_log_ticks(time_ax.yaxis)
         ratio_ax.axhline(1.0, color="0.5", linewidth=0.8)
@@ -94,6 +126,8 @@ def plot(dataset_dir: Path) -> Figure:
             ax.xaxis.set_major_locator(FixedLocator(sorted(ok["seq_len"].unique())))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda s, _: f"{s / 1024:g}K"))
         ratio_ax.set_xlabel("sequence length S (tokens)")
+        for label in ratio_ax.get_xticklabels():  # 48K and 64K sit close on a log axis
+            label.set(rotation=45, ha="right", rotation_mode="anchor")
     axes[0, 0].set_ylabel("time (us)")
     axes[1, 0].set_ylabel("time / attention alone (sender)")
 

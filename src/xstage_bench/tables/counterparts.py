@@ -1,0 +1,79 @@
+"""Counterpart columns of tab-claims: the same claims answered by another source, each in
+its own labelled column beside ours (a simulated what-if, an emulated run).
+
+A counterpart is one more column source: a label, its kind (simulated or emulated), where
+its files are (a sibling dataset, or a file of the dataset itself) and how it answers
+claims (claim id -> answer function, as in claim_answers; claims it does not answer stay
+blank). To add one, append a Counterpart to COUNTERPARTS; where it reads another dataset,
+name that dataset in `dataset` so the DAG makes tab-claims depend on its files. An emulated
+MegaMoE run in this dataset, for example, would be
+
+    Counterpart("emulated (paper's compute/drain ratio)", "emulated",
+                dataset_file("raw/megamoe_emulated.json", "megamoe"),
+                {k: claim_answers.MEASURED[k] for k in ("moe.geomean", "moe.max")})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from xstage_bench.figures import common
+from xstage_bench.tables import claim_answers
+from xstage_bench.tables.claim_answers import AnswerFn, Sources
+
+
+@dataclass(frozen=True)
+class Counterpart:
+    column: str  # the column header, e.g. 'sim-b200 (simulated)'
+    kind: str  # simulated | emulated
+    sources: Callable[[Path], Sources | None]  # this dataset's dir -> its sources, or None
+    answers: Mapping[str, AnswerFn]
+    dataset: str | None = None  # the sibling dataset it reads, if any (for the DAG)
+
+
+def sibling_dataset(name: str) -> Callable[[Path], Sources | None]:
+    """Sources of results/<name>, beside this dataset; None when it is not there or is
+    this dataset itself (a column would only repeat ours)."""
+
+    def sources(dataset_dir: Path) -> Sources | None:
+        other = dataset_dir.parent / name
+        if dataset_dir.name == name or not other.is_dir():
+            return None
+        return Sources.load(other)
+
+    return sources
+
+
+def dataset_file(read: str, field: str) -> Callable[[Path], Sources | None]:
+    """Sources holding one raw file of this dataset (an emulated run, say) where the answer
+    functions look for that experiment (field: megamoe, trace or attention), beside the
+    dataset's fitted model; None when the file is absent. Its DAG input is the dataset's own
+    raw files (all_raw in common.smk must list it)."""
+
+    def sources(dataset_dir: Path) -> Sources | None:
+        doc = common.optional_raw_doc(dataset_dir, read)
+        if doc is None:
+            return None
+        bare = Sources(dataset_dir, common.optional_model_doc(dataset_dir), None, None, None)
+        return replace(bare, **{field: doc})
+
+    return sources
+
+
+# The paper's node as simulated: B200 parameters at P=8 (config/hardware/b200.yaml).
+SIM_B200 = Counterpart(
+    column="sim-b200 (simulated)",
+    kind="simulated",
+    sources=sibling_dataset("sim-b200"),
+    answers=claim_answers.SIMULATED,
+    dataset="sim-b200",
+)
+
+COUNTERPARTS: tuple[Counterpart, ...] = (SIM_B200,)
+
+
+def datasets_read() -> list[str]:
+    """Sibling datasets some counterpart reads (the DAG adds their files to tab-claims)."""
+    return [c.dataset for c in COUNTERPARTS if c.dataset]

@@ -1,0 +1,138 @@
+"""The report as a reader opens it: headless Chromium loads the `snakemake --report` built
+from the datasets on disk and the test reads what the page renders: the summary, its claims
+table with a verdict in every row, every figure as an image, and each rule once in the
+rule graph.
+
+It needs a finished DAG run and Chromium, so it runs only when XSTAGE_BROWSER_TEST names
+the config file that run used (CI sets it after the smoke run). XSTAGE_SCREENSHOTS=<dir>
+keeps screenshots of the landing page and of the whole summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parent.parent
+CONFIG = os.environ.get("XSTAGE_BROWSER_TEST")
+pytestmark = pytest.mark.skipif(
+    not CONFIG, reason="set XSTAGE_BROWSER_TEST=<config file of the finished DAG run>"
+)
+CHROMIUM = ("chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars")
+
+
+class Summary(HTMLParser):
+    """What the rendered DOM holds inside the summary: verdict cells and figure images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0  # > 0 inside <div id="xstage-summary">
+        self.claims_tables = 0
+        self.verdicts: list[str] = []
+        self.images: list[str] = []
+        self._in_verdict = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "div" and (attrs.get("id") == "xstage-summary" or self.depth):
+            self.depth += 1
+        if not self.depth:
+            return
+        if tag == "table" and attrs.get("class") == "claims":
+            self.claims_tables += 1
+        elif tag == "td" and attrs.get("class") == "verdict":
+            self._in_verdict = True
+            self.verdicts.append("")
+        elif tag == "img" and (attrs.get("src") or "").startswith("data:image/png;base64,"):
+            self.images.append(attrs.get("alt", ""))
+
+    def handle_endtag(self, tag):
+        if tag == "div" and self.depth:
+            self.depth -= 1
+        elif tag == "td":
+            self._in_verdict = False
+
+    def handle_data(self, data):
+        if self._in_verdict:
+            self.verdicts[-1] += data.strip()
+
+
+def _chromium(*args: str) -> str:
+    if shutil.which(CHROMIUM[0]) is None:
+        pytest.fail("chromium is not installed (Debian: apt-get install chromium)")
+    run = subprocess.run([*CHROMIUM, *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    snakemake = Path(sys.executable).parent / "snakemake"
+    subprocess.run(
+        [str(snakemake), "--report", str(out), "--configfile", CONFIG], cwd=ROOT, check=True
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def dom(report) -> Summary:
+    page = Summary()
+    page.feed(_chromium("--virtual-time-budget=20000", "--dump-dom", report.as_uri()))
+    return page
+
+
+def expected_figures() -> list[Path]:
+    datasets = yaml.safe_load((ROOT / CONFIG).read_text())["datasets"]
+    names = list(datasets["reference"]) + list(datasets["simulated"])
+    return sorted(p for n in names for p in (ROOT / "results" / n / "figures").glob("fig-*.png"))
+
+
+def test_the_report_opens_on_the_summary_with_the_claims(dom):
+    assert dom.claims_tables >= 1
+
+
+def test_no_verdict_cell_is_empty(dom):
+    assert len(dom.verdicts) >= 21 * dom.claims_tables
+    assert all(dom.verdicts), dom.verdicts
+    assert set(dom.verdicts) <= {"reproduced", "differs", "not measured"}
+
+
+def test_every_figure_is_an_image_on_the_summary(dom):
+    expected = expected_figures()
+    assert expected, "no figure PNG on disk: run the DAG first"
+    shown = {alt.split(" ")[0] for alt in dom.images}
+    assert {p.stem for p in expected} <= shown
+    assert len(dom.images) == len(expected)
+
+
+def test_the_rule_graph_lists_each_rule_once(report):
+    spec = re.search(r"var rulegraph_spec = (.*?);\n\s*</script>", report.read_text(), re.S)
+    nodes = [n["rule"] for n in json.loads(spec.group(1))["data"][0]["values"]]
+    assert len(nodes) == len(set(nodes)), sorted(nodes)
+
+
+def test_screenshots(report):
+    """The landing page and the whole summary, for a person to look at."""
+    folder = os.environ.get("XSTAGE_SCREENSHOTS")
+    if not folder:
+        pytest.skip("set XSTAGE_SCREENSHOTS=<dir> to keep screenshots")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for name, size in (("landing", "1400,1000"), ("summary-full", "1400,16000")):
+        shot = Path(folder) / f"report-{name}.png"
+        _chromium(
+            f"--window-size={size}",
+            "--virtual-time-budget=20000",
+            f"--screenshot={shot}",
+            report.as_uri(),
+        )
+        assert shot.stat().st_size > 10_000
