@@ -615,7 +615,7 @@ def emulated_speedups(doc: dict) -> pd.DataFrame:
     ratio's extremes over the two medians' CIs, and both schedules' wait and span stats."""
     df = remote_fraction_labels(records_frame(doc))
     keys = ["shape", "tokens_per_rank", "world_size", "emulated_tflops", "remote_fraction"]
-    if df.empty or "time_us_median" not in df.columns:
+    if df.empty or not {"time_us_median", *keys} <= set(df.columns):
         return pd.DataFrame(columns=[*keys, "speedup", "speedup_low", "speedup_high"])
     ok = df[df["status"] == "ok"]
     wide = ok.pivot_table(
