@@ -650,3 +650,16 @@ def emulated_speedups(doc: dict) -> pd.DataFrame:
         wide[("time_us_ci_high", "expert_wave")] / wide[("time_us_ci_low", "interleaved")]
     )
     return out[out["speedup"].notna()].reset_index()
+
+
+def emulated_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame]:
+    """The dataset's emulated MegaMoE document and emulated_speedups of it; NoDataError
+    when no point has both schedules ok."""
+    doc = raw_doc(dataset_dir, layout.MEGAMOE_EMULATED_RAW)
+    speedups = emulated_speedups(doc)
+    if speedups.empty:
+        raise NoDataError(
+            f"dataset '{dataset_dir.name}': {layout.MEGAMOE_EMULATED_RAW} has no point with "
+            "ok expert_wave and interleaved records"
+        )
+    return doc, speedups

@@ -19,7 +19,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from xstage_bench import layout, paper
+from xstage_bench import paper
 from xstage_bench.figures import common
 
 
@@ -33,13 +33,7 @@ def crossover_rate_tflops(dataset_dir: Path) -> tuple[float, str] | None:
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc = common.raw_doc(dataset_dir, layout.MEGAMOE_EMULATED_RAW)
-    speedups = common.emulated_speedups(doc)
-    if speedups.empty:
-        raise common.NoDataError(
-            f"dataset '{dataset_dir.name}': {layout.MEGAMOE_EMULATED_RAW} has no point with "
-            "ok expert_wave and interleaved records"
-        )
+    doc, speedups = common.emulated_sweep(dataset_dir)
     # the achieved rate where the records carry it (the measured sweep), else nominal X
     achieved = "wave_equivalent_tflops" in speedups.columns
     x_column = "wave_equivalent_tflops" if achieved else "emulated_tflops"

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from xstage_bench import layout
 from xstage_bench.figures import common
 from xstage_bench.figures.megamoe_crossover import crossover_rate_tflops
 from xstage_bench.tables.common import Table
@@ -17,13 +16,7 @@ MECHANISM = {"extra_wait_us_p90": "wait_p90_us", "extra_store_span_us_median": "
 
 
 def build(dataset_dir: Path) -> Table:
-    doc = common.raw_doc(dataset_dir, layout.MEGAMOE_EMULATED_RAW)
-    speedups = common.emulated_speedups(doc)
-    if speedups.empty:
-        raise common.NoDataError(
-            f"dataset '{dataset_dir.name}': {layout.MEGAMOE_EMULATED_RAW} has no point with "
-            "ok expert_wave and interleaved records"
-        )
+    doc, speedups = common.emulated_sweep(dataset_dir)
     keys = ["shape", "emulated_tflops", "remote_fraction"]
     df = common.remote_fraction_labels(common.records_frame(doc))
     ok = df[df["status"] == "ok"]
