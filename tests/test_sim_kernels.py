@@ -6,7 +6,7 @@ import pytest
 from xstage_bench.hardware import HardwareProfile, load_profile
 from xstage_bench.megamoe import routing, schedule
 from xstage_bench.results import read_raw
-from xstage_bench.sim import emulated, megamoe, run, ulysses
+from xstage_bench.sim import emulated, megamoe, run, ulysses, xstage
 
 
 def toy_profile(capacity: float = 256 * 1024) -> HardwareProfile:
@@ -114,6 +114,18 @@ def test_a_path_too_fast_for_the_clock_fails_instead_of_hanging():
     prof = HardwareProfile(**{**free_stores_profile().as_dict(), "issue_rate_per_sm_GBps": 1e9})
     with pytest.raises(RuntimeError, match="stalled"):
         megamoe.simulate(moe_point("skewed"), MOE, prof, "interleaved")
+
+
+def test_a_list_that_would_hang_the_kernel_fails():
+    # One program takes a Linear-2 tile before its block's Linear-1 tiles: nobody else
+    # can compute them (schedule.build refuses such lists; the player must not hang).
+    grid = schedule.TileGrid(np.array([0]), np.array([128]), 1, 1)
+    work = megamoe.RankWork(0, grid, np.zeros(1), np.full(1, 128 * 256.0))
+    tiles = np.array([[schedule.L2, 0, 0, 0], [schedule.L1, 0, 0, 0]], dtype=np.int32)
+    rates = megamoe.Rates(programs=1, l1_us=1.0, l2_us=1.0)
+    paths = [xstage.path_params(toy_profile(), dest) for dest in ("peer", "local")]
+    with pytest.raises(RuntimeError, match="deadlock"):
+        megamoe.play(tiles, work, rates, *paths)
 
 
 def test_tile_times_and_accounting():

@@ -204,7 +204,7 @@ def simulate_at_rate(
     works = [rank_work(rows, point, block_n, local_control) for rows in plans]
     work = max(works, key=lambda w: rates.lower_bound_us(w, peer.drain))
     tiles = schedule.build(schedule_name, work.grid, num_programs, megamoe.get("lead_rows", 0))
-    played = _play(tiles, work, rates, peer, local)
+    played = play(tiles, work, rates, peer, local)
     nvlink = [0 if local_control else rows.remote_rows() * H * OUTPUT_BYTES for rows in plans]
     useful_per_gpu = 6.0 * H * I * sum(rows.rows for rows in plans) / len(plans)
     l2 = tiles[:, 0] == schedule.L2
@@ -222,7 +222,7 @@ def simulate_at_rate(
 
 
 @dataclass(frozen=True)
-class _Played:
+class Played:
     """Per list entry: its program, and when it was taken, started computing (an L2 tile
     after its rows are ready), began its stores (L2 only, else NaN) and ended."""
 
@@ -245,13 +245,13 @@ class _Played:
         return rows
 
 
-def _play(
+def play(
     tiles: np.ndarray,
     work: RankWork,
     rates: Rates,
     peer_params: PathParams,
     local_params: PathParams,
-) -> _Played:
+) -> Played:
     """The event loop: programs taking list entries, row-block counters, two store paths.
 
     The heap holds (time, entry): an L1 entry's compute ends, or an L2 entry's fixed
@@ -343,7 +343,10 @@ def _play(
                 issue(peer, i, remote[b], t)
             else:
                 issue_local(i, t)
-    return _Played(
+    if waiting:  # every program waits on a block no one computes: the kernel would hang
+        blocks = sorted(waiting)
+        raise RuntimeError(f"deadlock: Linear-2 tiles wait on row blocks {blocks[:8]}")
+    return Played(
         *(np.array(x) for x in (program, taken, start, store_start, end)),
         time_us=max(max(end), peer.empty_time(), local.empty_time()),
     )
