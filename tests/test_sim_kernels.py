@@ -188,11 +188,22 @@ def test_waves_backpressure_and_interleaving_hides_it():
     assert inter.time_us < wave.time_us
 
 
-def test_the_busiest_rank_stands_for_the_kernel():
+def test_the_kernel_time_is_the_slowest_ranks():
     pt, prof = moe_point("skewed"), toy_profile()
     r = megamoe.simulate(pt, MOE, prof, "interleaved")
+    rates = megamoe.Rates.at(pt, 128, 128, 400.0, prof.sm_count)
+    paths = [xstage.path_params(prof, dest) for dest in ("peer", "local")]
+    per_rank = []
+    for rows in megamoe.dispatch(pt, MOE):
+        work = megamoe.rank_work(rows, pt, 128, local_control=False)
+        tiles = schedule.build("interleaved", work.grid, prof.sm_count, MOE["lead_rows"])
+        per_rank.append(megamoe.play(tiles, work, rates, *paths).time_us)
+    assert r.time_us == max(per_rank) and r.rank == int(np.argmax(per_rank))
+    # "busiest" plays one rank only: here the one the skew loads with more blocks.
+    busiest = megamoe.simulate(pt, MOE, prof, "interleaved", ranks="busiest")
     blocks = [len(rows.block_rows) for rows in megamoe.dispatch(pt, MOE)]
-    assert blocks[r.rank] == max(blocks) > min(blocks)  # skew loads one rank more
+    assert blocks[busiest.rank] == max(blocks) > min(blocks)
+    assert busiest.time_us == per_rank[busiest.rank]
 
 
 def test_simulation_is_reproducible():

@@ -30,6 +30,7 @@ class SimOptions:
     noise_rel: float = 0.01  # standard deviation of the log of the per-sample factor
     seed: int = 0
     start_jitter_us: float = 0.0  # microbench: seeded launch skew of each producer (free sync)
+    megamoe_ranks: str = "all"  # megamoe: play every rank, or only the busiest (sim.megamoe)
 
 
 ASSUMPTIONS = {
@@ -47,9 +48,9 @@ ASSUMPTIONS = {
     "tiles; tile time = FLOPs (L1 4 BM BN H, L2 2 BM BN I) at matrix_tflops/sm_count (w4a8 "
     "and w8a8 at the fp8 rate, a partial row block costs a full tile); each Linear-2 tile "
     "pushes its block's valid rows x BN bf16: the rows homed on other ranks through the peer "
-    "path, then the rest through the local path; the busiest rank (compute over the SMs or "
-    "remote bytes over R) stands for the kernel; dispatch and caches not modelled; kernel "
-    "time includes the final drain",
+    "path, then the rest through the local path; kernel time = the slowest rank's (sim "
+    "option megamoe_ranks 'all'; 'busiest': the rank with the most compute over the SMs or "
+    "remote bytes over R), including its final drain; dispatch and caches not modelled",
     "attention": f"tile time = 4*128*S*D FLOPs at bf16 x {ulysses.ATTENTION_EFFICIENCY:g}; "
     "each tile's epilogue stores 128 x D bf16 (alone: locally; fused: remote share through "
     "the peer path); serial: an All-to-All burst from every SM after the kernel",
@@ -176,7 +177,9 @@ def simulate_megamoe(
             rid = f"{point['id']}/{schedule}"
             key = _simulation_key(point, schedule)
             if key not in done:
-                done[key] = megamoe.simulate(point, moe, profile, schedule, seed=options.seed)
+                done[key] = megamoe.simulate(
+                    point, moe, profile, schedule, seed=options.seed, ranks=options.megamoe_ranks
+                )
             r = done[key]
             records.append(
                 ok_record(
@@ -250,6 +253,7 @@ def simulate_megamoe_trace(
             local_control=local,
             keep_timeline=True,
             seed=options.seed,
+            ranks=options.megamoe_ranks,
         )
         timeline = [
             [prog, kind] + [None if x is None else round(x, 4) for x in stamps]
