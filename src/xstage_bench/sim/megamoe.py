@@ -1,5 +1,5 @@
-"""A fused MoE kernel (MegaMoE) on one rank: the kernel's own tile lists against the
-X-Stage path.
+"""The fused MoE kernel (MegaMoE), simulated: the kernel's own tile lists and routing
+against the X-Stage path.
 
 Nothing here decides an order or a routing: the rows come from routing.route and
 routing.dispatch_plan, the tile grid and list from schedule.build, exactly as the kernel
@@ -19,7 +19,7 @@ default every rank is played and the slowest one reported. Ranks differ even und
 balanced routing: a row more or less per expert moves block and wave boundaries, which
 changed the slowest rank's time by up to 6% against the busiest rank's (8 GPUs, B200
 profile). ranks="busiest" plays only the rank with the larger of its compute over the
-programs and its remote bytes over R: P times cheaper, and within 1.2% on 2 GPUs.
+programs and its remote bytes over R: cheaper (3x on 8 GPUs), within 1.2% on 2 GPUs.
 
 Not modelled: dispatch (the rows are assumed present), caches (so expert-weight L2
 locality is absent), clocks, launch cost, the receiver side of the combine.
