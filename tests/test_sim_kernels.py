@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from xstage_bench.hardware import HardwareProfile, load_profile
+from xstage_bench.megamoe import routing, schedule
 from xstage_bench.results import read_raw
-from xstage_bench.sim import megamoe, run, ulysses
+from xstage_bench.sim import emulated, megamoe, run, ulysses, xstage
 
 
 def toy_profile(capacity: float = 256 * 1024) -> HardwareProfile:
@@ -41,150 +42,255 @@ def moe_point(routing: str = "balanced", tokens: int = 1024, precision: str = "w
     return p
 
 
-def test_routing_balanced_and_skewed():
-    balanced = megamoe.expert_rows(moe_point("balanced"), 1.2)
-    skewed = megamoe.expert_rows(moe_point("skewed"), 1.2)
-    assert balanced.sum() == skewed.sum() == 1024 * 4
-    assert len(balanced) == 8 and balanced.max() - balanced.min() <= 1
-    assert skewed.max() > 2 * skewed.mean()
-    # Both precisions of a shape see the same routing.
-    np.testing.assert_array_equal(
-        skewed, megamoe.expert_rows(moe_point("skewed", precision="w4a8"), 1.2)
+def kernel_grid(point: dict, rank: int = 0) -> schedule.TileGrid:
+    """The rank's grid exactly as the kernel's problem builds it (problem.rank_buffers)."""
+    P = point["world_size"]
+    ids = [routing.route(point, MOE["skew_zipf"], r)[0] for r in range(P)]
+    plan = routing.dispatch_plan(ids, point["E"], MOE["block_m"])[rank]
+    return schedule.TileGrid(
+        plan.block_expert, plan.block_rows, point["I"] // 128, point["H"] // 128
     )
 
 
-def test_plan_tile_costs():
-    p = megamoe.plan(moe_point(), MOE, toy_profile())
-    assert p.blocks == 8 * 4  # 512 rows per expert, 128-row blocks
-    assert p.l1_tiles_per_block == 2 * 512 // 128 and p.l2_tiles_per_block == 1024 // 128
-    assert p.l1_tile_us == pytest.approx(2 * 128 * 128 * 1024 / 2.5e7)
-    assert p.l2_tile_us == pytest.approx(2 * 128 * 128 * 512 / 2.5e7)
-    assert p.useful_flops == pytest.approx(6 * 1024 * 512 * 4096)
+@pytest.mark.parametrize("name", ["expert_wave", "interleaved"])
+@pytest.mark.parametrize("routing_name", ["balanced", "skewed"])
+def test_simulator_plays_the_kernels_tile_list(name, routing_name):
+    pt, prof = moe_point(routing_name), toy_profile()
+    r = megamoe.simulate(pt, MOE, prof, name, keep_timeline=True)
+    expected = schedule.build(name, kernel_grid(pt, r.rank), prof.sm_count, MOE["lead_rows"])
+    np.testing.assert_array_equal(r.tiles, expected)
+    # The timeline is the list in order: taken through one counter, so never earlier than
+    # the entry before it, and every Linear-2 tile starts after its block's Linear-1 tiles.
+    kinds = ["L1" if k == schedule.L1 else "L2" for k in expected[:, 0]]
+    assert [row[1] for row in r.timeline] == kinds
+    taken = np.array([row[2] for row in r.timeline])
+    assert np.all(np.diff(taken) >= 0)
+    l2 = expected[:, 0] == schedule.L2
+    starts = taken[l2] + np.array(r.waits_us)
+    for block in np.unique(expected[:, 2]):
+        l1_ends = [
+            row[3]
+            for row, (k, _, b, _) in zip(r.timeline, expected, strict=True)
+            if k == schedule.L1 and b == block
+        ]
+        assert starts[expected[l2, 2] == block].min() >= max(l1_ends) - 1e-9
 
 
-def drain(schedule, ready=lambda b: True) -> list:
-    order = []
-    while (tile := schedule.next_tile(ready)) is not None:
-        order.append(tile)
-    return order
-
-
-def small_plan(sm_count: int) -> megamoe.MoEPlan:
-    # 2 experts x 2 blocks of 128 rows; 2 Linear-1 and 2 Linear-2 tiles per block.
-    pt = {
-        "shape": "s",
-        "H": 256,
-        "I": 128,
-        "E": 4,
-        "topk": 1,
-        "precision": "bf16",
-        "routing": "balanced",
-        "tokens_per_rank": 512,
-        "world_size": 2,
-        "id": "s",
-    }
-    prof = HardwareProfile(
-        name="s",
-        sm_count=sm_count,
-        t0_fixed_us=0.1,
-        issue_rate_per_sm_GBps=1.0,
-        drain_rate_GBps=1.0,
-        capacity_bytes=1.0,
-        nvlink_line_rate_GBps=1.0,
-        matrix_tflops={"bf16": 1.0},
+def free_stores_profile() -> HardwareProfile:
+    """Stores that cost next to nothing: the kernel's time is its tiles'."""
+    return HardwareProfile(
+        name="free",
+        sm_count=16,
+        t0_fixed_us=0.0,
+        issue_rate_per_sm_GBps=1e5,  # a tile's 32 KiB in 0.3 ns
+        drain_rate_GBps=1e7,
+        capacity_bytes=1e12,
+        nvlink_line_rate_GBps=1e7,
+        matrix_tflops={"fp8": 400.0},
     )
-    return megamoe.plan(pt, MOE, prof)
 
 
-def test_expert_wave_is_the_smallest_group_that_fills_the_sms():
-    order = drain(megamoe.ExpertWave(small_plan(4), sm_count=4))
-    L1, L2 = "L1", "L2"
-    assert order == [
-        (L1, 0),
-        (L1, 0),
-        (L1, 1),
-        (L1, 1),
-        (L2, 0),
-        (L2, 0),
-        (L2, 1),
-        (L2, 1),
-        (L1, 2),
-        (L1, 2),
-        (L1, 3),
-        (L1, 3),
-        (L2, 2),
-        (L2, 2),
-        (L2, 3),
-        (L2, 3),
-    ]
-    # With more SMs, both experts form one wave.
-    wide = drain(megamoe.ExpertWave(small_plan(8), sm_count=8))
-    assert [k for k, _ in wide] == ["L1"] * 8 + ["L2"] * 8
+@pytest.mark.parametrize("name", ["expert_wave", "interleaved"])
+def test_with_free_stores_the_timing_is_the_lists_own_clock(name):
+    # schedule.play times a list with tile costs only; the simulator must agree there,
+    # waits included.
+    pt, prof = moe_point("skewed"), free_stores_profile()
+    r = megamoe.simulate(pt, MOE, prof, name, keep_timeline=True)
+    start, wait = schedule.play(r.tiles, kernel_grid(pt, r.rank), prof.sm_count)
+    unit = 2 * 128 * 128 * 128 / (400e6 / 16)  # tile_costs' unit (2 BM BN BN FLOPs) in us
+    l2 = r.tiles[:, 0] == schedule.L2
+    tol = 0.01  # us: the stores' 0.3 ns each, summed over a program's tiles
+    np.testing.assert_allclose(np.array(r.waits_us), wait[l2] * unit, atol=tol)
+    taken = np.array([row[2] for row in r.timeline])
+    np.testing.assert_allclose(taken, (start - wait) * unit, atol=tol)
+    if name == "interleaved":  # no wait while Linear-1 work is left to take instead
+        last_l1 = np.flatnonzero(~l2).max()
+        assert np.array(r.waits_us)[np.flatnonzero(l2) < last_l1].max() < tol
+    else:
+        assert max(r.waits_us) > 1.0  # a wave's Linear-2 tiles wait for its Linear-1 tail
 
 
-def test_interleaved_keeps_the_row_lead():
-    p = small_plan(4)
-    order = drain(megamoe.Interleaved(p, 4, lead_rows=256))
-    L1, L2 = "L1", "L2"
-    # Linear-2 of block 0 (rows 0-127) waits until Linear-1 reaches row 384 (block 3).
-    assert order == [
-        (L1, 0),
-        (L1, 0),
-        (L1, 1),
-        (L1, 1),
-        (L1, 2),
-        (L1, 2),
-        (L2, 0),
-        (L2, 0),
-        (L1, 3),
-        (L1, 3),
-        (L2, 1),
-        (L2, 1),
-        (L2, 2),
-        (L2, 2),
-        (L2, 3),
-        (L2, 3),
-    ]
-    # Rows never ready: all Linear-1 first, then Linear-2 (the program waits for its rows).
-    blocked = drain(megamoe.Interleaved(p, 4, lead_rows=0), ready=lambda b: False)
-    assert [k for k, _ in blocked] == ["L1"] * 8 + ["L2"] * 8
+def test_a_path_too_fast_for_the_clock_fails_instead_of_hanging():
+    prof = HardwareProfile(**{**free_stores_profile().as_dict(), "issue_rate_per_sm_GBps": 1e9})
+    with pytest.raises(RuntimeError, match="stalled"):
+        megamoe.simulate(moe_point("skewed"), MOE, prof, "interleaved")
 
 
-@pytest.mark.parametrize("schedule", ["expert_wave", "interleaved"])
-def test_simulated_kernel_accounts_for_every_tile(schedule):
+def test_a_list_that_would_hang_the_kernel_fails():
+    # One program takes a Linear-2 tile before its block's Linear-1 tiles: nobody else
+    # can compute them (schedule.build refuses such lists; the player must not hang).
+    grid = schedule.TileGrid(np.array([0]), np.array([128]), 1, 1)
+    work = megamoe.RankWork(0, grid, np.zeros(1), np.full(1, 128 * 256.0))
+    tiles = np.array([[schedule.L2, 0, 0, 0], [schedule.L1, 0, 0, 0]], dtype=np.int32)
+    rates = megamoe.Rates(programs=1, l1_us=1.0, l2_us=1.0)
+    paths = [xstage.path_params(toy_profile(), dest) for dest in ("peer", "local")]
+    with pytest.raises(RuntimeError, match="deadlock"):
+        megamoe.play(tiles, work, rates, *paths)
+
+
+def test_tile_times_and_accounting():
     pt, prof = moe_point(), toy_profile()
-    r = megamoe.simulate(pt, MOE, prof, schedule, keep_timeline=True)
-    p = megamoe.plan(pt, MOE, prof)
-    kinds = [row[1] for row in r.timeline]
-    assert kinds.count("L1") == p.blocks * p.l1_tiles_per_block
-    assert kinds.count("L2") == len(r.store_spans_us) == p.blocks * p.l2_tiles_per_block
+    r = megamoe.simulate(pt, MOE, prof, "expert_wave", keep_timeline=True)
+    l1 = [row[3] - row[2] for row in r.timeline if row[1] == "L1"]
+    np.testing.assert_allclose(l1, 4 * 128 * 128 * 1024 / 2.5e7)  # 4 BM BN H at 2.5e7 FLOP/us
+    # 8 experts x 4 blocks of 128 rows per rank; 4 L1 and 8 L2 tiles per block.
+    assert len(l1) == 32 * 4 and len(r.store_spans_us) == len(r.waits_us) == 32 * 8
     for prog in range(prof.sm_count):  # a program runs one tile at a time
         rows = sorted((row for row in r.timeline if row[0] == prog), key=lambda row: row[2])
-        ends = [row[5] if row[1] == "L2" else row[3] for row in rows]
-        assert all(nxt[2] >= end - 1e-9 for nxt, end in zip(rows[1:], ends, strict=False))
-    work = p.blocks * (p.l1_tiles_per_block * p.l1_tile_us + p.l2_tiles_per_block * p.l2_tile_us)
+        assert all(nxt[2] >= row[3] - 1e-9 for row, nxt in zip(rows, rows[1:], strict=False))
+    work = 32 * (4 * 4 * 128 * 128 * 1024 + 8 * 2 * 128 * 128 * 512) / 2.5e7
     assert r.time_us >= work / prof.sm_count
-    assert r.nvlink_bytes == 4096 * 1024 * 2 // 2  # rows x H x bf16, half of it remote
-    assert r.tflops == pytest.approx(p.useful_flops / r.time_us / 1e6)
+    assert r.nvlink_bytes == 2 * 4096 * 1024 * 2 // 2  # all ranks: half of rows x H x bf16
+    assert r.nvlink_bytes_per_rank == [4096 * 1024] * 2
+    assert r.tflops == pytest.approx(6 * 1024 * 512 * 4096 / r.time_us / 1e6)
+
+
+def test_remote_share_follows_the_plans_rows():
+    prof = toy_profile()
+    rows_bytes = 4096 * 1024 * 2  # a rank's rows x H x bf16
+    for fraction, share in ((0.0, 0.0), (0.25, 0.25), (1.0, 1.0)):
+        pt = {**moe_point(), "remote_fraction": fraction}
+        r = megamoe.simulate(pt, MOE, prof, "expert_wave")
+        assert r.nvlink_bytes_per_rank == [round(share * rows_bytes)] * 2
+
+
+def test_remote_fraction_zero_never_stalls():
+    # A path that cannot hold one tile's stores: any remote row would stall its program.
+    prof = toy_profile(capacity=1024)
+    floor = 0.1 + 128 * 128 * 2 / 50_000  # t0_fixed + the tile's bytes at the issue rate
+    for name in ("expert_wave", "interleaved"):
+        local = megamoe.simulate({**moe_point(), "remote_fraction": 0.0}, MOE, prof, name)
+        np.testing.assert_allclose(local.store_spans_us, floor)
+        assert local.nvlink_bytes == 0
+        remote = megamoe.simulate({**moe_point(), "remote_fraction": 1.0}, MOE, prof, name)
+        assert np.median(remote.store_spans_us) > 2 * floor
 
 
 def test_without_backpressure_remote_spans_equal_the_local_control():
     prof = toy_profile(capacity=1e12)
-    remote = megamoe.simulate(moe_point(), MOE, prof, "expert_wave")
-    local = megamoe.simulate(moe_point(), MOE, prof, "expert_wave", local_control=True)
-    floor = 0.1 + 128 * 128 * 2 / 50_000  # t0_fixed + the tile's bytes at the issue rate
-    np.testing.assert_allclose(remote.store_spans_us, floor)
-    np.testing.assert_allclose(local.store_spans_us, floor)
+    floor = 0.1 + 128 * 128 * 2 / 50_000
+    for local in (False, True):
+        r = megamoe.simulate(moe_point(), MOE, prof, "expert_wave", local_control=local)
+        np.testing.assert_allclose(r.store_spans_us, floor)
 
 
 def test_waves_backpressure_and_interleaving_hides_it():
+    # Natural routing on 2 ranks: half the blocks' rows go home over the peer path. A
+    # wave's Linear-2 tiles push 16 x 32 KiB at once into a 256 KiB path; interleaved,
+    # Linear-1 tiles sit between them and the path drains in time.
     prof = toy_profile()
-    wave = megamoe.simulate(moe_point(), MOE, prof, "expert_wave")
-    inter = megamoe.simulate(moe_point(), MOE, prof, "interleaved")
-    local = megamoe.simulate(moe_point(), MOE, prof, "interleaved", local_control=True)
+    pt = moe_point()
+    wave = megamoe.simulate(pt, MOE, prof, "expert_wave")
+    inter = megamoe.simulate(pt, MOE, prof, "interleaved")
+    local = megamoe.simulate(pt, MOE, prof, "interleaved", local_control=True)
     assert np.median(wave.store_spans_us) > 1.3 * np.median(local.store_spans_us)
     assert np.median(inter.store_spans_us) == pytest.approx(np.median(local.store_spans_us))
     assert inter.time_us < wave.time_us
+
+
+def test_the_kernel_time_is_the_slowest_ranks():
+    pt, prof = moe_point("skewed"), toy_profile()
+    r = megamoe.simulate(pt, MOE, prof, "interleaved")
+    rates = megamoe.Rates.at(pt, 128, 128, 400.0, prof.sm_count)
+    paths = [xstage.path_params(prof, dest) for dest in ("peer", "local")]
+    per_rank = []
+    for rows in megamoe.dispatch(pt, MOE):
+        work = megamoe.rank_work(rows, pt, 128, local_control=False)
+        tiles = schedule.build("interleaved", work.grid, prof.sm_count, MOE["lead_rows"])
+        per_rank.append(megamoe.play(tiles, work, rates, *paths).time_us)
+    assert r.time_us == max(per_rank) and r.rank == int(np.argmax(per_rank))
+    # "busiest" plays one rank only: here the one the skew loads with more blocks.
+    busiest = megamoe.simulate(pt, MOE, prof, "interleaved", ranks="busiest")
+    blocks = [len(rows.block_rows) for rows in megamoe.dispatch(pt, MOE)]
+    assert blocks[busiest.rank] == max(blocks) > min(blocks)
+    assert busiest.time_us == per_rank[busiest.rank]
+
+
+def test_simulation_is_reproducible():
+    prof = toy_profile()
+    a = megamoe.simulate(moe_point("skewed"), MOE, prof, "interleaved", keep_timeline=True)
+    megamoe.simulate(moe_point("balanced"), MOE, prof, "interleaved")  # another routing between
+    b = megamoe.simulate(moe_point("skewed"), MOE, prof, "interleaved", keep_timeline=True)
+    assert (a.time_us, a.store_spans_us, a.waits_us, a.timeline) == (
+        b.time_us,
+        b.store_spans_us,
+        b.waits_us,
+        b.timeline,
+    )
+
+
+def emulated_point(fraction, X: float = 400.0) -> dict:
+    p = {k: v for k, v in moe_point().items() if k not in ("id", "precision")}
+    return {**p, "emulated_tflops": X, "remote_fraction": fraction}
+
+
+def test_predict_emulated_local_control_is_natural_routing_stored_locally():
+    prof = toy_profile(capacity=1024)  # any remote row would stall
+    local = emulated.predict_emulated(emulated_point(0.0), prof, 400.0, 16, megamoe_config=MOE)
+    for name, t in local.items():
+        expected = megamoe.simulate_at_rate(
+            moe_point(), MOE, prof, name, tflops=400.0, num_programs=16, local_control=True
+        )
+        assert t == expected.time_us
+    # Compute only: twice the emulated rate, half the time.
+    free = free_stores_profile()
+    slow = emulated.predict_emulated(emulated_point(0.0), free, 200.0, 16, megamoe_config=MOE)
+    fast = emulated.predict_emulated(emulated_point(0.0), free, 400.0, 16, megamoe_config=MOE)
+    for name in emulated.SCHEDULES:
+        assert slow[name] == pytest.approx(2 * fast[name], rel=1e-3)
+
+
+def emulated_record(point: dict, schedule_name: str, time_us: float, **kw) -> dict:
+    return {
+        "status": "ok",
+        "point": {**point, "schedule": schedule_name},
+        "samples": {"time_us": [time_us * 0.99, time_us, time_us * 1.5], **kw},
+        "extra": {"num_programs": 16},
+    }
+
+
+def test_compare_emulated_on_synthetic_records():
+    prof = toy_profile()
+    points = [emulated_point(f, X) for f in (0.0, 1.0) for X in (200.0, 400.0)]
+    predicted = [
+        emulated.predict_emulated(p, prof, p["emulated_tflops"], 16, megamoe_config=MOE)
+        for p in points
+    ]
+    records = []
+    for p, pred, off in zip(points, predicted, (1.0, 1.1, 0.8, 1.25), strict=True):
+        # Measured: the prediction, with interleaved `off` times slower than predicted.
+        records.append(emulated_record(p, "expert_wave", pred["expert_wave"]))
+        records.append(emulated_record(p, "interleaved", pred["interleaved"] * off))
+    # Left out: a failed record, and a point with one schedule only.
+    records.append({"status": "failed", "point": {**points[0], "schedule": "interleaved"}})
+    records.append(emulated_record(emulated_point(0.5), "expert_wave", 10.0))
+    table = emulated.compare_emulated(records, prof, megamoe_config=MOE)
+    assert list(table.columns) == [
+        "shape",
+        "routing",
+        "tokens_per_rank",
+        "world_size",
+        "emulated_tflops",
+        "remote_fraction",
+        "measured_speedup",
+        "predicted_speedup",
+        "error",
+    ]
+    assert table["remote_fraction"].tolist() == [0.0, 0.0, 1.0, 1.0]
+    model = [pred["expert_wave"] / pred["interleaved"] for pred in predicted]
+    np.testing.assert_allclose(table["predicted_speedup"], model)
+    np.testing.assert_allclose(table["measured_speedup"], np.divide(model, [1.0, 1.1, 0.8, 1.25]))
+    np.testing.assert_allclose(table["error"], [0.0, 0.1, -0.2, 0.25])
+
+
+def test_compare_emulated_times_the_kernel_where_recorded():
+    prof, p = toy_profile(), emulated_point(1.0)
+    records = [
+        emulated_record(p, "expert_wave", 100.0, kernel_us=[60.0]),
+        emulated_record(p, "interleaved", 50.0, kernel_us=[40.0]),
+    ]
+    table = emulated.compare_emulated(records, prof, megamoe_config=MOE)
+    assert table["measured_speedup"].tolist() == [1.5]
 
 
 def attention_point(mode: str, S: int) -> dict:

@@ -1,184 +1,155 @@
-"""A fused MoE kernel (MegaMoE) on one rank: tile schedules against the X-Stage path.
+"""The fused MoE kernel (MegaMoE), simulated: the kernel's own tile lists and routing
+against the X-Stage path.
 
-One persistent program per SM takes tiles from a schedule. A Linear-1 tile is block_m
-rows x block_n columns of the 2I gate/up output (reduction over H); a Linear-2 tile is
-block_m x block_n of the H output (reduction over I) and needs every Linear-1 tile of its
-rows (SwiGLU joins gate and up). Tile time is its FLOPs at one SM's share of the matrix
-throughput; a partial row block costs a full tile, as on Tensor Cores. Each Linear-2 tile
-ends with the combine push of its bf16 output: the remote (P-1)/P share goes through the
-peer path (capacity Q, drain R: backpressure stalls that program), the local share
-through the local path. Ranks are symmetric, so one rank stands for all.
+Nothing here decides an order or a routing: the rows come from routing.route and
+routing.dispatch_plan, the tile grid and list from schedule.build, exactly as the kernel
+builds them (megamoe/problem.py), so a simulated schedule is the measured one. The list
+is then played event by event as the persistent kernel runs it: num_programs programs
+take entries in list order (the atomic counter); a Linear-2 tile waits for every Linear-1
+tile of its row block (the row-block counter); a tile lasts its FLOPs at one program's
+share of the compute rate (an L1 tile 4 BM BN H, an L2 tile 2 BM BN I; a partial row
+block costs a full tile, as on Tensor Cores). Each L2 tile ends with the combine push of
+its block's valid rows x BN bf16: the rows whose home is another rank go through the
+peer path (sim/xstage.py: fixed overhead T0, capacity Q, drain R, so a full path stalls
+the program), then the rest through the local path. The remote share is the plan's own
+count per row block, so a remote fraction (routing.py) changes it tile by tile.
 
-Not modelled: dispatch (the rows are assumed present), caches (so the expert-weight L2
-locality that costs interleaving on balanced routing is absent), clocks and launch cost.
+The kernel ends when its slowest rank ends (the GPU runner times every rank), so by
+default every rank is played and the slowest one reported. Ranks differ even under
+balanced routing: a row more or less per expert moves block and wave boundaries, which
+changed the slowest rank's time by up to 6% against the busiest rank's (8 GPUs, B200
+profile). ranks="busiest" plays only the rank with the larger of its compute over the
+programs and its remote bytes over R: cheaper (3x on 8 GPUs), within 1.2% on 2 GPUs.
+
+Not modelled: dispatch (the rows are assumed present), caches (so expert-weight L2
+locality is absent), clocks, launch cost, the receiver side of the combine.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from functools import lru_cache
 
 import numpy as np
 
 from xstage_bench.hardware import HardwareProfile
+from xstage_bench.megamoe import routing, schedule
 from xstage_bench.sim.xstage import PathParams, path_params
 
 OUTPUT_BYTES = 2  # bf16 combine output
 PRECISION_RATE = {"w4a8": "fp8", "w8a8": "fp8", "bf16": "bf16"}  # W4A8 expands to FP8 MMA
 
 
-def expert_rows(point: dict, skew_zipf: float, seed: int = 0) -> np.ndarray:
-    """Rows routed to each of this rank's E/P experts (T*topk rows in all).
-
-    balanced: as even as integers allow. skewed: a multinomial draw over Zipf(skew_zipf)
-    weights in a seeded random expert order, seeded by shape, tokens and world size, so
-    both schedules and both precisions of a shape see the same routing.
-    """
-    local_experts = point["E"] // point["world_size"]
-    rows = point["tokens_per_rank"] * point["topk"]
-    if point["routing"] == "balanced":
-        counts = np.full(local_experts, rows // local_experts)
-        counts[: rows % local_experts] += 1
-        return counts
-    if point["routing"] != "skewed":
-        raise ValueError(f"routing must be 'balanced' or 'skewed', got {point['routing']!r}")
-    key = f"{point['shape']}/T={point['tokens_per_rank']}/P={point['world_size']}"
-    rng = np.random.default_rng([seed, zlib.crc32(key.encode())])
-    weights = np.arange(1, local_experts + 1, dtype=float) ** -skew_zipf
-    return rng.multinomial(rows, rng.permutation(weights / weights.sum()))
-
-
-@dataclass(frozen=True)
-class MoEPlan:
-    """The rank's work: row blocks (in expert order) and the cost of their tiles."""
-
-    block_expert: np.ndarray  # expert of each row block
-    block_rows: np.ndarray  # rows in each block (<= block_m)
-    block_row_end: np.ndarray  # rows of all blocks up to and including this one
-    l1_tiles_per_block: int
-    l2_tiles_per_block: int
-    l1_tile_us: float
-    l2_tile_us: float
-    block_n: int
-    useful_flops: float
-
-    @property
-    def blocks(self) -> int:
-        return len(self.block_rows)
+@lru_cache(maxsize=2)
+def _dispatch(
+    shape: str,
+    E: int,
+    topk: int,
+    routing_name: str,
+    tokens: int,
+    world_size: int,
+    fraction: float | str,
+    skew_zipf: float,
+    block_m: int,
+    seed: int,
+) -> tuple[routing.RankRows, ...]:
+    point = {
+        "shape": shape,
+        "E": E,
+        "topk": topk,
+        "routing": routing_name,
+        "tokens_per_rank": tokens,
+        "world_size": world_size,
+        "remote_fraction": fraction,
+    }
+    ids = [routing.route(point, skew_zipf, r, seed)[0] for r in range(world_size)]
+    return tuple(routing.dispatch_plan(ids, E, block_m))
 
 
-def plan(point: dict, megamoe: dict, profile: HardwareProfile, seed: int = 0) -> MoEPlan:
-    block_m, block_n = megamoe.get("block_m", 128), megamoe.get("block_n", 128)
-    H, I = point["H"], point["I"]  # noqa: E741 (the paper's name for the expert width)
-    rows = expert_rows(point, megamoe.get("skew_zipf", 1.2), seed)
-    per_block = [min(block_m, r - s) for r in rows for s in range(0, r, block_m)]
-    experts = [e for e, r in enumerate(rows) for _ in range(0, r, block_m)]
-    rate = profile.matrix_tflops.get(PRECISION_RATE[point["precision"]])
-    if not rate:
-        raise ValueError(
-            f"profile '{profile.name}' has no matrix_tflops.{PRECISION_RATE[point['precision']]}"
-        )
-    flops_per_us_per_sm = rate * 1e6 / profile.sm_count  # TFLOP/s -> FLOP/us, one SM
-    return MoEPlan(
-        block_expert=np.array(experts, dtype=int),
-        block_rows=np.array(per_block, dtype=int),
-        block_row_end=np.cumsum(per_block),
-        l1_tiles_per_block=math.ceil(2 * I / block_n),
-        l2_tiles_per_block=math.ceil(H / block_n),
-        l1_tile_us=2 * block_m * block_n * H / flops_per_us_per_sm,
-        l2_tile_us=2 * block_m * block_n * I / flops_per_us_per_sm,
-        block_n=block_n,
-        useful_flops=6.0 * H * I * float(rows.sum()),  # 4rHI (Linear-1) + 2rHI (Linear-2)
+def dispatch(point: dict, megamoe: dict, seed: int = 0) -> tuple[routing.RankRows, ...]:
+    """Every rank's rows, as the kernel's problem lays them out (cached: the precisions
+    and schedules of a configuration share one routing)."""
+    return _dispatch(
+        point["shape"],
+        point["E"],
+        point["topk"],
+        point["routing"],
+        point["tokens_per_rank"],
+        point["world_size"],
+        point.get("remote_fraction", routing.NATURAL),
+        megamoe.get("skew_zipf", 1.2),
+        megamoe.get("block_m", 128),
+        seed,
     )
 
 
-Tile = tuple[str, int]  # ("L1" | "L2", row block)
+@dataclass(frozen=True)
+class RankWork:
+    """One rank's kernel: its tile grid, and the bytes each Linear-2 tile of a row block
+    pushes to other ranks (the peer path) and to its own (the local path)."""
+
+    rank: int
+    grid: schedule.TileGrid
+    remote_bytes: np.ndarray  # (blocks,)
+    local_bytes: np.ndarray  # (blocks,)
 
 
-class TileSchedule(Protocol):
-    """The swappable unit: which tile a free program takes next (None: no work left).
-
-    A returned Linear-2 tile whose rows are not ready makes the program wait for them.
-    """
-
-    def next_tile(self, ready: Callable[[int], bool]) -> Tile | None: ...
-
-
-class ExpertWave:
-    """The smallest group of experts whose Linear-1 tiles fill every SM, then their
-    Linear-2 tiles, then the next group: a wave's Linear-2 stores end close together."""
-
-    def __init__(self, p: MoEPlan, sm_count: int, lead_rows: int = 0):
-        order: list[Tile] = []
-        wave: list[int] = []
-        for j in range(p.blocks):
-            wave.append(j)
-            closes_expert = j + 1 == p.blocks or p.block_expert[j + 1] != p.block_expert[j]
-            if closes_expert and (
-                len(wave) * p.l1_tiles_per_block >= sm_count or j + 1 == p.blocks
-            ):
-                order += [("L1", b) for b in wave for _ in range(p.l1_tiles_per_block)]
-                order += [("L2", b) for b in wave for _ in range(p.l2_tiles_per_block)]
-                wave = []
-        self._order = order
-        self._next = 0
-
-    def next_tile(self, ready: Callable[[int], bool]) -> Tile | None:
-        if self._next == len(self._order):
-            return None
-        self._next += 1
-        return self._order[self._next - 1]
+def rank_work(rows: routing.RankRows, point: dict, block_n: int, local_control: bool) -> RankWork:
+    """The grid as problem.rank_buffers builds it; local_control keeps every row local."""
+    widths = point["I"] // block_n, point["H"] // block_n
+    grid = schedule.TileGrid(rows.block_expert, rows.block_rows, *widths)
+    remote_row = ((rows.home >= 0) & (rows.home != rows.rank)).reshape(-1, rows.block_m)
+    remote = remote_row.sum(axis=1) if not local_control else np.zeros(grid.blocks, dtype=int)
+    row_bytes = block_n * OUTPUT_BYTES
+    return RankWork(
+        rows.rank,
+        grid,
+        remote_bytes=(remote * row_bytes).astype(float),
+        local_bytes=((rows.block_rows - remote) * row_bytes).astype(float),
+    )
 
 
-class Interleaved:
-    """A Linear-1 cursor and a Linear-2 cursor: take Linear-2 work when its rows are ready
-    and Linear-1 leads it by at least lead_rows rows (or has finished), else Linear-1 work,
-    so computation sits between the remote-store bursts."""
+@dataclass(frozen=True)
+class Rates:
+    """How long tiles last: one program's share of the compute rate."""
 
-    def __init__(self, p: MoEPlan, sm_count: int, lead_rows: int):
-        self._p = p
-        self._lead = lead_rows
-        self._l1 = 0  # Linear-1 tiles handed out, in block order
-        self._l2 = 0
-        self._l1_total = p.blocks * p.l1_tiles_per_block
-        self._l2_total = p.blocks * p.l2_tiles_per_block
+    programs: int
+    l1_us: float
+    l2_us: float
 
-    def _l1_row(self) -> int:
-        """First row of the block the Linear-1 cursor is in."""
-        block = self._l1 // self._p.l1_tiles_per_block
-        return int(self._p.block_row_end[block] - self._p.block_rows[block])
+    @classmethod
+    def at(cls, point: dict, block_m: int, block_n: int, tflops: float, programs: int) -> Rates:
+        """Gate and up of an L1 tile: 4 BM BN H FLOPs; the down product of an L2 tile:
+        2 BM BN I; each program computes at 1/programs of the GPU's rate."""
+        per_program = tflops * 1e6 / programs  # TFLOP/s -> FLOP/us, one program
+        return cls(
+            programs,
+            l1_us=4 * block_m * block_n * point["H"] / per_program,
+            l2_us=2 * block_m * block_n * point["I"] / per_program,
+        )
 
-    def next_tile(self, ready: Callable[[int], bool]) -> Tile | None:
-        p = self._p
-        if self._l2 < self._l2_total:
-            block = self._l2 // p.l2_tiles_per_block
-            l1_done = self._l1 == self._l1_total
-            if ready(block) and (l1_done or self._l1_row() - p.block_row_end[block] >= self._lead):
-                self._l2 += 1
-                return ("L2", block)
-        if self._l1 < self._l1_total:
-            self._l1 += 1
-            return ("L1", (self._l1 - 1) // p.l1_tiles_per_block)
-        if self._l2 < self._l2_total:
-            self._l2 += 1
-            return ("L2", (self._l2 - 1) // p.l2_tiles_per_block)
-        return None
-
-
-SCHEDULES: dict[str, type] = {"expert_wave": ExpertWave, "interleaved": Interleaved}
+    def lower_bound_us(self, work: RankWork, drain: float) -> float:
+        """No schedule beats the rank's compute spread over the programs, nor its remote
+        bytes at the drain rate."""
+        g = work.grid
+        compute = g.blocks * (g.l1_per_block * self.l1_us + g.l2_per_block * self.l2_us)
+        return max(compute / self.programs, float(work.remote_bytes.sum()) * g.l2_per_block / drain)
 
 
 @dataclass
 class MoEResult:
     time_us: float
-    tflops: float
-    nvlink_bytes: int
+    tflops: float  # useful FLOPs per GPU / time_us
+    nvlink_bytes: int  # all ranks, as the GPU runner records it
+    nvlink_bytes_per_rank: list[int]
+    rank: int  # the rank simulated
+    tiles: np.ndarray  # the tile list it played (schedule.build's)
     store_spans_us: list[float] = field(default_factory=list)  # one per Linear-2 tile
-    # [program, "L1"|"L2", start_us, end_us, store_start_us|None, store_end_us|None]
+    waits_us: list[float] = field(default_factory=list)  # one per Linear-2 tile: start - taken
+    # In list order: [program, "L1"|"L2", taken_us, end_us, store_start_us|None,
+    # store_end_us|None], the GPU runner's trace rows (an L2 tile ends with its stores).
     timeline: list[list] = field(default_factory=list)
 
 
@@ -186,141 +157,207 @@ def simulate(
     point: dict,
     megamoe: dict,
     profile: HardwareProfile,
-    schedule: str,
+    schedule_name: str,
     *,
     local_control: bool = False,
     keep_timeline: bool = False,
     seed: int = 0,
+    ranks: str = "all",
 ) -> MoEResult:
-    """Run one configuration under one schedule; local_control sends every store locally."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
-    p = plan(point, megamoe, profile, seed)
-    sched: TileSchedule = SCHEDULES[schedule](p, profile.sm_count, megamoe.get("lead_rows", 0))
-    P = point["world_size"]
-    peer_params, local_params = path_params(profile, "peer"), path_params(profile, "local")
-    return _Run(
-        p, sched, profile.sm_count, peer_params, local_params, P, local_control, keep_timeline
-    ).result()
+    """One configuration under one schedule, at the profile's matrix rate on every SM;
+    local_control sends every store through the local path."""
+    kind = PRECISION_RATE[point["precision"]]
+    rate = profile.matrix_tflops.get(kind)
+    if not rate:
+        raise ValueError(f"profile '{profile.name}' has no matrix_tflops.{kind}")
+    return simulate_at_rate(
+        point,
+        megamoe,
+        profile,
+        schedule_name,
+        tflops=rate,
+        num_programs=profile.sm_count,
+        local_control=local_control,
+        keep_timeline=keep_timeline,
+        seed=seed,
+        ranks=ranks,
+    )
 
 
-class _Run:
-    """The event loop: programs, the row blocks' readiness, and the two store paths."""
+def simulate_at_rate(
+    point: dict,
+    megamoe: dict,
+    profile: HardwareProfile,
+    schedule_name: str,
+    *,
+    tflops: float,
+    num_programs: int,
+    local_control: bool = False,
+    keep_timeline: bool = False,
+    seed: int = 0,
+    ranks: str = "all",
+) -> MoEResult:
+    """One configuration under one schedule with num_programs programs sharing a per-GPU
+    compute rate of `tflops` (TFLOP/s); the store paths are the profile's."""
+    block_m, block_n = megamoe.get("block_m", 128), megamoe.get("block_n", 128)
+    H, I = point["H"], point["I"]  # noqa: E741 (the paper's name for the expert width)
+    plans = dispatch(point, megamoe, seed)
+    rates = Rates.at(point, block_m, block_n, tflops, num_programs)
+    peer, local = path_params(profile, "peer"), path_params(profile, "local")
+    works = [rank_work(rows, point, block_n, local_control) for rows in plans]
+    if ranks == "busiest":
+        works = [max(works, key=lambda w: rates.lower_bound_us(w, peer.drain))]
+    elif ranks != "all":
+        raise ValueError(f"ranks must be 'all' or 'busiest', got {ranks!r}")
+    slowest = None
+    for w in works:
+        tiles = schedule.build(schedule_name, w.grid, num_programs, megamoe.get("lead_rows", 0))
+        played = play(tiles, w, rates, peer, local)
+        if slowest is None or played.time_us > slowest[2].time_us:
+            slowest = (w, tiles, played)
+    work, tiles, played = slowest
+    nvlink = [0 if local_control else rows.remote_rows() * H * OUTPUT_BYTES for rows in plans]
+    useful_per_gpu = 6.0 * H * I * sum(rows.rows for rows in plans) / len(plans)
+    l2 = tiles[:, 0] == schedule.L2
+    return MoEResult(
+        time_us=played.time_us,
+        tflops=useful_per_gpu / played.time_us / 1e6,  # FLOP/us -> TFLOP/s
+        nvlink_bytes=int(sum(nvlink)),
+        nvlink_bytes_per_rank=nvlink,
+        rank=work.rank,
+        tiles=tiles,
+        store_spans_us=(played.end - played.store_start)[l2].tolist(),
+        waits_us=(played.start - played.taken)[l2].tolist(),
+        timeline=played.timeline(tiles) if keep_timeline else [],
+    )
 
-    def __init__(
-        self,
-        p: MoEPlan,
-        sched: TileSchedule,
-        programs: int,
-        peer: PathParams,
-        local: PathParams,
-        P: int,
-        local_control: bool,
-        keep_timeline: bool,
-    ):
-        self.p, self.sched = p, sched
-        self.t0_fixed = peer.t0_fixed_us
-        self.peer, self.local = peer.new_path(), local.new_path()
-        self.remote_share = 0.0 if local_control else (P - 1) / P
-        self.keep = keep_timeline
-        self.l1_left = np.full(p.blocks, p.l1_tiles_per_block)
-        self.waiting: dict[int, list[int]] = {}  # row block -> programs waiting for it
-        self.events: list[tuple[float, int, str, int, int]] = []
-        self.seq = 0
-        self.tile: dict[int, list] = {}  # program -> its current timeline row
-        self.store_bytes: dict[int, float] = {}  # program -> bytes of its combine push
-        self.spans: list[float] = []
-        self.timeline: list[list] = []
-        self.nvlink_bytes = 0.0
-        self.end = 0.0
-        for prog in range(programs):
-            self.dispatch(prog, 0.0)
-        self.loop()
 
-    def push(self, t: float, what: str, prog: int, block: int) -> None:
-        heapq.heappush(self.events, (t, self.seq, what, prog, block))
-        self.seq += 1
+@dataclass(frozen=True)
+class Played:
+    """Per list entry: its program, and when it was taken, started computing (an L2 tile
+    after its rows are ready), began its stores (L2 only, else NaN) and ended."""
 
-    def ready(self, block: int) -> bool:
-        return self.l1_left[block] == 0
+    program: np.ndarray
+    taken: np.ndarray
+    start: np.ndarray
+    store_start: np.ndarray
+    end: np.ndarray
+    time_us: float  # the last tile's end, or the paths' last byte drained if later
 
-    def dispatch(self, prog: int, t: float) -> None:
-        tile = self.sched.next_tile(self.ready)
-        if tile is None:
-            self.end = max(self.end, t)
-            return
-        kind, block = tile
-        if kind == "L1":
-            self.start_compute(prog, t, "L1", block, self.p.l1_tile_us)
-        elif self.ready(block):
-            self.start_compute(prog, t, "L2", block, self.p.l2_tile_us)
-        else:
-            self.waiting.setdefault(block, []).append(prog)
-
-    def start_compute(self, prog: int, t: float, kind: str, block: int, dur: float) -> None:
-        self.tile[prog] = [prog, kind, t, t + dur, None, None]
-        self.push(t + dur, kind, prog, block)
-
-    def loop(self) -> None:
-        p = self.p
-        while self.events or self.peer.n or self.local.n:
-            t = min(
-                self.events[0][0] if self.events else math.inf,
-                self.peer.next_time(),
-                self.local.next_time(),
+    def timeline(self, tiles: np.ndarray) -> list[list]:
+        rows = []
+        for i, kind in enumerate(tiles[:, 0].tolist()):
+            l2 = kind == schedule.L2
+            end = float(self.end[i])
+            store = [float(self.store_start[i]), end] if l2 else [None, None]
+            rows.append(
+                [int(self.program[i]), "L2" if l2 else "L1", float(self.taken[i]), end, *store]
             )
-            remote_done, local_done = self.peer.advance(t), self.local.advance(t)
-            for prog, _ in remote_done:
-                self.issue_local(prog, t)
-            for prog, _ in local_done:
-                self.store_done(prog, t)
-            while self.events and self.events[0][0] <= t:
-                _, _, what, prog, block = heapq.heappop(self.events)
-                if what == "L1":
-                    self.finish_tile(prog)
-                    self.l1_left[block] -= 1
-                    if self.l1_left[block] == 0:
-                        for waiter in self.waiting.pop(block, []):
-                            self.start_compute(waiter, t, "L2", block, p.l2_tile_us)
-                    self.dispatch(prog, t)
-                elif what == "L2":
-                    self.tile[prog][4] = t
-                    self.store_bytes[prog] = float(p.block_rows[block] * p.block_n * OUTPUT_BYTES)
-                    self.push(t + self.t0_fixed, "store", prog, block)
-                else:  # "store": the fixed overhead is over, the remote share goes first
-                    remote = self.store_bytes[prog] * self.remote_share
-                    self.nvlink_bytes += remote
-                    if remote > 0:
-                        self.peer.add(prog, remote)
-                    else:
-                        self.issue_local(prog, t)
+        return rows
 
-    def issue_local(self, prog: int, t: float) -> None:
-        local = self.store_bytes[prog] * (1.0 - self.remote_share)
-        if local > 0:
-            self.local.add(prog, local)
+
+def play(
+    tiles: np.ndarray,
+    work: RankWork,
+    rates: Rates,
+    peer_params: PathParams,
+    local_params: PathParams,
+) -> Played:
+    """The event loop: programs taking list entries, row-block counters, two store paths.
+
+    The heap holds (time, entry): an L1 entry's compute ends, or an L2 entry's fixed
+    store overhead ends and its bytes reach the paths (one event per entry, so the entry
+    breaks ties). The paths' own changes (an issuer done, the path full or empty) come
+    from StorePath.next_time, asked only while someone issues: an idle path only drains,
+    so it is brought up to date when it next receives bytes. Plain closures over lists,
+    as this loop runs once per tile (about 40k tiles a configuration).
+    """
+    kind, block = tiles[:, 0].tolist(), tiles[:, 2].tolist()
+    n, L1 = len(kind), schedule.L1
+    remote, local_bytes = work.remote_bytes.tolist(), work.local_bytes.tolist()
+    l1_us, l2_us, t0 = rates.l1_us, rates.l2_us, peer_params.t0_fixed_us
+    l1_left = [work.grid.l1_per_block] * work.grid.blocks
+    waiting: dict[int, list[int]] = {}  # row block -> L2 entries taken before it was ready
+    program = [0] * n
+    taken, start, end, store_start = [0.0] * n, [0.0] * n, [0.0] * n, [math.nan] * n
+    events: list[tuple[float, int]] = []
+    peer, local = peer_params.new_path(), local_params.new_path()
+    push, pop = heapq.heappush, heapq.heappop
+    next_entry = 0
+
+    def take(prog: int, t: float) -> None:
+        """A free program takes the next list entry (the kernel's atomic counter)."""
+        nonlocal next_entry
+        i = next_entry
+        if i == n:
+            return
+        next_entry = i + 1
+        program[i], taken[i] = prog, t
+        if kind[i] == L1:
+            start[i] = t
+            push(events, (t + l1_us, i))
+        elif l1_left[block[i]] == 0:
+            begin_l2(i, t)
         else:
-            self.store_done(prog, t)
+            waiting.setdefault(block[i], []).append(i)
 
-    def store_done(self, prog: int, t: float) -> None:
-        del self.store_bytes[prog]
-        row = self.tile[prog]
-        row[5] = t
-        self.spans.append(t - row[4])
-        self.finish_tile(prog)
-        self.dispatch(prog, t)
+    def begin_l2(i: int, t: float) -> None:
+        start[i], store_start[i] = t, t + l2_us
+        push(events, (t + l2_us + t0, i))
 
-    def finish_tile(self, prog: int) -> None:
-        row = self.tile.pop(prog)
-        if self.keep:
-            self.timeline.append(row)
+    def issue(path, i: int, nbytes: float, t: float) -> None:
+        if not path.n:
+            path.advance(t)
+        path.add(i, nbytes)
 
-    def result(self) -> MoEResult:
-        end = max(self.end, self.peer.empty_time(), self.local.empty_time())
-        return MoEResult(
-            time_us=end,
-            tflops=self.p.useful_flops / end / 1e6,  # FLOP/us -> TFLOP/s
-            nvlink_bytes=int(round(self.nvlink_bytes)),
-            store_spans_us=self.spans,
-            timeline=self.timeline,
-        )
+    def issue_local(i: int, t: float) -> None:
+        nbytes = local_bytes[block[i]]
+        if nbytes > 0:
+            issue(local, i, nbytes, t)
+        else:
+            end[i] = t
+            take(program[i], t)
+
+    for prog in range(rates.programs):
+        take(prog, 0.0)
+    now, stuck = 0.0, 0
+    while events or peer.n or local.n:
+        t = events[0][0] if events else math.inf
+        if peer.n:
+            t = min(t, peer.next_time())
+        if local.n:
+            t = min(t, local.next_time())
+        peer_done = peer.advance(t) if peer.n else ()
+        local_done = local.advance(t) if local.n else ()
+        # A path whose rates dwarf the clock's resolution can stop time (its next change
+        # rounds to now): fail instead of spinning.
+        if t > now or peer_done or local_done or (events and events[0][0] <= t):
+            now, stuck = t, 0
+        elif (stuck := stuck + 1) > 16:
+            raise RuntimeError(f"simulation stalled at t={t} us: store path rates too extreme")
+        for i, _ in peer_done:  # the remote rows are issued: the local rows follow
+            issue_local(i, t)
+        for i, _ in local_done:  # the tile's stores are issued: the program moves on
+            end[i] = t
+            take(program[i], t)
+        while events and events[0][0] <= t:
+            i = pop(events)[1]
+            b = block[i]
+            if kind[i] == L1:
+                end[i] = t
+                l1_left[b] -= 1
+                if l1_left[b] == 0:
+                    for waiter in waiting.pop(b, ()):
+                        begin_l2(waiter, t)
+                take(program[i], t)
+            elif remote[b] > 0:
+                issue(peer, i, remote[b], t)
+            else:
+                issue_local(i, t)
+    if waiting:  # every program waits on a block no one computes: the kernel would hang
+        blocks = sorted(waiting)
+        raise RuntimeError(f"deadlock: Linear-2 tiles wait on row blocks {blocks[:8]}")
+    return Played(
+        *(np.array(x) for x in (program, taken, start, store_start, end)),
+        time_us=max(max(end), peer.empty_time(), local.empty_time()),
+    )
