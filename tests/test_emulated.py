@@ -1,6 +1,9 @@
 """The compute-emulated MegaMoE sweep: its grid, and the crossover figure and table drawn
 from a synthetic measured dataset (tests/fixtures.py) whose speedups are known."""
 
+import shutil
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from fixtures import EMULATED_FRACTIONS, EMULATED_RATES, make_dataset, write_megamoe_emulated
@@ -11,6 +14,7 @@ from xstage_bench.megamoe.emulated import emulated_points
 from xstage_bench.render import render_product
 from xstage_bench.results import read_raw
 
+ROOT = Path(__file__).resolve().parents[1]
 MOE = {
     "shapes": [{"name": "a", "H": 4096, "I": 2048, "E": 256, "topk": 6}],
     "schedules": ["expert_wave", "interleaved"],
@@ -80,3 +84,14 @@ def test_crossover_figure_and_table_render_labelled_emulated(measured, tmp_path)
     assert "emulated" in markdown and "2x NVIDIA H200" in markdown
     # the dataset's fitted R places the paper's compute-to-drain ratio
     assert "corresponds to X =" in markdown
+
+
+def test_the_simulator_predicts_beside_the_measurement(measured, tmp_path):
+    """With the dataset's fitted profile there, every point gets the simulator's speedup
+    for the same tile lists and routing, and the table names the median error."""
+    shutil.copy(ROOT / "config" / "hardware" / "h200.yaml", measured / "model" / "profile.yaml")
+    table = tmp_path / "tab-megamoe-crossover.csv"
+    render_product("tab-megamoe-crossover", measured, table)
+    frame = pd.read_csv(table)
+    assert frame["sim_speedup"].notna().all()
+    assert "median |error|" in table.with_suffix(".md").read_text()
