@@ -12,7 +12,7 @@ from fixtures import MICROBENCH_DEFAULTS
 
 from xstage_bench.hardware import load_profile
 from xstage_bench.model import checks, fit
-from xstage_bench.results import ok_record, read_raw, write_raw
+from xstage_bench.results import RawResultError, ok_record, read_raw, write_raw
 from xstage_bench.sim import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -330,3 +330,37 @@ def test_heldout_target_says_by_how_much_and_where_it_fails():
     assert "drain/barrier" not in detail  # within target
     assert "per-producer window variant: held-out median |err| 4.0%" in detail
     assert "free-running records (never fitted): median |err| 30.0%" in detail
+
+
+def test_a_bad_value_is_refused_naming_the_file(tmp_path):
+    paths = simulate(tmp_path, REDUCED, H200)
+    isolated = next(p for p in paths if p.endswith("isolated.json"))
+    doc = json.loads(Path(isolated).read_text())
+    doc["records"][0]["samples"]["t_iss_slowest_us"][0] = float("nan")
+    Path(isolated).write_text(json.dumps(doc))
+    with pytest.raises(RawResultError, match=r"isolated\.json: record '.*': .*NaN"):
+        fit_dir(tmp_path, paths, n_bootstrap=2)
+
+
+def test_a_record_the_fit_cannot_use_is_named_with_its_file(tmp_path):
+    paths = simulate(tmp_path, REDUCED, H200, studies=["isolated"])
+    doc = json.loads(Path(paths[0]).read_text())
+    rec = doc["records"][0]
+    del rec["samples"]["t_iss_slowest_us"], rec["summary"]["t_iss_slowest_us"]
+    Path(paths[0]).write_text(json.dumps(doc))
+    with pytest.raises(
+        RawResultError, match=rf"isolated\.json: record '{rec['id']}'.*t_iss_slowest"
+    ):
+        fit_dir(tmp_path, paths, n_bootstrap=2)
+
+
+def test_a_failing_fit_names_the_files(tmp_path, monkeypatch):
+    paths = simulate(tmp_path, REDUCED, H200, studies=["drain", "isolated"])
+
+    def broken(*_, **__):
+        raise ValueError("Residuals are not finite in the initial point.")
+
+    monkeypatch.setattr(fit, "fit_chain", broken)
+    with pytest.raises(fit.FitError, match=r"fitting .*drain\.json, .*isolated\.json: ValueError"):
+        fit_dir(tmp_path, paths, n_bootstrap=2)
+    assert not (tmp_path / "model" / "burst_gap.json").exists()
