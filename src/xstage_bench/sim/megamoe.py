@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from xstage_bench.hardware import HardwareProfile
-from xstage_bench.sim.xstage import PathParams, path_params
+from xstage_bench.sim.xstage import EventBudget, PathParams, path_params
 
 OUTPUT_BYTES = 2  # bf16 combine output
 PRECISION_RATE = {"w4a8": "fp8", "w8a8": "fp8", "bf16": "bf16"}  # W4A8 expands to FP8 MMA
@@ -219,7 +219,6 @@ class _Run:
         keep_timeline: bool,
     ):
         self.p, self.sched = p, sched
-        self.t0_fixed = peer.t0_fixed_us
         self.peer, self.local = peer.new_path(), local.new_path()
         self.remote_share = 0.0 if local_control else (P - 1) / P
         self.keep = keep_timeline
@@ -229,6 +228,9 @@ class _Run:
         self.seq = 0
         self.tile: dict[int, list] = {}  # program -> its current timeline row
         self.store_bytes: dict[int, float] = {}  # program -> bytes of its combine push
+        self.params = peer  # the issue rate and fixed overhead are the SM's, on either path
+        tiles = p.blocks * (p.l1_tiles_per_block + p.l2_tiles_per_block)
+        self.budget = EventBudget(tiles + programs, f"megamoe: {tiles} tiles")
         self.spans: list[float] = []
         self.timeline: list[list] = []
         self.nvlink_bytes = 0.0
@@ -264,6 +266,7 @@ class _Run:
     def loop(self) -> None:
         p = self.p
         while self.events or self.peer.n or self.local.n:
+            self.budget.step()
             t = min(
                 self.events[0][0] if self.events else math.inf,
                 self.peer.next_time(),
@@ -273,7 +276,7 @@ class _Run:
             for prog, _ in remote_done:
                 self.issue_local(prog, t)
             for prog, _ in local_done:
-                self.store_done(prog, t)
+                self.stored(prog, t)
             while self.events and self.events[0][0] <= t:
                 _, _, what, prog, block = heapq.heappop(self.events)
                 if what == "L1":
@@ -283,24 +286,29 @@ class _Run:
                         for waiter in self.waiting.pop(block, []):
                             self.start_compute(waiter, t, "L2", block, p.l2_tile_us)
                     self.dispatch(prog, t)
-                elif what == "L2":
+                elif what == "L2":  # the combine push begins: the remote share goes first
                     self.tile[prog][4] = t
                     self.store_bytes[prog] = float(p.block_rows[block] * p.block_n * OUTPUT_BYTES)
-                    self.push(t + self.t0_fixed, "store", prog, block)
-                else:  # "store": the fixed overhead is over, the remote share goes first
                     remote = self.store_bytes[prog] * self.remote_share
                     self.nvlink_bytes += remote
                     if remote > 0:
                         self.peer.add(prog, remote)
                     else:
                         self.issue_local(prog, t)
+                else:  # "stored"
+                    self.store_done(prog, t)
 
     def issue_local(self, prog: int, t: float) -> None:
         local = self.store_bytes[prog] * (1.0 - self.remote_share)
         if local > 0:
             self.local.add(prog, local)
         else:
-            self.store_done(prog, t)
+            self.stored(prog, t)
+
+    def stored(self, prog: int, t: float) -> None:
+        """Every byte admitted: the push ends as PathParams.issue_end says."""
+        began = self.tile[prog][4]
+        self.push(self.params.issue_end(began, self.store_bytes[prog], t), "stored", prog, -1)
 
     def store_done(self, prog: int, t: float) -> None:
         del self.store_bytes[prog]
