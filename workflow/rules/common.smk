@@ -7,6 +7,7 @@ from pathlib import Path
 from xstage_bench import layout
 from xstage_bench.config import ConfigError, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
+from xstage_bench.stale_lock import clear_stale_locks
 
 
 try:
@@ -16,6 +17,12 @@ try:
     validate_config(config)
 except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
+
+# A killed run leaves Snakemake's lock behind; with no other run in this directory it is
+# stale, so one rerun of the same command recovers (rerun-incomplete is in the profile).
+if workflow.is_main_process and clear_stale_locks():
+    print("[xstage] removed the lock of a Snakemake run that is no longer running",
+          file=sys.stderr)
 
 RESULTS = Path("results")
 EXPERIMENTS = ("microbench", "megamoe", "attention", "megamoe_per_gpu")

@@ -1,0 +1,148 @@
+"""Faults and recovery: the default profile is loaded, one rerun recovers after a kill, and
+a failed rerun leaves committed outputs in place."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xstage_bench import layout, render
+from xstage_bench.stale_lock import clear_stale_locks, other_snakemake_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config.yaml", "config", "kernels", "envs")
+needs_snakemake = pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed")
+
+
+def copy_workflow(dest: Path, datasets: tuple[str, ...] = ()) -> Path:
+    for name in WORKFLOW_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name)
+        else:
+            shutil.copy(src, dest / name)
+    for dataset in datasets:
+        shutil.copytree(ROOT / "results" / dataset, dest / "results" / dataset)
+    return dest
+
+
+def test_the_default_profile_is_loaded_and_sets_cores(monkeypatch):
+    from snakemake.cli import parse_args
+
+    monkeypatch.chdir(ROOT)
+    _, args = parse_args(["results/sim-h200/figures/fig-drain.pdf"])
+    assert args.cores == os.cpu_count()  # cores: all, so one figure needs no --cores
+    assert args.rerun_incomplete and args.keep_going
+
+
+def test_a_lock_is_stale_only_when_no_other_snakemake_runs_here(tmp_path):
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.output.lock").write_text(str(tmp_path / "results" / "x.json") + "\n")
+    # A process whose command line names snakemake, running in this directory.
+    live = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "snakemake"], cwd=tmp_path
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while live.pid not in other_snakemake_runs(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert live.pid in other_snakemake_runs(tmp_path)
+        assert clear_stale_locks(tmp_path) == []
+        assert (locks / "0.output.lock").exists()
+    finally:
+        live.kill()
+        live.wait()
+    assert clear_stale_locks(tmp_path) == [locks / "0.output.lock"]
+    assert not any(locks.iterdir())
+
+
+@needs_snakemake
+def test_one_rerun_of_the_same_command_recovers_after_a_sigkill(tmp_path):
+    work = copy_workflow(tmp_path)
+    target = "results/sim-h200/raw/attention.json"
+    command = [str(SNAKEMAKE), target, "--configfile", "config/smoke.yaml"]  # no --cores
+    first = subprocess.Popen(
+        command,
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    locks = work / ".snakemake" / "locks"
+    deadline = time.monotonic() + 120
+    while not (locks.is_dir() and any(locks.iterdir())) and first.poll() is None:
+        assert time.monotonic() < deadline, "snakemake never took its lock"
+        time.sleep(0.01)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert any(locks.iterdir()), "the kill came too late to leave a lock"
+    again = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "no longer running" in again.stderr
+    assert json.loads((work / target).read_text())["records"]
+
+
+def _nan_sample(path: Path, metric: str) -> None:
+    doc = json.loads(path.read_text())
+    ok = next(r for r in doc["records"] if r["status"] == "ok")
+    ok["samples"][metric][0] = float("nan")
+    path.write_text(json.dumps(doc))
+
+
+@needs_snakemake
+def test_a_failed_rerun_leaves_committed_reference_outputs_in_place(tmp_path):
+    work = copy_workflow(tmp_path, datasets=("ref-h200x2",))
+    ref = work / "results" / "ref-h200x2"
+    kept = {
+        p: p.read_bytes()
+        for p in (
+            ref / layout.MODEL_JSON,
+            ref / layout.MODEL_PROFILE,
+            ref / "figures" / "fig-ulysses.pdf",
+            ref / "figures" / "fig-ulysses.png",
+            ref / "tables" / "tab-ulysses.csv",
+            ref / "tables" / "tab-ulysses.md",
+        )
+    }
+    _nan_sample(ref / layout.ATTENTION_RAW, "sender_us")
+    _nan_sample(ref / layout.microbench_raw("drain"), "t_iss_slowest_us")
+    targets = [str(p.relative_to(work)) for p in kept if p.suffix in (".json", ".pdf", ".csv")]
+    out = subprocess.run(
+        [str(SNAKEMAKE), *targets, "--config", "measure=never"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode != 0
+    assert "NaN or infinity" in out.stdout + out.stderr
+    for path, before in kept.items():
+        assert path.read_bytes() == before, f"{path.name} was changed by a failed rerun"
+
+
+def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
+    ds = tmp_path / "ds"
+    out = ds / "figures" / "fig-drain.pdf"
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b"committed pdf")
+    out.with_suffix(".png").write_bytes(b"committed png")
+
+    def half_written(fig, path):
+        Path(path).write_bytes(b"partial")
+        raise RuntimeError("renderer crashed after the PDF")
+
+    monkeypatch.setitem(render.FIGURES, "fig-drain", lambda d: None)
+    monkeypatch.setattr(render, "save_figure", half_written)
+    with pytest.raises(RuntimeError, match="crashed"):
+        render.render_product("fig-drain", ds, out)
+    assert out.read_bytes() == b"committed pdf"
+    assert out.with_suffix(".png").read_bytes() == b"committed png"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["fig-drain.pdf", "fig-drain.png"]
