@@ -67,7 +67,7 @@ def test_a_lock_is_stale_only_when_no_other_snakemake_runs_here(tmp_path):
 @needs_snakemake
 def test_one_rerun_of_the_same_command_recovers_after_a_sigkill(tmp_path):
     work = copy_workflow(tmp_path)
-    target = "results/sim-h200/raw/attention.json"
+    target = "results/sim-h200-smoke/raw/attention.json"
     command = [str(SNAKEMAKE), target, "--configfile", "config/smoke.yaml"]  # no --cores
     first = subprocess.Popen(
         command,
@@ -146,3 +146,45 @@ def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
     assert out.read_bytes() == b"committed pdf"
     assert out.with_suffix(".png").read_bytes() == b"committed png"
     assert sorted(p.name for p in out.parent.iterdir()) == ["fig-drain.pdf", "fig-drain.png"]
+
+
+def test_smoke_datasets_never_share_a_name_with_full_runs():
+    import yaml
+
+    smoke = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())["datasets"]
+    full = yaml.safe_load((ROOT / "config.yaml").read_text())["datasets"]
+    assert not set(smoke["simulated"]) & set(full["simulated"])
+    assert all(name.endswith("-smoke") for name in smoke["simulated"])
+
+
+@needs_snakemake
+def test_a_simulated_file_is_remade_when_its_config_section_changes(tmp_path):
+    import yaml
+
+    work = copy_workflow(tmp_path)
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    config["datasets"].update(simulated={"sim-h200": "config/hardware/h200.yaml"}, reference=[])
+    target = "results/sim-h200/raw/attention.json"
+
+    def run(seq_lens):
+        config["attention"]["seq_lens"] = seq_lens
+        (work / "c.yaml").write_text(yaml.safe_dump(config))
+        out = subprocess.run(
+            [str(SNAKEMAKE), target, "--configfile", "c.yaml"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        doc = json.loads((work / target).read_text())
+        return out.stdout + out.stderr, {r["point"]["seq_len"] for r in doc["records"]}, doc
+
+    _, lens, first = run([8192])
+    assert lens == {8192}
+    log, lens, second = run([8192, 16384])
+    assert lens == {8192, 16384}
+    assert "attention.seq_lens: [8192] -> [8192, 16384]" in log
+    assert first["config_sha256"] != second["config_sha256"]
+    log, _, third = run([8192, 16384])
+    assert "Nothing to be done" in log and third == second

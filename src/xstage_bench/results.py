@@ -165,7 +165,10 @@ def raw_document(
     config: dict,
     records: Iterable[dict],
     study: str | None = None,
+    config_sha256: str | None = None,
 ) -> dict:
+    """A raw document; config_sha256 is the hash of the config section that made it
+    (provenance.section_hash), where the writer knows that section."""
     doc = {
         "schema": SCHEMA_VERSION,
         "experiment": experiment,
@@ -177,6 +180,8 @@ def raw_document(
     }
     if study is not None:
         doc["study"] = study
+    if config_sha256 is not None:
+        doc["config_sha256"] = config_sha256
     return doc
 
 

@@ -4,7 +4,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench import layout
+from xstage_bench import layout, provenance
 from xstage_bench.config import ConfigError, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.stale_lock import clear_stale_locks
@@ -53,6 +53,22 @@ SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
 
+
+def config_stamp(dataset, name):
+    """The stamp of one simulated raw file's config section (see provenance.py)."""
+    return str(provenance.stamp_path(RESULTS / dataset, name))
+
+
+# A simulated raw file is remade when its config section changed: its stamp is rewritten
+# (and so newer than the file) only then. Say what changed, once, in the main process.
+if workflow.is_main_process:
+    for _dataset in SIMULATED:
+        for _name, _section in provenance.sections(config).items():
+            _changed = provenance.update_stamp(config_stamp(_dataset, _name), _section)
+            if _changed:
+                print(f"[xstage] {_dataset}: the config of {_name} changed since its raw file "
+                      f"was made ({'; '.join(_changed)}); remaking it", file=sys.stderr)
+
 # A GPU job holds every GPU of this machine, whatever world size it measures at: the `gpu`
 # resource defaults to the GPU count and each GPU job asks for all of it, so --cores all never
 # runs two GPU jobs at once. On a cluster (submit) a job asks for its world size, on a node
@@ -89,7 +105,7 @@ def print_measurement_verdict():
 def experiments_on_disk(dataset):
     raw = RESULTS / dataset / "raw"
     held = set()
-    if any((raw / "microbench").glob("*.json")):
+    if layout.studies_on_disk(RESULTS / dataset):
         held.add("microbench")
     if (raw / "megamoe.json").exists():
         held.add("megamoe")
@@ -116,7 +132,7 @@ def dataset_studies(dataset):
         dataset == MEASURED and "microbench" in config["measured_experiments"]
     ):
         return STUDIES
-    return sorted(p.stem for p in (RESULTS / dataset / "raw" / "microbench").glob("*.json"))
+    return layout.studies_on_disk(RESULTS / dataset)
 
 
 def resolve_reads(dataset, reads):
@@ -124,7 +140,9 @@ def resolve_reads(dataset, reads):
     held = dataset_experiments(dataset)
     paths = []
     for read in reads:
-        if read.startswith("microbench:"):
+        if read == layout.ALL_RAW:
+            paths += all_raw(dataset)
+        elif read.startswith("microbench:"):
             if read.split(":", 1)[1] in dataset_studies(dataset):
                 paths.append(str(layout.resolve(RESULTS / dataset, read)))
         elif read == layout.MODEL_JSON:
@@ -230,12 +248,8 @@ def model_inputs(wildcards):
 # --- figures and tables ---
 
 def product_inputs(product):
+    """A figure's or table's inputs: exactly its declared reads (layout.PRODUCTS)."""
     def inputs(wildcards):
-        if product.name in ("tab-claims", "tab-noise"):
-            files = all_raw(wildcards.dataset)
-            if "microbench" in dataset_experiments(wildcards.dataset):
-                files.append(str(RESULTS / wildcards.dataset / layout.MODEL_JSON))
-            return files
         return resolve_reads(wildcards.dataset, product.reads)
 
     return inputs

@@ -42,6 +42,7 @@ rule megamoe_measure_per_gpu:
 rule megamoe_simulate:
     input:
         profile=lambda wc: SIMULATED[wc.dataset],
+        stamp=lambda wc: config_stamp(wc.dataset, "megamoe"),
     output:
         RESULTS / "{dataset}" / "raw" / "{experiment}.json",
     wildcard_constraints:
