@@ -40,6 +40,8 @@ def test_the_default_profile_is_loaded_and_sets_cores(monkeypatch):
     _, args = parse_args(["results/sim-h200/figures/fig-drain.pdf"])
     assert args.cores == os.cpu_count()  # cores: all, so one figure needs no --cores
     assert args.rerun_incomplete and args.keep_going
+    quiet = {str(q).lower() for q in args.quiet}
+    assert "rules" in quiet and not quiet & {"progress", "all"}  # quieter, progress kept
 
 
 def test_a_lock_is_stale_only_when_no_other_snakemake_runs_here(tmp_path):

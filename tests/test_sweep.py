@@ -236,3 +236,37 @@ def test_a_partial_file_with_bad_values_is_not_resumed(tmp_path):
     with pytest.raises(RawResultError, match=r"gap_sweep\.json\.partial\.json: record 'a'.*<= 0"):
         sweep(out, measure)
     assert measure.calls == [] and not out.exists()
+
+
+def test_retry_measures_only_the_points_a_finished_sweep_recorded_not_ok(tmp_path, monkeypatch):
+    out = tmp_path / "raw" / "gap_sweep.json"
+    first = sweep(out, counting_measure(fail={"b", "d"}))
+    assert [r["status"] for r in first["records"]] == ["ok", "failed", "ok", "failed", "ok"]
+    monkeypatch.setenv("XSTAGE_RETRY_FAILED", "1")
+    measure = counting_measure()
+    second = sweep(out, measure)
+    assert measure.calls == ["b", "d"]  # the good points are not measured again
+    assert [r["status"] for r in second["records"]] == ["ok"] * 5
+    for i in (0, 2, 4):
+        assert second["records"][i] == first["records"][i]
+    assert read_raw(out) == second and not partial_path(out).exists()
+    assert [r["host"] for r in second["environment"]["resumes"]] == [ENV["host"]]
+
+
+def test_retry_of_a_finished_sweep_with_another_config_is_refused(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    sweep(out, counting_measure(fail={"b"}))
+    with pytest.raises(RawResultError, match=r"gap_sweep\.json: was written with a different"):
+        run_sweep(
+            POINTS,
+            counting_measure(),
+            out,
+            experiment="microbench",
+            backend="sim",
+            dataset="sim-test",
+            environment=dict(ENV),
+            config={"k": 2},
+            study="gap_sweep",
+            retry_failed=True,
+            progress=lambda line: None,
+        )
