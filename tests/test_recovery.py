@@ -190,3 +190,34 @@ def test_a_simulated_file_is_remade_when_its_config_section_changes(tmp_path):
     assert first["config_sha256"] != second["config_sha256"]
     log, _, third = run([8192, 16384])
     assert "Nothing to be done" in log and third == second
+
+
+@needs_snakemake
+def test_a_measured_file_made_with_another_config_stops_the_run(tmp_path):
+    import yaml
+
+    work = copy_workflow(tmp_path)
+    config = {
+        "extends": "config.yaml",
+        "measure": "submit",  # measures through an executor: no GPU probe here
+        "world_size": 2,
+        "measured_experiments": ["attention"],
+        "datasets": {"measured": "h200x2", "reference": [], "simulated": {}},
+    }
+    (work / "c.yaml").write_text(yaml.safe_dump(config))
+    dry = [str(SNAKEMAKE), "-n", "--configfile", "c.yaml"]
+    first = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    raw = work / "results" / "h200x2" / layout.ATTENTION_RAW
+    raw.parent.mkdir(parents=True)
+    raw.write_text("{}")  # as if measured with this config
+    config["attention"] = {"seq_lens": [8192]}
+    (work / "c.yaml").write_text(yaml.safe_dump(config))
+    second = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
+    assert second.returncode != 0
+    assert "dataset 'h200x2' holds raw/attention.json measured with another config" in (
+        second.stderr
+    )
+    assert "attention.seq_lens: [8192, 16384, 32768, 49152, 65536, 131072] -> [8192]" in (
+        second.stderr
+    )

@@ -1,10 +1,11 @@
 """What made a raw file: the config section of its experiment, and a hash of it.
 
 A raw file records `config_sha256`, the hash of the section that produced it. The DAG keeps
-one stamp per simulated raw file (`results/<dataset>/.config/<name>.json`, the section as
-JSON), rewritten only when the section changes: the stamp is an input of the simulating
-rule, so a changed section makes the file newer than the raw output and Snakemake remakes
-it (an unchanged one leaves it alone), and the old and new sections say what differs.
+one stamp per raw file (`results/<dataset>/.config/<name>.json`, the section as JSON).
+For a simulated dataset the stamp is rewritten only when the section changes and is an
+input of the simulating rule, so a changed section makes the file newer than the raw
+output and Snakemake remakes it (an unchanged one leaves it alone). A measured file is
+never remade behind the user's back: a changed section stops the run, saying what differs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from xstage_bench import layout
 from xstage_bench.results import atomic_write_text
 
 STAMP_DIR = ".config"
@@ -44,6 +46,15 @@ def sections(config: dict) -> dict[str, dict]:
     out["megamoe"] = experiment_section(config, "megamoe")
     out["attention"] = experiment_section(config, "attention")
     return out
+
+
+def stamped_files(name: str) -> tuple[str, ...]:
+    """The dataset-relative raw files a stamp stands for."""
+    if name.startswith("microbench-"):
+        return (layout.microbench_raw(name.removeprefix("microbench-")),)
+    if name == "megamoe":
+        return (layout.MEGAMOE_RAW, layout.MEGAMOE_TRACE_RAW, layout.MEGAMOE_PER_GPU_RAW)
+    return (layout.ATTENTION_RAW,)
 
 
 def section_hash(section: dict) -> str:
@@ -85,3 +96,21 @@ def update_stamp(path: Path, section: dict) -> list[str] | None:
         return None
     atomic_write_text(path, json.dumps(section, indent=1, sort_keys=True) + "\n")
     return [] if previous is None else differences(previous, section)
+
+
+def measured_changes(dataset_dir: Path, name: str, section: dict) -> list[str]:
+    """What differs between `section` and the one that made a measured dataset's raw files.
+
+    Where those files exist and their stamp records another section, return the
+    differences (the caller refuses to go on); otherwise record `section` and return [].
+    A file measured before stamps existed is taken as made by the current section.
+    """
+    stamp = stamp_path(dataset_dir, name)
+    made = any((Path(dataset_dir) / f).exists() for f in stamped_files(name))
+    if made and stamp.exists():
+        previous = json.loads(stamp.read_text())
+        if previous != section:
+            return differences(previous, section)
+        return []
+    update_stamp(stamp, section)
+    return []

@@ -69,6 +69,24 @@ if workflow.is_main_process:
                 print(f"[xstage] {_dataset}: the config of {_name} changed since its raw file "
                       f"was made ({'; '.join(_changed)}); remaking it", file=sys.stderr)
 
+
+def refuse_changed_measurements(dataset):
+    """A measured raw file is never remade, nor reused, under a config it was not made with."""
+    for name, section in provenance.sections(config).items():
+        experiment = name.split("-", 1)[0]
+        if experiment not in config["measured_experiments"]:
+            continue
+        changed = provenance.measured_changes(RESULTS / dataset, name, section)
+        if changed:
+            files = ", ".join(provenance.stamped_files(name))
+            sys.exit(f"Refusing to go on: dataset '{dataset}' holds {files} measured with "
+                     f"another config ({'; '.join(changed)}). Measure into a new dataset "
+                     f"(datasets.measured) or move the old files away.")
+
+
+if MEASURED and workflow.is_main_process:
+    refuse_changed_measurements(MEASURED)
+
 # A GPU job holds every GPU of this machine, whatever world size it measures at: the `gpu`
 # resource defaults to the GPU count and each GPU job asks for all of it, so --cores all never
 # runs two GPU jobs at once. On a cluster (submit) a job asks for its world size, on a node
