@@ -230,8 +230,13 @@ def dataset_targets(dataset):
         print(f"[xstage] reference dataset '{dataset}' is not in {RESULTS}/: skipped",
               file=sys.stderr)
         return []
-    return [product_output(dataset, product) for product in layout.PRODUCTS.values()
-            if product_available(dataset, product)]
+    targets = [product_output(dataset, product) for product in layout.PRODUCTS.values()
+               if product_available(dataset, product)]
+    if dataset in REFERENCE:
+        # A reference is committed as rendered: a run asks only for what is missing, so a
+        # fresh clone's checkout times never remake (and rewrite) it. Name a file to remake it.
+        targets = [t for t in targets if not Path(t).exists()]
+    return targets
 
 
 def all_targets():
@@ -259,16 +264,23 @@ def built_kernels():
 # --- model ---
 
 def model_inputs(wildcards):
-    return [str(RESULTS / wildcards.dataset / layout.microbench_raw(s))
-            for s in dataset_studies(wildcards.dataset)]
+    dataset = wildcards.dataset
+    return as_read(dataset, [str(RESULTS / dataset / layout.microbench_raw(s))
+                             for s in dataset_studies(dataset)])
 
 
 # --- figures and tables ---
 
+def as_read(dataset, paths):
+    """A reference dataset is committed as rendered: its files count as old, so a fresh
+    clone's checkout times never remake (and rewrite) them; a missing one is still made."""
+    return [ancient(p) for p in paths] if dataset in REFERENCE else paths
+
+
 def product_inputs(product):
     """A figure's or table's inputs: exactly its declared reads (layout.PRODUCTS)."""
     def inputs(wildcards):
-        return resolve_reads(wildcards.dataset, product.reads)
+        return as_read(wildcards.dataset, resolve_reads(wildcards.dataset, product.reads))
 
     return inputs
 
