@@ -21,15 +21,14 @@ WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config.yaml", "config", 
 needs_snakemake = pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed")
 
 
-def copy_workflow(dest: Path, datasets: tuple[str, ...] = ()) -> Path:
+def copy_workflow(dest: Path) -> Path:
+    """The workflow without any results."""
     for name in WORKFLOW_FILES:
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dest / name)
         else:
             shutil.copy(src, dest / name)
-    for dataset in datasets:
-        shutil.copytree(ROOT / "results" / dataset, dest / "results" / dataset)
     return dest
 
 
@@ -99,10 +98,45 @@ def _nan_sample(path: Path, metric: str) -> None:
     path.write_text(json.dumps(doc))
 
 
+@pytest.fixture(scope="module")
+def rendered_reference(tmp_path_factory) -> Path:
+    """The workflow with one committed-like reference dataset, SYNTHETIC (tests/fixtures.py),
+    with the products the tests look at rendered by the DAG (`c.yaml` simulates nothing).
+    Tests copy it."""
+    import yaml
+    from fixtures import make_dataset
+
+    work = copy_workflow(tmp_path_factory.mktemp("reference"))
+    ref = make_dataset(work / "results", "ref-fixture", megamoe=False)
+    (ref / layout.MODEL_PROFILE).write_text("name: fixture (fitted)\n")
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    config["datasets"] = {"measured": "auto", "reference": ["ref-fixture"], "simulated": {}}
+    (work / "c.yaml").write_text(yaml.safe_dump(config))
+    out = subprocess.run(
+        [str(SNAKEMAKE), *RENDERED, "--configfile", "c.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return work
+
+
+RENDERED = (
+    "results/ref-fixture/figures/fig-ulysses.pdf",
+    "results/ref-fixture/tables/tab-ulysses.csv",
+)
+
+
+def reference_workdir(rendered: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(rendered, tmp_path / "work", symlinks=True))
+
+
 @needs_snakemake
-def test_a_failed_rerun_leaves_committed_reference_outputs_in_place(tmp_path):
-    work = copy_workflow(tmp_path, datasets=("ref-h200x2",))
-    ref = work / "results" / "ref-h200x2"
+def test_a_failed_rerun_leaves_committed_reference_outputs_in_place(rendered_reference, tmp_path):
+    work = reference_workdir(rendered_reference, tmp_path)
+    ref = work / "results" / "ref-fixture"
     kept = {
         p: p.read_bytes()
         for p in (
@@ -121,7 +155,7 @@ def test_a_failed_rerun_leaves_committed_reference_outputs_in_place(tmp_path):
     # remake a committed reference: see the next test).
     force = ["--forcerun", "fit_burst_gap", "figure_fig_ulysses", "table_tab_ulysses"]
     out = subprocess.run(
-        [str(SNAKEMAKE), *targets, "--config", "measure=never", *force],
+        [str(SNAKEMAKE), *targets, "--configfile", "c.yaml", *force],
         cwd=work,
         capture_output=True,
         text=True,
@@ -131,6 +165,29 @@ def test_a_failed_rerun_leaves_committed_reference_outputs_in_place(tmp_path):
     assert "NaN or infinity" in out.stdout + out.stderr
     for path, before in kept.items():
         assert path.read_bytes() == before, f"{path.name} was changed by a failed rerun"
+
+
+@needs_snakemake
+def test_a_fresh_checkout_never_remakes_committed_reference_outputs(rendered_reference, tmp_path):
+    work = reference_workdir(rendered_reference, tmp_path)
+    later = time.time() + 60
+    newer = [*(work / "results" / "ref-fixture" / "raw").rglob("*.json")]
+    newer += [*(work / "workflow" / "scripts").glob("*.py")]
+    for path in newer:
+        os.utime(path, (later, later))  # checkout order can make any of them the newest
+    shutil.rmtree(work / ".snakemake")  # and a fresh clone has no Snakemake metadata
+    out = subprocess.run(
+        [str(SNAKEMAKE), "-n", "--configfile", "c.yaml", "--quiet", "host"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    planned = out.stdout.split("Job stats:")[1].split("\n\n")[0]
+    assert "figure_fig_drain " in planned  # what is missing is made...
+    for rule in ("figure_fig_ulysses", "table_tab_ulysses", "fit_burst_gap"):
+        assert rule not in planned, planned  # ...and what is there is left alone
 
 
 def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
@@ -224,22 +281,3 @@ def test_a_measured_file_made_with_another_config_stops_the_run(tmp_path):
     assert "attention.seq_lens: [8192, 16384, 32768, 49152, 65536, 131072] -> [8192]" in (
         second.stderr
     )
-
-
-@needs_snakemake
-def test_a_fresh_checkout_never_remakes_committed_reference_outputs(tmp_path):
-    work = copy_workflow(tmp_path, datasets=("ref-h200x2",))
-    later = time.time() + 60
-    newer = [*(work / "results" / "ref-h200x2" / "raw").rglob("*.json")]
-    newer += [*(work / "workflow" / "scripts").glob("*.py")]
-    for path in newer:
-        os.utime(path, (later, later))  # checkout order can make any of them the newest
-    out = subprocess.run(
-        [str(SNAKEMAKE), "-n", "--configfile", "config/smoke.yaml", "--quiet", "host"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "sim-h200-smoke" in out.stdout and "ref-h200x2" not in out.stdout
