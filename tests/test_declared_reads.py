@@ -8,7 +8,7 @@ import pytest
 from fixtures import make_dataset
 
 from xstage_bench import layout
-from xstage_bench.render import render_product
+from xstage_bench.render import NoDataError, render_product
 
 _opened: list[Path] | None = None
 
@@ -51,7 +51,10 @@ RENDERED = sorted(set(layout.PRODUCTS) - {"tab-process-model"})
 @pytest.mark.parametrize("name", RENDERED)
 def test_a_renderer_opens_only_what_its_product_declares(name, dataset, tmp_path):
     out = tmp_path / ("x.pdf" if name.startswith("fig-") else "x.csv")
-    opened = files_opened(lambda: render_product(name, dataset, out))
+    try:
+        opened = files_opened(lambda: render_product(name, dataset, out))
+    except NoDataError as e:  # a new experiment: give make_dataset a writer for it
+        pytest.skip(f"the synthetic dataset has no data for {name}: {e}")
     read = {p.relative_to(dataset) for p in opened if dataset in p.parents}
     assert read, f"{name} opened nothing of the dataset"
     assert read <= declared(layout.PRODUCTS[name], dataset)
