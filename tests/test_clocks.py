@@ -161,14 +161,15 @@ def test_cuda_visible_devices_maps_to_nvml_index(nvml, monkeypatch):
 def test_record_fields_fit_the_raw_schema(nvml):
     nvml({0: device(sm=1700, reasons=POWER_CAP)})
     s = ClockSampler([0]).sample()
-    known = ok_record("p", {"id": "p"}, {"t_us": [1.0]}, **record_fields(s, s))
+    point = {"backend": "fa3", "mode": "fused", "heads": 8, "seq_len": 4096, "world_size": 2}
+    known = ok_record("p", {"id": "p", **point}, {"t_us": [1.0]}, **record_fields(s, s))
     assert known["throttled"] is True
     assert known["clocks"]["verdict_reasons"] == [
         "before GPU 0: sw_power_cap",
         "after GPU 0: sw_power_cap",
     ]
     gone = {"available": False, "reason": "no NVML"}
-    unknown = ok_record("q", {"id": "q"}, {"t_us": [1.0]}, **record_fields(gone, gone))
+    unknown = ok_record("q", {"id": "q", **point}, {"t_us": [1.0]}, **record_fields(gone, gone))
     assert unknown["throttled"] is None
     env = environment(simulated=False)
     validate_raw(

@@ -95,3 +95,60 @@ def test_extends_of_a_missing_file_is_named(tmp_path):
     (tmp_path / "v.yaml").write_text("extends: nowhere.yaml\nworld_size: 4\n")
     with pytest.raises(ConfigError, match="nowhere.yaml"):
         load_config(tmp_path / "v.yaml", root=tmp_path)
+
+
+def _study(name):
+    return lambda c: c["microbench"]["studies"][name]
+
+
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda c: _study("drain")(c).update(V=[10**15]), "microbench.studies.drain.V[0]"),
+        (
+            lambda c: _study("gap_sweep")(c).update(gap_us=[0, float("nan")]),
+            "microbench.studies.gap_sweep.gap_us[1]",
+        ),
+        (lambda c: c["timing"].update(budget_s=float("inf")), "timing.budget_s"),
+        (lambda c: c["megamoe"].update(tokens_per_rank=[10**12]), "megamoe.tokens_per_rank[0]"),
+        (lambda c: c["attention"].update(seq_lens=[10**12]), "attention.seq_lens[0]"),
+        (lambda c: c["microbench"].update(bursts=10**9), "microbench.bursts"),
+        (lambda c: c.update(world_size=1000), "world_size"),
+        (lambda c: c.update(world_size=6), "megamoe.shapes[0].E"),
+        (lambda c: c["megamoe"]["shapes"][0].update(topk=17), "megamoe.shapes[0].topk"),
+    ],
+    ids=["V", "gap-nan", "budget-inf", "tokens", "seq_len", "bursts", "ws-1000", "ws-6", "topk"],
+)
+def test_values_that_would_hang_or_exhaust_memory_name_their_key(full_config, mutate, key):
+    bad = copy.deepcopy(full_config)
+    mutate(bad)
+    with pytest.raises(ConfigError) as err:
+        validate_config(bad)
+    assert str(err.value).startswith(f"config key '{key}'"), err.value
+
+
+def test_world_size_zero_says_which_values_are_allowed(full_config):
+    bad = copy.deepcopy(full_config)
+    bad["world_size"] = 0
+    with pytest.raises(ConfigError, match=r"'world_size': must be \"auto\" or an integer from 2"):
+        validate_config(bad)
+
+
+def test_a_misspelled_key_is_named_not_the_whole_config(full_config):
+    bad = copy.deepcopy(full_config)
+    bad["attentoin"] = bad.pop("attention")
+    with pytest.raises(ConfigError) as err:
+        validate_config(bad)
+    message = str(err.value)
+    assert "'attentoin' (did you mean 'attention'?): unknown" in message
+    assert len(message) < 300 and "seq_lens" not in message
+
+
+def test_yaml_errors_name_the_file_once_with_line_and_column(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("world_size: auto\nmeasure: [never\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert message.count(str(path)) == 1 and "<unicode string>" not in message
+    assert message.startswith(f"{path}, line 3, column 1: not valid YAML")

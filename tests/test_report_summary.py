@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fixtures import make_dataset
 
-from xstage_bench import provenance, report_summary
+from xstage_bench import layout, origins, report_summary
 from xstage_bench.render import render_product
 
 CAPTIONS = Path(__file__).parent.parent / "workflow" / "report"
@@ -62,6 +62,6 @@ def test_page_is_ascii(page, tmp_path):
 
 def test_check_listing_names_every_raw_file(tmp_path):
     ds = make_dataset(tmp_path, "ref-fixture", megamoe=False, attention=False)
-    listing = provenance.check_listing(ds)
-    assert listing.count("\n") == 1 + len(provenance.raw_files(ds))
+    listing = origins.check_listing(ds)
+    assert listing.count("\n") == 1 + len(layout.raw_files(ds))
     assert "raw/microbench/drain.json\tmicrobench\tcuda\t" in listing

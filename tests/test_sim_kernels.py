@@ -1,8 +1,12 @@
 """MegaMoE and Ulysses simulators: tile costs, schedules, and the X-Stage effects."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from xstage_bench import grid
+from xstage_bench.config import ConfigError
 from xstage_bench.hardware import HardwareProfile, load_profile
 from xstage_bench.megamoe import routing, schedule
 from xstage_bench.results import read_raw
@@ -307,7 +311,8 @@ def test_ulysses_modes_hand_computed():
     assert alone.completion_us == pytest.approx(alone.sender_us)
     serial = ulysses.simulate(attention_point("serial", S), prof)
     remote = 32 * 128 * 128 * 2 / 2
-    assert serial.sender_us == pytest.approx(alone.sender_us + 0.1 + remote / 100_000)
+    # The All-to-All's bytes drain from its start (the fixed overhead overlaps them).
+    assert serial.sender_us == pytest.approx(alone.sender_us + remote / 100_000)
     fused = ulysses.simulate(attention_point("fused", S), prof)
     assert fused.sender_us == pytest.approx(alone.sender_us)  # no backpressure: hidden
     assert fused.sender_us < fused.completion_us <= fused.sender_us + 16 * 16384 / 100_000
@@ -332,7 +337,8 @@ def test_ulysses_fused_overhead_stays_flat_while_serial_grows():
 def test_ulysses_wave_beyond_Q_pays_the_isolated_stall_every_wave():
     # Q = 64 KiB < 256 KiB per wave: each wave's remote push stalls (V - Q)/R instead of
     # issuing in B/a, so the overhead grows with the number of waves (4 at S=4K, 16 at 16K).
-    per_wave = (16 * 16384 - 65536) / 100_000 - 16384 / 50_000
+    # The fixed overhead (0.1 us) overlaps the stall, as in the isolated law.
+    per_wave = (16 * 16384 - 65536) / 100_000 - 16384 / 50_000 - 0.1
     for S, waves in ((4096, 4), (16384, 16)):
         serial, fused = fused_and_serial_overhead(64 * 1024, S)
         assert fused == pytest.approx(waves * per_wave)
@@ -428,3 +434,27 @@ def test_run_attention_uses_the_profile_world_size_when_auto(tmp_path, profile_f
             c >= s
             for s, c in zip(r["samples"]["sender_us"], r["samples"]["completion_us"], strict=True)
         )
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "0", "-3"])
+def test_a_profile_rate_must_be_positive_and_finite(tmp_path, profile_file, value):
+    text = (
+        Path(profile_file).read_text().replace("drain_rate_GBps: 100", f"drain_rate_GBps: {value}")
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(
+        ConfigError, match=r"bad\.yaml: key 'drain_rate_GBps' must be a positive finite"
+    ):
+        load_profile(bad)
+
+
+def test_the_kernel_simulators_bound_their_event_loops(profile_file, monkeypatch):
+    monkeypatch.setattr(xstage, "STEPS_PER_WORK", 0)
+    monkeypatch.setattr(xstage, "MIN_STEPS", 10)  # a bound of 10 steps: too few
+    prof = load_profile(profile_file)
+    with pytest.raises(xstage.SimulationError, match="attention: .* ran past 10 steps"):
+        ulysses.simulate(attention_point("fused", 131072), prof)
+    point = grid.megamoe_points(tiny_config()["megamoe"], 2)[0]
+    with pytest.raises(xstage.SimulationError, match="megamoe: .* ran past 10 steps"):
+        megamoe.simulate(point, MOE, prof, "interleaved")

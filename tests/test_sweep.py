@@ -13,7 +13,15 @@ from xstage_bench.results import RawResultError, ok_record, read_raw
 from xstage_bench.sweep import WATCHDOG_EXIT_CODE, partial_path, run_sweep
 
 ENV = environment(simulated=True)
-POINTS = [{"id": name, "V": i} for i, name in enumerate("abcde")]
+
+
+def point(name: str, i: int = 0) -> dict:
+    """A microbench point with the fields the raw schema requires."""
+    V = 4096 * (i + 1)
+    return {"id": name, "kind": "isolated", "K": 1, "V": V, "B": V}
+
+
+POINTS = [point(name, i) for i, name in enumerate("abcde")]
 
 
 def counting_measure(fail=(), interrupt=None):
@@ -139,14 +147,14 @@ def test_partial_from_another_config_is_refused(tmp_path):
 
 def test_repeated_ids_are_an_error(tmp_path):
     with pytest.raises(ValueError, match="repeated: a"):
-        sweep(tmp_path / "x.json", counting_measure(), points=[{"id": "a"}, {"id": "a"}])
+        sweep(tmp_path / "x.json", counting_measure(), points=[point("a"), point("a")])
 
 
 def test_record_for_wrong_point_becomes_failed(tmp_path):
     def measure(point):
         return ok_record("other", point, {"time_us": [1.0]})
 
-    doc = sweep(tmp_path / "x.json", measure, points=[{"id": "a"}])
+    doc = sweep(tmp_path / "x.json", measure, points=[point("a")])
     assert doc["records"][0]["status"] == "failed"
     assert "record for 'other'" in doc["records"][0]["error"]
 
@@ -171,7 +179,8 @@ WATCHDOG_SCRIPT = textwrap.dedent(
             time.sleep(60)  # a stuck point
         return ok_record(point["id"], point, {"time_us": [1.0]})
 
-    run_sweep([{"id": i} for i in "abc"], measure, Path(sys.argv[1]),
+    run_sweep([{"id": i, "kind": "isolated", "K": 1, "V": 4096, "B": 4096}
+               for i in "abc"], measure, Path(sys.argv[1]),
               experiment="microbench", backend="sim", dataset="sim-test",
               environment=json.loads(sys.argv[2]), config={}, study="s",
               point_timeout_s=0.5)
@@ -213,3 +222,51 @@ def test_checkpoints_are_throttled_but_flushed_when_the_sweep_stops(tmp_path, mo
     # the empty start and one flush on the way out, not one write per point
     assert writes == [partial_path(out).name] * 2
     assert [r["id"] for r in read_raw(partial_path(out))["records"]] == ["a", "b", "c"]
+
+
+def test_a_partial_file_with_bad_values_is_not_resumed(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    with pytest.raises(KeyboardInterrupt):
+        sweep(out, counting_measure(interrupt="c"))
+    partial = partial_path(out)
+    doc = json.loads(partial.read_text())
+    doc["records"][0]["samples"]["time_us"][1] = -1.0
+    partial.write_text(json.dumps(doc))
+    measure = counting_measure()
+    with pytest.raises(RawResultError, match=r"gap_sweep\.json\.partial\.json: record 'a'.*<= 0"):
+        sweep(out, measure)
+    assert measure.calls == [] and not out.exists()
+
+
+def test_retry_measures_only_the_points_a_finished_sweep_recorded_not_ok(tmp_path, monkeypatch):
+    out = tmp_path / "raw" / "gap_sweep.json"
+    first = sweep(out, counting_measure(fail={"b", "d"}))
+    assert [r["status"] for r in first["records"]] == ["ok", "failed", "ok", "failed", "ok"]
+    monkeypatch.setenv("XSTAGE_RETRY_FAILED", "1")
+    measure = counting_measure()
+    second = sweep(out, measure)
+    assert measure.calls == ["b", "d"]  # the good points are not measured again
+    assert [r["status"] for r in second["records"]] == ["ok"] * 5
+    for i in (0, 2, 4):
+        assert second["records"][i] == first["records"][i]
+    assert read_raw(out) == second and not partial_path(out).exists()
+    assert [r["host"] for r in second["environment"]["resumes"]] == [ENV["host"]]
+
+
+def test_retry_of_a_finished_sweep_with_another_config_is_refused(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    sweep(out, counting_measure(fail={"b"}))
+    with pytest.raises(RawResultError, match=r"gap_sweep\.json: was written with a different"):
+        run_sweep(
+            POINTS,
+            counting_measure(),
+            out,
+            experiment="microbench",
+            backend="sim",
+            dataset="sim-test",
+            environment=dict(ENV),
+            config={"k": 2},
+            study="gap_sweep",
+            retry_failed=True,
+            progress=lambda line: None,
+        )

@@ -121,8 +121,17 @@ def test_megamoe_without_ok_baselines_has_no_baseline_section(tmp_path):
 def test_noise_flags_the_noisy_point(tmp_path):
     ds = tmp_path / "sim-noise"
     records = [
-        ok_record("steady", {"K": 1}, {"period_us": [10.0, 10.1, 9.9, 10.0, 10.05]}),
-        ok_record("noisy", {"K": 2}, {"period_us": [10.0, 14.0, 7.0, 12.0, 9.0]}, throttled=True),
+        ok_record(
+            "steady",
+            {"kind": "periodic", "K": 1, "V": 4096, "B": 4096},
+            {"period_us": [10.0, 10.1, 9.9, 10.0, 10.05]},
+        ),
+        ok_record(
+            "noisy",
+            {"kind": "periodic", "K": 2, "V": 4096, "B": 2048},
+            {"period_us": [10.0, 14.0, 7.0, 12.0, 9.0]},
+            throttled=True,
+        ),
     ]
     env = {
         "host": "synthetic-test-fixture",

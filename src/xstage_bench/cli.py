@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 from xstage_bench.compare import DEFAULT_TOLERANCE, CompareError
 from xstage_bench.config import ConfigError, load_config
-from xstage_bench.results import RawResultError, read_raw
+from xstage_bench.results import FAILED_STATUSES, OK, RawResultError, read_raw
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -33,10 +34,12 @@ def _validate(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     for path in args.raw:
         doc = read_raw(path)
-        failed = sum(r["status"] != "ok" for r in doc["records"])
+        statuses = Counter(r["status"] for r in doc["records"])
+        not_ok = sum(statuses[s] for s in FAILED_STATUSES)
         print(
             f"{path}: valid, {doc['experiment']} ({doc['backend']}), "
-            f"{len(doc['records'])} records, {failed} not ok"
+            f"{len(doc['records'])} records, {statuses[OK]} ok, {not_ok} not ok"
+            + "".join(f", {statuses[s]} {s}" for s in FAILED_STATUSES if statuses[s])
         )
     return 0
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -29,23 +31,73 @@ def _key(path) -> str:
     return key or "(top level)"
 
 
+def _alternative(schema: dict) -> str:
+    """One branch of a oneOf, in words: "'auto'", "an integer from 2 to 72"."""
+    if "const" in schema:
+        return json.dumps(schema["const"])
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
+    words = f"an {schema['type']}" if schema.get("type") == "integer" else f"a {schema.get('type')}"
+    if "minimum" in schema and "maximum" in schema:
+        return f"{words} from {schema['minimum']} to {schema['maximum']}"
+    if "minimum" in schema:
+        return f"{words} >= {schema['minimum']}"
+    return words
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
-    # A oneOf/anyOf failure is clearer through its most specific sub-error.
+    if error.validator == "oneOf":
+        return "must be " + " or ".join(_alternative(s) for s in error.validator_value)
+    # An anyOf failure is clearer through its most specific sub-error.
     if error.context:
         error = min(error.context, key=lambda e: len(e.message))
     return error.message
+
+
+def _finite(value: Any, path: tuple = ()) -> None:
+    """JSON Schema bounds let NaN and infinity through (every comparison with NaN is false)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite(v, (*path, i))
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key '{_key(path)}': must be a finite number, got {value}")
+
+
+def _misplaced_keys(errors: list[jsonschema.ValidationError]) -> str | None:
+    """An unknown key beside a missing one is most likely a misspelling: name both."""
+    for e in errors:
+        if e.validator != "additionalProperties":
+            continue
+        allowed = list(e.schema.get("properties", {}))
+        unknown = sorted(set(e.instance) - set(allowed), key=str)
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(str(name), allowed, n=1)
+            key = _key((*e.absolute_path, name))
+            hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        where = _key(e.absolute_path)
+        place = "at the top level" if where == "(top level)" else f"under '{where}'"
+        return f"config key {', '.join(hints)}: unknown; allowed {place}: {', '.join(allowed)}"
+    return None
 
 
 def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     """Raise ConfigError for the first problem, naming the key (e.g. 'timing.min_reps')."""
     if not isinstance(config, dict):
         raise ConfigError("config: expected a mapping at the top level")
+    _finite(config)
     validator = jsonschema.Draft202012Validator(config_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), e.message))
     if errors:
         e = errors[0]
         key = _key(e.absolute_path)
-        if e.validator == "additionalProperties" and e.absolute_path == e.relative_path:
+        misplaced = _misplaced_keys([x for x in errors if x.absolute_path == e.absolute_path])
+        if misplaced:
+            raise ConfigError(misplaced)
+        if e.validator == "required":
             raise ConfigError(f"config key '{key}': {e.message}")
         raise ConfigError(f"config key '{key}': {_describe(e)} (got {json.dumps(e.instance)})")
     timing = config["timing"]
@@ -96,7 +148,31 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     names = [s["name"] for s in config["megamoe"]["shapes"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'megamoe.shapes': shape names must be unique")
+    for i, shape in enumerate(config["megamoe"]["shapes"]):
+        if shape["topk"] > shape["E"]:
+            raise ConfigError(
+                f"config key 'megamoe.shapes[{i}].topk': must be <= E ({shape['E']}), "
+                f"got {shape['topk']}"
+            )
+    if config["world_size"] != "auto":
+        _check_world_size(config, config["world_size"])
     return config
+
+
+def _check_world_size(config: dict, P: int) -> None:
+    """What must divide over P ranks, checked before any job is planned."""
+    for i, shape in enumerate(config["megamoe"]["shapes"]):
+        if shape["E"] % P:
+            raise ConfigError(
+                f"config key 'megamoe.shapes[{i}].E': {shape['E']} experts do not divide over "
+                f"world_size {P}"
+            )
+    for key in ("heads", "seq_lens"):
+        for i, n in enumerate(config["attention"][key]):
+            if n % P:
+                raise ConfigError(
+                    f"config key 'attention.{key}[{i}]': {n} does not divide over world_size {P}"
+                )
 
 
 def _read_yaml(path: Path) -> Any:
@@ -105,7 +181,11 @@ def _read_yaml(path: Path) -> Any:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        # The parser was handed a string, so its own message says `in "<unicode string>"`.
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = ": ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x)
+        raise ConfigError(f"{path}{where}: not valid YAML: {what or e}") from None
 
 
 def _merged(base: dict, override: dict) -> dict:
@@ -139,4 +219,6 @@ def load_config(path: str | Path, root: str | Path = ".") -> dict[str, Any]:
     try:
         return validate_config(resolve_extends(_read_yaml(path), root))
     except ConfigError as e:
+        if str(e).startswith(str(path)):
+            raise
         raise ConfigError(f"{path}: {e}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,8 +65,11 @@ def load_profile(path: str | Path) -> HardwareProfile:
     if missing:
         raise ConfigError(f"{path}: missing key(s) {', '.join(missing)}")
     for key in REQUIRED[1:]:
-        if not isinstance(raw[key], int | float) or raw[key] <= 0:
-            raise ConfigError(f"{path}: key '{key}' must be a positive number, got {raw[key]!r}")
+        value = raw[key]
+        if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(
+                f"{path}: key '{key}' must be a positive finite number, got {value!r}"
+            )
     ws = raw.get("world_size", 2)
     if isinstance(ws, bool) or not isinstance(ws, int) or ws < 2:
         raise ConfigError(f"{path}: key 'world_size' must be an integer >= 2, got {ws!r}")

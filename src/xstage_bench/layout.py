@@ -6,6 +6,7 @@ paths, so the DAG and the renderers cannot disagree about a figure's inputs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,15 @@ ATTENTION_RAW = "raw/attention.json"
 # The compute-emulated MegaMoE sweep (megamoe/emulated.py): measured on GPUs with each
 # tile's MMA replaced by a calibrated wait; made only where measured_experiments asks.
 MEGAMOE_EMULATED_RAW = "raw/megamoe_emulated.json"
+EXPERIMENT_RAW = (
+    MEGAMOE_RAW,
+    MEGAMOE_TRACE_RAW,
+    MEGAMOE_PER_GPU_RAW,
+    MEGAMOE_EMULATED_RAW,
+    ATTENTION_RAW,
+)
+ALL_RAW = "raw:*"  # a read of every final raw file the dataset has (tab-noise)
+STUDY_NAME = re.compile(r"[a-z0-9_]+")  # as config.schema.json's microbench study names
 
 
 @dataclass(frozen=True)
@@ -37,7 +47,10 @@ class Product:
 
     name: str
     stage: str  # microbench | model | megamoe | megamoe_per_gpu | attention | all
-    reads: tuple[str, ...]  # dataset-relative paths (microbench studies as "microbench:<study>")
+    # Every file the renderer opens, dataset-relative (microbench studies as
+    # "microbench:<study>", ALL_RAW for every raw file); the DAG makes the rule's inputs
+    # from it, and tests/test_declared_reads.py checks it against what the renderer opens.
+    reads: tuple[str, ...]
     optional: tuple[str, ...] = ()  # reads the product uses when the dataset has them
 
 
@@ -91,7 +104,8 @@ FIGURES = (
     Product(
         "fig-ulysses",
         "attention",
-        (ATTENTION_RAW,),
+        (ATTENTION_RAW, MODEL_JSON),  # the model's completion-coupled line, where there is one
+        optional=(MODEL_JSON,),
     ),
     Product(
         "fig-megamoe-crossover",
@@ -131,12 +145,13 @@ TABLES = (
     Product(
         "tab-claims",
         "all",
-        (MODEL_JSON, MEGAMOE_RAW, ATTENTION_RAW),
+        (MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, ATTENTION_RAW),
+        optional=(MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, ATTENTION_RAW),
     ),
     Product(
         "tab-noise",
         "all",
-        (),
+        (ALL_RAW,),
     ),
 )
 
@@ -148,6 +163,35 @@ def resolve(dataset_dir: Path, read: str) -> Path:
     if read.startswith("microbench:"):
         return dataset_dir / microbench_raw(read.split(":", 1)[1])
     return dataset_dir / read
+
+
+def studies_on_disk(dataset_dir: Path) -> list[str]:
+    """Microbench studies with a final raw file. Resume state (<study>.json.partial.json)
+    and any other stray name are not studies."""
+    return sorted(
+        p.stem
+        for p in (Path(dataset_dir) / "raw" / "microbench").glob("*.json")
+        if STUDY_NAME.fullmatch(p.stem)
+    )
+
+
+def raw_files(dataset_dir: Path) -> list[Path]:
+    """Every final raw file the dataset has: what ALL_RAW reads."""
+    dataset_dir = Path(dataset_dir)
+    files = [dataset_dir / microbench_raw(s) for s in studies_on_disk(dataset_dir)]
+    files += [dataset_dir / f for f in EXPERIMENT_RAW if (dataset_dir / f).exists()]
+    return sorted(files)
+
+
+def declared_reads(product: Product, dataset_dir: Path) -> list[str]:
+    """A product's reads for a dataset on disk, ALL_RAW expanded into paths."""
+    reads = []
+    for read in product.reads:
+        if read == ALL_RAW:
+            reads += [str(p.relative_to(dataset_dir)) for p in raw_files(dataset_dir)]
+        else:
+            reads.append(read)
+    return reads
 
 
 def is_simulated_dataset(name: str) -> bool:

@@ -1,127 +1,116 @@
-"""How each dataset was made, read from its raw files: measured on which GPUs (the
-environment block) or simulated from which hardware profile.
+"""What made a raw file: the config section of its experiment, and a hash of it.
 
-The report's summary page lists it per dataset; `check_listing` is the committed record
-that a reference dataset's raw files were read back valid (rule check_reference).
+A raw file records `config_sha256`, the hash of the section that produced it. The DAG keeps
+one stamp per raw file (`results/<dataset>/.config/<name>.json`, the section as JSON).
+For a simulated dataset the stamp is rewritten only when the section changes and is an
+input of the simulating rule, so a changed section makes the file newer than the raw
+output and Snakemake remakes it (an unchanged one leaves it alone). A measured file is
+never remade behind the user's back: a changed section stops the run, saying what differs.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
-from dataclasses import dataclass
+import json
 from pathlib import Path
+from typing import Any
 
-from xstage_bench.results import read_raw
+from xstage_bench import layout
+from xstage_bench.results import atomic_write_text
 
-
-def raw_files(dataset_dir: Path) -> list[Path]:
-    """Every raw JSON file of a dataset (resume state *.partial.json left out), sorted."""
-    raw = Path(dataset_dir) / "raw"
-    return sorted(p for p in raw.rglob("*.json") if not p.name.endswith(".partial.json"))
+STAMP_DIR = ".config"
 
 
-@dataclass(frozen=True)
-class RawFile:
-    path: str  # relative to the dataset
-    experiment: str
-    backend: str
-    records: int
-    ok: int
-    sha256: str
-    environment: dict
+def microbench_section(config: dict, study: str) -> dict:
+    """What a microbench study's raw file depends on: the shared knobs and that study."""
+    mb = config["microbench"]
+    return {
+        "microbench": {
+            **{k: mb[k] for k in ("bursts", "warmup_bursts", "launches", "defaults")},
+            "studies": {study: mb["studies"][study]},
+        }
+    }
 
 
-def read_file(dataset_dir: Path, path: Path) -> RawFile:
-    """A raw file read back through the schema (a malformed one raises, naming it)."""
-    doc = read_raw(path)
-    return RawFile(
-        path=str(path.relative_to(dataset_dir)),
-        experiment=doc["experiment"],
-        backend=doc["backend"],
-        records=len(doc["records"]),
-        ok=sum(r["status"] == "ok" for r in doc["records"]),
-        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-        environment=doc["environment"],
-    )
+def experiment_section(config: dict, experiment: str) -> dict:
+    """What a megamoe (and its trace) or attention raw file depends on."""
+    return {"world_size": config.get("world_size", "auto"), experiment: config[experiment]}
 
 
-def check_listing(dataset_dir: Path) -> str:
-    """One line per raw file: path, experiment, backend, ok/total records, sha256 prefix."""
-    dataset_dir = Path(dataset_dir)
-    lines = [f"# {dataset_dir.name}: raw files read back valid against the raw schema"]
-    for path in raw_files(dataset_dir):
-        f = read_file(dataset_dir, path)
-        lines.append(
-            f"{f.path}\t{f.experiment}\t{f.backend}\t{f.ok}/{f.records} ok\tsha256 {f.sha256[:16]}"
-        )
-    return "\n".join(lines) + "\n"
+def sections(config: dict) -> dict[str, dict]:
+    """Stamp name -> section, for every raw file a simulated dataset holds."""
+    out = {
+        f"microbench-{study}": microbench_section(config, study)
+        for study in config["microbench"]["studies"]
+    }
+    out["megamoe"] = experiment_section(config, "megamoe")
+    out["attention"] = experiment_section(config, "attention")
+    return out
 
 
-@dataclass(frozen=True)
-class DatasetProvenance:
-    name: str
-    kind: str  # measured | simulated
-    made: str  # 'measured on 2x NVIDIA H200 (driver ..., CUDA ...)' or 'simulated from ...'
-    when: str  # first start to last end of its raw files
-    code: str  # git sha(s) of the harness, dirty flagged
-    experiments: list[str]  # 'megamoe (252 records, 168 ok)'
+def stamped_files(name: str) -> tuple[str, ...]:
+    """The dataset-relative raw files a stamp stands for."""
+    if name.startswith("microbench-"):
+        return (layout.microbench_raw(name.removeprefix("microbench-")),)
+    if name == "megamoe":
+        return (layout.MEGAMOE_RAW, layout.MEGAMOE_TRACE_RAW, layout.MEGAMOE_PER_GPU_RAW)
+    return (layout.ATTENTION_RAW,)
 
 
-def _gpus(environment: dict) -> str:
-    gpus = Counter(g["name"] for g in environment.get("gpus", []))
-    return ", ".join(f"{n}x {name}" for name, n in gpus.items()) or "GPUs not recorded"
+def section_hash(section: dict) -> str:
+    text = json.dumps(section, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _made(environment: dict, profile_path: str | None) -> tuple[str, str]:
-    profile = environment.get("hardware_profile")
-    if environment.get("simulated") or profile:
-        name = (profile or {}).get("name", "?")
-        where = f" ({profile_path})" if profile_path else ""
-        source = (profile or {}).get("source")
-        detail = f"; the profile's source: {source}" if source else ""
-        return "simulated", f"simulated from the hardware profile '{name}'{where}{detail}"
-    packages = environment.get("packages") or {}
-    versions = ", ".join(
-        f"{k} {v}"
-        for k, v in (
-            ("driver", environment.get("driver")),
-            ("CUDA", environment.get("cuda")),
-            ("torch", packages.get("torch")),
-        )
-        if v
-    )
-    host = environment.get("host")
-    return "measured", f"measured on {_gpus(environment)}" + (
-        f" ({versions}; host {host})" if versions or host else ""
-    )
+def stamp_path(dataset_dir: Path, name: str) -> Path:
+    return Path(dataset_dir) / STAMP_DIR / f"{name}.json"
 
 
-def _sha(git: dict) -> str:
-    sha = (git.get("sha") or "not recorded")[:10]
-    return sha + (" (dirty)" if git.get("dirty") else "")
+def differences(old: Any, new: Any, key: str = "") -> list[str]:
+    """Dotted keys whose values differ, with both values ("a.b: 1 -> 2")."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            sub = f"{key}.{k}" if key else str(k)
+            if k not in old:
+                out.append(f"{sub}: added")
+            elif k not in new:
+                out.append(f"{sub}: removed")
+            else:
+                out += differences(old[k], new[k], sub)
+        return out
+    if old != new:
+        return [f"{key}: {json.dumps(old)} -> {json.dumps(new)}"]
+    return []
 
 
-def describe(dataset_dir: Path, profile_path: str | None = None) -> DatasetProvenance:
-    """How a dataset was made, from every raw file's environment block."""
-    dataset_dir = Path(dataset_dir)
-    files = [read_file(dataset_dir, p) for p in raw_files(dataset_dir)]
-    if not files:
-        return DatasetProvenance(dataset_dir.name, "unknown", "no raw files", "", "", [])
-    kind, made = _made(files[0].environment, profile_path)
-    starts = sorted(f.environment.get("started_at", "") for f in files)
-    ends = sorted(f.environment.get("finished_at", "") for f in files)
-    shas = sorted({_sha(f.environment.get("git") or {}) for f in files})
-    experiments: Counter[str] = Counter()
-    ok: Counter[str] = Counter()
-    for f in files:
-        experiments[f.experiment] += f.records
-        ok[f.experiment] += f.ok
-    return DatasetProvenance(
-        name=dataset_dir.name,
-        kind=kind,
-        made=made,
-        when=f"{starts[0][:16]} to {ends[-1][:16]}".replace("T", " "),
-        code=", ".join(shas),
-        experiments=[f"{e} ({experiments[e]} records, {ok[e]} ok)" for e in sorted(experiments)],
-    )
+def update_stamp(path: Path, section: dict) -> list[str] | None:
+    """Write the stamp if the section changed. None: it was already current; [] : it was
+    new; else what differs from the section that made the current raw file."""
+    path = Path(path)
+    try:
+        previous = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        previous = None
+    if previous == section:
+        return None
+    atomic_write_text(path, json.dumps(section, indent=1, sort_keys=True) + "\n")
+    return [] if previous is None else differences(previous, section)
+
+
+def measured_changes(dataset_dir: Path, name: str, section: dict) -> list[str]:
+    """What differs between `section` and the one that made a measured dataset's raw files.
+
+    Where those files exist and their stamp records another section, return the
+    differences (the caller refuses to go on); otherwise record `section` and return [].
+    A file measured before stamps existed is taken as made by the current section.
+    """
+    stamp = stamp_path(dataset_dir, name)
+    made = any((Path(dataset_dir) / f).exists() for f in stamped_files(name))
+    if made and stamp.exists():
+        previous = json.loads(stamp.read_text())
+        if previous != section:
+            return differences(previous, section)
+        return []
+    update_stamp(stamp, section)
+    return []

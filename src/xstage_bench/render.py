@@ -7,6 +7,8 @@ and model files, so rerendering never needs a GPU.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +76,16 @@ def render_product(
     dataset_dir, out = Path(dataset_dir), Path(out)
     if name not in layout.PRODUCTS:
         raise ValueError(f"unknown product '{name}'; known: {', '.join(layout.PRODUCTS)}")
+    # Render beside the target and move both files into place only once both are made: a
+    # failure leaves the previous figure (a committed reference, say) as it was.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.stem}.") as tmp:
+        _render(name, dataset_dir, Path(tmp) / out.name, noise_target)
+        for made in sorted(Path(tmp).iterdir()):
+            os.replace(made, out.parent / made.name)
+
+
+def _render(name: str, dataset_dir: Path, out: Path, noise_target: float) -> None:
     if name in FIGURES:
         # seaborn's strip-plot jitter draws from numpy's global generator: seed it, so a
         # figure is a function of its data alone (same data, same bytes).

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from xstage_bench import layout, provenance
+from xstage_bench import layout, origins
 from xstage_bench.results import atomic_write_text
 from xstage_bench.tables import claims
 from xstage_bench.tables.counterparts import COUNTERPARTS
@@ -124,7 +124,7 @@ def _tally(frame: pd.DataFrame) -> str:
     )
 
 
-def datasets_table(found: list[provenance.DatasetProvenance]) -> str:
+def datasets_table(found: list[origins.DatasetProvenance]) -> str:
     rows = "".join(
         f"<tr><td><b>{_e(p.name)}</b></td><td>{_e(p.kind)}</td><td>{_e(p.made)}</td>"
         f"<td>{_e(p.when)}</td><td><code>{_e(p.code)}</code></td>"
@@ -154,11 +154,11 @@ def figure_block(png: Path, what: str, origin: str, simulated: bool) -> str:
     )
 
 
-def _origin(p: provenance.DatasetProvenance) -> str:
+def _origin(p: origins.DatasetProvenance) -> str:
     return f"{p.name}, {p.made}"
 
 
-def _claims_section(dataset: Dataset, prov: provenance.DatasetProvenance) -> str:
+def _claims_section(dataset: Dataset, prov: origins.DatasetProvenance) -> str:
     table = dataset.path / "tables" / "tab-claims.csv"
     frame = pd.read_csv(table, dtype=str, keep_default_na=False)
     rebuild = f"snakemake --cores all {table.as_posix()}"
@@ -176,7 +176,7 @@ def _claims_section(dataset: Dataset, prov: provenance.DatasetProvenance) -> str
 def build(datasets: list[Dataset], figures: list[Path], captions: Path) -> str:
     """The summary page as an HTML fragment. `figures` are the PNGs to show (each under
     results/<dataset>/figures/), `captions` the folder of the report captions."""
-    found = {d.name: provenance.describe(d.path, d.profile) for d in datasets}
+    found = {d.name: origins.describe(d.path, d.profile) for d in datasets}
     measured = [d for d in datasets if found[d.name].kind == "measured"]
     for_claims = measured or [d for d in datasets if found[d.name].kind != "unknown"]
     parts = [

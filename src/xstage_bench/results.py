@@ -16,12 +16,30 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 
 from xstage_bench.stats import summarize_all
 
 SCHEMA_VERSION = 1
 OK = "ok"
 FAILED_STATUSES = ("failed", "wrong", "timeout", "unsupported")
+# Durations and rates of work done: a zero or negative sample is a broken timer, not a
+# fast kernel. Every other metric (skews, measured gaps, fences, spans) is >= 0.
+POSITIVE_METRICS = frozenset(
+    {
+        "t_iss_slowest_us",
+        "t_iss_window_us",
+        "period_us",
+        "visible_us",
+        "time_us",
+        "kernel_us",
+        "sender_us",
+        "completion_us",
+        "bandwidth_GBps",
+        "issue_rate_GBps",
+    }
+)
+SUMMARY_REL_TOL = 1e-9  # a stored median is the median of the stored samples
 
 
 class RawResultError(ValueError):
@@ -50,6 +68,39 @@ def validate_raw(doc: Any, source: str) -> None:
         if record["id"] in seen:
             raise RawResultError(f"{source}: duplicate record id '{record['id']}'")
         seen.add(record["id"])
+        problem = _bad_values(record)
+        if problem:
+            raise RawResultError(f"{source}: record '{record['id']}': {problem}")
+
+
+def _bad_values(record: dict) -> str | None:
+    """What is physically wrong with a record's samples or summary, or None.
+
+    JSON Schema cannot reject NaN or infinity, and a summary written beside its samples
+    can disagree with them; readers plot the summary and fit the samples.
+    """
+    samples = record.get("samples") or {}
+    for name, values in samples.items():
+        x = np.asarray(values, dtype=float)
+        if not np.all(np.isfinite(x)):
+            return f"samples '{name}' hold NaN or infinity"
+        if name in POSITIVE_METRICS and np.any(x <= 0):
+            return f"samples '{name}' hold a value <= 0 ({x.min():g}); a duration or rate is > 0"
+        if np.any(x < 0):
+            return f"samples '{name}' hold a negative value ({x.min():g})"
+    for name, summary in (record.get("summary") or {}).items():
+        values = samples.get(name)
+        if not values:
+            return f"summary '{name}' has no samples to come from"
+        if summary["n"] != len(values):
+            return f"summary '{name}': n is {summary['n']} but there are {len(values)} samples"
+        median = float(np.median(values))
+        if not np.isclose(summary["median"], median, rtol=SUMMARY_REL_TOL, atol=0.0):
+            return (
+                f"summary '{name}': median {summary['median']:g} is not the median of its "
+                f"samples ({median:g})"
+            )
+    return None
 
 
 def ok_record(
@@ -114,7 +165,10 @@ def raw_document(
     config: dict,
     records: Iterable[dict],
     study: str | None = None,
+    config_sha256: str | None = None,
 ) -> dict:
+    """A raw document; config_sha256 is the hash of the config section that made it
+    (provenance.section_hash), where the writer knows that section."""
     doc = {
         "schema": SCHEMA_VERSION,
         "experiment": experiment,
@@ -126,6 +180,8 @@ def raw_document(
     }
     if study is not None:
         doc["study"] = study
+    if config_sha256 is not None:
+        doc["config_sha256"] = config_sha256
     return doc
 
 

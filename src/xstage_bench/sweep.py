@@ -41,6 +41,13 @@ WATCHDOG_EXIT_CODE = 75
 
 
 CHECKPOINT_EVERY_S = 5.0  # most work a killed sweep can lose
+# Set to 1 to measure again the points a finished or interrupted sweep recorded as not ok
+# (failed, wrong, timeout, unsupported), keeping its ok points as they are.
+RETRY_ENV = "XSTAGE_RETRY_FAILED"
+
+
+def retry_requested() -> bool:
+    return os.environ.get(RETRY_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def partial_path(out: Path) -> Path:
@@ -212,8 +219,10 @@ def run_sweep(
 
     `measure(point)` returns `results.ok_record(...)` or `failed_record(...)` for that point;
     an exception it raises becomes a failed record ("Type: message"). KeyboardInterrupt and
-    SystemExit propagate (the partial file keeps every finished point). With `retry_failed`,
-    points recorded with a status other than ok are measured again. `progress` receives one
+    SystemExit propagate (the partial file keeps every finished point). With `retry_failed`
+    (or XSTAGE_RETRY_FAILED=1), points recorded with a status other than ok are measured
+    again, from the partial file or, when there is none, from a finished `out` of the same
+    sweep; its ok points are kept as they are. `progress` receives one
     line per point (default: printed to stderr). Repeated point ids raise ValueError; a
     corrupt or foreign partial file raises RawResultError naming it. The partial file is
     rewritten at most every `checkpoint_every_s` and whenever the sweep stops, so a killed
@@ -232,13 +241,18 @@ def run_sweep(
         "config": config,
         "study": study,
     }
+    retry_failed = retry_failed or retry_requested()
     records: dict[str, dict] = {}
-    if partial.exists():
-        previous = read_raw(partial)
-        _check_resumable(previous, partial, header, ids)
+    source = partial if partial.exists() else (out if retry_failed and out.exists() else None)
+    if source is not None:
+        previous = read_raw(source)
+        _check_resumable(previous, source, header, ids)
         records = {r["id"]: r for r in previous["records"]}
         header["environment"] = _resumed_environment(previous["environment"], environment)
-        say(f"[{label}] resuming from {partial}: {len(records)}/{len(ids)} points recorded")
+        say(f"[{label}] resuming from {source}: {len(records)}/{len(ids)} points recorded")
+        if retry_failed:
+            again = sum(r["status"] != OK for r in records.values())
+            say(f"[{label}] retrying {again} point(s) recorded not ok ({RETRY_ENV})")
 
     todo = [
         p

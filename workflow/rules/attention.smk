@@ -3,7 +3,7 @@
 
 rule attention_measure:
     output:
-        RESULTS / "{dataset}" / layout.ATTENTION_RAW,
+        update(str(RESULTS / "{dataset}" / layout.ATTENTION_RAW)),
     wildcard_constraints:
         dataset=measuring("attention"),
     params:
@@ -21,6 +21,7 @@ rule attention_measure:
 rule attention_simulate:
     input:
         profile=lambda wc: SIMULATED[wc.dataset],
+        stamp=lambda wc: config_stamp(wc.dataset, "attention"),
     output:
         RESULTS / "{dataset}" / layout.ATTENTION_RAW,
     wildcard_constraints:

@@ -6,11 +6,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench import layout
+from xstage_bench import layout, provenance
 from xstage_bench.config import ConfigError, resolve_extends, validate_config
-from xstage_bench import provenance
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
+from xstage_bench.stale_lock import clear_stale_locks
 from xstage_bench.tables import counterparts
 
 
@@ -21,6 +21,12 @@ try:
     validate_config(config)
 except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
+
+# A killed run leaves Snakemake's lock behind; with no other run in this directory it is
+# stale, so one rerun of the same command recovers (rerun-incomplete is in the profile).
+if workflow.is_main_process and clear_stale_locks():
+    print("[xstage] removed the lock of a Snakemake run that is no longer running",
+          file=sys.stderr)
 
 RESULTS = Path("results")
 SIMULATED_EXPERIMENTS = ("microbench", "megamoe", "attention")
@@ -70,6 +76,40 @@ CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
 REFERENCE_CHECK = "logs/raw-check.txt"
 
+
+def config_stamp(dataset, name):
+    """The stamp of one simulated raw file's config section (see provenance.py)."""
+    return str(provenance.stamp_path(RESULTS / dataset, name))
+
+
+# A simulated raw file is remade when its config section changed: its stamp is rewritten
+# (and so newer than the file) only then. Say what changed, once, in the main process.
+if workflow.is_main_process:
+    for _dataset in SIMULATED:
+        for _name, _section in provenance.sections(config).items():
+            _changed = provenance.update_stamp(config_stamp(_dataset, _name), _section)
+            if _changed:
+                print(f"[xstage] {_dataset}: the config of {_name} changed since its raw file "
+                      f"was made ({'; '.join(_changed)}); remaking it", file=sys.stderr)
+
+
+def refuse_changed_measurements(dataset):
+    """A measured raw file is never remade, nor reused, under a config it was not made with."""
+    for name, section in provenance.sections(config).items():
+        experiment = name.split("-", 1)[0]
+        if experiment not in config["measured_experiments"]:
+            continue
+        changed = provenance.measured_changes(RESULTS / dataset, name, section)
+        if changed:
+            files = ", ".join(provenance.stamped_files(name))
+            sys.exit(f"Refusing to go on: dataset '{dataset}' holds {files} measured with "
+                     f"another config ({'; '.join(changed)}). Measure into a new dataset "
+                     f"(datasets.measured) or move the old files away.")
+
+
+if MEASURED and workflow.is_main_process:
+    refuse_changed_measurements(MEASURED)
+
 # A GPU job holds every GPU of this machine, whatever world size it measures at: the `gpu`
 # resource defaults to the GPU count and each GPU job asks for all of it, so --cores all never
 # runs two GPU jobs at once. On a cluster (submit) a job asks for its world size, on a node
@@ -109,7 +149,7 @@ def print_measurement_verdict():
 def experiments_on_disk(dataset):
     raw = RESULTS / dataset / "raw"
     held = set()
-    if any((raw / "microbench").glob("*.json")):
+    if layout.studies_on_disk(RESULTS / dataset):
         held.add("microbench")
     if (raw / "megamoe.json").exists():
         held.add("megamoe")
@@ -138,7 +178,7 @@ def dataset_studies(dataset):
         dataset == MEASURED and "microbench" in config["measured_experiments"]
     ):
         return STUDIES
-    return sorted(p.stem for p in (RESULTS / dataset / "raw" / "microbench").glob("*.json"))
+    return layout.studies_on_disk(RESULTS / dataset)
 
 
 def resolve_reads(dataset, reads):
@@ -146,7 +186,9 @@ def resolve_reads(dataset, reads):
     held = dataset_experiments(dataset)
     paths = []
     for read in reads:
-        if read.startswith("microbench:"):
+        if read == layout.ALL_RAW:
+            paths += all_raw(dataset)
+        elif read.startswith("microbench:"):
             if read.split(":", 1)[1] in dataset_studies(dataset):
                 paths.append(str(layout.resolve(RESULTS / dataset, read)))
         elif read == layout.MODEL_JSON:
@@ -231,8 +273,13 @@ def dataset_targets(dataset):
         print(f"[xstage] reference dataset '{dataset}' is not in {RESULTS}/: skipped",
               file=sys.stderr)
         return []
-    return [product_output(dataset, product) for product in layout.PRODUCTS.values()
-            if product_available(dataset, product)]
+    targets = [product_output(dataset, product) for product in layout.PRODUCTS.values()
+               if product_available(dataset, product)]
+    if dataset in REFERENCE:
+        # A reference is committed as rendered: a run asks only for what is missing, so a
+        # fresh clone's checkout times never remake (and rewrite) it. Name a file to remake it.
+        targets = [t for t in targets + reference_checked(dataset) if not Path(t).exists()]
+    return targets
 
 
 def all_targets():
@@ -260,30 +307,35 @@ def built_kernels():
 # --- model ---
 
 def model_inputs(wildcards):
-    return [str(RESULTS / wildcards.dataset / layout.microbench_raw(s))
-            for s in dataset_studies(wildcards.dataset)]
+    dataset = wildcards.dataset
+    return as_read(dataset, [str(RESULTS / dataset / layout.microbench_raw(s))
+                             for s in dataset_studies(dataset)])
 
 
 # --- figures and tables ---
 
+def as_read(dataset, paths):
+    """A reference dataset is committed as rendered: its files count as old, so a fresh
+    clone's checkout times never remake (and rewrite) them; a missing one is still made."""
+    return [ancient(p) for p in paths] if dataset in REFERENCE else paths
+
+
 def product_inputs(product):
+    """A figure's or table's inputs: exactly its declared reads (layout.PRODUCTS)."""
     def inputs(wildcards):
-        checked = reference_checked(wildcards.dataset)
-        if product.name in ("tab-claims", "tab-noise"):
-            files = all_raw(wildcards.dataset)
-            if "microbench" in dataset_experiments(wildcards.dataset):
-                files.append(str(RESULTS / wildcards.dataset / layout.MODEL_JSON))
-            if product.name == "tab-claims":
-                files += claims_counterpart_inputs(wildcards.dataset)
-            return files + checked
-        return resolve_reads(wildcards.dataset, product.reads) + checked
+        dataset = wildcards.dataset
+        files = resolve_reads(dataset, product.reads)
+        if product.name == "tab-claims":
+            files += claims_counterpart_inputs(dataset)
+        return as_read(dataset, files)
 
     return inputs
 
 
 def reference_checked(dataset):
-    """A committed reference's products wait for its raw-file check (rule check_reference in
-    report.smk), so that every dataset's jobs start at the same depth of the DAG."""
+    """A committed reference's raw-file check (check_reference in report.smk), asked
+    for beside its products, never as their input, so that a check made anew (a fresh
+    fixture, a new reference) never remakes what is committed."""
     return [str(RESULTS / dataset / REFERENCE_CHECK)] if dataset in REFERENCE else []
 
 

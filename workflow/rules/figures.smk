@@ -2,6 +2,8 @@
 # the raw JSON (and the fitted model) of one dataset. Figures are a PDF with a PNG beside it,
 # tables a CSV with a Markdown copy. The report shows a figure's PNG (a browser previews it
 # inline, where a PDF pane stays blank) and a table's CSV, each with its caption.
+# Outputs are update(): Snakemake keeps the previous file until the job succeeds and puts it
+# back when the job fails, so a failed rerun never deletes a committed reference figure.
 
 
 def in_report(path, product):
@@ -25,8 +27,8 @@ for _product in layout.PRODUCTS.values():
         input:
             product_inputs(_product),
         output:
-            main=_main if _kind == "figures" else in_report(_main, _product),
-            companion=in_report(_second, _product) if _kind == "figures" else _second,
+            main=update(_main if _kind == "figures" else in_report(_main, _product)),
+            companion=update(in_report(_second, _product) if _kind == "figures" else _second),
         params:
             product=_product.name,
         conda:

@@ -4,8 +4,8 @@
 
 rule megamoe_measure:
     output:
-        sweep=RESULTS / "{dataset}" / layout.MEGAMOE_RAW,
-        trace=RESULTS / "{dataset}" / layout.MEGAMOE_TRACE_RAW,
+        sweep=update(str(RESULTS / "{dataset}" / layout.MEGAMOE_RAW)),
+        trace=update(str(RESULTS / "{dataset}" / layout.MEGAMOE_TRACE_RAW)),
     wildcard_constraints:
         dataset=measuring("megamoe"),
     params:
@@ -24,7 +24,7 @@ rule megamoe_measure:
 # process per GPU (torch.distributed), for tab-process-model.
 rule megamoe_measure_per_gpu:
     output:
-        RESULTS / "{dataset}" / layout.MEGAMOE_PER_GPU_RAW,
+        update(str(RESULTS / "{dataset}" / layout.MEGAMOE_PER_GPU_RAW)),
     wildcard_constraints:
         dataset=measuring("megamoe_per_gpu"),
     params:
@@ -44,7 +44,7 @@ rule megamoe_measure_per_gpu:
 # rate, over rates x remote fractions (megamoe.emulated), for fig-megamoe-crossover.
 rule megamoe_measure_emulated:
     output:
-        RESULTS / "{dataset}" / layout.MEGAMOE_EMULATED_RAW,
+        update(str(RESULTS / "{dataset}" / layout.MEGAMOE_EMULATED_RAW)),
     wildcard_constraints:
         dataset=measuring("megamoe_emulated"),
     params:
@@ -62,6 +62,7 @@ rule megamoe_measure_emulated:
 rule megamoe_simulate:
     input:
         profile=lambda wc: SIMULATED[wc.dataset],
+        stamp=lambda wc: config_stamp(wc.dataset, "megamoe"),
     output:
         RESULTS / "{dataset}" / "raw" / "{experiment}.json",
     wildcard_constraints:

@@ -8,7 +8,7 @@ rule microbench_measure:
     input:
         cubin=[] if CPU_TEST else "build/kernels/sm_90/burst.cubin",
     output:
-        RESULTS / "{dataset}" / layout.microbench_raw("{study}"),
+        update(str(RESULTS / "{dataset}" / layout.microbench_raw("{study}"))),
     wildcard_constraints:
         dataset=measuring("microbench"),
     params:
@@ -27,6 +27,7 @@ rule microbench_measure:
 rule microbench_simulate:
     input:
         profile=lambda wc: SIMULATED[wc.dataset],
+        stamp=lambda wc: config_stamp(wc.dataset, f"microbench-{wc.study}"),
     output:
         RESULTS / "{dataset}" / layout.microbench_raw("{study}"),
     wildcard_constraints:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from xstage_bench.joblog import tee_to
-from xstage_bench.provenance import check_listing
+from xstage_bench.origins import check_listing
 from xstage_bench.results import atomic_write_text
 
 with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)

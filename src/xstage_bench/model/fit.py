@@ -59,6 +59,7 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
+from xstage_bench.config import ConfigError
 from xstage_bench.hardware import load_profile
 from xstage_bench.model import checks, laws
 from xstage_bench.model.records import (
@@ -73,7 +74,7 @@ from xstage_bench.model.records import (
     load,
     plateau,
 )
-from xstage_bench.results import atomic_write_text
+from xstage_bench.results import RawResultError, atomic_write_text
 
 MiB = float(1 << 20)
 KiB = 1024.0
@@ -567,8 +568,35 @@ def fit_files(
     n_bootstrap: int = N_BOOTSTRAP,
     seed: int = 0,
 ) -> dict:
-    """Fit T0, R, Q from raw microbench files; write model/burst_gap.json and profile.yaml."""
+    """Fit T0, R, Q from raw microbench files; write model/burst_gap.json and profile.yaml.
+
+    A file that cannot be read raises RawResultError naming it; a fit that fails on the
+    numbers raises FitError naming the files it was fitting.
+    """
     loaded = load(raw_paths)
+    try:
+        result, pooled = _fit(loaded, raw_paths, dataset, base_profile, n_bootstrap, seed)
+    except (ConfigError, RawResultError):
+        raise
+    except (ValueError, ArithmeticError) as e:
+        files = ", ".join(str(p) for p in raw_paths)
+        raise FitError(f"fitting {files}: {type(e).__name__}: {e}") from e
+    atomic_write_text(out_json, json.dumps(result, indent=1) + "\n")
+    atomic_write_text(
+        out_profile,
+        _profile_yaml(pooled, dataset, result["sources"], base_profile, loaded.sm_count),
+    )
+    return result
+
+
+def _fit(
+    loaded: Loaded,
+    raw_paths: list[str],
+    dataset: str,
+    base_profile: str | None,
+    n_bootstrap: int,
+    seed: int,
+) -> tuple[dict, Params]:
     data = loaded.fit
     pooled = fit_chain(data)
     window = fit_chain(data, window=True)
@@ -627,9 +655,4 @@ def fit_files(
             ),
         },
     }
-    atomic_write_text(out_json, json.dumps(result, indent=1) + "\n")
-    atomic_write_text(
-        out_profile,
-        _profile_yaml(pooled, dataset, result["sources"], base_profile, loaded.sm_count),
-    )
-    return result
+    return result, pooled

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xstage_bench.results import FAILED_STATUSES, read_raw
+from xstage_bench.results import FAILED_STATUSES, RawResultError, read_raw
 
 REFERENCE_STORES = {"dest": "peer", "width": 16, "pattern": "same", "peers": 1}
 ROLES = ("zero_gap", "periodic", "isolated")  # what the parameters are fitted to
@@ -164,6 +164,33 @@ def _split(recs: Recs, aligned_only: bool) -> tuple[Recs, Recs]:
     return recs.where(fitted), recs.where(~fitted)
 
 
+def _sort(
+    r: dict,
+    counts: dict,
+    periodic: list[dict],
+    isolated: list[dict],
+    ceilings: dict[str, list[float]],
+) -> None:
+    """Count one record, or put it in the periodic or isolated list it is fitted from."""
+    point = r["point"]
+    if r["status"] != "ok":
+        counts["failed"][r["status"]] += 1
+    elif point["kind"] == "ceiling":
+        counts["ceiling"] += 1
+        if point.get("dest") == "peer" and r["samples"].get("bandwidth_GBps"):
+            ceilings.setdefault(point["method"], []).extend(r["samples"]["bandwidth_GBps"])
+    elif point.get("dest", "peer") != "peer":
+        counts["local"] += 1
+    elif not _is_reference(point):
+        counts["other_stores"] += 1
+    else:
+        if not r["samples"].get("t_iss_slowest_us"):
+            raise ValueError("no t_iss_slowest_us samples")
+        counts["used"] += 1
+        counts["aligned"] += int(is_aligned(point))
+        (periodic if point["kind"] == "periodic" else isolated).append(r)
+
+
 def load(raw_paths: list[str]) -> Loaded:
     """Read raw microbench files; sort their records into the fit's roles and count the rest."""
     backends: dict[str, str] = {}
@@ -189,23 +216,10 @@ def load(raw_paths: list[str]) -> Loaded:
             or next((g["sm_count"] for g in env.get("gpus", [])), None)
         )
         for r in doc["records"]:
-            point = r["point"]
-            if r["status"] != "ok":
-                counts["failed"][r["status"]] += 1
-            elif point["kind"] == "ceiling":
-                counts["ceiling"] += 1
-                if point.get("dest") == "peer" and r["samples"].get("bandwidth_GBps"):
-                    ceilings.setdefault(point["method"], []).extend(r["samples"]["bandwidth_GBps"])
-            elif point.get("dest", "peer") != "peer":
-                counts["local"] += 1
-            elif not _is_reference(point):
-                counts["other_stores"] += 1
-            else:
-                if not r["samples"].get("t_iss_slowest_us"):
-                    raise ValueError(f"{path}: record '{r['id']}' has no t_iss_slowest_us samples")
-                counts["used"] += 1
-                counts["aligned"] += int(is_aligned(point))
-                (periodic if point["kind"] == "periodic" else isolated).append(r)
+            try:
+                _sort(r, counts, periodic, isolated, ceilings)
+            except (KeyError, TypeError, ValueError) as e:
+                raise RawResultError(f"{path}: record '{r['id']}': {type(e).__name__}: {e}") from e
     if len(set(backends.values())) > 1:
         raise ValueError(f"raw files from different backends cannot be fitted together: {backends}")
     zero_gap = [

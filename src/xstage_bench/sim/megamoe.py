@@ -36,7 +36,7 @@ import numpy as np
 
 from xstage_bench.hardware import HardwareProfile
 from xstage_bench.megamoe import routing, schedule
-from xstage_bench.sim.xstage import PathParams, path_params
+from xstage_bench.sim.xstage import EventBudget, PathParams, path_params
 
 OUTPUT_BYTES = 2  # bf16 combine output
 PRECISION_RATE = {"w4a8": "fp8", "w8a8": "fp8", "bf16": "bf16"}  # W4A8 expands to FP8 MMA
@@ -321,7 +321,9 @@ def play(
     for prog in range(rates.programs):
         take(prog, 0.0)
     now, stuck = 0.0, 0
+    budget = EventBudget(n + rates.programs, f"megamoe: {n} tiles")
     while events or peer.n or local.n:
+        budget.step()
         t = events[0][0] if events else math.inf
         if peer.n:
             t = min(t, peer.next_time())

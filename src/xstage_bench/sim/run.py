@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import environment, grid
+from xstage_bench import environment, grid, provenance
 from xstage_bench.hardware import HardwareProfile, load_profile
 from xstage_bench.results import failed_record, ok_record, raw_document, write_raw
 from xstage_bench.sim import megamoe, ulysses, xstage
@@ -95,6 +95,7 @@ def _write(
     env: dict,
     config: dict,
     records: list[dict],
+    section: dict,
     study: str | None = None,
 ) -> None:
     doc = raw_document(
@@ -105,6 +106,7 @@ def _write(
         config=config,
         records=records,
         study=study,
+        config_sha256=provenance.section_hash(section),
     )
     write_raw(Path(out), doc)
 
@@ -158,6 +160,7 @@ def simulate_microbench(
         env=env,
         config=cfg,
         records=records,
+        section=provenance.microbench_section(config, study),
         study=study,
     )
 
@@ -202,6 +205,7 @@ def simulate_megamoe(
         env=env,
         config=_sim_config(profile_path, options, world_size=P, megamoe=moe),
         records=records,
+        section=provenance.experiment_section(config, "megamoe"),
     )
 
 
@@ -279,6 +283,7 @@ def simulate_megamoe_trace(
         env=env,
         config=_sim_config(profile_path, options, world_size=P, megamoe=moe),
         records=records,
+        section=provenance.experiment_section(config, "megamoe"),
     )
 
 
@@ -315,4 +320,5 @@ def simulate_attention(
         env=env,
         config=_sim_config(profile_path, options, world_size=P, attention=attention),
         records=records,
+        section=provenance.experiment_section(config, "attention"),
     )

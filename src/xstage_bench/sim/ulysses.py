@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from xstage_bench.hardware import HardwareProfile
-from xstage_bench.sim.xstage import PathParams, path_params, simulate_bursts
+from xstage_bench.sim.xstage import EventBudget, PathParams, path_params, simulate_bursts
 
 Q_TILE_ROWS = 128
 OUTPUT_BYTES = 2  # bf16
@@ -55,6 +55,8 @@ def _tiles(
     seq = 0
     taken = 0
     sender = 0.0
+    began: dict[int, float] = {}  # program -> when its epilogue stores began
+    budget = EventBudget(n_tiles + programs, f"attention: {n_tiles} tiles")
 
     def push(t: float, what: str, prog: int) -> None:
         nonlocal seq
@@ -73,22 +75,29 @@ def _tiles(
         if local_bytes > 0:
             local_path.add(prog, local_bytes)
         else:
-            next_tile(prog, t)
+            stored(prog, t)
+
+    def stored(prog: int, t: float) -> None:
+        """Every byte admitted: the epilogue ends as PathParams.issue_end says."""
+        push(peer.issue_end(began.pop(prog), remote_bytes + local_bytes, t), "stored", prog)
 
     for prog in range(programs):
         next_tile(prog, 0.0)
     while events or peer_path.n or local_path.n:
+        budget.step()
         t = min(events[0][0] if events else math.inf, peer_path.next_time(), local_path.next_time())
         remote_done, local_done = peer_path.advance(t), local_path.advance(t)
         for prog, _ in remote_done:
             issue_local(prog, t)
         for prog, _ in local_done:
-            next_tile(prog, t)
+            stored(prog, t)
         while events and events[0][0] <= t:
             _, _, what, prog = heapq.heappop(events)
-            if what == "epilogue":
-                push(t + peer.t0_fixed_us, "store", prog)
-            elif remote_bytes > 0:
+            if what == "stored":
+                next_tile(prog, t)
+                continue
+            began[prog] = t  # the epilogue's stores go to the path at once
+            if remote_bytes > 0:
                 peer_path.add(prog, remote_bytes)
             else:
                 issue_local(prog, t)

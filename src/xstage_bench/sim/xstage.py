@@ -31,6 +31,38 @@ COPY_ENGINE_EFFICIENCY = 0.9  # a copy engine reaches 90% of the path's line rat
 WIDEST_STORE = 16  # bytes; narrower stores issue proportionally fewer bytes per instruction
 
 _EPS_BYTES = 1e-3  # fluid quantities closer than a thousandth of a byte are equal
+# An event loop takes a few steps per unit of work (a burst, a tile): start, finish, the
+# path filling and emptying. Far more means it is stuck (a step too small to move a float
+# clock, from extreme rates); beyond MAX_EVENTS a run is too large to be worth simulating.
+STEPS_PER_WORK = 64
+MIN_STEPS = 1000
+MAX_EVENTS = 50_000_000
+
+
+class SimulationError(RuntimeError):
+    """A simulation that cannot finish: its event loop ran past its bound."""
+
+
+class EventBudget:
+    """Counts the steps of one event loop and raises SimulationError past its bound."""
+
+    def __init__(self, work: int, what: str):
+        self.limit = STEPS_PER_WORK * int(work) + MIN_STEPS
+        self.what = what
+        self.steps = 0
+        if self.limit > MAX_EVENTS:
+            raise SimulationError(
+                f"{what}: {work} units of work would take up to {self.limit} events, more than "
+                f"the simulator's bound of {MAX_EVENTS}; reduce the grid"
+            )
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps > self.limit:
+            raise SimulationError(
+                f"{self.what}: the event loop ran past {self.limit} steps without finishing "
+                "(a rate or size in the hardware profile or point is too extreme to simulate)"
+            )
 
 
 class StorePath:
@@ -126,6 +158,16 @@ class PathParams:
         """Backpressure-free issue time of one producer's B bytes."""
         return self.t0_fixed_us + B / self.issue_rate
 
+    def issue_end(self, start: float, B: float, admitted: float) -> float:
+        """When a producer that began a burst of B bytes at `start` has issued it.
+
+        Its stores enter the path from the start, and the fixed overhead overlaps them:
+        the burst ends when the path has admitted its last byte, never before T0. This is
+        the Burst-Gap model's definition, so one burst on an empty path takes
+        max(T0, (V - Q)/R), laws.isolated_issue_time, which the fit uses.
+        """
+        return max(admitted, start + self.t0_us(B))
+
     def new_path(self) -> StorePath:
         return StorePath(self.drain, self.capacity, self.issue_rate)
 
@@ -199,13 +241,14 @@ def simulate_bursts(
             raise ValueError(f"need {K} start offsets, got {len(start_offsets_us)}")
         offsets, counts = np.unique(np.asarray(start_offsets_us, dtype=float), return_counts=True)
     cohorts = len(offsets)
+    budget = EventBudget(bursts * cohorts, f"burst train K={K}, B={B:g}, bursts={bursts}")
     start = np.full((bursts, cohorts), np.nan)
     end = np.full((bursts, cohorts), np.nan)
     burst_of = np.zeros(cohorts, dtype=int)
     unfinished = np.full(bursts, cohorts)
     path = params.new_path()
-    # External events: (time, seq, what, cohort); "start" begins the fixed overhead,
-    # "issue" hands the producer's bytes to the path.
+    # External events: (time, seq, what, cohort); "start" begins a burst (its bytes go to
+    # the path at once), "end" is when the producer has issued it (PathParams.issue_end).
     events: list[tuple[float, int, str, int]] = []
     seq = 0
 
@@ -217,8 +260,18 @@ def simulate_bursts(
     for c in range(cohorts):
         push(float(offsets[c]), "start", c)
     while events or path.n:
+        budget.step()
         t = min(events[0][0] if events else math.inf, path.next_time())
         for c, _ in path.advance(t):
+            push(params.issue_end(start[burst_of[c], c], B, t), "end", c)
+        while events and events[0][0] <= t:
+            _, _, what, c = heapq.heappop(events)
+            if what == "start":
+                if not np.isnan(start[burst_of[c], c]):
+                    burst_of[c] += 1
+                start[burst_of[c], c] = t
+                path.add(c, B, int(counts[c]))
+                continue
             b = burst_of[c]
             end[b, c] = t
             unfinished[b] -= 1
@@ -229,15 +282,6 @@ def simulate_bursts(
             elif unfinished[b] == 0:
                 for other in range(cohorts):
                     push(t + gap_us, "start", other)
-        while events and events[0][0] <= t:
-            _, _, what, c = heapq.heappop(events)
-            if what == "start":
-                if not np.isnan(start[burst_of[c], c]):
-                    burst_of[c] += 1
-                start[burst_of[c], c] = t
-                push(t + params.t0_fixed_us, "issue", c)
-            else:
-                path.add(c, B, int(counts[c]))
     return BurstTrace(start=start, end=end, drained_at=path.empty_time())
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from xstage_bench import layout
 from xstage_bench.figures import common
 from xstage_bench.results import read_raw
 from xstage_bench.tables.common import Table
@@ -22,10 +23,8 @@ NOT_REPETITIONS = ("megamoe_trace",)
 
 
 def raw_files(dataset_dir: Path) -> list[Path]:
-    """Every final raw file of the dataset (resume state '*.partial.json' is not a result)."""
-    return sorted(
-        p for p in (dataset_dir / "raw").rglob("*.json") if not p.name.endswith(".partial.json")
-    )
+    """Every final raw file of the dataset (layout.ALL_RAW: resume state is not a result)."""
+    return layout.raw_files(dataset_dir)
 
 
 def build(dataset_dir: Path, target: float = NOISE_TARGET) -> Table:

@@ -1,0 +1,283 @@
+"""Faults and recovery: the default profile is loaded, one rerun recovers after a kill, and
+a failed rerun leaves committed outputs in place."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xstage_bench import layout, render
+from xstage_bench.stale_lock import clear_stale_locks, other_snakemake_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config.yaml", "config", "kernels", "envs")
+needs_snakemake = pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed")
+
+
+def copy_workflow(dest: Path) -> Path:
+    """The workflow without any results."""
+    for name in WORKFLOW_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name)
+        else:
+            shutil.copy(src, dest / name)
+    return dest
+
+
+def test_the_default_profile_is_loaded_and_sets_cores(monkeypatch):
+    from snakemake.cli import parse_args
+
+    monkeypatch.chdir(ROOT)
+    _, args = parse_args(["results/sim-h200/figures/fig-drain.pdf"])
+    assert args.cores == os.cpu_count()  # cores: all, so one figure needs no --cores
+    assert args.rerun_incomplete and args.keep_going
+    quiet = {str(q).lower() for q in args.quiet}
+    assert "rules" in quiet and not quiet & {"progress", "all"}  # quieter, progress kept
+
+
+def test_a_lock_is_stale_only_when_no_other_snakemake_runs_here(tmp_path):
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.output.lock").write_text(str(tmp_path / "results" / "x.json") + "\n")
+    # A process whose command line names snakemake, running in this directory.
+    live = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "snakemake"], cwd=tmp_path
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while live.pid not in other_snakemake_runs(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert live.pid in other_snakemake_runs(tmp_path)
+        assert clear_stale_locks(tmp_path) == []
+        assert (locks / "0.output.lock").exists()
+    finally:
+        live.kill()
+        live.wait()
+    assert clear_stale_locks(tmp_path) == [locks / "0.output.lock"]
+    assert not any(locks.iterdir())
+
+
+@needs_snakemake
+def test_one_rerun_of_the_same_command_recovers_after_a_sigkill(tmp_path):
+    work = copy_workflow(tmp_path)
+    target = "results/sim-h200-smoke/raw/attention.json"
+    command = [str(SNAKEMAKE), target, "--configfile", "config/smoke.yaml"]  # no --cores
+    first = subprocess.Popen(
+        command,
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    locks = work / ".snakemake" / "locks"
+    deadline = time.monotonic() + 120
+    while not (locks.is_dir() and any(locks.iterdir())) and first.poll() is None:
+        assert time.monotonic() < deadline, "snakemake never took its lock"
+        time.sleep(0.01)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert any(locks.iterdir()), "the kill came too late to leave a lock"
+    again = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "no longer running" in again.stderr
+    assert json.loads((work / target).read_text())["records"]
+
+
+def _nan_sample(path: Path, metric: str) -> None:
+    doc = json.loads(path.read_text())
+    ok = next(r for r in doc["records"] if r["status"] == "ok")
+    ok["samples"][metric][0] = float("nan")
+    path.write_text(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def rendered_reference(tmp_path_factory) -> Path:
+    """The workflow with one committed-like reference dataset, SYNTHETIC (tests/fixtures.py),
+    with the products the tests look at rendered by the DAG (`c.yaml` simulates nothing).
+    Tests copy it."""
+    import yaml
+    from fixtures import make_dataset
+
+    work = copy_workflow(tmp_path_factory.mktemp("reference"))
+    ref = make_dataset(work / "results", "ref-fixture", megamoe=False)
+    (ref / layout.MODEL_PROFILE).write_text("name: fixture (fitted)\n")
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    config["datasets"] = {"measured": "auto", "reference": ["ref-fixture"], "simulated": {}}
+    (work / "c.yaml").write_text(yaml.safe_dump(config))
+    out = subprocess.run(
+        [str(SNAKEMAKE), *RENDERED, "--configfile", "c.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return work
+
+
+RENDERED = (
+    "results/ref-fixture/figures/fig-ulysses.pdf",
+    "results/ref-fixture/tables/tab-ulysses.csv",
+)
+
+
+def reference_workdir(rendered: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(rendered, tmp_path / "work", symlinks=True))
+
+
+@needs_snakemake
+def test_a_failed_rerun_leaves_committed_reference_outputs_in_place(rendered_reference, tmp_path):
+    work = reference_workdir(rendered_reference, tmp_path)
+    ref = work / "results" / "ref-fixture"
+    kept = {
+        p: p.read_bytes()
+        for p in (
+            ref / layout.MODEL_JSON,
+            ref / layout.MODEL_PROFILE,
+            ref / "figures" / "fig-ulysses.pdf",
+            ref / "figures" / "fig-ulysses.png",
+            ref / "tables" / "tab-ulysses.csv",
+            ref / "tables" / "tab-ulysses.md",
+        )
+    }
+    _nan_sample(ref / layout.ATTENTION_RAW, "sender_us")
+    _nan_sample(ref / layout.microbench_raw("drain"), "t_iss_slowest_us")
+    targets = [str(p.relative_to(work)) for p in kept if p.suffix in (".json", ".pdf", ".csv")]
+    # Named targets, forced, as after a change to the fit or a renderer (a plain run does not
+    # remake a committed reference: see the next test).
+    force = ["--forcerun", "fit_burst_gap", "figure_fig_ulysses", "table_tab_ulysses"]
+    out = subprocess.run(
+        [str(SNAKEMAKE), *targets, "--configfile", "c.yaml", *force],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode != 0
+    assert "NaN or infinity" in out.stdout + out.stderr
+    for path, before in kept.items():
+        assert path.read_bytes() == before, f"{path.name} was changed by a failed rerun"
+
+
+@needs_snakemake
+def test_a_fresh_checkout_never_remakes_committed_reference_outputs(rendered_reference, tmp_path):
+    work = reference_workdir(rendered_reference, tmp_path)
+    later = time.time() + 60
+    newer = [*(work / "results" / "ref-fixture" / "raw").rglob("*.json")]
+    newer += [*(work / "workflow" / "scripts").glob("*.py")]
+    for path in newer:
+        os.utime(path, (later, later))  # checkout order can make any of them the newest
+    shutil.rmtree(work / ".snakemake")  # and a fresh clone has no Snakemake metadata
+    out = subprocess.run(
+        [str(SNAKEMAKE), "-n", "--configfile", "c.yaml", "--quiet", "host"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    planned = out.stdout.split("Job stats:")[1].split("\n\n")[0]
+    assert "figure_fig_drain " in planned  # what is missing is made...
+    for rule in ("figure_fig_ulysses", "table_tab_ulysses", "fit_burst_gap"):
+        assert rule not in planned, planned  # ...and what is there is left alone
+
+
+def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
+    ds = tmp_path / "ds"
+    out = ds / "figures" / "fig-drain.pdf"
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b"committed pdf")
+    out.with_suffix(".png").write_bytes(b"committed png")
+
+    def half_written(fig, path):
+        Path(path).write_bytes(b"partial")
+        raise RuntimeError("renderer crashed after the PDF")
+
+    monkeypatch.setitem(render.FIGURES, "fig-drain", lambda d: None)
+    monkeypatch.setattr(render, "save_figure", half_written)
+    with pytest.raises(RuntimeError, match="crashed"):
+        render.render_product("fig-drain", ds, out)
+    assert out.read_bytes() == b"committed pdf"
+    assert out.with_suffix(".png").read_bytes() == b"committed png"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["fig-drain.pdf", "fig-drain.png"]
+
+
+def test_smoke_datasets_never_share_a_name_with_full_runs():
+    import yaml
+
+    smoke = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())["datasets"]
+    full = yaml.safe_load((ROOT / "config.yaml").read_text())["datasets"]
+    assert not set(smoke["simulated"]) & set(full["simulated"])
+    assert all(name.endswith("-smoke") for name in smoke["simulated"])
+
+
+@needs_snakemake
+def test_a_simulated_file_is_remade_when_its_config_section_changes(tmp_path):
+    import yaml
+
+    work = copy_workflow(tmp_path)
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    config["datasets"].update(simulated={"sim-h200": "config/hardware/h200.yaml"}, reference=[])
+    target = "results/sim-h200/raw/attention.json"
+
+    def run(seq_lens):
+        config["attention"]["seq_lens"] = seq_lens
+        (work / "c.yaml").write_text(yaml.safe_dump(config))
+        out = subprocess.run(
+            [str(SNAKEMAKE), target, "--configfile", "c.yaml"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        doc = json.loads((work / target).read_text())
+        return out.stdout + out.stderr, {r["point"]["seq_len"] for r in doc["records"]}, doc
+
+    _, lens, first = run([8192])
+    assert lens == {8192}
+    log, lens, second = run([8192, 16384])
+    assert lens == {8192, 16384}
+    assert "attention.seq_lens: [8192] -> [8192, 16384]" in log
+    assert first["config_sha256"] != second["config_sha256"]
+    log, _, third = run([8192, 16384])
+    assert "Nothing to be done" in log and third == second
+
+
+@needs_snakemake
+def test_a_measured_file_made_with_another_config_stops_the_run(tmp_path):
+    import yaml
+
+    work = copy_workflow(tmp_path)
+    config = {
+        "extends": "config.yaml",
+        "measure": "submit",  # measures through an executor: no GPU probe here
+        "world_size": 2,
+        "measured_experiments": ["attention"],
+        "datasets": {"measured": "h200x2", "reference": [], "simulated": {}},
+    }
+    (work / "c.yaml").write_text(yaml.safe_dump(config))
+    dry = [str(SNAKEMAKE), "-n", "--configfile", "c.yaml"]
+    first = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    raw = work / "results" / "h200x2" / layout.ATTENTION_RAW
+    raw.parent.mkdir(parents=True)
+    raw.write_text("{}")  # as if measured with this config
+    config["attention"] = {"seq_lens": [8192]}
+    (work / "c.yaml").write_text(yaml.safe_dump(config))
+    second = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
+    assert second.returncode != 0
+    assert "dataset 'h200x2' holds raw/attention.json measured with another config" in (
+        second.stderr
+    )
+    assert "attention.seq_lens: [8192, 16384, 32768, 49152, 65536, 131072] -> [8192]" in (
+        second.stderr
+    )
