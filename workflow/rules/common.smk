@@ -11,7 +11,6 @@ from xstage_bench.config import ConfigError, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
 from xstage_bench.stale_lock import clear_stale_locks
-from xstage_bench.tables import counterparts
 
 
 try:
@@ -341,6 +340,10 @@ def reference_checked(dataset):
 
 def claims_counterpart_inputs(dataset):
     """Files of the datasets tab-claims shows beside this one's (tables.counterparts)."""
+    # imported here: it loads the plotting stack, which a measuring-only run (CI's CPU test
+    # of the measuring rules) does not install
+    from xstage_bench.tables import counterparts
+
     files = []
     for other in counterparts.datasets_read():
         if other != dataset and other in datasets():
