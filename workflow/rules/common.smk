@@ -10,6 +10,7 @@ from xstage_bench import layout, provenance
 from xstage_bench.config import ConfigError, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
+from xstage_bench.runlock import RunLockBusy, hold_run_lock
 from xstage_bench.stale_lock import clear_stale_locks
 
 
@@ -20,6 +21,13 @@ try:
     validate_config(config)
 except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
+
+# One run per directory (runlock.py): Snakemake deletes other runs' locks when one ends.
+if workflow.is_main_process and not workflow.output_settings.dryrun:
+    try:
+        RUN_LOCK = hold_run_lock()
+    except RunLockBusy as e:
+        sys.exit(f"[xstage] {e}")
 
 # A killed run leaves Snakemake's lock behind; with no other run in this directory it is
 # stale, so one rerun of the same command recovers (rerun-incomplete is in the profile).
