@@ -40,12 +40,12 @@ def plot(dataset_dir: Path) -> Figure:
     shapes = list(dict.fromkeys(speedups["shape"]))
     fractions = list(dict.fromkeys(speedups["remote_fraction"]))
     palette = dict(zip(fractions, sns.color_palette("viridis", len(fractions)), strict=True))
-    fig, axes = common.new_figure(1, len(shapes), width=4.2, height=3.4, sharey=True)
+    fig, axes = common.new_figure(1, len(shapes), width=4.4, height=3.8, sharey=True)
     marker = crossover_rate_tflops(dataset_dir)
     for ax, shape in zip(axes[0], shapes, strict=True):
         part = speedups[speedups["shape"] == shape]
         for fraction, rows in part.groupby("remote_fraction", sort=False):
-            rows = rows.sort_values("emulated_tflops")
+            rows = rows.sort_values(x_column)
             ax.errorbar(
                 rows[x_column],
                 rows["speedup"],
@@ -63,12 +63,11 @@ def plot(dataset_dir: Path) -> Figure:
         if marker:
             ax.axvline(marker[0], color="0.4", linestyle=":", linewidth=1)
         ax.set_title(shape, fontsize=9)
+    axes[0][0].set_ylabel("expert-wave / interleaved time")
+    for ax in axes[0]:
         ax.set_xlabel(
-            "achieved rate, expert waves (useful TFLOP/s per GPU)"
-            if achieved
-            else "emulated compute rate X (TFLOP/s per GPU)"
+            "achieved TFLOP/s per GPU, expert waves" if achieved else "emulated X, TFLOP/s per GPU"
         )
-    axes[0][0].set_ylabel("expert-wave time / interleaved time")
     legend = [
         Line2D([], [], color=palette[f], marker="o", label=common.fraction_name(f))
         for f in fractions

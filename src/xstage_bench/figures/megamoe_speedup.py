@@ -30,7 +30,7 @@ def plot(dataset_dir: Path) -> Figure:
     shapes = sorted(speedups["shape"].unique())
     palette = dict(zip(shapes, sns.color_palette("tab10", len(shapes)), strict=True))
 
-    baselines = common.megamoe_baselines(doc)
+    baselines = common.natural_routing(common.megamoe_baselines(doc))
     rows = 2 if baselines.empty else 3
     fig = plt.figure(figsize=(12, 7 if rows == 2 else 10.5))
     grid = fig.add_gridspec(rows, 3, height_ratios=(1.3, 1, 1.2)[:rows])

@@ -59,7 +59,7 @@ def build(dataset_dir: Path) -> Table:
             f"{len(incomplete)} configuration(s) lack an ok time for both schedules "
             "and are left out"
         )
-    baselines = common.megamoe_baselines(doc)
+    baselines = common.natural_routing(common.megamoe_baselines(doc))
     sections = []
     if not baselines.empty:
         sections = [
