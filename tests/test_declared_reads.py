@@ -5,11 +5,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures import make_dataset
+from fixtures import make_dataset, write_megamoe_emulated
 
 from xstage_bench import layout
 from xstage_bench.render import NoDataError, render_product
 
+ROOT = Path(__file__).resolve().parents[1]
 _opened: list[Path] | None = None
 
 
@@ -33,7 +34,10 @@ def files_opened(render) -> set[Path]:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture").resolve()
+    ds = make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture")
+    write_megamoe_emulated(ds)  # measured only, but every product must be audited
+    (ds / layout.MODEL_PROFILE).write_text((ROOT / "config" / "hardware" / "h200.yaml").read_text())
+    return ds.resolve()
 
 
 def declared(product: layout.Product, dataset: Path) -> set[Path]:

@@ -139,14 +139,14 @@ TABLES = (
     Product(
         "tab-megamoe-crossover",
         "megamoe_emulated",
-        (MEGAMOE_EMULATED_RAW, MODEL_JSON),
-        optional=(MODEL_JSON,),
+        (MEGAMOE_EMULATED_RAW, MODEL_JSON, MODEL_PROFILE),
+        optional=(MODEL_JSON, MODEL_PROFILE),
     ),
     Product(
         "tab-claims",
         "all",
-        (MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, ATTENTION_RAW),
-        optional=(MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, ATTENTION_RAW),
+        (MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, MEGAMOE_EMULATED_RAW, ATTENTION_RAW),
+        optional=(MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, MEGAMOE_EMULATED_RAW, ATTENTION_RAW),
     ),
     Product(
         "tab-noise",

@@ -198,7 +198,7 @@ def resolve_reads(dataset, reads):
         elif read.startswith("microbench:"):
             if read.split(":", 1)[1] in dataset_studies(dataset):
                 paths.append(str(layout.resolve(RESULTS / dataset, read)))
-        elif read == layout.MODEL_JSON:
+        elif read in (layout.MODEL_JSON, layout.MODEL_PROFILE):  # one rule writes both
             if "microbench" in held:
                 paths.append(str(RESULTS / dataset / read))
         elif read == layout.MEGAMOE_PER_GPU_RAW:
@@ -274,14 +274,21 @@ def datasets():
     return names
 
 
+def dataset_products(dataset):
+    """Every figure and table a dataset can give (made now or already there)."""
+    if dataset in REFERENCE and not (RESULTS / dataset).is_dir():
+        return []
+    return [product_output(dataset, product) for product in layout.PRODUCTS.values()
+            if product_available(dataset, product)]
+
+
 def dataset_targets(dataset):
-    """Every figure and table a dataset can give."""
+    """What a run makes of a dataset: all its products, or, for a reference, the missing."""
     if dataset in REFERENCE and not (RESULTS / dataset).is_dir():
         print(f"[xstage] reference dataset '{dataset}' is not in {RESULTS}/: skipped",
               file=sys.stderr)
         return []
-    targets = [product_output(dataset, product) for product in layout.PRODUCTS.values()
-               if product_available(dataset, product)]
+    targets = dataset_products(dataset)
     if dataset in REFERENCE:
         # A reference is committed as rendered: a run asks only for what is missing, so a
         # fresh clone's checkout times never remake (and rewrite) it. Name a file to remake it.
@@ -334,15 +341,16 @@ def product_inputs(product):
         files = resolve_reads(dataset, product.reads)
         if product.name == "tab-claims":
             files += claims_counterpart_inputs(dataset)
-        return as_read(dataset, files)
+        return as_read(dataset, files + reference_checked(dataset))
 
     return inputs
 
 
 def reference_checked(dataset):
-    """A committed reference's raw-file check (check_reference in report.smk), asked
-    for beside its products, never as their input, so that a check made anew (a fresh
-    fixture, a new reference) never remakes what is committed."""
+    """A committed reference's raw-file check (check_reference in report.smk): an input of
+    its products, so that every dataset's jobs sit at the same depth of the DAG (the
+    report's rule graph lists each rule once). Committed with the reference and read as
+    old (as_read), it never remakes what is committed."""
     return [str(RESULTS / dataset / REFERENCE_CHECK)] if dataset in REFERENCE else []
 
 
@@ -374,7 +382,7 @@ SUMMARY = str(RESULTS / "report" / "summary.html")
 def summary_inputs(wildcards):
     figures, tables, raw = [], [], []
     for dataset in datasets():
-        for target in dataset_targets(dataset):
+        for target in dataset_products(dataset):
             if target.endswith(".pdf"):
                 figures.append(target[: -len(".pdf")] + ".png")
             elif Path(target).name == "tab-claims.csv":

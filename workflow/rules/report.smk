@@ -28,7 +28,7 @@ rule report_summary:
 # the report's rule graph then shows each rule once.
 rule check_reference:
     input:
-        lambda wc: [str(p) for p in layout.raw_files(RESULTS / wc.dataset)],
+        lambda wc: as_read(wc.dataset, [str(p) for p in layout.raw_files(RESULTS / wc.dataset)]),
     output:
         str(RESULTS / "{dataset}" / REFERENCE_CHECK),
     wildcard_constraints:
