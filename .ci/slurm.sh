@@ -33,13 +33,10 @@ chmod 755 "$WORK" # munged wants every directory above its socket searchable by 
 cleanup() {
     local rc=$?
     squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
+    local daemon pid
     for daemon in slurmd slurmctld munged; do
-        [[ -s $WORK/$daemon.pid ]] && kill "$(cat "$WORK/$daemon.pid")" 2>/dev/null || true
-    done
-    for _ in $(seq 20); do
-        pgrep -F "$WORK/slurmctld.pid" >/dev/null 2>&1 || pgrep -F "$WORK/slurmd.pid" \
-            >/dev/null 2>&1 || pgrep -F "$WORK/munged.pid" >/dev/null 2>&1 || break
-        sleep 0.5
+        pid=$(cat "$WORK/$daemon.pid" 2>/dev/null) && kill "$pid" 2>/dev/null || continue
+        for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null && sleep 0.5 || break; done
     done
     rm -f "$CONF"
     if ((rc)); then
