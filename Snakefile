@@ -33,6 +33,11 @@ include: "workflow/rules/figures.smk"
 include: "workflow/rules/report.smk"
 
 
+# A figure or table renders in seconds: on a cluster it runs beside Snakemake instead of
+# queueing as a job of its own (figures.smk names these rules figure_* and table_*).
+workflow.localrules(*(r.name for r in workflow.rules if r.name.startswith(("figure_", "table_"))))
+
+
 onstart:
     print_measurement_verdict()
 

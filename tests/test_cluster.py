@@ -1,6 +1,10 @@
-"""The SLURM profile: each GPU job asks for a whole node of the right GPUs, exclusively."""
+"""The SLURM profile: each GPU job asks for a whole node of the right GPUs, exclusively; the
+README's command keeps the profile's resources; figures and tables never become jobs. The
+profile against a real Slurm is CI's (.ci/slurm.sh)."""
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -8,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from xstage_bench.config import ConfigError, load_config
 
@@ -22,22 +27,32 @@ class Resources(dict):
     __getattr__ = dict.get
 
 
-def dry_run_jobs(tmp_path):
-    for name in ("Snakefile", "workflow", "config.yaml", "config", "kernels", "envs"):
+def copy_workflow(tmp_path, results=False):
+    names = ["Snakefile", "workflow", "config.yaml", "config", "kernels", "envs"]
+    for name in names + ["results"] * results:
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+
+
+def readme_cluster_command():
+    """The README's cluster command: its exported variables and its snakemake arguments."""
+    readme = (ROOT / "README.md").read_text()
+    exports = re.search(r"^ {4}export (SBATCH_\S+ SBATCH_\S+)", readme, re.M)
+    command = re.search(r"^ {4}snakemake --profile workflow/profiles/slurm (.*)$", readme, re.M)
+    assert exports and command, "README: no cluster command"
+    env = dict(kv.split("=", 1) for kv in exports.group(1).split())
+    return env, shlex.split(command.group(1))
+
+
+def dry_run_jobs(
+    tmp_path, args=("--configfile", "config/h200x8.yaml", "--config", "measure=submit"), env=None
+):
+    copy_workflow(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBATCH_")} | (env or {})
     out = subprocess.run(
-        [
-            str(SNAKEMAKE),
-            "-n",
-            "--profile",
-            "workflow/profiles/slurm",
-            "--configfile",
-            "config/h200x8.yaml",
-            "--config",
-            "measure=submit",
-        ],
+        [str(SNAKEMAKE), "-n", "--profile", "workflow/profiles/slurm", *args],
         cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -83,3 +98,66 @@ def test_submit_mode_needs_explicit_world_size_and_dataset():
 
     with pytest.raises(ConfigError, match="'world_size'"):
         validate_config(config)
+
+
+def test_readme_command_keeps_the_profile_defaults(tmp_path):
+    # A --default-resources for account and partition replaced the profile's whole list: CPU
+    # jobs went out with no time limit, 1000 MB and one CPU.
+    env, args = readme_cluster_command()
+    jobs = dry_run_jobs(tmp_path, args, env)
+    profile = yaml.safe_load((ROOT / "workflow/profiles/slurm/config.yaml").read_text())
+    for rule, res in jobs:
+        want = {"runtime": "20", "mem_mb": "8000", "cpus_per_task": "2"}
+        want |= {k: str(v) for k, v in profile["set-resources"].get(rule, {}).items()}
+        want |= {"slurm_account": env["SBATCH_ACCOUNT"], "slurm_partition": env["SBATCH_PARTITION"]}
+        assert {k: res.get(k) for k in want} == want, rule
+
+
+def test_without_account_or_partition_the_cluster_chooses(tmp_path):
+    # Empty means "not given" to the plugin: it guesses the account and asks for the cluster's
+    # default partition.
+    jobs = dry_run_jobs(tmp_path, ("--configfile", "config/smoke.yaml"))
+    assert jobs and all(
+        res["slurm_account"] == res["slurm_partition"] == "" and res["mem_mb"] == "8000"
+        for _, res in jobs
+    )
+
+
+def test_status_from_squeue():
+    # sacct fails without the accounting database, and the plugin then never sees jobs end.
+    profile = yaml.safe_load((ROOT / "workflow/profiles/slurm/config.yaml").read_text())
+    assert profile["slurm-status-command"] == "squeue"
+
+
+def test_figures_and_tables_run_beside_snakemake(tmp_path):
+    # Slurm's commands are stubs that record their calls and fail: a table made under the SLURM
+    # profile must not have asked for a job.
+    copy_workflow(tmp_path, results=True)
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for tool in ("sbatch", "srun", "squeue", "sacct", "sinfo", "scontrol", "scancel"):
+        (stubs / tool).write_text(f'#!/bin/sh\necho {tool} "$@" >> {stubs}/calls\nexit 1\n')
+        (stubs / tool).chmod(0o755)
+    table = "results/ref-h200x2/tables/tab-megamoe.csv"
+    out = subprocess.run(
+        [
+            str(SNAKEMAKE),
+            "--profile",
+            "workflow/profiles/slurm",
+            "--configfile",
+            "config/smoke.yaml",
+            "--slurm-init-seconds-before-status-checks",
+            "1",
+            "-f",
+            table,
+        ],
+        cwd=tmp_path,
+        env=os.environ | {"PATH": f"{stubs}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "localrule table_tab_megamoe:" in out.stdout + out.stderr
+    calls = (stubs / "calls").read_text() if (stubs / "calls").exists() else ""
+    assert "sbatch" not in calls
