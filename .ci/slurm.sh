@@ -109,7 +109,7 @@ echo "Slurm $(sinfo -V | cut -d' ' -f2) up: $NODE"
 # This tree (tracked and untracked files, not ignored ones) in a fresh directory per run.
 copy_tree() {
     mkdir -p "$1"
-    git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$1"
+    git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents --no-dereference -t "$1"
 }
 if [[ -z $LOCAL ]]; then
     LOCAL=$WORK/local
