@@ -163,3 +163,16 @@ def test_not_measured_keeps_the_why(root):
     setting = verdicts.Setting.of(claim_answers.Sources.load(root / "h200x2-fixture"))
     result = verdicts.judge(paper.CLAIMS_BY_ID["bg.R"], NotMeasured("no model"), setting)
     assert (result.verdict, result.why) == (verdicts.NOT_MEASURED, "no model")
+
+
+def test_a_smoke_dataset_is_compared_with_the_smoke_runs_sibling(root, tmp_path):
+    """A smoke run's datasets are <name>-smoke: its counterpart column reads the smoke
+    sibling, never a full-size dataset left from another run (nor a folder without data)."""
+    assert counterparts.sibling_name("sim-b200", "sim-h200-smoke") == "sim-b200-smoke"
+    assert counterparts.sibling_name("sim-b200", "ref-h200x2") == "sim-b200"
+    smoke = tmp_path / "sim-h200-smoke"
+    shutil.copytree(root / "h200x2-fixture", smoke)
+    (tmp_path / "sim-b200" / ".config").mkdir(parents=True)  # stamps only, no data
+    assert counterparts.SIM_B200.sources(smoke) is None
+    shutil.copytree(root / "sim-b200", tmp_path / "sim-b200-smoke")
+    assert counterparts.SIM_B200.sources(smoke) is not None

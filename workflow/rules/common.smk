@@ -361,7 +361,7 @@ def claims_counterpart_inputs(dataset):
     from xstage_bench.tables import counterparts
 
     files = []
-    for other in counterparts.datasets_read():
+    for other in counterparts.datasets_read(dataset):
         if other != dataset and other in datasets():
             files += all_raw(other)
             if "microbench" in dataset_experiments(other):

@@ -34,13 +34,23 @@ class Counterpart:
     dataset: str | None = None  # the sibling dataset it reads, if any (for the DAG)
 
 
+SMOKE = "-smoke"  # the suffix of a smoke run's datasets (config/smoke.yaml)
+
+
+def sibling_name(name: str, dataset: str) -> str:
+    """The sibling `name` of the same run as `dataset`: a smoke run's datasets are named
+    <name>-smoke, and a smoke dataset is compared with the smoke run's sibling."""
+    return name + SMOKE if dataset.endswith(SMOKE) else name
+
+
 def sibling_dataset(name: str) -> Callable[[Path], Sources | None]:
-    """Sources of results/<name>, beside this dataset; None when it is not there or is
-    this dataset itself (a column would only repeat ours)."""
+    """Sources of results/<name> (of the same run), beside this dataset; None when it holds
+    no raw data or is this dataset itself (a column would only repeat ours)."""
 
     def sources(dataset_dir: Path) -> Sources | None:
-        other = dataset_dir.parent / name
-        if dataset_dir.name == name or not other.is_dir():
+        sibling = sibling_name(name, dataset_dir.name)
+        other = dataset_dir.parent / sibling
+        if dataset_dir.name == sibling or not (other / "raw").is_dir():
             return None
         return Sources.load(other)
 
@@ -147,6 +157,7 @@ SIM_B200 = Counterpart(
 COUNTERPARTS: tuple[Counterpart, ...] = (REHOMED, EMULATED, SIM_B200)
 
 
-def datasets_read() -> list[str]:
-    """Sibling datasets some counterpart reads (the DAG adds their files to tab-claims)."""
-    return [c.dataset for c in COUNTERPARTS if c.dataset]
+def datasets_read(dataset: str) -> list[str]:
+    """Sibling datasets some counterpart reads for `dataset` (the DAG adds their files to
+    its tab-claims)."""
+    return [sibling_name(c.dataset, dataset) for c in COUNTERPARTS if c.dataset]
