@@ -8,6 +8,7 @@ parameters (TRUTH) and a little seeded noise, the environment says host
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -450,3 +451,15 @@ def make_dataset(
     if attention:
         write_attention(ds)
     return ds
+
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config.yaml", "config", "kernels", "envs")
+
+
+def copy_workflow(dest: Path, names: tuple[str, ...] = WORKFLOW_FILES) -> Path:
+    """The workflow without any results, for a test that runs Snakemake in `dest`."""
+    for name in names:
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
+    return dest

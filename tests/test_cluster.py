@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import fixtures
 import pytest
 import yaml
 
@@ -28,10 +29,11 @@ class Resources(dict):
 
 
 def copy_workflow(tmp_path, results=False):
-    names = ["Snakefile", "workflow", "config.yaml", "config", "kernels", "envs"]
-    for name in names + ["results"] * results:
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    # without the `profiles` link: the default profile's quiet log hides the job details
+    # (resources, local rules) that these tests read
+    fixtures.copy_workflow(tmp_path, tuple(n for n in fixtures.WORKFLOW_FILES if n != "profiles"))
+    if results:
+        shutil.copytree(ROOT / "results", tmp_path / "results")
 
 
 def readme_cluster_command():

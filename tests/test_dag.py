@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures import copy_workflow
 
 from xstage_bench import layout
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
-WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config.yaml", "config", "kernels", "envs")
 
 pytestmark = pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed")
 
@@ -21,13 +21,7 @@ pytestmark = pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not
 @pytest.fixture()
 def workdir(tmp_path):
     """A copy of the workflow without any results, so job counts do not depend on them."""
-    for name in WORKFLOW_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, tmp_path / name)
-        else:
-            shutil.copy(src, tmp_path / name)
-    return tmp_path
+    return copy_workflow(tmp_path)
 
 
 def snakemake(workdir, *args):

@@ -10,12 +10,12 @@ did) fails here. Needs torch, triton and snakemake in one environment (.venv-ker
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fixtures import copy_workflow
 
 from xstage_bench.results import read_raw
 
@@ -40,9 +40,7 @@ def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 def cpu_run(tmp_path_factory):
     """The measured raw files of config/ci-measure.yaml, made once in a copy of the repo."""
     work = tmp_path_factory.mktemp("repo")
-    for name in ("Snakefile", "workflow", "config.yaml", "config", "kernels", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    copy_workflow(work)
     out = snakemake(work, "measured_raw", "--configfile", "config/ci-measure.yaml")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     return work, work / "results" / "cpu-test" / "raw", out.stderr

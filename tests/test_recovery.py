@@ -11,25 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import copy_workflow
 
 from xstage_bench import layout, render
 from xstage_bench.stale_lock import clear_stale_locks, other_snakemake_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
-WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "config.yaml", "config", "kernels", "envs")
 needs_snakemake = pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed")
-
-
-def copy_workflow(dest: Path) -> Path:
-    """The workflow without any results."""
-    for name in WORKFLOW_FILES:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name)
-        else:
-            shutil.copy(src, dest / name)
-    return dest
 
 
 def test_the_default_profile_is_loaded_and_sets_cores(monkeypatch):

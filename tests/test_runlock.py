@@ -1,12 +1,12 @@
 """Two harness runs in one directory: the second stops at once, naming the first."""
 
 import fcntl
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fixtures import copy_workflow
 
 from xstage_bench.runlock import RUN_LOCK, RunLockBusy, hold_run_lock
 
@@ -25,10 +25,7 @@ def test_a_held_lock_names_its_holder_and_is_released_on_close(tmp_path):
 
 @pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake not installed")
 def test_a_second_snakemake_run_stops_while_the_first_holds_the_directory(tmp_path):
-    for name in ("Snakefile", "workflow", "config.yaml", "config", "kernels", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    (tmp_path / "profiles").symlink_to("workflow/profiles")
+    copy_workflow(tmp_path)
     lock = tmp_path / RUN_LOCK
     lock.parent.mkdir(parents=True)
     with open(lock, "w") as held:  # stands for a first run in progress
