@@ -33,9 +33,14 @@ include: "workflow/rules/figures.smk"
 include: "workflow/rules/report.smk"
 
 
-# A figure or table renders in seconds: on a cluster it runs beside Snakemake instead of
-# queueing as a job of its own (figures.smk names these rules figure_* and table_*).
-workflow.localrules(*(r.name for r in workflow.rules if r.name.startswith(("figure_", "table_"))))
+# A figure, a table, the report's summary or a reference's raw-file check takes seconds: on a
+# cluster it runs beside Snakemake instead of queueing as a job of its own (figures.smk names
+# its rules figure_* and table_*; report.smk holds the other two).
+workflow.localrules(
+    *(r.name for r in workflow.rules if r.name.startswith(("figure_", "table_"))),
+    "report_summary",
+    "check_reference",
+)
 
 
 onstart:
