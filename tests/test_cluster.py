@@ -29,9 +29,7 @@ class Resources(dict):
 
 
 def copy_workflow(tmp_path, results=False):
-    # without the `profiles` link: the default profile's quiet log hides the job details
-    # (resources, local rules) that these tests read
-    fixtures.copy_workflow(tmp_path, tuple(n for n in fixtures.WORKFLOW_FILES if n != "profiles"))
+    fixtures.copy_workflow(tmp_path)  # with the default profile, as a user's clone has it
     if results:
         shutil.copytree(ROOT / "results", tmp_path / "results")
 
@@ -52,7 +50,8 @@ def dry_run_jobs(
     copy_workflow(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SBATCH_")} | (env or {})
     out = subprocess.run(
-        [str(SNAKEMAKE), "-n", "--profile", "workflow/profiles/slurm", *args],
+        # --quiet host: the default profile's quiet log hides the job details read here
+        [str(SNAKEMAKE), "-n", "--profile", "workflow/profiles/slurm", "--quiet", "host", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -150,6 +149,8 @@ def test_figures_and_tables_run_beside_snakemake(tmp_path):
             "config/smoke.yaml",
             "--slurm-init-seconds-before-status-checks",
             "1",
+            "--quiet",
+            "host",
             "-f",
             table,
         ],
