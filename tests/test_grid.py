@@ -52,3 +52,12 @@ def test_attention_grid_checks_heads_divide(cfg):
     assert len(attention_points(cfg["attention"], 2)) == 3 * 3 * 2 * 6
     with pytest.raises(ValueError, match="heads=24"):
         attention_points(cfg["attention"], 16)
+
+
+def test_a_remote_fraction_is_a_configuration_of_its_own(cfg):
+    moe = {**cfg["megamoe"], "remote_fractions": ["natural", 0.875]}
+    points = megamoe_points(moe, 2)
+    assert len(points) == 2 * len(megamoe_points(cfg["megamoe"], 2))
+    natural, rehomed = points[0], points[1]
+    assert "remote_fraction" not in natural and not natural["id"].endswith("/f=natural")
+    assert rehomed["remote_fraction"] == 0.875 and rehomed["id"] == natural["id"] + "/f=0.875"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from xstage_bench.megamoe.routing import NATURAL, fraction_label
+
 MICROBENCH_AXES = (
     "K",
     "V",
@@ -86,9 +88,9 @@ def megamoe_points(megamoe: dict, world_size: int) -> list[dict]:
             precision=precision, routing=routing, tokens_per_rank=tokens, world_size=world_size
         )
         p["id"] = f"{p['shape']}/{precision}/{routing}/T={tokens}/P={world_size}"
-        if fraction != "natural":  # natural routing keeps the ids of earlier datasets
+        if fraction != NATURAL:  # natural routing keeps the ids of earlier datasets
             p["remote_fraction"] = float(fraction)
-            p["id"] += f"/f={float(fraction):g}"
+            p["id"] += f"/f={fraction_label(fraction)}"
         points.append(p)
     return points
 

@@ -33,6 +33,7 @@ from matplotlib.ticker import (  # noqa: E402
 )
 
 from xstage_bench import layout  # noqa: E402
+from xstage_bench.megamoe.routing import fraction_label  # noqa: E402
 from xstage_bench.model.laws import BYTES_PER_US_PER_GBPS as GBPS_TO_BYTES_PER_US  # noqa: E402
 from xstage_bench.results import read_raw  # noqa: E402
 from xstage_bench.stats import geomean  # noqa: E402, F401 (figures and tables use common.geomean)
@@ -469,9 +470,7 @@ def remote_fraction_labels(df: pd.DataFrame) -> pd.DataFrame:
     if "remote_fraction" not in df.columns:
         return df
     labels = [
-        "natural"
-        if v is None or v == "natural" or (isinstance(v, float) and np.isnan(v))
-        else f"{float(v):g}"
+        fraction_label(None if isinstance(v, float) and np.isnan(v) else v)
         for v in df["remote_fraction"]
     ]
     return df.assign(remote_fraction=labels)

@@ -31,7 +31,7 @@ import numpy as np
 
 from xstage_bench import timing
 from xstage_bench.clocks import ClockSampler, record_fields
-from xstage_bench.megamoe import schedule
+from xstage_bench.megamoe import routing, schedule
 from xstage_bench.megamoe.reference import ExpertWeights
 from xstage_bench.megamoe.runner import (
     POINT_TIMEOUT_S,
@@ -45,16 +45,11 @@ from xstage_bench.results import failed_record, ok_record
 from xstage_bench.sweep import run_sweep
 
 PRECISION = "w8a8"  # the Linear-1 epilogue stores an FP8 intermediate, as the real kernel's
-LOCAL_CONTROL = 0.0  # remote fraction of the local-store control
 NEEDS_GPU = "the emulated build waits on %globaltimer, which the Triton interpreter cannot run"
 
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def fraction_label(fraction) -> str:
-    return "natural" if fraction == "natural" else f"{float(fraction):g}"
 
 
 def emulated_points(megamoe: dict, world_size: int) -> list[dict]:
@@ -68,14 +63,14 @@ def emulated_points(megamoe: dict, world_size: int) -> list[dict]:
             f"megamoe.shapes has {sorted(shapes)}"
         )
     T = spec["tokens_per_rank"]
-    routing = spec.get("routing", "balanced")
+    routed_by = spec.get("routing", "balanced")
     points = []
     for name, fraction, rate, sched in itertools.product(
         spec["shapes"], spec["remote_fractions"], spec["tflops"], megamoe["schedules"]
     ):
         shape = {k: v for k, v in shapes[name].items() if k != "name"}
-        label = fraction_label(fraction)
-        point = {"shape": name, **shape, "precision": PRECISION, "routing": routing}
+        label = routing.fraction_label(fraction)
+        point = {"shape": name, **shape, "precision": PRECISION, "routing": routed_by}
         point.update(
             tokens_per_rank=T,
             world_size=world_size,
@@ -86,10 +81,6 @@ def emulated_points(megamoe: dict, world_size: int) -> list[dict]:
         )
         points.append(point)
     return points
-
-
-def _is_local_control(point: dict) -> bool:
-    return point["remote_fraction"] != "natural" and point["remote_fraction"] == LOCAL_CONTROL
 
 
 class EmulatedMeasurer:
@@ -116,7 +107,8 @@ class EmulatedMeasurer:
         from xstage_bench.megamoe.problem import MoEProblem
 
         # The local control keeps natural routing and redirects the stores (as the trace's).
-        routed = {**point, "remote_fraction": "natural"} if _is_local_control(point) else point
+        local = routing.is_local_control(point["remote_fraction"])
+        routed = {**point, "remote_fraction": routing.NATURAL} if local else point
         key = (point["shape"], point["remote_fraction"])
         if key != self._key:
             self._problem = None
@@ -142,7 +134,7 @@ class EmulatedMeasurer:
     def __call__(self, point: dict) -> dict:
         before = self.sampler.sample()
         prob = self.problem(point)
-        local = _is_local_control(point)
+        local = routing.is_local_control(point["remote_fraction"])
         ns = schedule.emulated_tile_ns(
             point["H"], point["I"], point["emulated_tflops"], self.num_programs
         )

@@ -73,6 +73,18 @@ def route(
     return ids.astype(np.int64), weights
 
 
+def fraction_label(fraction) -> str:
+    """How a remote fraction is written in point ids and tables: 'natural' (also for an
+    absent one), else the number, e.g. '0.875'."""
+    return NATURAL if fraction is None or fraction == NATURAL else f"{float(fraction):g}"
+
+
+def is_local_control(fraction) -> bool:
+    """Remote fraction 0 of the emulated sweep: not rows re-homed, but the local-store
+    control (natural routing, every row stored in its own rank's memory)."""
+    return fraction_label(fraction) == "0"
+
+
 def _route_with_remote_fraction(
     point: dict,
     fraction: float,

@@ -24,10 +24,6 @@ DEFAULT_MEGAMOE = {"block_m": 128, "block_n": 128, "lead_rows": 256, "skew_zipf"
 POINT_KEYS = ("shape", "routing", "tokens_per_rank", "world_size", "emulated_tflops")
 
 
-def _is_local_control(fraction) -> bool:
-    return fraction != routing.NATURAL and float(fraction) == 0.0
-
-
 def predict_emulated(
     point: dict,
     profile: HardwareProfile,
@@ -46,7 +42,7 @@ def predict_emulated(
     """
     moe = {**DEFAULT_MEGAMOE, **(megamoe_config or {})}
     fraction = point.get("remote_fraction", routing.NATURAL)
-    local = _is_local_control(fraction)
+    local = routing.is_local_control(fraction)
     routed = {**point, "remote_fraction": routing.NATURAL if local else fraction}
     return {
         name: megamoe.simulate_at_rate(
