@@ -128,6 +128,19 @@ def capture(*, simulated: bool, hardware_profile: dict | None = None) -> dict:
     return env
 
 
+CPU_NOTE = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
+
+
+def capture_measured(device_type: str = "cuda") -> dict:
+    """The environment block of a measuring run, saying plainly when it was a CPU test
+    (measure_device: cpu), never a measurement."""
+    env = capture(simulated=False)
+    env["device_type"] = device_type
+    if device_type != "cuda":
+        env["note"] = CPU_NOTE
+    return env
+
+
 def finish(env: dict) -> dict:
     """Stamp the end time; returns the same dict for chaining."""
     env["finished_at"] = now_iso()

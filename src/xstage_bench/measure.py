@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 EXPERIMENTS = ("microbench", "megamoe", "megamoe_per_gpu", "megamoe_emulated", "attention")
-CPU_NOTE = "CPU run on the Triton interpreter: a test of the harness, not a measurement"
 
 
 def experiment_config(config: dict, experiment: str) -> dict:

@@ -236,13 +236,8 @@ def drive(state: Lockstep, job: dict, points: list[dict], *, experiment: str, co
 
     out = Path(job["out"])
     marker = running_marker(out)
-    env = environment.capture(simulated=False)
-    env["device_type"] = job["device_type"]
+    env = environment.capture_measured(job["device_type"])
     env["process_model"] = "one process per GPU (torch.distributed)"
-    if job["device_type"] != "cuda":
-        from xstage_bench.measure import CPU_NOTE
-
-        env["note"] = CPU_NOTE
 
     def measure(point: dict) -> dict:
         if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted

@@ -31,13 +31,13 @@ import numpy as np
 
 from xstage_bench import timing
 from xstage_bench.clocks import ClockSampler, record_fields
+from xstage_bench.environment import capture_measured
 from xstage_bench.megamoe import routing, schedule
 from xstage_bench.megamoe.reference import ExpertWeights
 from xstage_bench.megamoe.runner import (
     POINT_TIMEOUT_S,
     default_devices,
     linear2_waits,
-    run_environment,
     trace_summary,
     valid_local_slots,
 )
@@ -256,7 +256,7 @@ def run_emulated(
         experiment="megamoe_emulated",
         backend="cuda",
         dataset=dataset,
-        environment=run_environment(device_type),
+        environment=capture_measured(device_type),
         config=raw_config(config, devices),
         point_timeout_s=POINT_TIMEOUT_S,
     )

@@ -41,8 +41,7 @@ import numpy as np
 from xstage_bench import grid, timing
 from xstage_bench.clocks import ClockSampler, record_fields
 from xstage_bench.config import load_config
-from xstage_bench.environment import capture
-from xstage_bench.measure import CPU_NOTE
+from xstage_bench.environment import capture_measured
 from xstage_bench.megamoe import reference, schedule
 from xstage_bench.megamoe.baselines import VARIANTS, deepgemm, unfused
 from xstage_bench.results import failed_record, ok_record
@@ -797,7 +796,7 @@ def run_megamoe(
         moe, policy, devices, check_tokens=check_tokens, baseline_budget_s=baseline_budget_s
     )
     configs = grid.megamoe_points(moe, len(devices))
-    env = run_environment(device_type)
+    env = capture_measured(device_type)
     cfg = raw_config(config, moe, len(devices), check_tokens, device_type)
     try:
         run_sweep(
@@ -824,19 +823,10 @@ def run_megamoe(
         experiment="megamoe_trace",
         backend="cuda",
         dataset=dataset,
-        environment=run_environment(device_type),
+        environment=capture_measured(device_type),
         config=cfg,
         point_timeout_s=POINT_TIMEOUT_S,
     )
-
-
-def run_environment(device_type: str) -> dict:
-    """The environment block, saying plainly when the run was a CPU test."""
-    env = capture(simulated=False)
-    env["device_type"] = device_type
-    if device_type != "cuda":
-        env["note"] = CPU_NOTE
-    return env
 
 
 def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from xstage_bench import faults, grid, timing
 from xstage_bench.clocks import ClockSampler, record_fields
 from xstage_bench.config import load_config
-from xstage_bench.environment import capture
+from xstage_bench.environment import capture_measured
 from xstage_bench.microbench import launch
 from xstage_bench.microbench.launch import BurstBench, MicrobenchError, PointUnsupported
 from xstage_bench.results import failed_record, ok_record
@@ -231,8 +231,7 @@ def run_study(
         known = ", ".join(config["microbench"]["studies"])
         raise ValueError(f"unknown microbench study {study!r} (config has: {known})")
     points = grid.microbench_points(config["microbench"], study)
-    env = capture(simulated=False)
-    env["device_type"] = device_type
+    env = capture_measured(device_type)
     if device_type == "cuda":
         gpu_ids = gpu_ids if gpu_ids is not None else default_gpu_ids(config)
         measure = PointMeasurer(
@@ -241,9 +240,6 @@ def run_study(
             timing.TimingPolicy.from_config(config["timing"]),
         )
     else:
-        from xstage_bench.measure import CPU_NOTE
-
-        env["note"] = CPU_NOTE
         gpu_ids = gpu_ids or [0, 1]
         measure = _cpu_measurer(cubin, gpu_ids)
     run_sweep(
