@@ -341,3 +341,86 @@ def test_runner_end_to_end_on_two_cpu_ranks(tmp_path):
     assert "not a measurement" in doc["environment"]["note"]
     assert not workers.running_marker(out).exists()
     json.dumps(doc)  # plain JSON all the way down
+
+
+# ---- an emulated world size: two ranks play ranks 0 and P-1 of a P-GPU node ----------
+
+
+@pytest.mark.parametrize("size", [3, 4, 8])
+def test_emulated_node_keeps_one_owner_and_sends_the_rest(size):
+    from xstage_bench.attention.emulation import EmulatedNode
+
+    node = EmulatedNode(UlyssesLayout(1, 8 * size, size, 16, size))
+    assert (node.plays(0), node.plays(1)) == (0, size - 1)
+    for rank in (0, 1):
+        positions = [node.position(rank, v) for v in range(size)]
+        assert positions == list(range(positions[0], positions[0] + size))  # one strided range
+        assert max(positions) < 2 * size
+        assert node.owners_on(rank, rank) == [node.plays(rank)]  # 1/P stays
+        assert len(node.owners_on(rank, 1 - rank)) == size - 1  # (P-1)/P crosses
+    # A chunk both senders write is shared by owners of different virtual ranks, whose
+    # heads differ: no element is written twice.
+    shared = {node.position(0, v) for v in range(size)} & {node.position(1, v) for v in range(size)}
+    assert shared and node.plays(0) != node.plays(1)
+    assert node.remote_fraction() == (size - 1) / size
+
+
+def test_emulated_world_size_is_refused_where_it_cannot_be_played():
+    from xstage_bench.attention.emulation import EmulatedNode
+    from xstage_bench.grid import attention_points
+
+    with pytest.raises(ValueError, match="must exceed"):
+        EmulatedNode(UlyssesLayout(1, 8, 2, 16, 2))
+    att = {
+        "backends": ["triton"],
+        "modes": ["alone"],
+        "heads": [8],
+        "seq_lens": [64],
+        "head_dim": 16,
+        "batch": 1,
+        "emulated_world_sizes": [8],
+    }
+    with pytest.raises(ValueError, match="exactly 2 GPUs"):
+        attention_points(att, 4)
+    ids = [p["id"] for p in attention_points(att, 2)]
+    assert ids == ["triton/alone/H=8/S=64/P=2", "triton/alone/H=8/S=64/P=2/emulated-P=8"]
+    with pytest.raises(ValueError, match="heads=6 do not divide over world_size=8"):
+        attention_points({**att, "heads": [6]}, 2)
+
+
+@needs_torch
+def test_emulated_world_size_end_to_end_on_two_cpu_ranks(tmp_path):
+    from xstage_bench.attention import runner
+
+    cfg = runner.sweep_config(
+        load_config(ROOT / "config.yaml"),
+        ["triton"],
+        [64],
+        [4],
+        {"warmup": 0, "min_reps": 1, "max_reps": 2, "flush_l2": False},
+        modes=["serial", "fused"],
+    )
+    cfg["attention"]["head_dim"] = 16
+    cfg["attention"]["emulated_world_sizes"] = [4]
+    out = tmp_path / "attention.json"
+    runner.launch(
+        cfg,
+        "cpu-test",
+        out,
+        world_size=2,
+        device_type="cpu",
+        triton_config=TINY,
+        point_timeout_s=120,
+        wait_timeout_s=120,
+    )
+    records = {r["id"]: r for r in read_raw(out)["records"]}
+    assert {i: r["status"] for i, r in records.items()} == {
+        f"triton/{m}/H=4/S=64/P=2{e}": "ok"
+        for m in ("serial", "fused")
+        for e in ("", "/emulated-P=4")
+    }
+    fused = records["triton/fused/H=4/S=64/P=2/emulated-P=4"]
+    assert fused["point"]["emulated_world_size"] == 4
+    assert fused["extra"]["bitwise_equal_serial"] is True
+    # A quarter of the heads per rank: a quarter of the P=2 point's FLOPs per rank.
+    assert fused["point"]["heads"] == 4

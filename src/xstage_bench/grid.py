@@ -96,18 +96,35 @@ def megamoe_points(megamoe: dict, world_size: int) -> list[dict]:
 
 
 def attention_points(attention: dict, world_size: int) -> list[dict]:
-    """One point per (backend, mode, heads, S); heads must divide over the ranks."""
+    """One point per (backend, mode, heads, S) at the physical world size, and again at
+    each of `attention.emulated_world_sizes` (two GPUs playing two ranks of a larger
+    node, attention/emulation.py); heads and S must divide over the ranks."""
     points = []
-    for heads in attention["heads"]:
-        if heads % world_size:
+    emulated = attention.get("emulated_world_sizes", [])
+    if emulated and world_size != 2:
+        raise ValueError(
+            f"attention.emulated_world_sizes={emulated} needs exactly 2 GPUs "
+            f"(they play ranks 0 and P-1 of the emulated node); this run has {world_size}"
+        )
+    for size in (world_size, *emulated):
+        if size < world_size:
             raise ValueError(
-                f"attention heads={heads} do not divide over world_size={world_size} ranks"
+                f"attention.emulated_world_sizes: {size} is below the {world_size} GPUs here"
             )
-    for backend, mode, heads, seq in itertools.product(
-        attention["backends"], attention["modes"], attention["heads"], attention["seq_lens"]
+        for heads in attention["heads"]:
+            if heads % size:
+                raise ValueError(
+                    f"attention heads={heads} do not divide over world_size={size} ranks"
+                )
+    for size, backend, mode, heads, seq in itertools.product(
+        (world_size, *(s for s in emulated if s != world_size)),
+        attention["backends"],
+        attention["modes"],
+        attention["heads"],
+        attention["seq_lens"],
     ):
-        if seq % world_size:
-            raise ValueError(f"attention seq_len={seq} does not divide over {world_size} ranks")
+        if seq % size:
+            raise ValueError(f"attention seq_len={seq} does not divide over {size} ranks")
         p = {
             "backend": backend,
             "mode": mode,
@@ -118,5 +135,8 @@ def attention_points(attention: dict, world_size: int) -> list[dict]:
             "world_size": world_size,
         }
         p["id"] = f"{backend}/{mode}/H={heads}/S={seq}/P={world_size}"
+        if size != world_size:
+            p["emulated_world_size"] = size
+            p["id"] += f"/emulated-P={size}"
         points.append(p)
     return points

@@ -93,16 +93,37 @@ class Workspace:
             first = lay.head_offset(self.fabric.rank)
             self.target.peer_out = full[:, :, first : first + lay.local_heads, :]
 
+    def poison(self) -> None:
+        self.out.fill_(float("nan"))
+        self.final.fill_(float("nan"))
+
+    def exchange(self, out) -> torch.Tensor:
+        """The serial All-to-All: the yunchang/xDiT reshape, NCCL `all_to_all_single`,
+        and the reshape back to this rank's (B, S/P, H, D)."""
+        p = self.layout.world_size
+        packed = pack_for_all_to_all(out, p)
+        received = torch.empty_like(packed)
+        dist.all_to_all_single(received, packed, group=self.fabric.group)
+        return unpack_after_all_to_all(received, p)
+
+    def outcome(self, result: torch.Tensor, ref_local: torch.Tensor):
+        """(this rank's final tokens, what they should be), built independently."""
+        return result, expected_final(ref_local, self.layout, self.fabric.group)
+
     def fill(self, seed: int) -> None:
-        """Fresh random q, k, v for this rank. q is scaled up so that softmax is peaked
-        and every query row differs visibly: a misplaced row cannot pass the check."""
-        gen = torch.Generator(device=self.fabric.device)
-        gen.manual_seed(seed)
-        for t, scale in ((self.q, 2.0), (self.k, 1.0), (self.v, 1.0)):
-            t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * scale)
+        fill_inputs(self, seed)
 
     def close(self) -> None:
         self.window.close()
+
+
+def fill_inputs(ws, seed: int) -> None:
+    """Fresh random q, k, v for this rank. q is scaled up so that softmax is peaked and
+    every query row differs visibly: a misplaced row cannot pass the check."""
+    gen = torch.Generator(device=ws.fabric.device)
+    gen.manual_seed(seed)
+    for t, scale in ((ws.q, 2.0), (ws.k, 1.0), (ws.v, 1.0)):
+        t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * scale)
 
 
 def run_alone(backend, ws: Workspace) -> torch.Tensor:
@@ -112,11 +133,7 @@ def run_alone(backend, ws: Workspace) -> torch.Tensor:
 
 def run_serial(backend, ws: Workspace) -> torch.Tensor:
     backend.local(ws.q, ws.k, ws.v, ws.out)
-    p = ws.layout.world_size
-    packed = pack_for_all_to_all(ws.out, p)
-    received = torch.empty_like(packed)
-    dist.all_to_all_single(received, packed, group=ws.fabric.group)
-    return unpack_after_all_to_all(received, p)
+    return ws.exchange(ws.out)
 
 
 def run_fused(backend, ws: Workspace) -> torch.Tensor:
@@ -163,12 +180,11 @@ class Verdict:
 
 def check(backend, mode: str, ws: Workspace, seed: int) -> Verdict:
     """Run `mode` once on fresh inputs into NaN-poisoned outputs and compare it with SDPA
-    (and, for fused, with the serial path's received buffer). Collective: every rank
-    calls it with the same arguments."""
+    (and, for fused, with the serial path's result). Collective: every rank calls it with
+    the same arguments. `ws` is a Workspace or an emulation.EmulatedWorkspace."""
     fabric = ws.fabric
     ws.fill(seed)
-    ws.out.fill_(float("nan"))
-    ws.final.fill_(float("nan"))
+    ws.poison()
     fabric.wait()
     fabric.host_barrier()  # nobody writes into a peer before that peer has poisoned
     result = RUNNERS[mode](backend, ws)
@@ -177,12 +193,16 @@ def check(backend, mode: str, ws: Workspace, seed: int) -> Verdict:
     ref_local = sdpa_reference(ws.q, ws.k, ws.v)
     if mode == "alone":
         return Verdict(*compare(result, ref_local))
-    ok, err, detail = compare(result, expected_final(ref_local, ws.layout, fabric.group))
+    got, want = ws.outcome(result, ref_local)
+    ok, err, detail = compare(got, want)
     if mode != "fused":
         return Verdict(ok, err, detail)
-    fused = result.clone()
+    fused = got.clone()
+    fabric.host_barrier()  # every rank has read its fused rows before serial rewrites them
     serial = run_serial(backend, ws)
+    fabric.barrier()
     fabric.wait()
+    serial, _ = ws.outcome(serial, ref_local)
     same = bool(torch.equal(fused, serial))
     ok_s, err_s, detail_s = compare(fused, serial)
     if not ok_s:

@@ -72,7 +72,14 @@ def ordered_points(attention: dict, world_size: int) -> list[dict]:
     backends = {b: i for i, b in enumerate(attention["backends"])}
     modes = {m: i for i, m in enumerate(attention["modes"])}
     return sorted(
-        points, key=lambda p: (p["heads"], p["seq_len"], backends[p["backend"]], modes[p["mode"]])
+        points,
+        key=lambda p: (
+            p.get("emulated_world_size", 0),
+            p["heads"],
+            p["seq_len"],
+            backends[p["backend"]],
+            modes[p["mode"]],
+        ),
     )
 
 
@@ -113,23 +120,26 @@ class Rank(workers.Lockstep):
         return found
 
     def shape(self, point: dict):
+        from xstage_bench.attention.emulation import EmulatedWorkspace
         from xstage_bench.attention.layout import UlyssesLayout
         from xstage_bench.attention.modes import Workspace
 
+        emulated = point.get("emulated_world_size")
         layout = UlyssesLayout(
             point["batch"],
             point["seq_len"],
             point["heads"],
             point["head_dim"],
-            self.fabric.world_size,
+            emulated or self.fabric.world_size,
         )
-        if self.workspace is None or self.workspace.layout != layout:
+        kind = EmulatedWorkspace if emulated else Workspace
+        if not isinstance(self.workspace, kind) or self.workspace.layout != layout:
             if self.workspace is not None:
                 self.fabric.wait()
                 self.fabric.host_barrier()  # no peer still writes into the old window
                 self.workspace.close()
                 self.workspace = None
-            self.workspace = Workspace(layout, self.fabric, self.dtype)
+            self.workspace = kind(layout, self.fabric, self.dtype)
         return self.workspace
 
     def execute(self, point: dict) -> dict | None:
