@@ -213,9 +213,9 @@ class Rank(workers.Lockstep):
             "warmup": samples.warmup,
         }
         if point["backend"] == "triton":
-            from xstage_bench.attention.triton_fa import DEFAULT_CONFIG
+            from xstage_bench.attention.triton_fa import launch_config
 
-            extra["triton_config"] = {**DEFAULT_CONFIG, **(self.triton_config or {})}
+            extra["triton_config"] = launch_config(ws.q, ws.k, ws.v, self.triton_config)
         return results.ok_record(
             point["id"],
             point,

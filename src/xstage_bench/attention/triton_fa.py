@@ -1,8 +1,11 @@
 """Our FlashAttention forward in Triton, whose epilogue stores each output row at its owner.
 
 The kernel is the standard FlashAttention-2 forward (online softmax over K/V blocks, fp32
-accumulator, exp2 with the scale folded in). What each program owns: one BLOCK_M block
-of query tokens of one (batch, local head); it streams every K/V block of that head.
+accumulator, exp2 with the scale folded into one FMA). What each program owns: one BLOCK_M
+block of query tokens of one (batch, local head); it streams every K/V block of that head.
+Where the sequence is a multiple of both blocks and q, k, v are contiguous, the blocks
+arrive by TMA (descriptors over (B*S, H*D) views, so a head is a column range); otherwise
+by pointer loads with masks.
 
 The epilogue is the fused post-attention All-to-All of Ulysses. Every destination buffer
 is named by its base address in `dest_ptrs`; row `m` of the tile goes to destination
@@ -21,10 +24,12 @@ import math
 import triton
 import triton.language as tl
 
-# Block shape and pipelining for head_dim 128, bf16, non-causal on H200: the best of three
-# tried (2x H200, 2026-11-29, S=16K, 12 heads: 482 TFLOP/s; BLOCK_N=128 with 2 stages 414;
-# 64x64 with 4 warps 441). Rows are routed one by one, so BLOCK_M need not divide S/P.
-DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+# Block shape and pipelining for head_dim 128, bf16, non-causal on one H200 (2026-11-30,
+# S = 8K-32K, 12-20 heads). With TMA loads (S a multiple of both blocks, q/k/v contiguous):
+# 128x128, 8 warps, 3 stages 499-571 TFLOP/s (128x64: 442-528; 2 stages: 375-413). The
+# pointer path (any S): 128x64, 8 warps, 3 stages 384-488 (128x128 with 2 stages 386-416).
+DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+POINTER_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
 LOG2E = 1.4426950408889634
 
 
@@ -33,6 +38,9 @@ def _flash_fwd_routed(
     Q,
     K,
     V,
+    q_desc,  # TMA descriptors over (B*S, H*D) views of q, k, v when TMA, else unused
+    k_desc,
+    v_desc,
     dest_ptrs,
     qk_scale,
     stride_qb,
@@ -55,6 +63,7 @@ def _flash_fwd_routed(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EVEN_SEQ: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -69,7 +78,11 @@ def _flash_fwd_routed(
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
     k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
-    if EVEN_SEQ:
+    row0 = (b * seq_len).to(tl.int32)  # this batch item's first row in the (B*S, H*D) views
+    col = (h * HEAD_DIM).to(tl.int32)
+    if TMA:
+        q = q_desc.load([row0 + start_m * BLOCK_M, col])
+    elif EVEN_SEQ:
         q = tl.load(q_ptrs)
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
@@ -78,18 +91,22 @@ def _flash_fwd_routed(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     for start_n in range(0, seq_len, BLOCK_N):
-        if EVEN_SEQ:
+        if TMA:
+            k = k_desc.load([row0 + start_n, col])
+            v = v_desc.load([row0 + start_n, col])
+        elif EVEN_SEQ:
             k = tl.load(k_ptrs + start_n * stride_ks)
             v = tl.load(v_ptrs + start_n * stride_vs)
         else:
             col_ok = (start_n + offs_n) < seq_len
             k = tl.load(k_ptrs + start_n * stride_ks, mask=col_ok[:, None], other=0.0)
             v = tl.load(v_ptrs + start_n * stride_vs, mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # log2 domain: softmax scale times log2(e)
+        qk = tl.dot(q, tl.trans(k))
         if not EVEN_SEQ:
-            s = tl.where(col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+            qk = tl.where(col_ok[None, :], qk, float("-inf"))
+        # log2 domain: the scale (softmax scale times log2(e)) folds into one FMA below
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -150,7 +167,6 @@ def flash_attention_routed(
     head_dim contiguous); row m goes to destination m // rows_per_dest.
     """
     _check_inputs(q, k, v)
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
     batch, seq_len, local_heads, head_dim = q.shape
     if rows_per_dest < 1 or -(-seq_len // rows_per_dest) > dest_ptrs.numel():
         raise ValueError(
@@ -158,12 +174,15 @@ def flash_attention_routed(
             f"destinations for seq_len={seq_len}, dest_ptrs has {dest_ptrs.numel()}"
         )
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E
+    cfg = launch_config(q, k, v, config)
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    descs = _descriptors(q, k, v, block_m, block_n) if cfg["tma"] else (q, k, v)
     grid = (triton.cdiv(seq_len, block_m), batch * local_heads)
     _flash_fwd_routed[grid](
         q,
         k,
         v,
+        *descs,
         dest_ptrs,
         scale,
         *q.stride()[:3],
@@ -178,8 +197,43 @@ def flash_attention_routed(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         EVEN_SEQ=seq_len % block_m == 0 and seq_len % block_n == 0,
+        TMA=cfg["tma"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+    )
+
+
+def launch_config(q, k, v, config: dict | None = None) -> dict:
+    """The block shape, pipelining and load path (tma) a call with these inputs uses."""
+    tma = _use_tma(q, k, v, {**DEFAULT_CONFIG, **(config or {})})
+    return {**(DEFAULT_CONFIG if tma else POINTER_CONFIG), **(config or {}), "tma": tma}
+
+
+def _use_tma(q, k, v, cfg: dict) -> bool:
+    """TMA loads need whole blocks (S a multiple of both block sizes: a block must not run
+    into the next batch item) and contiguous (B, S, H, D) inputs, on a GPU that has TMA
+    (the interpreter runs them too)."""
+    seq_len = q.shape[1]
+    if seq_len % cfg["BLOCK_M"] or seq_len % cfg["BLOCK_N"]:
+        return False
+    if not all(t.is_contiguous() for t in (q, k, v)):
+        return False
+    if q.device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_capability(q.device)[0] >= 9
+    return True
+
+
+def _descriptors(q, k, v, block_m: int, block_n: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    b, s, h, d = q.shape
+    shape, strides = [b * s, h * d], [h * d, 1]
+    return (
+        TensorDescriptor(q, shape, strides, [block_m, d]),
+        TensorDescriptor(k, shape, strides, [block_n, d]),
+        TensorDescriptor(v, shape, strides, [block_n, d]),
     )
 
 
