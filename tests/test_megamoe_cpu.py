@@ -560,3 +560,22 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
                 assert torch.equal(got, expected), f"{pid} rank {q}"
                 compared += 1
     assert compared == 2 * 5  # 8 points, 3 of them not ok, 2 ranks each
+
+
+@needs_torch
+def test_rowwise_quantization_keeps_each_row_within_an_e4m3_step():
+    import torch
+
+    x = (
+        torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+        * torch.logspace(-2, 2, 64)[:, None]
+    )
+    values, scales = unfused.rowwise(x)
+    assert values.dtype == torch.float8_e4m3fn and scales.shape == (64,)
+    back = values.float() * scales[:, None]
+    # e4m3 keeps 3 mantissa bits: every value within half a step (1/16) of its row's scale
+    assert torch.all((back - x).abs() <= x.abs() / 16 + scales[:, None] * 2.0**-9)
+    assert unfused.tolerance("fp8_grouped_rowwise", 2e-2) == unfused.ROWWISE_TOLERANCE
+    assert unfused.tolerance("bf16_grouped", 2e-2) == 2e-2
+    assert unfused.gemm_paths("bf16") == ("bf16_grouped",)
+    assert set(unfused.gemm_paths("w8a8")) == set(unfused.GEMM_FORMAT)

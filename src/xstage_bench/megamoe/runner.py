@@ -383,8 +383,9 @@ class MoEMeasurer:
                 path_errors[gemm] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                 continue
             rel[gemm] = errors
-            if max(errors) > self.tolerance:
-                path_errors[gemm] = f"relative error {max(errors):.3g} > {self.tolerance:g}"
+            bound = unfused.tolerance(gemm, self.tolerance)
+            if max(errors) > bound:
+                path_errors[gemm] = f"relative error {max(errors):.3g} > {bound:g}"
                 continue
             once = timing.cuda_event_timer(
                 lambda g=gemm: (pipe.forward(g), self._join_ranks()), device=device, flush_l2=False
