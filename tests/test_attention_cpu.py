@@ -110,7 +110,7 @@ def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     import torch
 
-    from xstage_bench.attention import triton_fa
+    from xstage_kernels import flash_ulysses as triton_fa
 
     # The interpreter turns scalar arguments into 1-element arrays, which numpy >= 2.4
     # refuses to convert to an int (a loop bound): say so instead of failing obscurely.

@@ -410,8 +410,8 @@ def interpreted_kernel(monkeypatch):
 
     if not isinstance(tl.zeros, InterpretedFunction):
         pytest.skip("triton was imported before TRITON_INTERPRET was set in this process")
-    fresh = "xstage_bench.megamoe.kernel" not in sys.modules
-    kernel = importlib.import_module("xstage_bench.megamoe.kernel")
+    fresh = "xstage_kernels.megamoe" not in sys.modules
+    kernel = importlib.import_module("xstage_kernels.megamoe")
     if not fresh:
         importlib.reload(kernel)
     yield kernel

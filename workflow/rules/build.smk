@@ -1,5 +1,11 @@
 # Stage 1: compile the CUDA kernels in kernels/ with nvcc for sm_90 into cubins.
 # Triton kernels compile on first use on the GPU machine.
+# The command is xstage_bench.microbench.build's, the one nvcc build definition.
+
+import shlex
+
+from xstage_bench.microbench.build import nvcc_command
+
 
 rule build_cubin:
     input:
@@ -10,5 +16,7 @@ rule build_cubin:
         CONDA_ENV
     log:
         "build/kernels/sm_90/{name}.log",
+    params:
+        nvcc=lambda wildcards, input, output: shlex.join(nvcc_command(input[0], output[0])),
     shell:
-        "nvcc -arch=sm_90 -cubin -O3 -lineinfo -Xptxas -v -o {output} {input} > {log} 2>&1"
+        "{params.nvcc} > {log} 2>&1"

@@ -1,7 +1,8 @@
 """Ulysses attention with the post-attention All-to-All fused into the kernel (kernel 2).
 
+Our Triton kernel itself is xstage_kernels.flash_ulysses (kernels/xstage_kernels/).
+
 layout    which rank owns which (token, head) after the All-to-All; the yunchang reshapes
-triton_fa our Triton FlashAttention forward whose epilogue stores rows at their owners
 backends  FA3, FA4 and ours behind one interface; the SDPA reference
 modes     alone / serial / fused, the correctness check, one timed repetition
 runner    one process per GPU, the resumable sweep, the command line

@@ -56,14 +56,15 @@ def sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 
 class TritonBackend:
-    """Ours (triton_fa): one kernel, the epilogue computes each row's destination."""
+    """Ours (xstage_kernels.flash_ulysses): one kernel, the epilogue computes each row's
+    destination."""
 
     name = "triton"
 
     def __init__(self, config: dict | None = None):
-        from xstage_bench.attention import triton_fa
+        from xstage_kernels import flash_ulysses
 
-        self._fa = triton_fa
+        self._fa = flash_ulysses
         self.config = config
         self._local_ptrs: tuple[int, torch.Tensor] | None = None
 

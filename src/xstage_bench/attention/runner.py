@@ -213,7 +213,7 @@ class Rank(workers.Lockstep):
             "warmup": samples.warmup,
         }
         if point["backend"] == "triton":
-            from xstage_bench.attention.triton_fa import launch_config
+            from xstage_kernels.flash_ulysses import launch_config
 
             extra["triton_config"] = launch_config(ws.q, ws.k, ws.v, self.triton_config)
         return results.ok_record(

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from xstage_bench import faults, grid, results, timing, workers
-from xstage_bench.megamoe import kernel, reference, routing
+from xstage_bench.megamoe import reference, routing
 from xstage_bench.megamoe.problem import (
     RankBuffers,
     check_tiles,
@@ -63,6 +63,7 @@ from xstage_bench.megamoe.runner import (
     select,
     selected_grid,
 )
+from xstage_kernels import megamoe as kernel
 
 
 def dispatch_rows(src, plans: list[routing.RankRows], rank: int, group):

@@ -209,14 +209,14 @@ class EmulatedMeasurer:
 
 
 def raw_config(config: dict, devices: list) -> dict:
-    from xstage_bench.megamoe import kernel
+    from xstage_kernels import megamoe as kernel
 
     return {
         "megamoe": config["megamoe"],
         "timing": config["timing"],
         "world_size": len(devices),
         "kernel": {
-            "source": "src/xstage_bench/megamoe/kernel.py (Triton, persistent, EMULATE build)",
+            "source": "kernels/xstage_kernels/megamoe.py (Triton, persistent, EMULATE build)",
             "block_m": kernel.BLOCK_M,
             "block_n": kernel.BLOCK_N,
             "precision": PRECISION,

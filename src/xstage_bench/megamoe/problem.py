@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xstage_bench.megamoe import kernel, routing, schedule
+from xstage_bench.megamoe import routing, schedule
 from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision, pack_int4, quantize_rows
 from xstage_bench.megamoe.reference import ExpertWeights, HomeTokens
+from xstage_kernels import megamoe as kernel
 
 INT4_STD = math.sqrt((16**2 - 1) / 12)  # standard deviation of integers uniform in [-8, 7]
 
@@ -256,7 +257,7 @@ def launch_rank(
     emulate_ns: tuple[int, int] | None = None,
 ) -> None:
     """Zero the rank's sync buffer and enqueue its fused kernel with schedule `name`
-    (emulate_ns: the compute-emulated build, see kernel.py)."""
+    (emulate_ns: the compute-emulated build, see xstage_kernels.megamoe)."""
     dummy = rb.xs if point["precision"] == "bf16" else None
     rb.sync.zero_()
     kernel.launch(

@@ -712,14 +712,14 @@ def default_devices(config: dict, world_size: int | None = None, device_type: st
 def raw_config(
     config: dict, moe: dict, world_size: int, check_tokens: int, device_type: str = "cuda"
 ) -> dict:
-    from xstage_bench.megamoe import kernel
+    from xstage_kernels import megamoe as kernel
 
     return {
         "megamoe": moe,
         "timing": config["timing"],
         "world_size": world_size,
         "kernel": {
-            "source": "src/xstage_bench/megamoe/kernel.py (Triton, persistent)",
+            "source": "kernels/xstage_kernels/megamoe.py (Triton, persistent)",
             "block_m": kernel.BLOCK_M,
             "block_n": kernel.BLOCK_N,
             "block_k": kernel.BLOCK_K,
