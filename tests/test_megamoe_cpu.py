@@ -21,16 +21,14 @@ import pytest
 
 from xstage_bench.megamoe import quant, reference, routing, schedule
 from xstage_bench.megamoe.baselines import deepgemm, unfused
-from xstage_bench.megamoe.runner import (
+from xstage_bench.megamoe.points import (
     config_id,
     expand_points,
     expand_schedules,
-    linear2_waits,
-    print_summary,
     select,
     trace_points,
-    trace_summary,
 )
+from xstage_bench.megamoe.summary import linear2_waits, print_summary, trace_summary
 
 HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
 needs_torch = pytest.mark.skipif(not HAVE_TORCH_TRITON, reason="torch and triton not installed")
@@ -471,21 +469,21 @@ def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
 
 
 def test_per_gpu_verdict_names_the_first_failure_in_runner_order(interpreted_kernel):
-    from xstage_bench.megamoe.distributed import verdict
+    from xstage_bench.megamoe.verdict import of_ranks
 
     good = {"flag": 0, "nan": False, "rel_error": 0.01, "checked_tokens": 32}
-    assert verdict([good, good]) == (
+    assert of_ranks([good, good]) == (
         None,
         {"rel_error": [0.01, 0.01], "checked_tokens_per_rank": 32},
     )
-    error, extra = verdict([good, {**good, "bitwise_equal": False}])
+    error, extra = of_ranks([good, {**good, "bitwise_equal": False}])
     assert error == "output differs bitwise from the expert-wave schedule"
     assert extra["bitwise_equal_to_expert_wave"] is False
-    assert "error flags [0, 1]" in verdict([good, {**good, "flag": 1, "nan": True}])[0]
-    assert "NaN (unwritten) on ranks [1]" in verdict([good, {**good, "nan": True}])[0]
-    error, _ = verdict([good, {**good, "rel_error": 0.5}])
+    assert "error flags [0, 1]" in of_ranks([good, {**good, "flag": 1, "nan": True}])[0]
+    assert "NaN (unwritten) on ranks [1]" in of_ranks([good, {**good, "nan": True}])[0]
+    error, _ = of_ranks([good, {**good, "rel_error": 0.5}])
     assert "0.5 > 0.02" in error
-    assert verdict([good, {**good, "rel_error": 0.05}], tolerance=0.1)[0] is None
+    assert of_ranks([good, {**good, "rel_error": 0.05}], tolerance=0.1)[0] is None
 
 
 @needs_torch

@@ -17,6 +17,7 @@ from xstage_bench.timing import (
     cuda_event_timer,
     graph_timer,
     measure,
+    measure_fixed,
     relative_iqr,
 )
 
@@ -230,3 +231,15 @@ def test_real_gpu_timers():
     assert isinstance(samples, Samples) and all(s > 0 for s in samples)
     per_call = measure(graph_timer(lambda: x.mul_(1.0), device=0, calls_per_replay=8), p)
     assert all(s > 0 for s in per_call)
+
+
+def test_fixed_count_fits_the_budget_and_takes_the_agreed_count():
+    # budget 100 s of 20 us calls would be millions: clipped to max_reps.
+    run_once = scripted([20.0] * 100)
+    assert measure_fixed(run_once, policy()) == [20.0] * 20
+    assert run_once.calls == 2 + 20  # warm-up, then the first timed call and 19 more
+    # 1 ms budget of 200 us calls: 5 (= min_reps); the ranks agree on rank 0's count, 7.
+    run_once = scripted([200.0] * 100)
+    seen = []
+    samples = measure_fixed(run_once, policy(budget_s=0.001), agree=lambda n: seen.append(n) or 7)
+    assert seen == [5] and len(samples) == 7

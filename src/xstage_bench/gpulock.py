@@ -25,10 +25,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from xstage_bench import log
 from xstage_bench.environment import now_iso
 
 DEFAULT_LOCK_DIR = Path("/tmp/xstage-gpu-locks")
 LOCK_DIR_ENV = "XSTAGE_LOCK_DIR"
+
+
+_log = log.get(__name__)
 
 
 class GpuBusyError(RuntimeError):
@@ -57,10 +61,6 @@ def describe_holder(text: str) -> str:
         return "an unknown process (its lock file holds no holder record yet)"
 
 
-def _stderr_line(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 class GpuLock:
     """Context manager holding an exclusive lock on each of `device_ids`.
 
@@ -82,7 +82,7 @@ class GpuLock:
         self.lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
         self.wait_s = wait_s
         self.poll_s = poll_s
-        self.report = report or _stderr_line
+        self.report = report or _log.info
         self._held: list[int] = []  # file descriptors, in the order taken
 
     def path(self, device: int) -> Path:

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from xstage_bench import log
 from xstage_bench.environment import finish as finish_environment
 from xstage_bench.results import (
     OK,
@@ -54,6 +55,9 @@ def partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial.json")
 
 
+_log = log.get(__name__)
+
+
 def _format_duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
@@ -61,10 +65,6 @@ def _format_duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def _stderr_line(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _point_ids(points: list[dict]) -> list[str]:
@@ -149,7 +149,7 @@ class _Watchdog(threading.Thread):
             saved = f"recorded as timeout in {state.partial}"
         except BaseException as e:  # the process ends either way; say what was lost
             saved = f"could NOT record it ({type(e).__name__}: {e})"
-        _stderr_line(
+        _log.info(
             f"[{self.label}] watchdog: point {point['id']} ran longer than "
             f"{self.timeout_s:g} s; {saved}; ending the process with exit code "
             f"{WATCHDOG_EXIT_CODE} (a stuck GPU kernel cannot be interrupted); rerun to continue"
@@ -232,7 +232,7 @@ def run_sweep(
     ids = _point_ids(points)
     partial = partial_path(out)
     label = study or experiment
-    say = progress or _stderr_line
+    say = progress or _log.info
     header = {
         "experiment": experiment,
         "backend": backend,

@@ -1,4 +1,4 @@
-"""The one timing module: the stopping rule, CUDA-event timers, graph-replay timers.
+"""The one timing module: the stopping rules, CUDA-event timers, graph-replay timers.
 
 Every experiment that times something on a GPU goes through here, so warm-up, repetition,
 the noise-based stopping rule and the L2 flush are decided once (the nvbench habit).
@@ -125,6 +125,28 @@ def measure(
         return Samples(samples, stop_reason=reason, warmup=policy.warmup, elapsed_s=elapsed)
 
 
+def measure_fixed(
+    run_once: Callable[[], float],
+    policy: TimingPolicy,
+    *,
+    agree: Callable[[int], int] = lambda n: n,
+) -> list[float]:
+    """Warm up, then a fixed count of `run_once` sized from the first timed call so that
+    the repetitions fit `budget_s` (clipped to min_reps..max_reps).
+
+    For ranks that time one collective call together and so must all run the same count
+    (DeepGEMM's worker pair): `agree(n)` returns the count every rank uses (rank 0's,
+    broadcast). The noise-based stopping rule of `measure` cannot serve there: each rank
+    would stop at its own count.
+    """
+    for _ in range(policy.warmup):
+        run_once()
+    first = run_once()
+    fit = policy.budget_s * 1e6 / max(first, 1.0)
+    n = agree(int(np.clip(fit, policy.min_reps, policy.max_reps)))
+    return [first] + [run_once() for _ in range(n - 1)]
+
+
 def host_timer(fn: Callable[[], object]) -> Callable[[], float]:
     """A `run_once` for work that is synchronous on the host (the CPU tests of the GPU
     code): wall-clock microseconds around `fn`. Never a GPU measurement."""
@@ -151,7 +173,7 @@ def _cuda_torch():
     return torch
 
 
-def _l2_flusher(torch, device: int) -> Callable[[], None]:
+def l2_flusher(torch, device: int) -> Callable[[], None]:
     """Overwrite a buffer exactly the size of the device's L2, so the timed call starts cold."""
     size = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
     if size <= 0:
@@ -166,17 +188,19 @@ def cuda_event_timer(
     device: int,
     flush_l2: bool,
     stream=None,
+    setup: Callable[[], None] | None = None,
 ) -> Callable[[], float]:
     """A `run_once` for `measure`: one call of `fn` between two CUDA events, in microseconds.
 
     `fn` must enqueue its work on torch's current stream (it is made current here). The L2
     flush runs on the same stream before the start event, so it is ordered before `fn`
-    but outside the timed region.
+    but outside the timed region; so does `setup` (after the flush), for untimed work each
+    repetition needs (refilling inputs, a barrier between ranks).
     """
     torch = _cuda_torch()
     with torch.cuda.device(device):
         stream = stream if stream is not None else torch.cuda.current_stream(device)
-        flush = _l2_flusher(torch, device) if flush_l2 else None
+        flush = l2_flusher(torch, device) if flush_l2 else None
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
 
@@ -184,6 +208,8 @@ def cuda_event_timer(
         with torch.cuda.device(device), torch.cuda.stream(stream):
             if flush is not None:
                 flush()
+            if setup is not None:
+                setup()
             start.record(stream)
             fn()
             end.record(stream)

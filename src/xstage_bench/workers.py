@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from xstage_bench import results, sweep
+from xstage_bench import log, protocol, results, sweep
+from xstage_bench.protocol import PointFailed
 
 # Never let NCCL, PyTorch or NVSHMEM use NVLink multicast (DEVICE.md): it can take the
 # host's GPUs down for everyone. Exported before any worker starts.
@@ -33,6 +34,8 @@ SAFE_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 RESTART_EXIT_CODE = 76  # a worker's fabric is unusable (a barrier timed out): start afresh
+
+_log = log.get(__name__)
 
 
 def free_port() -> int:
@@ -54,15 +57,11 @@ def running_marker(out: Path) -> Path:
 
 @dataclass
 class Timed:
-    """Rank 0's result of Lockstep.timed: the stopping rule's samples of the first time,
-    the other times of the same repetitions (one list each), the clock fields; or why the
-    timing failed (`error`, with the record's `status`)."""
+    """Rank 0's result of Lockstep.timed: the stopping rule's samples of the first time
+    and the other times of the same repetitions (one list each)."""
 
-    samples: object  # timing.Samples, None when it failed
+    samples: object  # timing.Samples
     others: list[list[float]]
-    clock_fields: dict
-    error: str | None = None
-    status: str = "ok"
 
 
 def _clock_sampler(fabric):
@@ -79,6 +78,19 @@ class Lockstep:
     def __init__(self, fabric):
         self.fabric = fabric
         self.broken = False  # a bounded wait timed out: this fabric cannot be trusted
+        self.sampler = _clock_sampler(fabric) if fabric.rank == 0 else None
+
+    def measure_point(self, point: dict, check, measure) -> dict | None:
+        """protocol.measure_point in lockstep: every rank runs `check` and `measure` (their
+        collectives), rank 0 samples the clocks and returns the point's record; the other
+        ranks record nothing (None)."""
+        if self.fabric.rank == 0:
+            return protocol.measure_point(point, check, measure, sampler=self.sampler)
+        try:
+            measure(check())
+        except PointFailed:
+            pass  # rank 0 records it
+        return None
 
     def command(self, message=None):
         import torch.distributed as dist
@@ -130,10 +142,13 @@ class Lockstep:
             raise RuntimeError(error or "a peer rank failed this repetition")
         return tuple(float(x) for x in t[:-1])
 
-    def timed(self, rep: Callable[[], tuple[float, ...]], width: int, policy) -> Timed | None:
+    def timed(
+        self, rep: Callable[[], tuple[float, ...]], width: int, policy, *, facts: dict | None
+    ) -> Timed | None:
         """Time `rep` on every rank in lockstep: rank 0's stopping rule (timing.measure)
         over the first of its times, rank 0 broadcasting one "rep" per repetition. Rank 0
-        gets the result (the other ranks None); clocks are sampled around it on CUDA."""
+        gets the result (the other ranks None); PointFailed (correct, with the check's
+        `facts`) when the timing failed."""
         from xstage_bench import timing
 
         if self.fabric.rank != 0:
@@ -151,22 +166,15 @@ class Lockstep:
             others.append(tuple(rest))
             return first
 
-        sampler = _clock_sampler(self.fabric)
-        before = sampler.sample() if sampler else None
         try:
             samples = timing.measure(run_once, policy)
         except Exception as e:
             status = "timeout" if "WaitTimeout" in str(e) else "failed"
-            return Timed(None, [], {}, f"timing: {e}", status)
+            raise PointFailed(f"timing: {e}", status=status, correct=True, extra=facts) from e
         finally:
             self.command("end")
-        clock_fields = {}
-        if sampler:
-            from xstage_bench.clocks import record_fields
-
-            clock_fields = record_fields(before, sampler.sample())
         rest = [list(col) for col in zip(*others[-len(samples) :], strict=True)]
-        return Timed(samples, rest, clock_fields)
+        return Timed(samples, rest)
 
     def follow(self, execute: Callable[[object], object]) -> None:
         """Ranks > 0: execute what rank 0 broadcasts until it sends None."""
@@ -351,7 +359,7 @@ def launch(
         codes = run_attempt(worker, attempt_job)
         if all(c == 0 for c in codes):
             return
-        print(f"[{tag}] attempt {attempt + 1}: worker exit codes {codes}", file=sys.stderr)
+        _log.info("[%s] attempt %d: worker exit codes %s", tag, attempt + 1, codes)
         if codes[0] in (sweep.WATCHDOG_EXIT_CODE, RESTART_EXIT_CODE):
             continue  # the point is recorded; resume after it in fresh processes
         if not record_crash(out, next(c for c in codes if c)):

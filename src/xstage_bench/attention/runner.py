@@ -27,8 +27,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from xstage_bench import results, timing, workers
+from xstage_bench import timing, workers
 from xstage_bench.grid import attention_points
+from xstage_bench.protocol import Measured, PointFailed, wrong
 
 DTYPE = "bfloat16"
 CPU_TRITON_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16}  # small tiles: the interpreter is slow
@@ -103,7 +104,7 @@ class Rank(workers.Lockstep):
         if fabric.device_type == "cuda" and policy.flush_l2:
             import torch
 
-            self.flush = timing._l2_flusher(torch, fabric.rank)
+            self.flush = timing.l2_flusher(torch, fabric.rank)
 
     # -- one point, on every rank --
     def backend(self, name: str):
@@ -143,27 +144,36 @@ class Rank(workers.Lockstep):
         return self.workspace
 
     def execute(self, point: dict) -> dict | None:
-        """Check, then time one point, on every rank in lockstep. The record that rank 0
-        returns is the point's; the others' are discarded (they hold no samples)."""
+        """Check, then time one point, on every rank in lockstep (protocol.measure_point
+        through Lockstep.measure_point). The record that rank 0 returns is the point's;
+        the others return None."""
+        found: dict = {}
+        return self.measure_point(
+            point,
+            lambda: self._checked(point, found),
+            lambda extra: self._time(point, found["backend"], found["ws"], extra),
+        )
+
+    def _checked(self, point: dict, found: dict) -> dict:
+        """Every rank's check of the point; the record's check facts. Fills `found` with
+        the backend and the workspace it ran on."""
         from xstage_bench.attention.modes import check
 
         pid, mode = point["id"], point["mode"]
         backend, error = self._backend_or_reason(point)
         if error:
-            return results.failed_record(pid, point, error, status="unsupported")
+            raise PointFailed(error, status="unsupported")
         ws, error = self.agree(lambda: self.shape(point))
         if error:
-            return results.failed_record(pid, point, f"buffers: {error}")
+            raise PointFailed(f"buffers: {error}")
         if mode == "fused" and backend.name != "triton" and ws.target.peer_out is None:
             reason = f"{backend.name} fused needs a peer-backed out view: "
-            return results.failed_record(
-                pid, point, reason + ws.target.peer_out_reason, status="unsupported"
-            )
+            raise PointFailed(reason + ws.target.peer_out_reason, status="unsupported")
         seed = point_seed(pid, self.fabric.rank)
         verdict, error = self.agree(lambda: check(backend, mode, ws, seed))
         if error:
             status = "timeout" if "WaitTimeout" in error else "failed"
-            return results.failed_record(pid, point, f"check: {error}", status=status)
+            raise PointFailed(f"check: {error}", status=status)
         verdicts = self.gather(verdict)
         extra = {
             "max_abs_err": max(v.max_abs_err for v in verdicts),
@@ -171,17 +181,11 @@ class Rank(workers.Lockstep):
                 None if mode != "fused" else all(v.bitwise_equal_serial for v in verdicts)
             ),
         }
-        wrong = [f"rank {r}: {v.detail}" for r, v in enumerate(verdicts) if not v.correct]
-        if wrong:
-            return results.failed_record(
-                pid,
-                point,
-                "wrong result: " + "; ".join(wrong),
-                status="wrong",
-                correct=False,
-                extra=extra,
-            )
-        return self._time(point, backend, ws, extra)
+        wrong_ranks = [f"rank {r}: {v.detail}" for r, v in enumerate(verdicts) if not v.correct]
+        if wrong_ranks:
+            raise wrong("wrong result: " + "; ".join(wrong_ranks), extra)
+        found.update(backend=backend, ws=ws)
+        return extra
 
     def _backend_or_reason(self, point: dict):
         from xstage_bench.attention.backends import BackendUnavailable
@@ -193,18 +197,17 @@ class Rank(workers.Lockstep):
         errors = [e for e in self.gather(error) if e]
         return backend, (errors[0] if errors else None)
 
-    def _time(self, point, backend, ws, extra) -> dict | None:
+    def _time(self, point, backend, ws, extra) -> Measured | None:
         from xstage_bench.attention.modes import timed_rep
 
         timed = self.timed(
-            lambda: timed_rep(backend, point["mode"], ws, self.flush), 2, self.policy
+            lambda: timed_rep(backend, point["mode"], ws, self.flush),
+            2,
+            self.policy,
+            facts=extra,
         )
         if timed is None:  # ranks > 0
             return None
-        if timed.error:
-            return results.failed_record(
-                point["id"], point, timed.error, status=timed.status, correct=True, extra=extra
-            )
         samples, (completion,) = timed.samples, timed.others
         extra = {
             **extra,
@@ -216,14 +219,7 @@ class Rank(workers.Lockstep):
             from xstage_kernels.flash_ulysses import launch_config
 
             extra["triton_config"] = launch_config(ws.q, ws.k, ws.v, self.triton_config)
-        return results.ok_record(
-            point["id"],
-            point,
-            {"sender_us": list(samples), "completion_us": completion},
-            correct=True,
-            extra=extra,
-            **timed.clock_fields,
-        )
+        return Measured({"sender_us": list(samples), "completion_us": completion}, extra)
 
 
 def _worker(rank: int, job: dict) -> None:

@@ -7,5 +7,13 @@ routing    top-k expert choice (balanced, skewed) and the padded expert-major di
 schedule   the tile lists: expert waves and interleaved, with the dependency check
 reference  the plain torch reference (dequantized, fp32)
 problem    one configuration laid out on the GPUs: inputs, weights, dispatch, forward
-runner     the checked and timed sweep, the trace runs, the command line
+points     the sweep's points: schedules and baselines per configuration, traced ones
+verdict    the one judgement of a checked run (both process models, the emulated build)
+measurer   our kernel checked, timed and traced from one process driving every GPU
+summary    the traced runs' waits, spans and timeline; the table a sweep prints
+options    the grid's command-line options
+runner     the single-process sweep's raw files and its command line
+distributed  the same sweep with one process per GPU (torch.distributed)
+emulated   the kernel with its compute replaced by calibrated waits
+baselines  what a user would run instead (unfused torch, DeepGEMM), measured beside ours
 """

@@ -1,5 +1,5 @@
 """The fused MoE kernel with one process per GPU (torch.distributed): the same kernel,
-schedules, inputs, checks and record ids as runner.py's single-process path, so the two
+schedules, inputs, checks and record ids as the single-process path (runner.py), so the two
 can be compared point by point (`xstage compare`).
 
     python -m xstage_bench.megamoe.distributed --config config.yaml --dataset h200x2 \
@@ -17,11 +17,14 @@ One timed repetition, on every rank: flush L2, a cross-rank device barrier (star
 together), zero the sync buffer and launch the kernel, a device barrier (system-scope
 fence: every rank's stores have landed), the top-k reduction. time_us is the slowest
 rank's events from after the first barrier to after its reduction; kernel_us the slowest
-rank's kernel alone. The check before timing is runner.py's: poisoned outputs, error
-flags, NaN, sampled tokens of every home rank against the torch reference (each rank
-adds its experts' share of it), and each later schedule bitwise equal to expert-wave.
+rank's kernel alone. The check before timing is the single-process path's, judged by the
+same verdict (verdict.py): poisoned outputs, error flags, NaN, sampled tokens of every
+home rank against the torch reference (each rank adds its experts' share of it), and each
+later schedule bitwise equal to expert-wave. Each point goes through protocol.measure_point
+in lockstep (workers.Lockstep.measure_point).
 
-Only our kernel's schedules run here; the baselines and the traced runs stay in runner.py.
+Only our kernel's schedules run here; the baselines and the traced runs stay in the
+single-process path.
 """
 
 from __future__ import annotations
@@ -36,8 +39,18 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import faults, grid, results, timing, workers
-from xstage_bench.megamoe import reference, routing
+from xstage_bench import faults, grid, timing, workers
+from xstage_bench.megamoe import reference, routing, verdict
+from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
+from xstage_bench.megamoe.points import (
+    CHECK_TOKENS,
+    CPU_PROGRAMS,
+    POINT_TIMEOUT_S,
+    config_id,
+    expand_schedules,
+    sampled_tokens,
+    select,
+)
 from xstage_bench.megamoe.problem import (
     RankBuffers,
     check_tiles,
@@ -51,18 +64,8 @@ from xstage_bench.megamoe.problem import (
     useful_flops,
 )
 from xstage_bench.megamoe.reference import HomeTokens
-from xstage_bench.megamoe.runner import (
-    CHECK_TOKENS,
-    CPU_PROGRAMS,
-    POINT_TIMEOUT_S,
-    add_grid_arguments,
-    config_id,
-    expand_schedules,
-    raw_config,
-    sampled_tokens,
-    select,
-    selected_grid,
-)
+from xstage_bench.megamoe.runner import raw_config
+from xstage_bench.protocol import Measured, PointFailed, wrong
 from xstage_kernels import megamoe as kernel
 
 
@@ -176,7 +179,7 @@ class MoERank(workers.Lockstep):
             if cuda
             else CPU_PROGRAMS
         )
-        self.flush = timing._l2_flusher(torch, fabric.rank) if cuda and policy.flush_l2 else None
+        self.flush = timing.l2_flusher(torch, fabric.rank) if cuda and policy.flush_l2 else None
         self._weights_key, self.experts = None, None
         self._share_id, self.share = None, None
         self._reference = None
@@ -302,24 +305,25 @@ class MoERank(workers.Lockstep):
 
     def execute(self, point: dict) -> dict | None:
         """Check, then time one point on every rank in lockstep; rank 0's record counts."""
-        pid = point["id"]
+        return self.measure_point(
+            point, lambda: self._checked(point), lambda facts: self._timed(point, facts)
+        )
+
+    def _checked(self, point: dict) -> dict:
+        """Every rank's check, judged by the one verdict: the record's check facts."""
         facts, error = self.agree(lambda: self.check(point))
         if error:
             status = "timeout" if "WaitTimeout" in error else "failed"
-            return results.failed_record(pid, point, f"check: {error}", status=status)
-        every = self.gather(facts)
-        error, extra = verdict(every, self.tolerance)
+            raise PointFailed(f"check: {error}", status=status)
+        error, extra = verdict.of_ranks(self.gather(facts), self.tolerance)
         if error:
-            return results.failed_record(
-                pid, point, error, status="wrong", correct=False, extra=extra
-            )
-        timed = self.timed(lambda: self.timed_rep(point["schedule"]), 2, self.policy)
+            raise wrong(error, extra)
+        return extra
+
+    def _timed(self, point: dict, extra: dict) -> Measured | None:
+        timed = self.timed(lambda: self.timed_rep(point["schedule"]), 2, self.policy, facts=extra)
         if timed is None:  # ranks > 0
             return None
-        if timed.error:
-            return results.failed_record(
-                pid, point, timed.error, status=timed.status, correct=True, extra=extra
-            )
         times, (kernel_us,) = timed.samples, timed.others
         plans = self.share.plans
         flops = useful_flops(point, plans) / len(plans)
@@ -333,39 +337,7 @@ class MoERank(workers.Lockstep):
             "padded_rows_per_rank": [p.padded_rows for p in plans],
             "stop_reason": times.stop_reason,
         }
-        return results.ok_record(
-            point["id"],
-            point,
-            {"time_us": list(times), "kernel_us": kernel_us},
-            correct=True,
-            extra=extra,
-            **timed.clock_fields,
-        )
-
-
-def verdict(facts: list[dict], tolerance: float = reference.TOLERANCE) -> tuple[str | None, dict]:
-    """(error or None, the record's check facts) from every rank's check facts, with
-    runner.py's messages."""
-    errors = [f["rel_error"] for f in facts]
-    extra: dict = {"rel_error": errors, "checked_tokens_per_rank": facts[0]["checked_tokens"]}
-    same = [f["bitwise_equal"] for f in facts if "bitwise_equal" in f]
-    if same:
-        extra["bitwise_equal_to_expert_wave"] = all(same)
-    flags = [f["flag"] for f in facts]
-    if any(flags):
-        return f"a Linear-2 tile timed out waiting for its rows (error flags {flags})", extra
-    nan = [q for q, f in enumerate(facts) if f["nan"]]
-    if nan:
-        return f"output rows left NaN (unwritten) on ranks {nan}", extra
-    if max(errors) > tolerance:
-        return (
-            f"relative error vs the torch reference {max(errors):.3g} > "
-            f"{tolerance:g} (per rank {[f'{e:.3g}' for e in errors]})",
-            extra,
-        )
-    if same and not all(same):
-        return "output differs bitwise from the expert-wave schedule", extra
-    return None, extra
+        return Measured({"time_us": list(times), "kernel_us": kernel_us}, extra)
 
 
 # ---- processes ------------------------------------------------------------------------

@@ -24,32 +24,25 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from xstage_bench import timing
-from xstage_bench.clocks import ClockSampler, record_fields
+from xstage_bench.clocks import ClockSampler
 from xstage_bench.environment import capture_measured
-from xstage_bench.megamoe import routing, schedule
+from xstage_bench.megamoe import routing, schedule, verdict
+from xstage_bench.megamoe.measurer import valid_local_slots
+from xstage_bench.megamoe.points import POINT_TIMEOUT_S
 from xstage_bench.megamoe.reference import ExpertWeights
-from xstage_bench.megamoe.runner import (
-    POINT_TIMEOUT_S,
-    default_devices,
-    linear2_waits,
-    trace_summary,
-    valid_local_slots,
-)
-from xstage_bench.results import failed_record, ok_record
+from xstage_bench.megamoe.runner import default_devices
+from xstage_bench.megamoe.summary import linear2_waits, trace_summary
+from xstage_bench.protocol import Measured, measure_point, wrong
+from xstage_bench.results import failed_record
 from xstage_bench.sweep import run_sweep
 
 PRECISION = "w8a8"  # the Linear-1 epilogue stores an FP8 intermediate, as the real kernel's
 NEEDS_GPU = "the emulated build waits on %globaltimer, which the Triton interpreter cannot run"
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def emulated_points(megamoe: dict, world_size: int) -> list[dict]:
@@ -122,76 +115,72 @@ class EmulatedMeasurer:
     def _unwritten(self, prob, local: bool) -> str | None:
         torch = self.torch
         if local:
-            missing = [
-                q
-                for q, rb in enumerate(prob.ranks)
-                if torch.isnan(rb.sink[valid_local_slots(rb, prob)]).any()
-            ]
-            return f"local control left rows unwritten on ranks {missing}" if missing else None
+            return verdict.local_unwritten(
+                [
+                    q
+                    for q, rb in enumerate(prob.ranks)
+                    if torch.isnan(rb.sink[valid_local_slots(rb, prob)]).any()
+                ]
+            )
         nan = [q for q, rb in enumerate(prob.ranks) if torch.isnan(rb.comb).any()]
-        return f"combine rows left NaN (unwritten) on ranks {nan}" if nan else None
+        return verdict.unwritten(nan, rows="combine rows")
 
     def __call__(self, point: dict) -> dict:
-        before = self.sampler.sample()
-        prob = self.problem(point)
         local = routing.is_local_control(point["remote_fraction"])
         ns = schedule.emulated_tile_ns(
             point["H"], point["I"], point["emulated_tflops"], self.num_programs
         )
         sched = point["schedule"]
-        prob.poison(local=local)
-        prob.forward(sched, local=local, emulate_ns=ns)
-        prob.synchronize()
-        flags = prob.error_flags()
-        error = (
-            f"a Linear-2 tile timed out waiting for its rows (error flags {flags})"
-            if any(flags)
-            else self._unwritten(prob, local)
-        )
-        if error:
-            _say(f"  {point['id']}: wrong: {error}")
-            return failed_record(point["id"], point, error, status="wrong", correct=False)
-        events: list = []
-        run_once = timing.cuda_event_timer(
-            lambda: prob.forward(sched, local=local, emulate_ns=ns, kernel_events=events),
-            device=self.devices[0].index,
-            flush_l2=False,  # the emulated tiles read no weights: nothing to flush
-        )
-        times = timing.measure(run_once, self.policy)
-        kernel_us = [
-            max(a.elapsed_time(b) * 1000.0 for a, b in ranks) for ranks in events[-len(times) :]
-        ]
-        waits, spans = self._traced(prob, sched, local, ns)
-        remote = sum(rb.plan.remote_rows() for rb in prob.ranks)
-        rows = sum(rb.plan.rows for rb in prob.ranks)
-        median = statistics.median(times)
-        flops = prob.useful_flops() / len(self.devices)
-        extra = {
-            "emulated": True,
-            "tile_ns": {"l1": ns[0], "l2": ns[1]},
-            "num_programs": self.num_programs,
-            "local_control": local,
-            "remote_rows_share": 0.0 if local else remote / rows,
-            "equivalent_tflops": flops / (median * 1e6),
-            "wait_us_median": float(np.median(waits)) if waits else 0.0,
-            "wait_us_p90": float(np.percentile(waits, 90)) if waits else 0.0,
-            "wait_us_sum_per_program": float(np.sum(waits)) / (len(prob.ranks) * self.num_programs),
-            "store_span_us_median": float(np.median(spans)) if spans else 0.0,
-            "store_span_us_p90": float(np.percentile(spans, 90)) if spans else 0.0,
-            "stop_reason": times.stop_reason,
-        }
-        _say(
-            f"  time_us={median:.1f} kernel_us={statistics.median(kernel_us):.1f} "
-            f"wait p90={extra['wait_us_p90']:.2f} us span={extra['store_span_us_median']:.2f} us"
-        )
-        return ok_record(
-            point["id"],
-            point,
-            {"time_us": list(times), "kernel_us": kernel_us},
-            correct=True,
-            extra=extra,
-            **record_fields(before, self.sampler.sample()),
-        )
+
+        def check() -> None:
+            prob = self.problem(point)
+            prob.poison(local=local)
+            prob.forward(sched, local=local, emulate_ns=ns)
+            prob.synchronize()
+            error = verdict.flagged(prob.error_flags()) or self._unwritten(prob, local)
+            if error:
+                raise wrong(error)
+
+        def measure(_) -> Measured:
+            prob = self.problem(point)
+            events: list = []
+            run_once = timing.cuda_event_timer(
+                lambda: prob.forward(sched, local=local, emulate_ns=ns, kernel_events=events),
+                device=self.devices[0].index,
+                flush_l2=False,  # the emulated tiles read no weights: nothing to flush
+            )
+            times = timing.measure(run_once, self.policy)
+            kernel_us = [
+                max(a.elapsed_time(b) * 1000.0 for a, b in ranks) for ranks in events[-len(times) :]
+            ]
+            waits, spans = self._traced(prob, sched, local, ns)
+            remote = sum(rb.plan.remote_rows() for rb in prob.ranks)
+            rows = sum(rb.plan.rows for rb in prob.ranks)
+            median = statistics.median(times)
+            flops = prob.useful_flops() / len(self.devices)
+            programs = len(prob.ranks) * self.num_programs
+            extra = {
+                "emulated": True,
+                "tile_ns": {"l1": ns[0], "l2": ns[1]},
+                "num_programs": self.num_programs,
+                "local_control": local,
+                "remote_rows_share": 0.0 if local else remote / rows,
+                "equivalent_tflops": flops / (median * 1e6),
+                "wait_us_median": float(np.median(waits)) if waits else 0.0,
+                "wait_us_p90": float(np.percentile(waits, 90)) if waits else 0.0,
+                "wait_us_sum_per_program": float(np.sum(waits)) / programs,
+                "store_span_us_median": float(np.median(spans)) if spans else 0.0,
+                "store_span_us_p90": float(np.percentile(spans, 90)) if spans else 0.0,
+                "stop_reason": times.stop_reason,
+            }
+            line = (
+                f"  time_us={median:.1f} kernel_us={statistics.median(kernel_us):.1f} "
+                f"wait p90={extra['wait_us_p90']:.2f} us "
+                f"span={extra['store_span_us_median']:.2f} us"
+            )
+            return Measured({"time_us": list(times), "kernel_us": kernel_us}, extra, line=line)
+
+        return measure_point(point, check, measure, sampler=self.sampler)
 
     def _traced(self, prob, sched: str, local: bool, ns) -> tuple[list[float], list[float]]:
         """Waits (ready - taken) and store spans of every Linear-2 tile, all ranks, us."""

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import faults, grid, timing
-from xstage_bench.clocks import ClockSampler, record_fields
+from xstage_bench import faults, grid, log, timing
+from xstage_bench.clocks import ClockSampler
 from xstage_bench.config import load_config
 from xstage_bench.environment import capture_measured
 from xstage_bench.microbench import launch
 from xstage_bench.microbench.launch import BurstBench, MicrobenchError, PointUnsupported
-from xstage_bench.results import failed_record, ok_record
+from xstage_bench.protocol import Measured, PointFailed, measure_point
+from xstage_bench.results import failed_record
 from xstage_bench.sweep import run_sweep
 
 CHECK_TAG = 0x5EED  # pattern tag of the checked launch; timed launch L uses (L + 1) << 20
@@ -43,9 +44,7 @@ HEADLINE = {  # the metric printed in a point's progress line
     "ceiling": ("bandwidth_GBps",),
 }
 
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+_log = log.get(__name__)
 
 
 class PointMeasurer:
@@ -66,17 +65,23 @@ class PointMeasurer:
             "ceiling": self._ceiling,
         }[point["kind"]]
         faults.apply_before_measure(point["id"])
-        before = self.sampler.sample()
+        # Each kind checks its point (a launch with a known pattern) before it times it.
+        return measure_point(
+            point,
+            lambda: None,
+            lambda _: self._checked_and_timed(measure, point),
+            sampler=self.sampler,
+        )
+
+    def _checked_and_timed(self, measure, point: dict) -> Measured:
         try:
             samples, extra = measure(point)
         except MicrobenchError as e:
-            _say(f"  {point['id']}: {e.status}: {e}")
             correct = False if e.status == "wrong" else None
-            return failed_record(point["id"], point, str(e), status=e.status, correct=correct)
-        fields = record_fields(before, self.sampler.sample())
+            raise PointFailed(str(e), status=e.status, correct=correct) from e
         heads = [m for m in HEADLINE[point["kind"]] if samples.get(m)]
-        _say("  " + "  ".join(f"{m}={np.median(samples[m]):.3f}" for m in heads))
-        return ok_record(point["id"], point, samples, correct=True, extra=extra, **fields)
+        line = "  " + "  ".join(f"{m}={np.median(samples[m]):.3f}" for m in heads)
+        return Measured(samples, extra, line=line)
 
     def _train(self, point: dict) -> tuple[dict, dict]:
         bench = self.bench
@@ -265,7 +270,7 @@ def _cpu_measurer(cubin: str | Path | None, gpu_ids: list[int]):
         reason = f"the burst benchmark cannot start here: {type(e).__name__}: {e}"
     else:
         reason = "a CPU test run measures nothing, although this machine could"
-    _say(f"[microbench] {reason}")
+    _log.info("[microbench] %s", reason)
     return lambda point: failed_record(point["id"], point, reason)
 
 

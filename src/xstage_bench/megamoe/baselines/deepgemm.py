@@ -17,9 +17,10 @@ which checks them against our reference told DeepGEMM's intermediate format (one
 row and `block` channels, read from the buffer's layout, and the top-k weight applied
 before quantization, as its Linear-1 epilogue does). Only then is it timed: per repetition
 the inputs are copied into the buffer (outside the timed region), L2 is flushed, the ranks
-meet at a barrier, and CUDA events on each rank time the kernel; a sample is the slowest
-rank's time. DeepGEMM's time includes its dispatch (the kernel pulls the tokens over
-NVLink); our kernel's time does not.
+meet at a barrier, and CUDA events on each rank time the kernel (the timing module's
+event timer and its fixed-count rule); a sample is the slowest rank's time. DeepGEMM's
+time includes its dispatch (the kernel pulls the tokens over NVLink); our kernel's time
+does not.
 
 Which schedule: 0.2.5 picks it on the host (heuristics/sm90_mega_moe.hpp in its sources):
 a symmetric buffer of at least 1024 tokens per rank gets the "L2-lag" interleaved schedule
@@ -48,8 +49,6 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass
-
-import numpy as np
 
 from xstage_bench.workers import SAFE_ENV, free_port
 
@@ -317,38 +316,30 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
 
 
 def _time(call, fill, policy: dict, device) -> list[float]:
-    """Fixed-count timing, the same count on every rank: rank 0 sizes it from one call so
-    the repetitions fit the policy's budget (within min_reps..max_reps)."""
+    """Per repetition: the inputs refilled, L2 flushed, the ranks meet at a barrier (all
+    untimed), then CUDA events around one call. A fixed count, the same on every rank
+    (timing.measure_fixed, rank 0's count); a sample is the slowest rank's time."""
     import torch
     import torch.distributed as dist
 
-    flush = (
-        torch.empty(
-            torch.cuda.get_device_properties(device).L2_cache_size, dtype=torch.uint8, device=device
-        )
-        if policy["flush_l2"]
-        else None
-    )
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    from xstage_bench import timing
 
-    def once() -> float:
+    policy = timing.TimingPolicy(**policy)
+    flush = timing.l2_flusher(torch, device.index) if policy.flush_l2 else None
+
+    def setup() -> None:
         fill()
         if flush is not None:
-            flush.zero_()
+            flush()
         dist.barrier()
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1000.0
 
-    for _ in range(policy["warmup"]):
-        once()
-    first = once()
-    fit = policy["budget_s"] * 1e6 / max(first, 1.0)
-    n = [int(np.clip(fit, policy["min_reps"], policy["max_reps"]))]
-    dist.broadcast_object_list(n, src=0)
-    mine = [first] + [once() for _ in range(n[0] - 1)]
+    def agree(n: int) -> int:
+        box = [n]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    run_once = timing.cuda_event_timer(call, device=device.index, flush_l2=False, setup=setup)
+    mine = timing.measure_fixed(run_once, policy, agree=agree)
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return [float(max(v)) for v in zip(*every, strict=True)]

@@ -1,0 +1,271 @@
+"""The baselines measured beside our kernel, on the same inputs and in the same sweep:
+each checked against the same torch reference before it is timed, each through
+protocol.measure_point. They share the MoEMeasurer's current problem (measurer.py).
+
+unfused   every GEMM path checked and timed three times, the faster one timed fully
+          with CUDA events on GPU 0 (whose stream waits for every rank)
+deepgemm  one run of its worker pair per configuration (both schedules' records come
+          from it): DeepGEMM picks the schedule, its workers time it (timing.measure_fixed)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+from xstage_bench import timing
+from xstage_bench.megamoe import reference, verdict
+from xstage_bench.megamoe.baselines import deepgemm, unfused
+from xstage_bench.megamoe.points import config_id
+from xstage_bench.protocol import Measured, PointFailed, measure_point, wrong
+
+
+class UnfusedBaseline:
+    """The unfused torch pipeline of the measurer's current configuration."""
+
+    def __init__(self, measurer):
+        self.m = measurer
+        self._pipe = None  # unfused.UnfusedMoE of the current configuration
+        self._reference: list | None = None
+        self._weights: dict = {}  # its weights, per shape and precision
+
+    def forget(self) -> None:
+        """A new configuration: drop the pipeline and its reference."""
+        self._pipe = self._reference = None
+
+    def forget_weights(self) -> None:
+        """A new shape or precision: drop the converted weights too."""
+        self._weights = {}
+
+    def _join_ranks(self) -> None:
+        """GPU 0's stream waits for every other rank's work; their L2s are then flushed
+        (GPU 0's is flushed by the timer, before its start event)."""
+        m = self.m
+        torch = m.torch
+        s0 = torch.cuda.current_stream(m.devices[0])
+        for q, d in enumerate(m.devices[1:], start=1):
+            with torch.cuda.device(d):
+                done = torch.cuda.Event()
+                done.record(torch.cuda.current_stream(d))
+                s0.wait_event(done)
+                if m.flushers:
+                    m.flushers[q]()
+
+    def measure(self, point: dict) -> dict:
+        """Check every GEMM path of the unfused pipeline, time the faster one fully."""
+        quick: dict[str, float] = {}
+        return measure_point(
+            point,
+            lambda: self._check(point, quick),
+            lambda facts: self._time(point, facts, quick),
+            sampler=self.m.sampler,
+        )
+
+    def _check(self, point: dict, quick: dict) -> dict:
+        m = self.m
+        prob = m.problem(point)
+        if self._pipe is None:
+            self._pipe = unfused.UnfusedMoE(prob, self._weights)
+        pipe = self._pipe
+        device = m.devices[0].index
+        path_errors: dict[str, str] = {}
+        rel: dict[str, list[float]] = {}
+        for gemm in unfused.gemm_paths(prob.precision):
+            try:
+                pipe.poison()
+                pipe.forward(gemm)
+                prob.synchronize()
+                if self._reference is None:
+                    self._reference = reference.reference_outputs(
+                        prob.homes,
+                        prob.experts,
+                        m.tokens,
+                        prob.precision,
+                        intermediate_format=unfused.FORMAT,
+                    )
+                errors = m.errors(pipe.outputs(), self._reference)
+            except Exception as e:  # a GEMM this torch cannot run: try the other path
+                path_errors[gemm] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                continue
+            rel[gemm] = errors
+            bound = unfused.tolerance(gemm, m.tolerance)
+            if max(errors) > bound:
+                path_errors[gemm] = f"relative error {max(errors):.3g} > {bound:g}"
+                continue
+            once = timing.cuda_event_timer(
+                lambda g=gemm: (pipe.forward(g), self._join_ranks()), device=device, flush_l2=False
+            )
+            quick[gemm] = statistics.median(once() for _ in range(3))
+        facts = {"gemm_errors": path_errors, "rel_error_by_gemm": rel}
+        if not quick:
+            wrong_result = any("relative error" in e for e in path_errors.values())
+            text = "; ".join(f"{g}: {e}" for g, e in path_errors.items())
+            raise PointFailed(text, status="wrong" if wrong_result else "failed", extra=facts)
+        return facts
+
+    def _time(self, point: dict, facts: dict, quick: dict) -> Measured:
+        m = self.m
+        prob, pipe = m.problem(point), self._pipe
+        gemm = min(quick, key=quick.get)
+        run_once = timing.cuda_event_timer(
+            lambda: (pipe.forward(gemm), self._join_ranks()),
+            device=m.devices[0].index,
+            flush_l2=m.policy.flush_l2,
+        )
+        times = timing.measure(run_once, m.policy)
+        median = statistics.median(times)
+        flops = prob.useful_flops() / len(m.devices)
+        nvlink = unfused.exchange_bytes([rb.plan for rb in prob.ranks], point["H"], prob.precision)
+        rel = facts["rel_error_by_gemm"]
+        extra = {
+            **facts,
+            "gemm": gemm,
+            "gemm_quick_us": quick,
+            "rel_error": rel[gemm],
+            "checked_tokens_per_rank": len(m.tokens[0]),
+            "tflops": flops / (median * 1e6),
+            "nvlink_bytes": int(sum(nvlink)),
+            "nvlink_bytes_per_rank": nvlink,
+            "stop_reason": times.stop_reason,
+        }
+        line = f"  unfused ({gemm}) time_us={median:.1f} err={max(rel[gemm]):.2e} quick={quick}"
+        return Measured({"time_us": list(times)}, extra, line=line)
+
+
+class DeepGemmBaseline:
+    """DeepGEMM's SM90 MegaMoE on the measurer's current configuration, through its worker
+    pair; `budget_s` bounds the wall time all its runs may take (None: unbounded)."""
+
+    def __init__(self, measurer, budget_s: float | None = None):
+        self.m = measurer
+        self.workers = deepgemm.DeepGemmWorkers(len(measurer.devices))
+        self.budget_s = budget_s  # what is left of DeepGEMM's wall time
+        self._last: tuple | None = None  # (config id, worker results, failure)
+
+    def close(self) -> None:
+        self.workers.close()
+
+    def _results(self, point: dict) -> tuple[list | None, str | None]:
+        """The worker results of the point's configuration (run once for both schedules),
+        or why there are none."""
+        cid = config_id(point)
+        if self._last is not None and self._last[0] == cid:
+            return self._last[1], self._last[2]
+        timeout = deepgemm.DEFAULT_JOB_TIMEOUT_S
+        if self.budget_s is not None:
+            timeout = min(timeout, self.budget_s)
+        if timeout <= 0:
+            results, failure = None, "not run: this run's DeepGEMM time budget was spent"
+        else:
+            m = self.m
+            prob = m.problem(point)
+            job = {
+                "point": prob.point,
+                "seed": m.seed,
+                "tokens": [t.tolist() for t in m.tokens],
+                "policy": dataclasses.asdict(m.policy),
+            }
+            start = time.monotonic()
+            try:
+                results, failure = self.workers.run(job, timeout), None
+            except (TimeoutError, RuntimeError) as e:
+                results, failure = None, str(e)
+            if self.budget_s is not None:
+                self.budget_s -= time.monotonic() - start
+        self._last = (cid, results, failure)
+        return results, failure
+
+    def measure(self, point: dict) -> dict:
+        return measure_point(
+            point,
+            lambda: self._check(point),
+            lambda facts: self._time(point, facts),
+            sampler=self.m.sampler,
+        )
+
+    def _check(self, point: dict) -> dict:
+        reason = deepgemm.unsupported_reason(point)
+        if reason:
+            raise PointFailed(reason, status="unsupported")
+        results, failure = self._results(point)
+        if failure is not None:
+            raise PointFailed(failure, status="timeout" if "no answer" in failure else "failed")
+        errors = [f"rank {q}: {r.error}" for q, r in enumerate(results) if r.error]
+        if errors:
+            # its host-side checks (DG_HOST_ASSERT) reject a shape on every rank alike
+            # (a missing sgl-deep-gemm is unsupported here too, as a missing FA3 is)
+            rejected = all(
+                "assert" in r.error.lower() or r.error.startswith("ModuleNotFoundError")
+                for r in results
+            )
+            raise PointFailed("; ".join(errors), status="unsupported" if rejected else "failed")
+        first = results[0]
+        ran = deepgemm.schedule_of(first.config_line)
+        facts = {
+            "deepgemm_version": first.version,
+            "deepgemm_torch": first.torch_version,
+            "deepgemm_config": first.config_line,
+            "deepgemm_schedule": deepgemm.SCHEDULE_NAMES.get(ran, "unknown"),
+            "first_call_s": [r.first_call_s for r in results],
+        }
+        if ran is None:
+            raise PointFailed(
+                "DeepGEMM printed no MegaMoESM90Config (DG_PRINT_CONFIGS): which schedule ran "
+                f"is unknown; printed: {first.config_line!r}",
+                status="failed",
+                extra=facts,
+            )
+        if ran != point["schedule"]:
+            raise PointFailed(
+                f"sgl-deep-gemm {first.version} chose its {deepgemm.SCHEDULE_NAMES[ran]} "
+                f"schedule for this configuration and has no knob for its "
+                f"{deepgemm.SCHEDULE_NAMES[point['schedule']]} schedule (buffers of >= 1024 "
+                f"tokens per rank run L2-lag); it ran: {first.config_line}",
+                status="unsupported",
+                extra=facts,
+            )
+        m = self.m
+        prob = m.problem(point)
+        fmt = reference.Intermediate(block=first.block, weighted=True)
+        ref = reference.reference_outputs(
+            prob.homes, prob.experts, m.tokens, prob.precision, intermediate_format=fmt
+        )
+        outs = [
+            m.torch.as_tensor(r.rows, device=d) for r, d in zip(results, m.devices, strict=True)
+        ]
+        rel = [reference.relative_error(o, f) for o, f in zip(outs, ref, strict=True)]
+        facts.update(
+            rel_error=rel,
+            rel_error_vs_our_format=[
+                reference.relative_error(o, f) for o, f in zip(outs, m.reference(), strict=True)
+            ],
+            checked_tokens_per_rank=len(m.tokens[0]),
+            intermediate_block=first.block,
+        )
+        nan = [q for q, r in enumerate(results) if r.nan_rows]
+        text = (f"output rows left NaN on ranks {nan}" if nan else None) or verdict.too_far(
+            rel, m.tolerance
+        )
+        if text:
+            raise wrong(text, facts)
+        return facts
+
+    def _time(self, point: dict, facts: dict) -> Measured:
+        m = self.m
+        results, _ = self._results(point)
+        prob = m.problem(point)
+        times = results[0].times_us
+        median = statistics.median(times)
+        flops = prob.useful_flops() / len(m.devices)
+        nvlink = unfused.exchange_bytes([rb.plan for rb in prob.ranks], point["H"], prob.precision)
+        facts.update(
+            tflops=flops / (median * 1e6),
+            nvlink_bytes=int(sum(nvlink)),
+            nvlink_bytes_per_rank=nvlink,
+        )
+        line = (
+            f"  deepgemm ({facts['deepgemm_schedule']}) time_us={median:.1f} "
+            f"err={max(facts['rel_error']):.2e} first call {max(facts['first_call_s']):.1f} s"
+        )
+        return Measured({"time_us": times}, facts, line=line)

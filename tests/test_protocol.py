@@ -1,0 +1,69 @@
+"""The one per-point protocol: clocks, check, measure, record."""
+
+import pytest
+
+from xstage_bench.protocol import Measured, PointFailed, measure_point, wrong
+
+POINT = {"id": "p/1", "K": 1}
+
+
+class Sampler:
+    def __init__(self):
+        self.calls = 0
+
+    def sample(self):
+        self.calls += 1
+        return {"available": False, "reason": "test"}
+
+
+def test_a_checked_point_is_measured_and_recorded_with_its_clocks():
+    sampler, steps = Sampler(), []
+
+    def check():
+        steps.append(("check", sampler.calls))
+        return {"rel_error": [0.01]}
+
+    def measure(facts):
+        steps.append(("measure", facts))
+        return Measured({"time_us": [1.0, 2.0, 3.0]}, {**facts, "tflops": 1.0}, line="  ok")
+
+    record = measure_point(POINT, check, measure, sampler=sampler)
+    assert steps == [("check", 1), ("measure", {"rel_error": [0.01]})]
+    assert sampler.calls == 2  # before the check, after the measurement
+    assert record["status"] == "ok" and record["correct"] is True
+    assert record["extra"] == {"rel_error": [0.01], "tflops": 1.0}
+    assert "clocks" in record and record["summary"]["time_us"]["n"] == 3
+
+
+def test_a_failed_check_is_recorded_with_its_reason_and_never_timed(capsys):
+    def measure(facts):
+        raise AssertionError("a failed point must not be timed")
+
+    def check():
+        raise wrong("output rows left NaN (unwritten) on ranks [1]", {"rel_error": []})
+
+    record = measure_point(POINT, check, measure, sampler=Sampler())
+    assert record["status"] == "wrong" and record["correct"] is False
+    assert record["error"] == "output rows left NaN (unwritten) on ranks [1]"
+    assert record["extra"] == {"rel_error": []} and "clocks" not in record
+    assert "  p/1: wrong: output rows left NaN" in capsys.readouterr().err
+
+    def unsupported():
+        raise PointFailed("no such backend", status="unsupported")
+
+    record = measure_point(POINT, unsupported, measure)
+    assert record["status"] == "unsupported" and "extra" not in record
+
+
+def test_a_following_rank_records_nothing():
+    assert measure_point(POINT, lambda: None, lambda facts: None) is None
+
+
+@pytest.mark.parametrize("status", ["failed", "timeout"])
+def test_a_failure_while_timing_keeps_the_check_facts(status):
+    def measure(facts):
+        raise PointFailed("timing: boom", status=status, correct=True, extra=facts)
+
+    record = measure_point(POINT, lambda: {"max_abs_err": 0.0}, measure)
+    assert record["status"] == status and record["correct"] is True
+    assert record["extra"] == {"max_abs_err": 0.0}
