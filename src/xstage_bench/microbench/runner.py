@@ -7,8 +7,9 @@ Every point is checked before it is timed: its destinations are poisoned, one la
 with a known pattern, and every byte it should write is compared on the host (a point that
 fails is recorded "wrong", not timed). Then `microbench.launches` launches are stamped in
 the kernel; steady bursts of all launches are pooled, warm-up bursts reported apart. The
-ceilings are timed with CUDA events through the timing module. Clocks are sampled around
-every point; the sweep is resumable (sweep.run_sweep).
+ceilings are timed with CUDA events through the timing module. Every point goes through
+protocol.measure_point (clocks, check, timing, record); the sweep is resumable
+(sweep.run_sweep).
 """
 
 from __future__ import annotations
@@ -58,32 +59,31 @@ class PointMeasurer:
         self.sampler = ClockSampler(bench.gpu_ids)
 
     def __call__(self, point: dict) -> dict:
-        measure = {
-            "periodic": self._train,
-            "isolated": self._train,
-            "drain_probe": self._probe,
-            "ceiling": self._ceiling,
+        check, timed = {
+            "periodic": (self._check_train, self._time_train),
+            "isolated": (self._check_train, self._time_train),
+            "drain_probe": (self._check_probe, self._time_probe),
+            "ceiling": (self._check_ceiling, self._time_ceiling),
         }[point["kind"]]
         faults.apply_before_measure(point["id"])
-        # Each kind checks its point (a launch with a known pattern) before it times it.
         return measure_point(
             point,
-            lambda: None,
-            lambda _: self._checked_and_timed(measure, point),
+            lambda: _failing(check, point),
+            lambda run: self._measured(point, _failing(timed, point, run)),
             sampler=self.sampler,
         )
 
-    def _checked_and_timed(self, measure, point: dict) -> Measured:
-        try:
-            samples, extra = measure(point)
-        except MicrobenchError as e:
-            correct = False if e.status == "wrong" else None
-            raise PointFailed(str(e), status=e.status, correct=correct) from e
+    @staticmethod
+    def _measured(point: dict, timed: tuple[dict, dict]) -> Measured:
+        samples, extra = timed
         heads = [m for m in HEADLINE[point["kind"]] if samples.get(m)]
         line = "  " + "  ".join(f"{m}={np.median(samples[m]):.3f}" for m in heads)
         return Measured(samples, extra, line=line)
 
-    def _train(self, point: dict) -> tuple[dict, dict]:
+    # Each kind: a check (plan, then one launch with a known pattern, every byte compared)
+    # that returns what its timing needs, and the timing -> (samples, extra).
+
+    def _check_train(self, point: dict) -> dict:
         bench = self.bench
         plan = launch.plan_train(
             point,
@@ -111,6 +111,10 @@ class PointMeasurer:
         )
         if wrong:
             raise launch.WrongResult(wrong)
+        return {"plan": plan, "gap_iters": gap_iters, "extra": extra}
+
+    def _time_train(self, point: dict, run: dict) -> tuple[dict, dict]:
+        bench, plan, gap_iters, extra = self.bench, run["plan"], run["gap_iters"], run["extra"]
         samples: dict[str, list[float]] = {}
         keep = point["gap_us"] in STAMPED_GAPS_US.get(point["study"], ())
         for n in range(self.mb["launches"]):
@@ -123,7 +127,7 @@ class PointMeasurer:
                 extra["stamps_ns"] = launch.stamps_extra(start, end)
         return samples, extra
 
-    def _probe(self, point: dict) -> tuple[dict, dict]:
+    def _check_probe(self, point: dict) -> dict:
         bench = self.bench
         if point["dest"] != "peer" or point["peers"] != 1 or point["width"] != 16:
             raise PointUnsupported(
@@ -131,16 +135,20 @@ class PointMeasurer:
                 f"(got dest={point['dest']}, peers={point['peers']}, width={point['width']})"
             )
         K, B = point["K"], point["B"]
-        n_bursts, warmup = self.mb["bursts"], self.mb["warmup_bursts"]
+        n_bursts = self.mb["bursts"]
         idle_us = launch.isolated_idle_us(K * B)
         limit = bench.require_coresident("drain_probe_send", K, 4 * n_bursts * 8)
         run = {"K": K, "n_bursts": n_bursts, "idle_us": idle_us}
         wrong = bench.check_probe(B=B, tag_base=CHECK_TAG, **run)
         if wrong:
             raise launch.WrongResult(wrong)
+        return {"run": run, "limit": limit}
+
+    def _time_probe(self, point: dict, checked: dict) -> tuple[dict, dict]:
+        bench, run, warmup = self.bench, checked["run"], self.mb["warmup_bursts"]
         samples: dict[str, list[float]] = {}
         for n in range(self.mb["launches"]):
-            stamps = bench.run_probe(B=B, tag_base=(n + 1) << 20, **run)
+            stamps = bench.run_probe(B=point["B"], tag_base=(n + 1) << 20, **run)
             launch.pool(samples, launch.probe_metrics(stamps, warmup))
         # The same protocol with no data: what the signal/ack round trip costs by itself.
         handshake: list[float] = []
@@ -151,8 +159,8 @@ class PointMeasurer:
         extra = {
             "threads": bench.threads,
             "launches": self.mb["launches"],
-            "idle_us": idle_us,
-            "max_coresident_ctas": limit,
+            "idle_us": run["idle_us"],
+            "max_coresident_ctas": checked["limit"],
             "definition": (
                 "visible_us: earliest producer start -> earliest sender-side observation of "
                 "the receiver's ack; the receiver acks only after all K producers signalled, "
@@ -164,7 +172,7 @@ class PointMeasurer:
         }
         return samples, extra
 
-    def _ceiling(self, point: dict) -> tuple[dict, dict]:
+    def _check_ceiling(self, point: dict) -> dict:
         bench = self.bench
         V, dest, method = int(point["V"]), point["dest"], point["method"]
         if dest not in ("peer", "local"):
@@ -181,11 +189,24 @@ class PointMeasurer:
         wrong = bench.check_ceiling(fn, dest, V, tag)
         if wrong:
             raise launch.WrongResult(wrong)
+        return {"fn": fn, "info": info}
+
+    def _time_ceiling(self, point: dict, checked: dict) -> tuple[dict, dict]:
+        V = int(point["V"])
         # V is far larger than L2, so an L2 flush would change nothing.
-        run_once = timing.cuda_event_timer(fn, device=bench.sender, flush_l2=False)
+        run_once = timing.cuda_event_timer(checked["fn"], device=self.bench.sender, flush_l2=False)
         times = timing.measure(run_once, self.policy)
         samples = {"bandwidth_GBps": [V / (t * 1e3) for t in times], "time_us": list(times)}
-        return samples, {**info, "stop_reason": times.stop_reason}
+        return samples, {**checked["info"], "stop_reason": times.stop_reason}
+
+
+def _failing(step, *args):
+    """`step(*args)`, a MicrobenchError turned into the protocol's PointFailed."""
+    try:
+        return step(*args)
+    except MicrobenchError as e:
+        correct = False if e.status == "wrong" else None
+        raise PointFailed(str(e), status=e.status, correct=correct) from e
 
 
 def default_gpu_ids(config: dict) -> list[int]:
