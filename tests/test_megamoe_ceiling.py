@@ -30,3 +30,14 @@ def test_weight_bytes_follow_the_stored_format():
     weights = {p: ceiling.hbm_bytes({**point, "precision": p}) for p in ("bf16", "w8a8", "w4a8")}
     assert weights["bf16"] / weights["w8a8"] == pytest.approx(2, rel=1e-3)
     assert weights["w8a8"] / weights["w4a8"] == pytest.approx(2, rel=1e-3)
+
+
+def test_the_ceiling_is_one_point_per_configuration_at_natural_routing():
+    from xstage_bench.megamoe.points import expand_points
+
+    base = {"id": "flash/w8a8/balanced/T=1024/P=2", **FLASH, "tokens_per_rank": 1024}
+    rehomed = {**base, "id": base["id"] + "/remote=0.875", "remote_fraction": 0.875}
+    moe = {"schedules": ["expert_wave", "interleaved"], "variants": ["ours", "gemm_ceiling"]}
+    ids = [p["id"] for p in expand_points([base, rehomed], moe)]
+    assert ids.count("flash/w8a8/balanced/T=1024/P=2/gemm_ceiling") == 1
+    assert not any("remote=0.875/gemm_ceiling" in i for i in ids)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 
+CHECK_TOLERANCE = 1e-2  # cuBLAS against the fp32 product of its own operands
 HBM_PROBE_BYTES = 1 << 30  # one device-to-device copy of this size measures HBM bandwidth
 WEIGHT_BYTES = {"bf16": 2.0, "w8a8": 1.0, "w4a8": 0.5}  # per weight element as stored
 ACT_BYTES = {"bf16": 2, "w8a8": 1, "w4a8": 1}  # per activation / intermediate element
@@ -65,6 +66,27 @@ def _operands(torch, m: int, n: int, k: int, precision: str, device):
     a8 = (a / sa).to(torch.float8_e4m3fn)
     b8 = (b / sb.t()).to(torch.float8_e4m3fn)
     return lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+
+def check_gemm(torch, precision: str, device) -> float:
+    """Relative error of the ceiling's GEMM call against the fp32 product of the same
+    (dequantized) operands, on a small problem: the ceiling must compute, not just run."""
+    m, n, k = 256, 512, 1024
+    call = _operands(torch, m, n, k, precision, device)
+    got = call().float()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(m * 31 + n * 7 + k)
+    a = torch.randn(m, k, generator=gen, device=device)
+    b = torch.randn(n, k, generator=gen, device=device)
+    if precision == "bf16":
+        want = a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float().t()
+    else:
+        sa = a.abs().amax(1, keepdim=True) / 448
+        sb = b.abs().amax(1, keepdim=True) / 448
+        a8 = (a / sa).to(torch.float8_e4m3fn).float() * sa
+        b8 = (b / sb).to(torch.float8_e4m3fn).float() * sb
+        want = a8 @ b8.t()
+    return float((got - want).norm() / want.norm())
 
 
 def measure_hbm_gbs(torch, device, policy) -> float:

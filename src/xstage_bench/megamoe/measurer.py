@@ -24,7 +24,7 @@ import numpy as np
 from xstage_bench import log, timing
 from xstage_bench.clocks import ClockSampler
 from xstage_bench.megamoe import reference, verdict
-from xstage_bench.megamoe.baselines.measure import DeepGemmBaseline, UnfusedBaseline
+from xstage_bench.megamoe.baselines.measure import DeepGemmBaseline, GemmCeiling, UnfusedBaseline
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
     CPU_PROGRAMS,
@@ -80,6 +80,7 @@ class MoEMeasurer:
         self._outputs: dict[str, list] = {}
         self.unfused = UnfusedBaseline(self)
         self.deepgemm = DeepGemmBaseline(self, baseline_budget_s)
+        self.ceiling = GemmCeiling(self)
 
     def _flushers(self) -> dict:
         torch = self.torch
@@ -196,6 +197,8 @@ class MoEMeasurer:
             return self.unfused.measure(point)
         if variant == "deepgemm":
             return self.deepgemm.measure(point)
+        if variant == "gemm_ceiling":
+            return self.ceiling.measure(point)
         return measure_point(
             point,
             lambda: self.checked(point),

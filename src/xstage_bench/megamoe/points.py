@@ -24,7 +24,8 @@ def expand_schedules(points: list[dict], schedules: Sequence[str]) -> list[dict]
 
 def expand_points(points: list[dict], megamoe: dict) -> list[dict]:
     """Per configuration, in this order so that they share its inputs: our kernel's
-    schedules, the unfused pipeline, DeepGEMM's schedules (as `megamoe.variants` asks)."""
+    schedules, the unfused pipeline, DeepGEMM's schedules, the GEMM ceiling (natural
+    routing only: it does not depend on where rows go), as `megamoe.variants` asks."""
     variants = megamoe.get("variants", list(VARIANTS))
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -42,6 +43,15 @@ def expand_points(points: list[dict], megamoe: dict) -> list[dict]:
                 {**p, "variant": "deepgemm", "schedule": s, "id": f"{p['id']}/deepgemm/{s}"}
                 for s in megamoe["schedules"]
             ]
+        if "gemm_ceiling" in variants and "remote_fraction" not in p:  # routing-blind
+            out.append(
+                {
+                    **p,
+                    "variant": "gemm_ceiling",
+                    "schedule": "gemm_ceiling",
+                    "id": f"{p['id']}/gemm_ceiling",
+                }
+            )
     return out
 
 

@@ -83,6 +83,7 @@ def raw_config(
             "block_k": kernel.BLOCK_K,
             "num_warps": kernel.NUM_WARPS,
             "num_stages": kernel.NUM_STAGES,
+            "tma_loads": ["w8a8"],
             "max_spin": kernel.MAX_SPIN,
         },
         "check": {

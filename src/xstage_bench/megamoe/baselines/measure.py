@@ -2,8 +2,11 @@
 each checked against the same torch reference before it is timed, each through
 protocol.measure_point. They share the MoEMeasurer's current problem (measurer.py).
 
-unfused   every GEMM path checked and timed three times, the faster one timed fully
-          with CUDA events on GPU 0 (whose stream waits for every rank)
+unfused   every GEMM path checked, then each checked one timed fully with CUDA events
+          on GPU 0 (whose stream waits for every rank); the record's samples are the
+          fastest path's, every path's time is in its facts
+gemm_ceiling  cuBLAS on the configuration's two GEMMs (megamoe/ceiling.py), its product
+          checked against fp32 first
 deepgemm  one run of its worker pair per configuration (both schedules' records come
           from it): DeepGEMM picks the schedule, its workers time it (timing.measure_fixed)
 """
@@ -15,7 +18,7 @@ import statistics
 import time
 
 from xstage_bench import timing
-from xstage_bench.megamoe import reference, verdict
+from xstage_bench.megamoe import ceiling, reference, verdict
 from xstage_bench.megamoe.baselines import deepgemm, unfused
 from xstage_bench.megamoe.points import config_id
 from xstage_bench.protocol import Measured, PointFailed, measure_point, wrong
@@ -53,22 +56,21 @@ class UnfusedBaseline:
                     m.flushers[q]()
 
     def measure(self, point: dict) -> dict:
-        """Check every GEMM path of the unfused pipeline, time the faster one fully."""
-        quick: dict[str, float] = {}
+        """Check every GEMM path of the unfused pipeline, time each checked one fully."""
+        checked: list[str] = []
         return measure_point(
             point,
-            lambda: self._check(point, quick),
-            lambda facts: self._time(point, facts, quick),
+            lambda: self._check(point, checked),
+            lambda facts: self._time(point, facts, checked),
             sampler=self.m.sampler,
         )
 
-    def _check(self, point: dict, quick: dict) -> dict:
+    def _check(self, point: dict, checked: list) -> dict:
         m = self.m
         prob = m.problem(point)
         if self._pipe is None:
             self._pipe = unfused.UnfusedMoE(prob, self._weights)
         pipe = self._pipe
-        device = m.devices[0].index
         path_errors: dict[str, str] = {}
         rel: dict[str, list[float]] = {}
         for gemm in unfused.gemm_paths(prob.precision):
@@ -93,44 +95,78 @@ class UnfusedBaseline:
             if max(errors) > bound:
                 path_errors[gemm] = f"relative error {max(errors):.3g} > {bound:g}"
                 continue
-            once = timing.cuda_event_timer(
-                lambda g=gemm: (pipe.forward(g), self._join_ranks()), device=device, flush_l2=False
-            )
-            quick[gemm] = statistics.median(once() for _ in range(3))
+            checked.append(gemm)
         facts = {"gemm_errors": path_errors, "rel_error_by_gemm": rel}
-        if not quick:
+        if not checked:
             wrong_result = any("relative error" in e for e in path_errors.values())
             text = "; ".join(f"{g}: {e}" for g, e in path_errors.items())
             raise PointFailed(text, status="wrong" if wrong_result else "failed", extra=facts)
         return facts
 
-    def _time(self, point: dict, facts: dict, quick: dict) -> Measured:
+    def _time(self, point: dict, facts: dict, checked: list) -> Measured:
         m = self.m
         prob, pipe = m.problem(point), self._pipe
-        gemm = min(quick, key=quick.get)
-        run_once = timing.cuda_event_timer(
-            lambda: (pipe.forward(gemm), self._join_ranks()),
-            device=m.devices[0].index,
-            flush_l2=m.policy.flush_l2,
-        )
-        times = timing.measure(run_once, m.policy)
-        median = statistics.median(times)
+        times_by_gemm = {}
+        for gemm in checked:
+            run_once = timing.cuda_event_timer(
+                lambda g=gemm: (pipe.forward(g), self._join_ranks()),
+                device=m.devices[0].index,
+                flush_l2=m.policy.flush_l2,
+            )
+            times_by_gemm[gemm] = timing.measure(run_once, m.policy)
+        medians = {g: statistics.median(t) for g, t in times_by_gemm.items()}
+        gemm = min(medians, key=medians.get)
+        times = times_by_gemm[gemm]
         flops = prob.useful_flops() / len(m.devices)
         nvlink = unfused.exchange_bytes([rb.plan for rb in prob.ranks], point["H"], prob.precision)
         rel = facts["rel_error_by_gemm"]
         extra = {
             **facts,
             "gemm": gemm,
-            "gemm_quick_us": quick,
+            "gemm_time_us": medians,
+            "gemm_tflops": {g: flops / (us * 1e6) for g, us in medians.items()},
+            "gemm_format": {g: unfused.GEMM_FORMAT[g] for g in medians},
             "rel_error": rel[gemm],
             "checked_tokens_per_rank": len(m.tokens[0]),
-            "tflops": flops / (median * 1e6),
+            "tflops": flops / (medians[gemm] * 1e6),
             "nvlink_bytes": int(sum(nvlink)),
             "nvlink_bytes_per_rank": nvlink,
             "stop_reason": times.stop_reason,
         }
-        line = f"  unfused ({gemm}) time_us={median:.1f} err={max(rel[gemm]):.2e} quick={quick}"
+        text = " ".join(f"{g}={us:.1f}" for g, us in medians.items())
+        line = f"  unfused time_us: {text} (err {max(rel[gemm]):.2e})"
         return Measured({"time_us": list(times)}, extra, line=line)
+
+
+class GemmCeiling:
+    """cuBLAS on the configuration's two GEMMs on GPU 0, and its roofline (ceiling.py)."""
+
+    def __init__(self, measurer):
+        self.m = measurer
+        self._hbm_gbs: float | None = None
+
+    def measure(self, point: dict) -> dict:
+        return measure_point(
+            point, lambda: self._check(point), lambda facts: self._time(point), sampler=None
+        )
+
+    def _check(self, point: dict) -> dict:
+        if not self.m.cuda:
+            raise PointFailed("the GEMM ceiling is cuBLAS on a GPU", status="unsupported")
+        err = ceiling.check_gemm(self.m.torch, point["precision"], self.m.devices[0])
+        if err > ceiling.CHECK_TOLERANCE:
+            raise wrong(f"cuBLAS product relative error {err:.3g} > {ceiling.CHECK_TOLERANCE}")
+        return {"rel_error": err}
+
+    def _time(self, point: dict) -> Measured:
+        m = self.m
+        if self._hbm_gbs is None:
+            self._hbm_gbs = ceiling.measure_hbm_gbs(m.torch, m.devices[0], m.policy)
+        times, facts = ceiling.measure_ceiling(
+            m.torch, point, m.devices[0], m.policy, self._hbm_gbs
+        )
+        line = f"  ceiling {facts['tflops']:.0f} TFLOP/s, roofline {facts['roofline_us']:.1f} us"
+        return Measured({"time_us": times}, facts, line=line)
 
 
 class DeepGemmBaseline:
