@@ -8,7 +8,10 @@ import pytest
 from fixtures import make_dataset, write_megamoe, write_microbench, write_model
 
 from xstage_bench import layout
-from xstage_bench.figures.common import NoDataError, fmt_bytes, save_figure, trace_series
+from xstage_bench.analysis.labels import fmt_bytes
+from xstage_bench.analysis.load import NoDataError
+from xstage_bench.analysis.megamoe import trace_series
+from xstage_bench.figures.common import save_figure
 from xstage_bench.grid import producer_bytes
 from xstage_bench.render import FIGURES, TABLES, render_product
 from xstage_bench.results import RawResultError

@@ -9,7 +9,7 @@ import pytest
 from fixtures import make_dataset, megamoe_configs, write_megamoe, write_microbench, write_model
 
 from xstage_bench import layout, paper
-from xstage_bench.figures.common import NoDataError
+from xstage_bench.analysis.load import NoDataError
 from xstage_bench.render import TABLES, render_product
 from xstage_bench.results import RawResultError, ok_record, raw_document, write_raw
 from xstage_bench.tables import claim_answers, claims, megamoe, noise

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from xstage_bench import layout
+from xstage_bench.analysis.load import NoDataError
 from xstage_bench.figures import (
     backpressure_map,
     drain,
@@ -26,7 +27,7 @@ from xstage_bench.figures import (
     store_span_cdf,
     ulysses,
 )
-from xstage_bench.figures.common import NoDataError, save_figure
+from xstage_bench.figures.common import save_figure
 from xstage_bench.tables import (
     burst_gap_params,
     claims,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xstage_bench import paper
-from xstage_bench.figures import common
+from xstage_bench.analysis import frames
 from xstage_bench.paper import Claim
 from xstage_bench.tables.claim_answers import Answer, Found, NotMeasured, Sources, span_medians
 
@@ -148,7 +148,7 @@ def _a2a_overhead(src: Sources) -> dict[int, float]:
     clock, mean over head counts), for FA3 or else the simulated kernel."""
     if src.attention is None:
         return {}
-    frame = common.records_frame(src.attention)
+    frame = frames.records_frame(src.attention)
     frame = frame[frame["status"] == "ok"]
     for backend in ("fa3", "sim"):
         rows = frame[frame["backend"] == backend] if "backend" in frame else frame.iloc[:0]
