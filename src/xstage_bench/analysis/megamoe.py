@@ -12,7 +12,8 @@ from xstage_bench import layout, paper
 from xstage_bench.analysis import fitted
 from xstage_bench.analysis.frames import records_frame
 from xstage_bench.analysis.load import NoDataError, optional_model_doc, raw_doc
-from xstage_bench.megamoe.routing import fraction_label
+from xstage_bench.megamoe.routing import LOCAL_CONTROL, fraction_label
+from xstage_bench.megamoe.schedule import COMPARED, INTERLEAVED, WAVE
 
 MEGAMOE_CONFIG_COLUMNS = (
     "shape",
@@ -37,8 +38,8 @@ def megamoe_config_key(point: dict) -> tuple:
 def trace_series(point: dict) -> str | None:
     """Which run of a traced configuration a record is: expert_wave, interleaved or
     local_control (written either as the schedule or, beside a schedule, as the variant)."""
-    if "local_control" in (point.get("schedule"), point.get("variant")):
-        return "local_control"
+    if LOCAL_CONTROL in (point.get("schedule"), point.get("variant")):
+        return LOCAL_CONTROL
     return point.get("schedule")
 
 
@@ -78,7 +79,7 @@ def megamoe_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     if speedups.empty:
         raise NoDataError(
             f"dataset '{dataset_dir.name}': {layout.MEGAMOE_RAW} has no configuration with ok "
-            "expert_wave and interleaved records (variant absent or 'ours')"
+            f"{WAVE} and {INTERLEAVED} records (variant absent or 'ours')"
         )
     return doc, speedups, incomplete
 
@@ -92,17 +93,17 @@ def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     if "variant" in df.columns:
         df = df[df["variant"].isna() | (df["variant"] == "ours")]
     keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
-    ok = df[(df["status"] == "ok") & df["schedule"].isin(["expert_wave", "interleaved"])]
+    ok = df[(df["status"] == "ok") & df["schedule"].isin(COMPARED)]
     if ok.empty or "time_us_median" not in ok.columns:
-        times = pd.DataFrame(columns=[*keys, "expert_wave", "interleaved"]).set_index(keys)
+        times = pd.DataFrame(columns=[*keys, *COMPARED]).set_index(keys)
     else:
         times = ok.pivot_table(
             index=keys, columns="schedule", values="time_us_median", aggfunc="first"
         )
-    for schedule in ("expert_wave", "interleaved"):
+    for schedule in COMPARED:
         if schedule not in times.columns:
             times[schedule] = np.nan
-    times = times.rename(columns={"expert_wave": "wave_us", "interleaved": "interleaved_us"})
+    times = times.rename(columns={WAVE: "wave_us", INTERLEAVED: "interleaved_us"})
     times["speedup"] = times["wave_us"] / times["interleaved_us"]
     configs = df[keys].drop_duplicates().set_index(keys).index
     times = times.reindex(configs)
@@ -140,11 +141,11 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     ok["series"] = ok["variant"].fillna("ours") + "/" + ok["schedule"]
     wide = ok.pivot_table(index=keys, columns="series", values="time_us_median", aggfunc="first")
     names = {
-        "ours/expert_wave": "ours_wave_us",
-        "ours/interleaved": "ours_interleaved_us",
+        f"ours/{WAVE}": "ours_wave_us",
+        f"ours/{INTERLEAVED}": "ours_interleaved_us",
         "unfused/unfused": "unfused_us",
-        "deepgemm/expert_wave": "deepgemm_wave_us",
-        "deepgemm/interleaved": "deepgemm_lag_us",
+        f"deepgemm/{WAVE}": "deepgemm_wave_us",
+        f"deepgemm/{INTERLEAVED}": "deepgemm_lag_us",
     }
     wide = wide.rename(columns=names).reindex(columns=list(names.values()))
     out = pd.DataFrame(index=wide.index)
@@ -176,10 +177,7 @@ def emulated_speedups(doc: dict) -> pd.DataFrame:
         aggfunc="first",
         sort=False,
     )
-    if ("time_us_median", "interleaved") not in wide.columns or (
-        "time_us_median",
-        "expert_wave",
-    ) not in wide.columns:
+    if any(("time_us_median", s) not in wide.columns for s in COMPARED):
         return pd.DataFrame(columns=[*keys, "speedup", "speedup_low", "speedup_high"])
     out = pd.DataFrame(index=wide.index)
     if "extra_equivalent_tflops" in ok.columns:
@@ -190,16 +188,12 @@ def emulated_speedups(doc: dict) -> pd.DataFrame:
             aggfunc="first",
             sort=False,
         )
-        out["wave_equivalent_tflops"] = achieved.get("expert_wave")
-    out["wave_us"] = wide[("time_us_median", "expert_wave")]
-    out["interleaved_us"] = wide[("time_us_median", "interleaved")]
+        out["wave_equivalent_tflops"] = achieved.get(WAVE)
+    out["wave_us"] = wide[("time_us_median", WAVE)]
+    out["interleaved_us"] = wide[("time_us_median", INTERLEAVED)]
     out["speedup"] = out["wave_us"] / out["interleaved_us"]
-    out["speedup_low"] = (
-        wide[("time_us_ci_low", "expert_wave")] / wide[("time_us_ci_high", "interleaved")]
-    )
-    out["speedup_high"] = (
-        wide[("time_us_ci_high", "expert_wave")] / wide[("time_us_ci_low", "interleaved")]
-    )
+    out["speedup_low"] = wide[("time_us_ci_low", WAVE)] / wide[("time_us_ci_high", INTERLEAVED)]
+    out["speedup_high"] = wide[("time_us_ci_high", WAVE)] / wide[("time_us_ci_low", INTERLEAVED)]
     return out[out["speedup"].notna()].reset_index()
 
 
@@ -211,7 +205,7 @@ def emulated_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame]:
     if speedups.empty:
         raise NoDataError(
             f"dataset '{dataset_dir.name}': {layout.MEGAMOE_EMULATED_RAW} has no point with "
-            "ok expert_wave and interleaved records"
+            f"ok {WAVE} and {INTERLEAVED} records"
         )
     return doc, speedups
 

@@ -16,8 +16,8 @@ from matplotlib.patches import Patch
 from xstage_bench import layout
 from xstage_bench.analysis import frames, labels, load, megamoe
 from xstage_bench.figures import common
+from xstage_bench.megamoe.schedule import COMPARED
 
-SCHEDULES = ("expert_wave", "interleaved")
 COLORS = {"L1": "tab:blue", "L2": "tab:orange", "store": "tab:red"}
 
 
@@ -34,7 +34,7 @@ def plot(dataset_dir: Path) -> Figure:
         if megamoe.megamoe_config_key(r["point"]) == megamoe.megamoe_config_key(first)
     ]
     traces = {}
-    for schedule in SCHEDULES:
+    for schedule in COMPARED:
         found = [
             r
             for r in same

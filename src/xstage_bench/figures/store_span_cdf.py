@@ -18,20 +18,21 @@ from matplotlib.ticker import MaxNLocator
 from xstage_bench import layout
 from xstage_bench.analysis import frames, labels, load, megamoe
 from xstage_bench.figures import common
+from xstage_bench.megamoe.routing import LOCAL_CONTROL
+from xstage_bench.megamoe.schedule import INTERLEAVED, SCHEDULES, WAVE
 
 METRIC = "store_span_us"
 SERIES = {  # run -> (colour, marker, line style); the control is dashed and its markers
     # small, so a schedule lying on the floor stays visible under it
-    "expert_wave": ("tab:orange", "o", "-"),
-    "interleaved": ("tab:blue", "s", "-"),
-    "local_control": ("0.2", "D", "--"),
+    WAVE: ("tab:orange", "o", "-"),
+    INTERLEAVED: ("tab:blue", "s", "-"),
+    LOCAL_CONTROL: ("0.2", "D", "--"),
 }
-MARKER_SIZE = {"expert_wave": 90, "interleaved": 60, "local_control": 22}
+MARKER_SIZE = {WAVE: 90, INTERLEAVED: 60, LOCAL_CONTROL: 22}
 TAIL = 0.995  # the CDF's x axis ends at this quantile of all spans (the longest tail noted)
 LABEL = {
-    "expert_wave": "expert waves",
-    "interleaved": "interleaved",
-    "local_control": "local-store control",
+    **{name: SCHEDULES[name].label for name in (WAVE, INTERLEAVED)},
+    LOCAL_CONTROL: "local-store control",
 }
 
 

@@ -18,6 +18,8 @@ import pandas as pd
 
 from xstage_bench import layout, paper, stats
 from xstage_bench.analysis import attention, fitted, labels, load, megamoe
+from xstage_bench.megamoe.routing import LOCAL_CONTROL
+from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
 
 
 @dataclass(frozen=True)
@@ -218,8 +220,8 @@ def span_range(series: str) -> AnswerFn:
 def span_vs_local(src: Sources) -> Found:
     if src.trace is None:
         return _missing(layout.MEGAMOE_TRACE_RAW)
-    interleaved = span_medians(src, "interleaved")
-    local = span_medians(src, "local_control")
+    interleaved = span_medians(src, INTERLEAVED)
+    local = span_medians(src, LOCAL_CONTROL)
     gaps = [interleaved[k] - local[k] for k in interleaved.keys() & local.keys()]
     if not gaps:
         return NotMeasured("no configuration traced both interleaved and the local control")
@@ -237,7 +239,7 @@ def _ok_times(src: Sources) -> tuple[dict, dict, dict]:
         point, key = r["point"], megamoe.megamoe_config_key(r["point"])
         if point.get("variant") == "unfused":
             unfused[key] = r["summary"]["time_us"]["median"]
-        elif point.get("variant", "ours") == "ours" and point.get("schedule") == "interleaved":
+        elif point.get("variant", "ours") == "ours" and point.get("schedule") == INTERLEAVED:
             ours[key] = r["summary"]["time_us"]["median"]
             extra = r.get("extra") or {}
             if extra.get("nvlink_bytes_per_rank"):
@@ -369,8 +371,8 @@ def _answers(*attention_backends: str) -> dict[str, AnswerFn]:
         "moe.max": moe_stat("max"),
         "moe.median": moe_stat("median"),
         "moe.min": moe_stat("min"),
-        "moe.span_wave": span_range("expert_wave"),
-        "moe.span_interleaved": span_range("interleaved"),
+        "moe.span_wave": span_range(WAVE),
+        "moe.span_interleaved": span_range(INTERLEAVED),
         "moe.span_vs_local": span_vs_local,
         "moe.over_unfused": over_unfused,
         "moe.completion_coupled_ceiling": completion_coupled_ceiling,
