@@ -11,6 +11,7 @@ tests/test_declared_reads.py checks each renderer opens only what its product de
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,7 +153,7 @@ class Holding:
     studies: tuple[str, ...]
 
     @classmethod
-    def of(cls, experiments, studies) -> Holding:
+    def of(cls, experiments: Iterable[str], studies: Iterable[str]) -> Holding:
         return cls(frozenset(experiments), tuple(studies))
 
     @classmethod

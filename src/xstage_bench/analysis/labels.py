@@ -10,11 +10,7 @@ from xstage_bench import layout
 from xstage_bench.analysis.load import model_environment
 
 MIB = 1 << 20
-
-
 KIB = 1 << 10
-
-
 ELEMENT_BYTES = 2  # bf16 activations and outputs (MegaMoE combine, attention output)
 
 

@@ -23,8 +23,6 @@ MEGAMOE_CONFIG_COLUMNS = (
     "world_size",
     "remote_fraction",
 )
-
-
 MEGAMOE_GROUPS = ("shape", "precision", "routing", "remote_fraction")
 
 

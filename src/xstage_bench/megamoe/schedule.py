@@ -206,14 +206,14 @@ class Schedule:
     knobs: Mapping[str, int] = field(default_factory=dict)
 
 
+WAVE, INTERLEAVED = "expert_wave", "interleaved"  # the baseline and the paper's order
 SCHEDULES = {
     s.name: s
     for s in (
-        Schedule("expert_wave", "expert waves", expert_wave),
-        Schedule("interleaved", "interleaved", interleaved, {"lead_rows": 0}),
+        Schedule(WAVE, "expert waves", expert_wave),
+        Schedule(INTERLEAVED, "interleaved", interleaved, {"lead_rows": 0}),
     )
 }
-WAVE, INTERLEAVED = "expert_wave", "interleaved"  # the baseline and the paper's order
 COMPARED = (WAVE, INTERLEAVED)  # speedup = time under WAVE / time under INTERLEAVED
 
 
