@@ -34,10 +34,10 @@ include: "workflow/rules/report.smk"
 
 
 # A figure, a table, the report's summary or a reference's raw-file check takes seconds: on a
-# cluster it runs beside Snakemake instead of queueing as a job of its own (figures.smk names
-# its rules figure_* and table_*; report.smk holds the other two).
+# cluster it runs beside Snakemake instead of queueing as a job of its own (figures.smk makes
+# one rule per product; report.smk holds the other two).
 workflow.localrules(
-    *(r.name for r in workflow.rules if r.name.startswith(("figure_", "table_"))),
+    *(p.rule for p in products.PRODUCTS.values()),
     "report_summary",
     "check_reference",
 )

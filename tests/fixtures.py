@@ -13,9 +13,22 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import grid, layout
+from xstage_bench import grid, layout, products
 from xstage_bench.model import laws
 from xstage_bench.results import failed_record, ok_record, raw_document, write_raw
+
+# A simulated dataset: the experiments the simulator makes, every study a product reads.
+SIMULATED_HOLDING = products.Holding.of(
+    layout.SIMULATED_EXPERIMENTS,
+    sorted(
+        {
+            r.split(":", 1)[1]
+            for p in products.PRODUCTS.values()
+            for r in p.reads
+            if r.startswith("microbench:")
+        }
+    ),
+)
 
 MIB = 1 << 20
 TRUTH = {"t0_fixed_us": 0.1, "issue_rate_per_sm_GBps": 60.0, "R_GBps": 365.0, "Q_bytes": 2.0 * MIB}

@@ -7,9 +7,9 @@ import pytest
 from fixtures import read_json, write_megamoe, write_megamoe_per_gpu
 
 from xstage_bench import layout
+from xstage_bench.analysis.load import NoDataError
 from xstage_bench.cli import main
 from xstage_bench.compare import CompareError, compare_docs
-from xstage_bench.figures.common import NoDataError
 from xstage_bench.render import render_product
 from xstage_bench.results import ok_record, raw_document
 

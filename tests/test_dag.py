@@ -10,7 +10,7 @@ import pytest
 import yaml
 from fixtures import copy_workflow
 
-from xstage_bench import layout
+from xstage_bench import layout, products
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
@@ -46,11 +46,12 @@ def test_full_config_dry_run_lists_every_stage(workdir):
     assert counts["megamoe_simulate"] == n_sim * 2  # sweep + mechanism trace
     assert counts["attention_simulate"] == n_sim
     assert counts["fit_burst_gap"] == n_sim
-    for name, product in layout.PRODUCTS.items():
-        rule = f"{'figure' if name.startswith('fig-') else 'table'}_{name.replace('-', '_')}"
+    simulated = products.Holding.of(layout.SIMULATED_EXPERIMENTS, config["microbench"]["studies"])
+    for name, product in products.PRODUCTS.items():
         # the process-model comparison and the emulated sweep are made only on GPUs
-        expected = 0 if product.stage in ("megamoe_per_gpu", "megamoe_emulated") else n_sim
-        assert counts.get(rule, 0) == expected, name
+        expected = n_sim if simulated.gives(product) else 0
+        assert counts.get(product.rule, 0) == expected, name
+    assert not simulated.gives(products.PRODUCTS["tab-process-model"])
     if shutil.which("nvcc"):
         assert counts.get("build_cubin", 0) == len(list((ROOT / "kernels").rglob("*.cu")))
 
@@ -58,6 +59,25 @@ def test_full_config_dry_run_lists_every_stage(workdir):
 def test_one_figure_builds_only_what_it_needs(workdir):
     counts = job_counts(workdir, "results/sim-b200/figures/fig-megamoe-speedup.pdf")
     assert counts == {"megamoe_simulate": 1, "figure_fig_megamoe_speedup": 1, "total": 2}
+
+
+def test_one_rule_per_declared_product(workdir):
+    out = snakemake(workdir, "--list-rules")
+    assert out.returncode == 0, out.stderr
+    rendering = {r for r in out.stdout.split() if r.startswith(("figure_", "table_"))}
+    assert rendering == {p.rule for p in products.PRODUCTS.values()}
+
+
+def test_the_claims_table_waits_for_the_datasets_beside_it(workdir):
+    """tab-claims of sim-h200 shows sim-b200's answers beside its own (counterpart_reads):
+    it reads every raw file and the model of both."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    counts = job_counts(workdir, "results/sim-h200/tables/tab-claims.csv")
+    n_studies = len(config["microbench"]["studies"])
+    assert counts["microbench_simulate"] == 2 * n_studies
+    assert counts["megamoe_simulate"] == 2 * 2
+    assert counts["attention_simulate"] == counts["fit_burst_gap"] == 2
+    assert counts["table_tab_claims"] == 1
 
 
 def test_bad_config_stops_with_the_key_named(workdir):
@@ -84,11 +104,11 @@ def test_figures_with_an_optional_study_are_made_without_it(workdir):
     counts = job_counts(workdir, "--configfile", "free.yaml")
     n_sim = len(config["datasets"]["simulated"])
     assert counts["figure_fig_issue_vs_gap"] == counts["figure_fig_backpressure_map"] == n_sim
-    assert "microbench:gap_sweep_barrier" in layout.PRODUCTS["fig-issue-vs-gap"].optional
+    assert "microbench:gap_sweep_barrier" in products.PRODUCTS["fig-issue-vs-gap"].optional
 
 
 def test_every_product_has_a_report_caption():
-    for product in layout.PRODUCTS:
+    for product in products.PRODUCTS:
         caption = ROOT / "workflow" / "report" / f"{product}.rst"
         assert caption.is_file() and caption.read_text().strip(), product
 

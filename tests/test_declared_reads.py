@@ -1,4 +1,4 @@
-"""Every renderer opens exactly what layout.PRODUCTS declares it reads, so the DAG (which
+"""Every renderer opens exactly what products.PRODUCTS declares it reads, so the DAG (which
 builds each rule's inputs from that declaration) never draws a figure before its inputs."""
 
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fixtures import make_dataset, write_megamoe_emulated
 
-from xstage_bench import layout
+from xstage_bench import layout, products
 from xstage_bench.render import NoDataError, render_product
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,8 +40,8 @@ def dataset(tmp_path_factory):
     return ds.resolve()
 
 
-def declared(product: layout.Product, dataset: Path) -> set[Path]:
-    paths = {layout.resolve(Path("."), r) for r in layout.declared_reads(product, dataset)}
+def declared(product: products.Product, dataset: Path) -> set[Path]:
+    paths = {Path(r) for r in products.Holding.on_disk(dataset).reads(product.reads)}
     if Path(layout.MODEL_JSON) in paths:
         # The model's own inputs, every microbench study, are made before the model is;
         # renderers open one of them for the dataset's environment.
@@ -49,7 +49,7 @@ def declared(product: layout.Product, dataset: Path) -> set[Path]:
     return paths
 
 
-RENDERED = sorted(set(layout.PRODUCTS) - {"tab-process-model"})
+RENDERED = sorted(set(products.PRODUCTS) - {"tab-process-model"})
 
 
 @pytest.mark.parametrize("name", RENDERED)
@@ -61,7 +61,7 @@ def test_a_renderer_opens_only_what_its_product_declares(name, dataset, tmp_path
         pytest.skip(f"the synthetic dataset has no data for {name}: {e}")
     read = {p.relative_to(dataset) for p in opened if dataset in p.parents}
     assert read, f"{name} opened nothing of the dataset"
-    assert read <= declared(layout.PRODUCTS[name], dataset)
+    assert read <= declared(products.PRODUCTS[name], dataset)
 
 
 def test_the_process_model_table_declares_both_runs(tmp_path):
@@ -73,7 +73,7 @@ def test_the_process_model_table_declares_both_runs(tmp_path):
     ds = ds.resolve()
     opened = files_opened(lambda: render_product("tab-process-model", ds, tmp_path / "x.csv"))
     read = {p.relative_to(ds) for p in opened if ds in p.parents}
-    assert read == declared(layout.PRODUCTS["tab-process-model"], ds)
+    assert read == declared(products.PRODUCTS["tab-process-model"], ds)
 
 
 def test_a_stray_partial_file_is_not_a_study(dataset, tmp_path):

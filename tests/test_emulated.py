@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from fixtures import EMULATED_FRACTIONS, EMULATED_RATES, make_dataset, write_megamoe_emulated
 
-from xstage_bench.figures import common
+from xstage_bench.analysis import megamoe
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.emulated import emulated_points
 from xstage_bench.render import render_product
@@ -61,7 +61,7 @@ def test_tile_waits_follow_the_flops_at_the_emulated_rate():
 
 
 def test_speedups_pair_the_schedules_per_rate_and_fraction(measured):
-    speedups = common.emulated_speedups(read_raw(measured / "raw" / "megamoe_emulated.json"))
+    speedups = megamoe.emulated_speedups(read_raw(measured / "raw" / "megamoe_emulated.json"))
     assert len(speedups) == len(EMULATED_RATES) * len(EMULATED_FRACTIONS)
     row = speedups[(speedups["remote_fraction"] == "0.875") & (speedups["emulated_tflops"] == 4500)]
     assert row["speedup"].item() == pytest.approx((1 + 0.3 * 0.875) / (1 + 0.05 * 0.875))

@@ -185,14 +185,34 @@ def _grid(rows_per_expert, l1=4, l2=6, block_m=128) -> schedule.TileGrid:
 def test_every_schedule_lists_each_tile_once_after_its_dependencies(name, seed):
     rng = np.random.default_rng(seed)
     g = _grid(rng.integers(0, 700, size=rng.integers(1, 12)).tolist() + [5])
-    tiles = schedule.build(name, g, num_programs=int(rng.integers(1, 40)), lead_rows=256)
+    tiles = schedule.build(name, g, int(rng.integers(1, 40)), {"lead_rows": 256})
     assert len(tiles) == g.tiles and tiles.dtype == np.int32
     schedule.check_dependencies(tiles, g)  # build checked it; check the checker holds too
 
 
+def test_schedules_are_registered_once_with_their_own_knobs():
+    """The config schema names exactly the registered schedules, and every knob is a key of
+    the config's megamoe section; a schedule takes only its own knobs."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = json.loads((root / "src/xstage_bench/schemas/config.schema.json").read_text())
+    moe = config["properties"]["megamoe"]
+    assert moe["properties"]["schedules"]["items"]["enum"] == list(schedule.SCHEDULES)
+    for s in schedule.SCHEDULES.values():
+        assert set(s.knobs) <= set(moe["required"]) & set(moe["properties"]), s.name
+    assert set(schedule.COMPARED) <= set(schedule.SCHEDULES)
+    assert schedule.knobs("expert_wave", {"lead_rows": 256, "block_m": 128}) == {}
+    assert schedule.knobs("interleaved", {"lead_rows": 256, "block_m": 128}) == {"lead_rows": 256}
+    assert schedule.knobs("interleaved") == {"lead_rows": 0}
+    with pytest.raises(ValueError, match="lead_rows must be >= 0"):
+        schedule.build("interleaved", _grid([100]), 8, {"lead_rows": -1})
+
+
 def test_dependency_check_rejects_an_early_linear2_tile_and_a_duplicate():
     g = _grid([100])  # one row block
-    tiles = schedule.build("expert_wave", g, 8, 0)
+    tiles = schedule.build("expert_wave", g, 8)
     first_l2 = int(np.flatnonzero(tiles[:, 0] == schedule.L2)[0])
     swapped = tiles.copy()
     swapped[[first_l2 - 1, first_l2]] = swapped[[first_l2, first_l2 - 1]]
@@ -204,7 +224,7 @@ def test_dependency_check_rejects_an_early_linear2_tile_and_a_duplicate():
 
 def test_expert_waves_fill_every_program_before_their_linear2_tiles():
     g = _grid([128] * 12, l1=4, l2=6)  # one block per expert: 4 L1 tiles per expert
-    tiles = schedule.expert_wave(g, num_programs=10, lead_rows=0)
+    tiles = schedule.expert_wave(g, num_programs=10)
     kinds = tiles[:, 0].tolist()
     # a wave is the smallest number of experts with >= 10 L1 tiles: 3 experts, 12 tiles
     assert kinds[:12] == [schedule.L1] * 12 and kinds[12:30] == [schedule.L2] * 18
@@ -227,7 +247,7 @@ def test_interleaving_mixes_the_gemms_and_keeps_its_row_lead():
             assert l1_rows - row_end[block] >= lead
     _, wait = schedule.play(tiles, g, programs)
     assert not wait[:last_l1].any()  # no Linear-2 tile waits on its inputs before the tail
-    wave = schedule.expert_wave(g, programs, 0)
+    wave = schedule.expert_wave(g, programs)
     assert sorted(map(tuple, wave.tolist())) == sorted(map(tuple, tiles.tolist()))
 
 
@@ -239,8 +259,8 @@ def test_interleaving_never_waits_on_itself_when_tile_lengths_differ(H, I):  # n
     counting list entries ("a round of programs earlier") waited on the first two."""
     g = _grid([128 * 24] * 32, l1=I // 128, l2=H // 128)
     programs = 132
-    inter = schedule.build("interleaved", g, programs, 256)
-    wave = schedule.build("expert_wave", g, programs, 256)
+    inter = schedule.build("interleaved", g, programs, {"lead_rows": 256})
+    wave = schedule.build("expert_wave", g, programs, {"lead_rows": 256})
     l1_cost, l2_cost = schedule.tile_costs(g)
     assert l1_cost / l2_cost == pytest.approx(2 * H / I)
 

@@ -61,7 +61,7 @@ def kernel_grid(point: dict, rank: int = 0) -> schedule.TileGrid:
 def test_simulator_plays_the_kernels_tile_list(name, routing_name):
     pt, prof = moe_point(routing_name), toy_profile()
     r = megamoe.simulate(pt, MOE, prof, name, keep_timeline=True)
-    expected = schedule.build(name, kernel_grid(pt, r.rank), prof.sm_count, MOE["lead_rows"])
+    expected = schedule.build(name, kernel_grid(pt, r.rank), prof.sm_count, MOE)
     np.testing.assert_array_equal(r.tiles, expected)
     # The timeline is the list in order: taken through one counter, so never earlier than
     # the entry before it, and every Linear-2 tile starts after its block's Linear-1 tiles.
@@ -200,7 +200,7 @@ def test_the_kernel_time_is_the_slowest_ranks():
     per_rank = []
     for rows in megamoe.dispatch(pt, MOE):
         work = megamoe.rank_work(rows, pt, 128, local_control=False)
-        tiles = schedule.build("interleaved", work.grid, prof.sm_count, MOE["lead_rows"])
+        tiles = schedule.build("interleaved", work.grid, prof.sm_count, MOE)
         per_rank.append(megamoe.play(tiles, work, rates, *paths).time_us)
     assert r.time_us == max(per_rank) and r.rank == int(np.argmax(per_rank))
     # "busiest" plays one rank only: here the one the skew loads with more blocks.

@@ -6,10 +6,17 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from fixtures import make_dataset, megamoe_configs, write_megamoe, write_microbench, write_model
+from fixtures import (
+    SIMULATED_HOLDING,
+    make_dataset,
+    megamoe_configs,
+    write_megamoe,
+    write_microbench,
+    write_model,
+)
 
-from xstage_bench import layout, paper
-from xstage_bench.figures.common import NoDataError
+from xstage_bench import layout, paper, products
+from xstage_bench.analysis.load import NoDataError
 from xstage_bench.render import TABLES, render_product
 from xstage_bench.results import RawResultError, ok_record, raw_document, write_raw
 from xstage_bench.tables import claim_answers, claims, megamoe, noise
@@ -24,8 +31,7 @@ def sim_dataset(tmp_path_factory):
 
 # Every table a simulated dataset has (the process-model comparison needs two GPU runs,
 # test_compare.py renders it; the emulated sweep is measured only, test_emulated.py).
-GPU_ONLY = ("megamoe_per_gpu", "megamoe_emulated")
-SIMULATED_TABLES = sorted(n for n in TABLES if layout.PRODUCTS[n].stage not in GPU_ONLY)
+SIMULATED_TABLES = sorted(n for n in TABLES if SIMULATED_HOLDING.gives(products.PRODUCTS[n]))
 
 
 @pytest.mark.parametrize("name", SIMULATED_TABLES)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from xstage_bench import layout, origins
+from xstage_bench import origins, products
 from xstage_bench.results import atomic_write_text
 from xstage_bench.tables import claims
 from xstage_bench.tables.counterparts import COUNTERPARTS
@@ -194,7 +194,7 @@ def build(datasets: list[Dataset], figures: list[Path], captions: Path) -> str:
     listed = measured + [d for d in datasets if d not in measured]  # measured first
     parts += ['<h2 id="datasets">Datasets</h2>', datasets_table([found[d.name] for d in listed])]
     parts.append('<h2 id="figures">Figures</h2>')
-    order = {p.name: i for i, p in enumerate(layout.FIGURES)}
+    order = {p.name: i for i, p in enumerate(products.FIGURES)}
     for d in listed:
         pngs = sorted(
             (f for f in figures if f.parent.parent.name == d.name), key=lambda f: order[f.stem]

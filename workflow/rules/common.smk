@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench import layout, provenance
+from xstage_bench import layout, products, provenance
 from xstage_bench.config import ConfigError, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
@@ -36,7 +36,6 @@ if workflow.is_main_process and clear_stale_locks():
           file=sys.stderr)
 
 RESULTS = Path("results")
-SIMULATED_EXPERIMENTS = ("microbench", "megamoe", "attention")
 STUDIES = list(config["microbench"]["studies"])
 # measure_device "cpu": the measuring rules run on gloo and the Triton interpreter (CI's test
 # of the rules), so no GPU is probed and what they write is labelled a test.
@@ -153,29 +152,14 @@ def print_measurement_verdict():
     print(f"[xstage] {measurement_verdict()}", file=sys.stderr)
 
 
-def experiments_on_disk(dataset):
-    raw = RESULTS / dataset / "raw"
-    held = set()
-    if layout.studies_on_disk(RESULTS / dataset):
-        held.add("microbench")
-    if (raw / "megamoe.json").exists():
-        held.add("megamoe")
-    if (raw / "megamoe_per_gpu.json").exists():
-        held.add("megamoe_per_gpu")
-    if (raw / "attention.json").exists():
-        held.add("attention")
-    if (raw / "megamoe_emulated.json").exists():
-        held.add("megamoe_emulated")
-    return held
-
-
 def dataset_experiments(dataset):
     """Which experiments a dataset holds: what this run makes, plus what is already there."""
     if dataset in SIMULATED:
-        return set(SIMULATED_EXPERIMENTS)
+        return set(layout.SIMULATED_EXPERIMENTS)
+    on_disk = products.Holding.on_disk(RESULTS / dataset).experiments
     if dataset == MEASURED:
-        return set(config["measured_experiments"]) | experiments_on_disk(dataset)
-    return experiments_on_disk(dataset)
+        return set(config["measured_experiments"]) | on_disk
+    return set(on_disk)
 
 
 def dataset_studies(dataset):
@@ -188,48 +172,19 @@ def dataset_studies(dataset):
     return layout.studies_on_disk(RESULTS / dataset)
 
 
-def resolve_reads(dataset, reads):
-    """Dataset-relative reads (layout.Product.reads) as paths for this dataset."""
-    held = dataset_experiments(dataset)
-    paths = []
-    for read in reads:
-        if read == layout.ALL_RAW:
-            paths += all_raw(dataset)
-        elif read.startswith("microbench:"):
-            if read.split(":", 1)[1] in dataset_studies(dataset):
-                paths.append(str(layout.resolve(RESULTS / dataset, read)))
-        elif read in (layout.MODEL_JSON, layout.MODEL_PROFILE):  # one rule writes both
-            if "microbench" in held:
-                paths.append(str(RESULTS / dataset / read))
-        elif read == layout.MEGAMOE_PER_GPU_RAW:
-            if "megamoe_per_gpu" in held:
-                paths.append(str(RESULTS / dataset / read))
-        elif read == layout.MEGAMOE_EMULATED_RAW:
-            if "megamoe_emulated" in held:
-                paths.append(str(RESULTS / dataset / read))
-        elif read.startswith("raw/megamoe"):
-            if "megamoe" in held:
-                paths.append(str(RESULTS / dataset / read))
-        elif read == layout.ATTENTION_RAW:
-            if "attention" in held:
-                paths.append(str(RESULTS / dataset / read))
-    return paths
+def holding(dataset):
+    """What a dataset holds or this run makes of it; its products follow (products.py)."""
+    return products.Holding.of(dataset_experiments(dataset), dataset_studies(dataset))
+
+
+def dataset_paths(dataset, reads):
+    """Dataset-relative reads (products.Product.reads) as this dataset's paths."""
+    return [str(RESULTS / dataset / read) for read in holding(dataset).reads(reads)]
 
 
 def all_raw(dataset):
     """Every raw file a dataset has or will have (for the tables that read everything)."""
-    held = dataset_experiments(dataset)
-    files = [str(RESULTS / dataset / layout.microbench_raw(s)) for s in dataset_studies(dataset)]
-    if "megamoe" in held:
-        files += [str(RESULTS / dataset / layout.MEGAMOE_RAW),
-                  str(RESULTS / dataset / layout.MEGAMOE_TRACE_RAW)]
-    if "attention" in held:
-        files.append(str(RESULTS / dataset / layout.ATTENTION_RAW))
-    if "megamoe_per_gpu" in held:
-        files.append(str(RESULTS / dataset / layout.MEGAMOE_PER_GPU_RAW))
-    if "megamoe_emulated" in held:
-        files.append(str(RESULTS / dataset / layout.MEGAMOE_EMULATED_RAW))
-    return files
+    return dataset_paths(dataset, (layout.ALL_RAW,))
 
 
 def measured_raw_files():
@@ -237,29 +192,8 @@ def measured_raw_files():
     return all_raw(MEASURED) if MEASURED else []
 
 
-def product_available(dataset, product):
-    """A product is made for a dataset when every experiment it needs is there."""
-    held = dataset_experiments(dataset)
-    if product.stage == "all":
-        return bool(held)
-    needs = {"model": {"microbench"}, "megamoe_per_gpu": {"megamoe", "megamoe_per_gpu"}}
-    return needs.get(product.stage, {product.stage}) <= held and all(
-        read.split(":", 1)[1] in dataset_studies(dataset)
-        for read in product.reads
-        if read.startswith("microbench:") and read not in product.optional
-    )
-
-
-def product_formats(product):
-    """(folder, main extension, companion extension) of a figure or table."""
-    if product.name.startswith("fig-"):
-        return "figures", "pdf", "png"
-    return "tables", "csv", "md"
-
-
-def product_output(dataset, product):
-    kind, ext, _ = product_formats(product)
-    return str(RESULTS / dataset / kind / f"{product.name}.{ext}")
+def product_output(dataset, product, companion=False):
+    return str(product.output(RESULTS / dataset, companion))
 
 
 def datasets():
@@ -273,8 +207,8 @@ def dataset_products(dataset):
     """Every figure and table a dataset can give (made now or already there)."""
     if dataset in REFERENCE and not (RESULTS / dataset).is_dir():
         return []
-    return [product_output(dataset, product) for product in layout.PRODUCTS.values()
-            if product_available(dataset, product)]
+    has = holding(dataset)
+    return [product_output(dataset, p) for p in products.PRODUCTS.values() if has.gives(p)]
 
 
 def dataset_targets(dataset):
@@ -330,12 +264,15 @@ def as_read(dataset, paths):
 
 
 def product_inputs(product):
-    """A figure's or table's inputs: exactly its declared reads (layout.PRODUCTS)."""
+    """A figure's or table's inputs: exactly its declared reads (products.py), of this
+    dataset and of the datasets shown beside it."""
     def inputs(wildcards):
         dataset = wildcards.dataset
-        files = resolve_reads(dataset, product.reads)
-        if product.name == "tab-claims":
-            files += claims_counterpart_inputs(dataset)
+        files = dataset_paths(dataset, product.reads)
+        if product.counterpart_reads:
+            for other in products.counterpart_datasets(dataset):
+                if other in datasets():
+                    files += dataset_paths(other, product.counterpart_reads)
         return as_read(dataset, files + reference_checked(dataset))
 
     return inputs
@@ -347,21 +284,6 @@ def reference_checked(dataset):
     report's rule graph lists each rule once). Committed with the reference and read as
     old (as_read), it never remakes what is committed."""
     return [str(RESULTS / dataset / REFERENCE_CHECK)] if dataset in REFERENCE else []
-
-
-def claims_counterpart_inputs(dataset):
-    """Files of the datasets tab-claims shows beside this one's (tables.counterparts)."""
-    # imported here: it loads the plotting stack, which a measuring-only run (CI's CPU test
-    # of the measuring rules) does not install
-    from xstage_bench.tables import counterparts
-
-    files = []
-    for other in counterparts.datasets_read(dataset):
-        if other != dataset and other in datasets():
-            files += all_raw(other)
-            if "microbench" in dataset_experiments(other):
-                files.append(str(RESULTS / other / layout.MODEL_JSON))
-    return files
 
 
 wildcard_constraints:
@@ -383,5 +305,5 @@ def summary_inputs(wildcards):
             elif Path(target).name == "tab-claims.csv":
                 tables.append(target)
         raw += all_raw(dataset)
-    captions = [f"workflow/report/{p.name}.rst" for p in layout.FIGURES]
+    captions = [f"workflow/report/{p.name}.rst" for p in products.FIGURES]
     return {"figures": figures, "claims": tables, "raw": raw, "captions": captions}

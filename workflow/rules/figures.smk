@@ -11,24 +11,23 @@ def in_report(path, product):
         path,
         caption=f"../report/{product.name}.rst",
         category="{dataset}",
-        subcategory=product_formats(product)[0],
+        subcategory=product.folder,
         labels={"product": product.name, "dataset": "{dataset}"},
     )
 
 
-for _product in layout.PRODUCTS.values():
-    _kind, _ext, _companion = product_formats(_product)
-    _main = str(RESULTS / "{dataset}" / _kind / f"{_product.name}.{_ext}")
-    _second = str(RESULTS / "{dataset}" / _kind / f"{_product.name}.{_companion}")
+for _product in products.PRODUCTS.values():
+    _main = product_output("{dataset}", _product)
+    _second = product_output("{dataset}", _product, companion=True)
 
     rule:
         name:
-            f"{_kind[:-1]}_{_product.name.replace('-', '_')}"
+            _product.rule
         input:
             product_inputs(_product),
         output:
-            main=update(_main if _kind == "figures" else in_report(_main, _product)),
-            companion=update(in_report(_second, _product) if _kind == "figures" else _second),
+            main=update(_main if _product.is_figure else in_report(_main, _product)),
+            companion=update(in_report(_second, _product) if _product.is_figure else _second),
         params:
             product=_product.name,
         conda:

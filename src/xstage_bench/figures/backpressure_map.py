@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
+from xstage_bench.analysis import fitted, frames, labels, load
 from xstage_bench.figures import common
 from xstage_bench.model.laws import hiding_gap, issue_time, train_issue_time
 
@@ -35,19 +36,19 @@ def _edges(centers: np.ndarray) -> np.ndarray:
 
 def _study(dataset_dir: Path) -> tuple[str, dict]:
     for study in STUDIES[:-1]:
-        doc = common.optional_raw_doc(dataset_dir, f"microbench:{study}")
+        doc = load.optional_raw_doc(dataset_dir, f"microbench:{study}")
         if doc is not None:
             return study, doc
-    return STUDIES[-1], common.raw_doc(dataset_dir, f"microbench:{STUDIES[-1]}")
+    return STUDIES[-1], load.raw_doc(dataset_dir, f"microbench:{STUDIES[-1]}")
 
 
 def _predicted(model: dict, K: int, V: np.ndarray, G: np.ndarray) -> np.ndarray | None:
     """Model overhead on the (V, G) grid: the steady-train issue time minus T0."""
-    R = common.drain_rate(model)
+    R = fitted.drain_rate(model)
     if R is None:
         return None
-    T0 = common.t0_us(model, K, V)[:, None]
-    Q = common.capacity_for_K(model, K)
+    T0 = fitted.t0_us(model, K, V)[:, None]
+    Q = fitted.capacity_for_K(model, K)
     t = (
         issue_time(T0=T0, G=G, V=V[:, None], R=R)
         if Q is None
@@ -68,27 +69,27 @@ def _annotate(ax, columns: np.ndarray, sizes: np.ndarray, cells: np.ndarray, nor
 
 def plot(dataset_dir: Path) -> Figure:
     study, doc = _study(dataset_dir)
-    model = common.model_doc(dataset_dir)
-    df = common.records_frame(doc)
-    ok = common.ok_rows(df, dataset_dir, f"microbench/{study}.json", (METRIC,))
+    model = load.model_doc(dataset_dir)
+    df = frames.records_frame(doc)
+    ok = frames.ok_rows(df, dataset_dir, f"microbench/{study}.json", (METRIC,))
     ok = ok[ok["dest"] == "peer"]
     if ok.empty:
-        raise common.NoDataError(
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': microbench/{study}.json has no ok peer record"
         )
-    if common.t0_us(model, 1, 1.0) is None:
-        raise common.NoDataError(
+    if fitted.t0_us(model, 1, 1.0) is None:
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': {dataset_dir / 'model/burst_gap.json'} has no fitted "
             "T0 (t0_fixed_us, issue_rate_per_sm_GBps), needed for the overhead"
         )
-    R = common.drain_rate(model)
+    R = fitted.drain_rate(model)
     Ks = sorted(int(k) for k in ok["K"].unique())
     sync = "barrier" if study == "gap_sweep_barrier" else "free"
 
     grids = {}
     for K in Ks:
         rows = ok[ok["K"] == K].copy()
-        rows["overhead"] = rows[f"{METRIC}_median"] - common.t0_us(model, K, rows["V"])
+        rows["overhead"] = rows[f"{METRIC}_median"] - fitted.t0_us(model, K, rows["V"])
         grid = rows.pivot_table(index="V", columns="gap_us", values="overhead", aggfunc="first")
         sizes, gaps = grid.index.to_numpy(float), grid.columns.to_numpy(float)
         grids[K] = (sizes, gaps, grid.to_numpy(float), _predicted(model, K, sizes, gaps))
@@ -125,7 +126,7 @@ def plot(dataset_dir: Path) -> Figure:
             _annotate(ax, columns, sizes, cells, norm)
             if R is not None:
                 V = np.geomspace(sizes.min(), sizes.max(), 200)
-                gstar = hiding_gap(T0=common.t0_us(model, K, V), V=V, R=R)
+                gstar = hiding_gap(T0=fitted.t0_us(model, K, V), V=V, R=R)
                 inside = gstar <= gaps.max()
                 ax.plot(
                     np.interp(gstar[inside], gaps, columns),
@@ -141,17 +142,17 @@ def plot(dataset_dir: Path) -> Figure:
             ax.set_title(f"K={K}, {what}", fontsize=common.PANEL_TITLE_FONT)
             fig.colorbar(mesh, ax=ax, label="t_iss - T0 (us)", fraction=0.04, pad=0.01)
     notes = [
-        f"{study}: {common.SYNC_LABEL[sync]}"
+        f"{study}: {labels.SYNC_LABEL[sync]}"
         + ("" if sync == "barrier" else " (this dataset has no gap_sweep_barrier)"),
         "T_iss = slowest producer's own store loop; T0, R, Q from model/burst_gap.json; "
         "white curve: the hiding gap G* = [V/R - T0]+; blank cells: no ok measurement",
-        common.failure_note(df),
+        frames.failure_note(df),
     ]
     if R is None:
         notes.append("G* curve and model panel omitted: R was not fitted")
     return common.finish_figure(
         fig,
         f"Issue overhead over burst size and gap ({study})",
-        common.doc_label(dataset_dir, doc),
+        labels.doc_label(dataset_dir, doc),
         notes,
     )

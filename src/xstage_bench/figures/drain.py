@@ -19,6 +19,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from xstage_bench.analysis import fitted, frames, labels, load
 from xstage_bench.figures import common
 
 STUDY = "drain"
@@ -30,7 +31,7 @@ REF_STYLE = {"sm-store": "-.", "copy-engine": ":", "NVLink": (0, (5, 1, 1, 1, 1,
 
 def _rate(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(GB/s, whether it is the aggregate issue rate) per row: issue rate, else V/period."""
-    by_period = rows["V"] / rows[f"{METRIC}_median"] / common.GBPS_TO_BYTES_PER_US
+    by_period = rows["V"] / rows[f"{METRIC}_median"] / fitted.GBPS_TO_BYTES_PER_US
     if f"{RATE}_median" not in rows.columns:
         return by_period.to_numpy(float), np.zeros(len(rows), dtype=bool)
     aggregate = rows[f"{RATE}_median"].notna().to_numpy()
@@ -42,21 +43,21 @@ def _ref_style(name: str):
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc = common.raw_doc(dataset_dir, f"microbench:{STUDY}")
-    model = common.model_doc(dataset_dir)
-    df = common.records_frame(doc)
-    ok = common.ok_rows(df, dataset_dir, f"microbench/{STUDY}.json", (METRIC,))
+    doc = load.raw_doc(dataset_dir, f"microbench:{STUDY}")
+    model = load.model_doc(dataset_dir)
+    df = frames.records_frame(doc)
+    ok = frames.ok_rows(df, dataset_dir, f"microbench/{STUDY}.json", (METRIC,))
     ok = ok[ok["gap_us"] == 0]
     if "dest" in ok.columns:
         ok = ok[ok["dest"] == "peer"]
     if ok.empty:
-        raise common.NoDataError(
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': microbench/{STUDY}.json has no ok peer record at G=0"
         )
     if "sync" not in ok.columns:
         ok = ok.assign(sync="free")
-    R = common.drain_rate(model)
-    R_value, R_low, R_high = common.param_ci(model["params"]["R_GBps"])
+    R = fitted.drain_rate(model)
+    R_value, R_low, R_high = fitted.param_ci(model["params"]["R_GBps"])
 
     fig, axes = common.new_figure(1, 2, width=5.2, height=3.8)
     period_ax, rate_ax = axes[0]
@@ -70,7 +71,7 @@ def plot(dataset_dir: Path) -> Figure:
     used_period = False
     # The rate axis stops a little above the highest reference (the line rate): a rate
     # beyond it is impossible for the path, so it is drawn on the top edge with its value.
-    refs_top = max([*common.peer_ceilings(model).values(), R_value if R else 0.0])
+    refs_top = max([*fitted.peer_ceilings(model).values(), R_value if R else 0.0])
     top = 1.05 * refs_top if refs_top else np.inf
     off_scale = []
     for K in Ks:
@@ -123,7 +124,7 @@ def plot(dataset_dir: Path) -> Figure:
         refs.append(Line2D([], [], color="k", linestyle="--", label=f"fitted R {R_value:.0f} GB/s"))
         if np.isfinite(R_low) and np.isfinite(R_high):
             rate_ax.axhspan(R_low, R_high, color="k", alpha=0.1)
-    for name, value in common.peer_ceilings(model).items():
+    for name, value in fitted.peer_ceilings(model).items():
         style = _ref_style(name)
         rate_ax.axhline(value, color="0.4", linestyle=style, linewidth=1)
         refs.append(Line2D([], [], color="0.4", linestyle=style, label=f"{name} {value:.0f} GB/s"))
@@ -156,7 +157,7 @@ def plot(dataset_dir: Path) -> Figure:
             color="0.3",
             marker="o",
             linestyle="none",
-            label=common.SYNC_LABEL[s],
+            label=labels.SYNC_LABEL[s],
             **common.marker_fill(s, "0.3"),
         )
         for s in syncs
@@ -167,14 +168,14 @@ def plot(dataset_dir: Path) -> Figure:
                 [], [], color="0.3", label="+: V/period (no aggregate issue rate)", **PERIOD_MARK
             )
         )
-    notes = [common.failure_note(df)]
+    notes = [frames.failure_note(df)]
     if off_scale:
         notes.append(
             f"{len(off_scale)} rate(s) above {top:.0f} GB/s drawn on the top edge, value beside"
         )
     if R is None:
         notes.append("fitted R omitted: R was not fitted")
-    if not common.peer_ceilings(model):
+    if not fitted.peer_ceilings(model):
         notes.append("no ceilings in the model file: ceiling references omitted")
     if used_period:
         notes.append(
@@ -184,7 +185,7 @@ def plot(dataset_dir: Path) -> Figure:
     return common.finish_figure(
         fig,
         "Zero-gap bursts vs burst size: the drain rate R",
-        common.doc_label(dataset_dir, doc),
+        labels.doc_label(dataset_dir, doc),
         notes,
         legend=handles + refs,
     )

@@ -18,6 +18,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from xstage_bench.analysis import fitted, frames, labels, load
 from xstage_bench.figures import common
 from xstage_bench.model.laws import isolated_issue_time
 
@@ -30,12 +31,12 @@ NOTE_CHARS = 190
 def _fits(model: dict, K: int) -> list[tuple[str, str, float, dict]]:
     """(name, linestyle, capacity for this K, model) of each Q fit the model file has."""
     out = []
-    shared = common.param(model, "Q_bytes")
+    shared = fitted.param(model, "Q_bytes")
     if shared is not None:
         out.append((*FITS[0], shared, model))
-    window = common.window_model(model)
+    window = fitted.window_model(model)
     if window is not None:
-        out.append((*FITS[1], K * common.param(window, "q_bytes"), window))
+        out.append((*FITS[1], K * fitted.param(window, "q_bytes"), window))
     return out
 
 
@@ -45,15 +46,15 @@ def _per_K_title(model: dict, K: int) -> str:
     if Q is None:
         return f"K={K}"
     return (
-        f"K={K}: Q fitted to this K\n{common.fmt_bytes(Q)} ({Q / K / common.KIB:.1f} KiB/producer)"
+        f"K={K}: Q fitted to this K\n{labels.fmt_bytes(Q)} ({Q / K / labels.KIB:.1f} KiB/producer)"
     )
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc = common.raw_doc(dataset_dir, f"microbench:{STUDY}")
-    model = common.model_doc(dataset_dir)
-    df = common.records_frame(doc)
-    ok = common.ok_rows(df, dataset_dir, f"microbench/{STUDY}.json", (METRIC,))
+    doc = load.raw_doc(dataset_dir, f"microbench:{STUDY}")
+    model = load.model_doc(dataset_dir)
+    df = frames.records_frame(doc)
+    ok = frames.ok_rows(df, dataset_dir, f"microbench/{STUDY}.json", (METRIC,))
     Ks = sorted(int(k) for k in ok["K"].unique())
     palette = dict(zip(("peer", "local"), sns.color_palette("deep", 2), strict=True))
     fit_colors = dict(zip((f[0] for f in FITS), ("k", "tab:red"), strict=True))
@@ -78,7 +79,7 @@ def plot(dataset_dir: Path) -> Figure:
             )
         modelled = []
         for name, linestyle, Q, fit in _fits(model, K):
-            R, T0 = common.drain_rate(fit), common.t0_us(fit, K, V)
+            R, T0 = fitted.drain_rate(fit), fitted.t0_us(fit, K, V)
             if R is None or T0 is None:
                 continue
             color = fit_colors[name]
@@ -108,13 +109,13 @@ def plot(dataset_dir: Path) -> Figure:
             what = "Q" if name == "shared Q" else "K*q"
             label = f"model, {name}: max(T0, (V-{what})/R)\n(vertical: {what} for this K)"
             handles.append(Line2D([], [], color=fit_colors[name], linestyle=linestyle, label=label))
-    notes = [common.failure_note(df), *_fit_notes(model)]
+    notes = [frames.failure_note(df), *_fit_notes(model)]
     if unmodelled:
         notes.append(f"model lines omitted for K={unmodelled}: R, Q or T0 was not fitted")
     return common.finish_figure(
         fig,
         "Isolated-burst issue time vs burst size: the capacity Q",
-        common.doc_label(dataset_dir, doc),
+        labels.doc_label(dataset_dir, doc),
         notes,
         legend=handles,
     )
@@ -122,12 +123,12 @@ def plot(dataset_dir: Path) -> Figure:
 
 def _fit_notes(model: dict) -> list[str]:
     parts = []
-    Q = common.param(model, "Q_bytes")
+    Q = fitted.param(model, "Q_bytes")
     if Q is not None:
-        parts.append(f"shared Q = {common.fmt_bytes(Q)}")
-    window = common.window_model(model)
+        parts.append(f"shared Q = {labels.fmt_bytes(Q)}")
+    window = fitted.window_model(model)
     if window is not None:
-        parts.append(f"per-producer q = {common.param(window, 'q_bytes') / common.KIB:.1f} KiB")
+        parts.append(f"per-producer q = {fitted.param(window, 'q_bytes') / labels.KIB:.1f} KiB")
     check = model["checks"].get("per_producer_Q_fits_better")
     if check and check["passed"] is not None:
         parts.append(check["detail"])

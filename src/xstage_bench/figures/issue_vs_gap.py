@@ -19,6 +19,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from xstage_bench.analysis import fitted, frames, labels, load
 from xstage_bench.figures import common
 from xstage_bench.model.laws import issue_time, train_issue_time
 
@@ -31,10 +32,10 @@ DEST_STYLE = {"peer": ("-", "o"), "local": (":", "x")}
 
 
 def _model_line(model: dict, K: int, V: float, gaps: np.ndarray) -> np.ndarray | None:
-    R, T0 = common.drain_rate(model), common.t0_us(model, K, V)
+    R, T0 = fitted.drain_rate(model), fitted.t0_us(model, K, V)
     if R is None or T0 is None:
         return None
-    Q = common.capacity_for_K(model, K)
+    Q = fitted.capacity_for_K(model, K)
     if Q is None:
         return issue_time(T0=T0, G=gaps, V=V, R=R)
     return train_issue_time(T0=T0, G=gaps, V=V, R=R, Q=Q)
@@ -45,23 +46,23 @@ def plot(dataset_dir: Path) -> Figure:
     rows, docs, notes = [], [], []
     for sync, study in STUDIES:
         source = f"microbench/{study}.json"
-        doc = (common.raw_doc if sync == "free" else common.optional_raw_doc)(
+        doc = (load.raw_doc if sync == "free" else load.optional_raw_doc)(
             dataset_dir, f"microbench:{study}"
         )
         if doc is None:
             notes.append(f"no study {study} in this dataset: the aligned (barrier) row is omitted")
             continue
         docs.append(doc)
-        df = common.records_frame(doc)
-        rows.append((sync, study, common.ok_rows(df, dataset_dir, source, metrics)))
-        failed = common.failure_note(df)
+        df = frames.records_frame(doc)
+        rows.append((sync, study, frames.ok_rows(df, dataset_dir, source, metrics)))
+        failed = frames.failure_note(df)
         if failed:
             notes.append(f"{study}: {failed}")
-    model = common.model_doc(dataset_dir)
+    model = load.model_doc(dataset_dir)
     # Model lines go on the row the laws were fitted to; if the dataset has no aligned gap
     # sweep (its aligned records came from other studies), on the free-running row.
     syncs = [sync for sync, *_ in rows]
-    fitted_sync = "barrier" if common.fitted_to_aligned(model) else "free"
+    fitted_sync = "barrier" if fitted.fitted_to_aligned(model) else "free"
     line_sync = fitted_sync if fitted_sync in syncs else syncs[0]
 
     bursts = sorted(
@@ -102,7 +103,7 @@ def plot(dataset_dir: Path) -> Figure:
             ax.set_yscale("log")
             common.plain_log_ticks(ax.yaxis)
             ax.set_title(
-                f"{common.SYNC_LABEL[sync]}\n{study}: {definition}",
+                f"{labels.SYNC_LABEL[sync]}\n{study}: {definition}",
                 fontsize=common.PANEL_TITLE_FONT,
             )
         row_axes[0].set_ylabel("issue time T_iss (us)\nmedian and 95% CI")
@@ -110,7 +111,7 @@ def plot(dataset_dir: Path) -> Figure:
         ax.set_xlabel("gap G (us)")
 
     handles = [
-        Line2D([], [], color=c, marker="o", label=f"K={K}, V={common.fmt_bytes(V)}")
+        Line2D([], [], color=c, marker="o", label=f"K={K}, V={labels.fmt_bytes(V)}")
         for (K, V), c in colors.items()
     ]
     handles += [
@@ -121,14 +122,14 @@ def plot(dataset_dir: Path) -> Figure:
     fitted_to = "aligned bursts" if fitted_sync == "barrier" else "free-running records"
     notes.append(
         f"model lines (T0, R, each K's Q from model/burst_gap.json, fitted to {fitted_to}) "
-        f"on the {common.SYNC_LABEL[line_sync].split(' (')[0]} row only"
+        f"on the {labels.SYNC_LABEL[line_sync].split(' (')[0]} row only"
     )
     if unmodelled:
         notes.append("some model lines omitted: R or T0 was not fitted")
     return common.finish_figure(
         fig,
         "Issue time vs gap",
-        common.doc_label(dataset_dir, docs[0]),
+        labels.doc_label(dataset_dir, docs[0]),
         notes,
         legend=handles,
     )

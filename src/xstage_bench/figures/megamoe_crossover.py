@@ -19,21 +19,12 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from xstage_bench import paper
+from xstage_bench.analysis import frames, labels, megamoe
 from xstage_bench.figures import common
 
 
-def crossover_rate_tflops(dataset_dir: Path) -> tuple[float, str] | None:
-    """(X at the paper's compute-to-drain ratio, the R it used) from the dataset's model."""
-    model = common.optional_model_doc(dataset_dir)
-    r = common.param(model, "R_GBps") if model else None
-    if r is None:
-        return None
-    return paper.PAPER_FLOP_PER_BYTE * r * 1e9 / 1e12, f"R = {r:.0f} GB/s"
-
-
 def plot(dataset_dir: Path) -> Figure:
-    doc, speedups = common.emulated_sweep(dataset_dir)
+    doc, speedups = megamoe.emulated_sweep(dataset_dir)
     # the achieved rate where the records carry it (the measured sweep), else nominal X
     achieved = "wave_equivalent_tflops" in speedups.columns
     x_column = "wave_equivalent_tflops" if achieved else "emulated_tflops"
@@ -41,7 +32,7 @@ def plot(dataset_dir: Path) -> Figure:
     fractions = list(dict.fromkeys(speedups["remote_fraction"]))
     palette = dict(zip(fractions, sns.color_palette("viridis", len(fractions)), strict=True))
     fig, axes = common.new_figure(1, len(shapes), width=4.4, height=3.8, sharey=True)
-    marker = crossover_rate_tflops(dataset_dir)
+    marker = megamoe.crossover_rate_tflops(dataset_dir)
     for ax, shape in zip(axes[0], shapes, strict=True):
         part = speedups[speedups["shape"] == shape]
         for fraction, rows in part.groupby("remote_fraction", sort=False):
@@ -69,7 +60,7 @@ def plot(dataset_dir: Path) -> Figure:
             "achieved TFLOP/s per GPU, expert waves" if achieved else "emulated X, TFLOP/s per GPU"
         )
     legend = [
-        Line2D([], [], color=palette[f], marker="o", label=common.fraction_name(f))
+        Line2D([], [], color=palette[f], marker="o", label=labels.fraction_name(f))
         for f in fractions
     ]
     notes = [
@@ -79,7 +70,7 @@ def plot(dataset_dir: Path) -> Figure:
         f"P = {int(speedups['world_size'].iloc[0])}; nominal X of the waits: "
         + ", ".join(f"{x:g}" for x in sorted(speedups["emulated_tflops"].unique()))
         + " TFLOP/s (one point each per line).",
-        common.failure_note(common.records_frame(doc)),
+        frames.failure_note(frames.records_frame(doc)),
     ]
     if marker:
         legend.append(
@@ -96,7 +87,7 @@ def plot(dataset_dir: Path) -> Figure:
     return common.finish_figure(
         fig,
         "MegaMoE with compute emulated: interleaved over expert-wave speedup",
-        common.doc_label(dataset_dir, doc) + " (emulated compute)",
+        labels.doc_label(dataset_dir, doc) + " (emulated compute)",
         notes,
         legend,
     )

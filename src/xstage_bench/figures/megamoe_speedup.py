@@ -21,16 +21,18 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import ScalarFormatter
 
+from xstage_bench import stats
+from xstage_bench.analysis import frames, labels, megamoe
 from xstage_bench.figures import common
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc, every_fraction, incomplete = common.megamoe_sweep(dataset_dir)
-    speedups = common.natural_routing(every_fraction).sort_values("speedup", ignore_index=True)
+    doc, every_fraction, incomplete = megamoe.megamoe_sweep(dataset_dir)
+    speedups = megamoe.natural_routing(every_fraction).sort_values("speedup", ignore_index=True)
     shapes = sorted(speedups["shape"].unique())
     palette = dict(zip(shapes, sns.color_palette("tab10", len(shapes)), strict=True))
 
-    baselines = common.natural_routing(common.megamoe_baselines(doc))
+    baselines = megamoe.natural_routing(megamoe.megamoe_baselines(doc))
     rows = 2 if baselines.empty else 3
     fig = plt.figure(figsize=(12, 7 if rows == 2 else 10.5))
     grid = fig.add_gridspec(rows, 3, height_ratios=(1.3, 1, 1.2)[:rows])
@@ -42,7 +44,7 @@ def plot(dataset_dir: Path) -> Figure:
         width=0.85,
     )
     bars.axhline(1.0, color="k", linewidth=1)
-    gm = common.geomean(speedups["speedup"])
+    gm = stats.geomean(speedups["speedup"])
     bars.axhline(gm, color="tab:red", linestyle="--", linewidth=1)
     best = speedups["speedup"].idxmax()
     bars.annotate(
@@ -81,13 +83,13 @@ def plot(dataset_dir: Path) -> Figure:
             for label in ax.get_xticklabels():
                 label.set(rotation=30, ha="right", rotation_mode="anchor")
 
-    notes = [common.failure_note(common.records_frame(doc))]
+    notes = [frames.failure_note(frames.records_frame(doc))]
     if len(speedups) < len(every_fraction):
         for fraction, part in every_fraction.groupby("remote_fraction"):
             if fraction != "natural":
                 notes.append(
                     f"remote fraction {fraction} (rows re-homed): {len(part)} configurations, "
-                    f"geomean {common.geomean(part['speedup']):.3f}x, not plotted (tab-megamoe)"
+                    f"geomean {stats.geomean(part['speedup']):.3f}x, not plotted (tab-megamoe)"
                 )
     if not baselines.empty:
         notes += _plot_baselines(fig, grid, baselines, palette, _deepgemm_outcome(doc))
@@ -98,7 +100,7 @@ def plot(dataset_dir: Path) -> Figure:
     return common.finish_figure(
         fig,
         "MegaMoE: interleaved vs expert-wave schedule",
-        common.doc_label(dataset_dir, doc),
+        labels.doc_label(dataset_dir, doc),
         notes,
     )
 
@@ -139,7 +141,7 @@ def _plot_baselines(fig: Figure, grid, baselines, palette: dict, deepgemm: str) 
             c=[palette.get(s, "gray") for s in part["shape"]],
             marker=marker,
             s=14,
-            label=f"{label} (geomean {common.geomean(part[column]):.2f}, n={len(part)})",
+            label=f"{label} (geomean {stats.geomean(part[column]):.2f}, n={len(part)})",
         )
     ratios.axhline(1.0, color="k", linewidth=1)
     ratios.set_yscale("log")

@@ -14,37 +14,38 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from xstage_bench import layout
+from xstage_bench.analysis import frames, labels, load, megamoe
 from xstage_bench.figures import common
+from xstage_bench.megamoe.schedule import COMPARED
 
-SCHEDULES = ("expert_wave", "interleaved")
 COLORS = {"L1": "tab:blue", "L2": "tab:orange", "store": "tab:red"}
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc = common.raw_doc(dataset_dir, layout.MEGAMOE_TRACE_RAW)
+    doc = load.raw_doc(dataset_dir, layout.MEGAMOE_TRACE_RAW)
     if not doc["records"]:
-        raise common.NoDataError(
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': {layout.MEGAMOE_TRACE_RAW} has no records"
         )
     first = doc["records"][0]["point"]
     same = [
         r
         for r in doc["records"]
-        if common.megamoe_config_key(r["point"]) == common.megamoe_config_key(first)
+        if megamoe.megamoe_config_key(r["point"]) == megamoe.megamoe_config_key(first)
     ]
     traces = {}
-    for schedule in SCHEDULES:
+    for schedule in COMPARED:
         found = [
             r
             for r in same
-            if common.trace_series(r["point"]) == schedule
+            if megamoe.trace_series(r["point"]) == schedule
             and r["status"] == "ok"
             and (r.get("extra") or {}).get("timeline")
         ]
         if not found:
-            raise common.NoDataError(
+            raise load.NoDataError(
                 f"dataset '{dataset_dir.name}': {layout.MEGAMOE_TRACE_RAW} has no ok '{schedule}' "
-                f"record with a timeline for the configuration {common.megamoe_config_name(first)}"
+                f"record with a timeline for the configuration {megamoe.megamoe_config_name(first)}"
             )
         traces[schedule] = found[0]["extra"]["timeline"]
 
@@ -72,9 +73,9 @@ def plot(dataset_dir: Path) -> Figure:
     axes[-1, 0].set_xlabel("time since the first tile started (us)")
     return common.finish_figure(
         fig,
-        f"MegaMoE per-program timeline: {common.megamoe_config_name(first)}",
-        common.doc_label(dataset_dir, doc),
-        [common.failure_note(common.records_frame(doc))],
+        f"MegaMoE per-program timeline: {megamoe.megamoe_config_name(first)}",
+        labels.doc_label(dataset_dir, doc),
+        [frames.failure_note(frames.records_frame(doc))],
         legend=[
             Patch(color=COLORS["L1"], label="Linear-1 tile"),
             Patch(color=COLORS["L2"], label="Linear-2 tile"),

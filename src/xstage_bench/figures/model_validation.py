@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from xstage_bench import layout
+from xstage_bench.analysis import fitted, labels, load
 from xstage_bench.figures import common
 
 TARGET = 0.05  # the held-out median |error| the fit aims at (model.checks)
@@ -143,12 +144,12 @@ def _residuals(ax, val: pd.DataFrame, metric: str) -> None:
 
 
 def plot(dataset_dir: Path) -> Figure:
-    model = common.model_doc(dataset_dir)
+    model = load.model_doc(dataset_dir)
     summary = model["validation_summary"]
     val = pd.DataFrame(model["validation"])
     if val.empty:
         reason = summary.get("reason", "no reason given")
-        raise common.NoDataError(
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': {layout.MODEL_JSON} has no validation points ({reason})"
         )
     val = val[val["measured_us"].notna() & val["predicted_us"].notna()].copy()
@@ -181,7 +182,7 @@ def plot(dataset_dir: Path) -> Figure:
     by_metric = model.get("validation_by_metric") or {}
     if by_metric:
         notes[0] += "; " + "; ".join(f"{m}: {_errors_text(s)}" for m, s in by_metric.items())
-    window = (model.get("variants") or {}).get(common.WINDOW_VARIANT)
+    window = (model.get("variants") or {}).get(fitted.WINDOW_VARIANT)
     if window:
         notes.append(
             f"per-producer window variant, held out: {_errors_text(window['validation_summary'])}"
@@ -193,7 +194,7 @@ def plot(dataset_dir: Path) -> Figure:
     return common.finish_figure(
         fig,
         "Burst-Gap model: predicted vs measured",
-        common.model_label(dataset_dir, model),
+        labels.model_label(dataset_dir, model),
         notes,
         legend=handles,
     )

@@ -16,21 +16,23 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from xstage_bench import layout
+from xstage_bench.analysis import frames, labels, load, megamoe
 from xstage_bench.figures import common
+from xstage_bench.megamoe.routing import LOCAL_CONTROL
+from xstage_bench.megamoe.schedule import INTERLEAVED, SCHEDULES, WAVE
 
 METRIC = "store_span_us"
 SERIES = {  # run -> (colour, marker, line style); the control is dashed and its markers
     # small, so a schedule lying on the floor stays visible under it
-    "expert_wave": ("tab:orange", "o", "-"),
-    "interleaved": ("tab:blue", "s", "-"),
-    "local_control": ("0.2", "D", "--"),
+    WAVE: ("tab:orange", "o", "-"),
+    INTERLEAVED: ("tab:blue", "s", "-"),
+    LOCAL_CONTROL: ("0.2", "D", "--"),
 }
-MARKER_SIZE = {"expert_wave": 90, "interleaved": 60, "local_control": 22}
+MARKER_SIZE = {WAVE: 90, INTERLEAVED: 60, LOCAL_CONTROL: 22}
 TAIL = 0.995  # the CDF's x axis ends at this quantile of all spans (the longest tail noted)
 LABEL = {
-    "expert_wave": "expert waves",
-    "interleaved": "interleaved",
-    "local_control": "local-store control",
+    **{name: SCHEDULES[name].label for name in (WAVE, INTERLEAVED)},
+    LOCAL_CONTROL: "local-store control",
 }
 
 
@@ -38,7 +40,7 @@ def _spans(doc: dict) -> dict[str, dict[str, np.ndarray]]:
     """run -> configuration name -> its sorted span samples (ok records only)."""
     spans: dict[str, dict[str, np.ndarray]] = {s: {} for s in SERIES}
     for record in doc["records"]:
-        series = common.trace_series(record["point"])
+        series = megamoe.trace_series(record["point"])
         samples = (record.get("samples") or {}).get(METRIC)
         if record["status"] == "ok" and series in spans and samples:
             name = _short_name(record["point"])
@@ -59,10 +61,10 @@ def _mean_ecdf(samples: list[np.ndarray], grid: np.ndarray) -> np.ndarray:
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc = common.raw_doc(dataset_dir, layout.MEGAMOE_TRACE_RAW)
+    doc = load.raw_doc(dataset_dir, layout.MEGAMOE_TRACE_RAW)
     spans = _spans(doc)
     if not any(spans.values()):
-        raise common.NoDataError(
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': {layout.MEGAMOE_TRACE_RAW} has no ok record with "
             f"'{METRIC}' samples for {', '.join(SERIES)}"
         )
@@ -116,14 +118,14 @@ def plot(dataset_dir: Path) -> Figure:
     notes = [
         f"x axis to the {TAIL:.1%} quantile of all spans ({right:.2f} us); "
         f"the longest span is {every.max():.2f} us",
-        common.failure_note(common.records_frame(doc)),
+        frames.failure_note(frames.records_frame(doc)),
     ]
     if missing:
         notes.append("no data for: " + ", ".join(missing))
     return common.finish_figure(
         fig,
         "MegaMoE per-tile remote-store span",
-        common.doc_label(dataset_dir, doc),
+        labels.doc_label(dataset_dir, doc),
         notes,
         legend=handles,
     )

@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
 from xstage_bench import layout
+from xstage_bench.analysis import fitted, frames, labels, load
 from xstage_bench.figures import common
 
 MODES = {"alone": "tab:green", "serial": "tab:red", "fused": "tab:blue"}
@@ -32,7 +33,7 @@ def remote_bytes(rows: pd.DataFrame) -> pd.Series:
     of which the (P-1)/P share owned by other ranks leaves the GPU."""
     P = rows["world_size"]
     local_output = rows["batch"] * rows["seq_len"] * rows["heads"] / P * rows["head_dim"]
-    return local_output * common.ELEMENT_BYTES * (P - 1) / P
+    return local_output * labels.ELEMENT_BYTES * (P - 1) / P
 
 
 def _draw(ax: Axes, x: pd.Series, y: pd.Series, yerr, **style) -> None:
@@ -65,11 +66,11 @@ def _why_empty(time_ax: Axes, ratio_ax: Axes, backend: str, rows: pd.DataFrame) 
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc = common.raw_doc(dataset_dir, layout.ATTENTION_RAW)
-    df = common.records_frame(doc)
-    ok = common.ok_rows(df, dataset_dir, layout.ATTENTION_RAW, ("sender_us",))
-    model = common.optional_model_doc(dataset_dir)
-    R = common.drain_rate(model) if model else None
+    doc = load.raw_doc(dataset_dir, layout.ATTENTION_RAW)
+    df = frames.records_frame(doc)
+    ok = frames.ok_rows(df, dataset_dir, layout.ATTENTION_RAW, ("sender_us",))
+    model = load.optional_model_doc(dataset_dir)
+    R = fitted.drain_rate(model) if model else None
 
     backends = sorted(ok["backend"].unique())
     # Backends that were tried but have no ok point get a column that says why.
@@ -150,7 +151,7 @@ def plot(dataset_dir: Path) -> Figure:
                 label="completion-coupled model:\nalone + remote bytes / R",
             )
         )
-    notes = [common.failure_note(df)]
+    notes = [frames.failure_note(df)]
     if R is None:
         notes.append(
             f"completion-coupled model omitted: the dataset has no fitted R ({layout.MODEL_JSON})"
@@ -158,7 +159,7 @@ def plot(dataset_dir: Path) -> Figure:
     return common.finish_figure(
         fig,
         "Ulysses attention with the All-to-All: alone, serial, fused",
-        common.doc_label(dataset_dir, doc),
+        labels.doc_label(dataset_dir, doc),
         notes,
         legend=handles,
     )

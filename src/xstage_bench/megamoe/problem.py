@@ -207,9 +207,7 @@ def rank_buffers(
         plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
     )
     tiles = {
-        name: torch.as_tensor(
-            schedule.build(name, grid, num_programs, megamoe["lead_rows"]), device=device
-        )
+        name: torch.as_tensor(schedule.build(name, grid, num_programs, megamoe), device=device)
         for name in megamoe["schedules"]
     }
     row_dst = np.where(

@@ -79,6 +79,11 @@ def fraction_label(fraction) -> str:
     return NATURAL if fraction is None or fraction == NATURAL else f"{float(fraction):g}"
 
 
+# The traced run with every store local (remote fraction 0, expert waves): the variant a
+# trace record names beside its schedule, and a series of the trace figures and tables.
+LOCAL_CONTROL = "local_control"
+
+
 def is_local_control(fraction) -> bool:
     """Remote fraction 0 of the emulated sweep: not rows re-homed, but the local-store
     control (natural routing, every row stored in its own rank's memory)."""

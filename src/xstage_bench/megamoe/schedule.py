@@ -29,13 +29,18 @@ interleaved  the paper's order: an L1 cursor and an L2 cursor. The next tile is 
              instead, "one round of programs earlier", assumed tiles of equal length: with
              L1 tiles 4x longer than L2 tiles, as for DeepSeek-V4-Flash, Linear-2 tiles
              waited, measured with compute emulated and every store local.)
+
+Every schedule is registered once, in SCHEDULES, with its own knobs (keys of the config's
+megamoe section, with their defaults): the config schema's schedule names, the simulator,
+the figures and the tables take the names from here. A speedup is always the time under
+WAVE over the time under INTERLEAVED (COMPARED).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -81,8 +86,8 @@ def _l2_tiles(grid: TileGrid, block: int) -> list[tuple[int, int, int, int]]:
     return [(L2, e, block, n) for n in range(grid.l2_per_block)]
 
 
-def expert_wave(grid: TileGrid, num_programs: int, lead_rows: int = 0) -> np.ndarray:
-    """Expert waves (see module doc); lead_rows is not used by this schedule."""
+def expert_wave(grid: TileGrid, num_programs: int) -> np.ndarray:
+    """Expert waves (see module doc); no knob."""
     tiles: list[tuple[int, int, int, int]] = []
     wave: list[int] = []
     for b in range(grid.blocks):
@@ -189,21 +194,49 @@ def play(tiles: np.ndarray, grid: TileGrid, num_programs: int) -> tuple[np.ndarr
     return start, wait
 
 
-SCHEDULES: dict[str, Callable[[TileGrid, int, int], np.ndarray]] = {
-    "expert_wave": expert_wave,
-    "interleaved": interleaved,
+@dataclass(frozen=True)
+class Schedule:
+    """A registered schedule: its name (in configs and raw records), how figures and tables
+    call it, the function that builds its tile list, and that function's knobs (keyword
+    arguments, each a key of the config's megamoe section, an int >= 0) with defaults."""
+
+    name: str
+    label: str
+    make: Callable[..., np.ndarray]  # (grid, num_programs, **knobs) -> tile list
+    knobs: Mapping[str, int] = field(default_factory=dict)
+
+
+WAVE, INTERLEAVED = "expert_wave", "interleaved"  # the baseline and the paper's order
+SCHEDULES = {
+    s.name: s
+    for s in (
+        Schedule(WAVE, "expert waves", expert_wave),
+        Schedule(INTERLEAVED, "interleaved", interleaved, {"lead_rows": 0}),
+    )
 }
+COMPARED = (WAVE, INTERLEAVED)  # speedup = time under WAVE / time under INTERLEAVED
 
 
-def build(name: str, grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray:
-    """The tile list of schedule `name`, checked before any kernel sees it."""
+def knobs(name: str, config: Mapping[str, object] | None = None) -> dict[str, int]:
+    """Schedule `name`'s knobs as set in `config` (the megamoe section), else defaults."""
+    config = config or {}
+    return {k: int(config.get(k, default)) for k, default in SCHEDULES[name].knobs.items()}
+
+
+def build(
+    name: str, grid: TileGrid, num_programs: int, config: Mapping[str, object] | None = None
+) -> np.ndarray:
+    """The tile list of schedule `name` with its knobs from `config` (the megamoe section;
+    other keys are ignored), checked before any kernel sees it."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
     if num_programs < 1:
         raise ValueError(f"num_programs must be >= 1, got {num_programs}")
-    if lead_rows < 0:
-        raise ValueError(f"lead_rows must be >= 0, got {lead_rows}")
-    tiles = SCHEDULES[name](grid, num_programs, lead_rows)
+    chosen = knobs(name, config)
+    for knob, value in chosen.items():
+        if value < 0:
+            raise ValueError(f"{knob} must be >= 0, got {value}")
+    tiles = SCHEDULES[name].make(grid, num_programs, **chosen)
     check_dependencies(tiles, grid)
     return tiles
 

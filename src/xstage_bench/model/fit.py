@@ -51,7 +51,6 @@ validation_summary, checks):
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -62,6 +61,7 @@ from scipy.optimize import least_squares
 from xstage_bench.config import ConfigError
 from xstage_bench.hardware import load_profile
 from xstage_bench.model import checks, laws
+from xstage_bench.model.document import write_model
 from xstage_bench.model.records import (
     ISOLATED_KINDS,
     NOT_FITTED_KINDS,
@@ -581,7 +581,7 @@ def fit_files(
     except (ValueError, ArithmeticError) as e:
         files = ", ".join(str(p) for p in raw_paths)
         raise FitError(f"fitting {files}: {type(e).__name__}: {e}") from e
-    atomic_write_text(out_json, json.dumps(result, indent=1) + "\n")
+    write_model(out_json, result)
     atomic_write_text(
         out_profile,
         _profile_yaml(pooled, dataset, result["sources"], base_profile, loaded.sm_count),

@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 
 from xstage_bench.hardware import HardwareProfile
-from xstage_bench.megamoe import routing
+from xstage_bench.megamoe import routing, schedule
 from xstage_bench.sim import megamoe
 
-SCHEDULES = ("expert_wave", "interleaved")
+SCHEDULES = schedule.COMPARED
 # The kernel's tiles and the config's interleaving lead and skew (config.yaml megamoe).
 DEFAULT_MEGAMOE = {"block_m": 128, "block_n": 128, "lead_rows": 256, "skew_zipf": 1.2}
 POINT_KEYS = ("shape", "routing", "tokens_per_rank", "world_size", "emulated_tflops")
@@ -100,8 +100,8 @@ def compare_emulated(
         predicted = predict_emulated(
             p, profile, p["emulated_tflops"], programs[key], megamoe_config=megamoe_config
         )
-        measured = t["expert_wave"] / t["interleaved"]
-        model = predicted["expert_wave"] / predicted["interleaved"]
+        measured = t[schedule.WAVE] / t[schedule.INTERLEAVED]
+        model = predicted[schedule.WAVE] / predicted[schedule.INTERLEAVED]
         rows.append(
             {
                 **{k: p[k] for k in POINT_KEYS},

@@ -211,7 +211,7 @@ def simulate_at_rate(
         raise ValueError(f"ranks must be 'all' or 'busiest', got {ranks!r}")
     slowest = None
     for w in works:
-        tiles = schedule.build(schedule_name, w.grid, num_programs, megamoe.get("lead_rows", 0))
+        tiles = schedule.build(schedule_name, w.grid, num_programs, megamoe)
         played = play(tiles, w, rates, peer, local)
         if slowest is None or played.time_us > slowest[2].time_us:
             slowest = (w, tiles, played)

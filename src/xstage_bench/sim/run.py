@@ -18,6 +18,8 @@ import numpy as np
 
 from xstage_bench import environment, grid, provenance
 from xstage_bench.hardware import HardwareProfile, load_profile
+from xstage_bench.megamoe.routing import LOCAL_CONTROL
+from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
 from xstage_bench.results import failed_record, ok_record, raw_document, write_raw
 from xstage_bench.sim import megamoe, ulysses, xstage
 
@@ -244,9 +246,9 @@ def simulate_megamoe_trace(
     point = _trace_point(moe, P)
     records = []
     for variant, schedule, local in (
-        ("expert_wave", "expert_wave", False),
-        ("interleaved", "interleaved", False),
-        ("local_control", "expert_wave", True),
+        (WAVE, WAVE, False),
+        (INTERLEAVED, INTERLEAVED, False),
+        (LOCAL_CONTROL, WAVE, True),
     ):
         rid = f"{point['id']}/{variant}"
         r = megamoe.simulate(

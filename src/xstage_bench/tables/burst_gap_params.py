@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from xstage_bench import paper
-from xstage_bench.figures import common
+from xstage_bench.analysis import fitted, labels, load
 from xstage_bench.tables.common import Table
 
 POOLED_PARAMS = ("R_GBps", "Q_bytes", "t0_fixed_us", "issue_rate_per_sm_GBps")
@@ -29,9 +29,9 @@ def _with_ci(name: str, values: tuple[float, float, float], scale: float = 1.0) 
 
 def _pooled_t0(params: dict) -> tuple[float, float, float]:
     B = paper.B200_T0_B_BYTES
-    fixed = common.param_ci(params["t0_fixed_us"])
-    rate = np.array(common.param_ci(params["issue_rate_per_sm_GBps"]))
-    rate = rate * common.GBPS_TO_BYTES_PER_US
+    fixed = fitted.param_ci(params["t0_fixed_us"])
+    rate = np.array(fitted.param_ci(params["issue_rate_per_sm_GBps"]))
+    rate = rate * fitted.GBPS_TO_BYTES_PER_US
     # The slowest issue rate gives the largest T0, so the rate's CI ends swap.
     return fixed[0] + B / rate[0], fixed[1] + B / rate[2], fixed[2] + B / rate[1]
 
@@ -42,24 +42,24 @@ def _row(scope: str, K: float, T0, R, Q, source: str) -> dict:
         "K": K,
         **_with_ci("T0_us", T0),
         **_with_ci("R_GBps", R),
-        **_with_ci("Q_MiB", Q, common.MIB),
-        "Q_per_producer_KiB": Q[0] / K / common.KIB if np.isfinite(K) else np.nan,
+        **_with_ci("Q_MiB", Q, labels.MIB),
+        "Q_per_producer_KiB": Q[0] / K / labels.KIB if np.isfinite(K) else np.nan,
         "source": source,
     }
 
 
 def build(dataset_dir: Path) -> Table:
-    model = common.model_doc(dataset_dir)
+    model = load.model_doc(dataset_dir)
     params = model["params"]
     reference_B = model.get("T0_reference_B_bytes")
-    at_B = f"T0 at B={common.fmt_bytes(reference_B)}" if reference_B else "T0 as fitted"
+    at_B = f"T0 at B={labels.fmt_bytes(reference_B)}" if reference_B else "T0 as fitted"
     rows = [
         _row(
             f"K={entry['K']}",
             int(entry["K"]),
-            common.param_ci(entry.get("T0_us")),
-            common.param_ci(entry.get("R_GBps")),
-            common.param_ci(entry.get("Q_bytes")),
+            fitted.param_ci(entry.get("T0_us")),
+            fitted.param_ci(entry.get("R_GBps")),
+            fitted.param_ci(entry.get("Q_bytes")),
             f"fit, this K ({at_B})",
         )
         for entry in sorted(model["per_K"], key=lambda e: e["K"])
@@ -68,12 +68,12 @@ def build(dataset_dir: Path) -> Table:
         "pooled",
         np.nan,
         _pooled_t0(params),
-        common.param_ci(params["R_GBps"]),
-        common.param_ci(params["Q_bytes"]),
-        f"fit, all K (T0 at B={common.fmt_bytes(paper.B200_T0_B_BYTES)})",
+        fitted.param_ci(params["R_GBps"]),
+        fitted.param_ci(params["Q_bytes"]),
+        f"fit, all K (T0 at B={labels.fmt_bytes(paper.B200_T0_B_BYTES)})",
     )
-    pooled["t0_fixed_us"] = common.param(model, "t0_fixed_us")
-    pooled["issue_rate_per_sm_GBps"] = common.param(model, "issue_rate_per_sm_GBps")
+    pooled["t0_fixed_us"] = fitted.param(model, "t0_fixed_us")
+    pooled["issue_rate_per_sm_GBps"] = fitted.param(model, "issue_rate_per_sm_GBps")
     rows.append(pooled)
     rows.append(
         _row(
@@ -91,10 +91,10 @@ def build(dataset_dir: Path) -> Table:
     notes = [
         "T0 in us, R in GB/s (1e9 bytes/s), Q in MiB; CIs are 95%.",
         "The paper's values are from a secondary summary and belong to other hardware; "
-        f"its Q per producer is about {paper.B200_Q_PER_PRODUCER_BYTES / common.KIB:g} KiB.",
+        f"its Q per producer is about {paper.B200_Q_PER_PRODUCER_BYTES / labels.KIB:g} KiB.",
     ]
     for name in POOLED_PARAMS:
-        if common.param(model, name) is None:
+        if fitted.param(model, name) is None:
             reason = params[name].get("reason", "no reason given")
             notes.append(f"{name} not determined by the fit: {reason}")
-    return Table(frame, "Burst-Gap parameters", common.model_label(dataset_dir, model), notes)
+    return Table(frame, "Burst-Gap parameters", labels.model_label(dataset_dir, model), notes)

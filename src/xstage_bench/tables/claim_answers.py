@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from xstage_bench import layout, paper
-from xstage_bench.figures import common
+from xstage_bench import layout, paper, stats
+from xstage_bench.analysis import attention, fitted, labels, load, megamoe
+from xstage_bench.megamoe.routing import LOCAL_CONTROL
+from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,10 @@ class Sources:
     def load(cls, dataset_dir: Path) -> Sources:
         return cls(
             dataset_dir=dataset_dir,
-            model=common.optional_model_doc(dataset_dir),
-            megamoe=common.optional_raw_doc(dataset_dir, layout.MEGAMOE_RAW),
-            trace=common.optional_raw_doc(dataset_dir, layout.MEGAMOE_TRACE_RAW),
-            attention=common.optional_raw_doc(dataset_dir, layout.ATTENTION_RAW),
+            model=load.optional_model_doc(dataset_dir),
+            megamoe=load.optional_raw_doc(dataset_dir, layout.MEGAMOE_RAW),
+            trace=load.optional_raw_doc(dataset_dir, layout.MEGAMOE_TRACE_RAW),
+            attention=load.optional_raw_doc(dataset_dir, layout.ATTENTION_RAW),
         )
 
     @property
@@ -49,14 +51,14 @@ class Sources:
 
     @property
     def simulated(self) -> bool:
-        return common.is_simulated(self.dataset_dir, self.backend)
+        return labels.is_simulated(self.dataset_dir, self.backend)
 
     def environment(self) -> dict | None:
         for doc in (self.megamoe, self.attention, self.trace):
             if doc is not None:
                 return doc["environment"]
         if self.model is not None:
-            return common.model_environment(self.dataset_dir, self.model)
+            return load.model_environment(self.dataset_dir, self.model)
         return None
 
 
@@ -105,7 +107,7 @@ def t0(src: Sources) -> Found:
     if (missing := _no_model(src)) is not None:
         return missing
     B = paper.B200_T0_B_BYTES
-    value = common.t0_us(src.model, 1, B)  # one producer of B bytes: T0 depends on B only
+    value = fitted.t0_us(src.model, 1, B)  # one producer of B bytes: T0 depends on B only
     if value is None:
         return NotMeasured("the fit gave no T0 (t0_fixed_us, issue_rate_per_sm_GBps)")
     return Answer((float(value),), f"{value:.3g}", "fitted t0_fixed + B/issue_rate, B=32 KiB")
@@ -114,7 +116,7 @@ def t0(src: Sources) -> Found:
 def drain_rate(src: Sources) -> Found:
     if (missing := _no_model(src)) is not None:
         return missing
-    value, low, high = common.param_ci(src.model["params"].get("R_GBps"))
+    value, low, high = fitted.param_ci(src.model["params"].get("R_GBps"))
     if np.isnan(value):
         reason = (src.model["params"].get("R_GBps") or {}).get("reason", "no reason given")
         return NotMeasured(f"the fit gave no R: {reason}")
@@ -138,8 +140,8 @@ def _capacity(per_producer: bool) -> AnswerFn:
         if found is None:
             return NotMeasured("no K has a fitted Q (needs the isolated-burst study)")
         K, entry = found
-        scale = K * common.KIB if per_producer else common.MIB
-        value, low, high = (v / scale for v in common.param_ci(entry))
+        scale = K * labels.KIB if per_producer else labels.MIB
+        value, low, high = (v / scale for v in fitted.param_ci(entry))
         ci = None if np.isnan(low) else (low, high)
         note = f"Q/K at K={K}" if per_producer else f"fitted at K={K} (the largest K fitted)"
         return Answer((value,), f"{value:.3g}", note, ci)
@@ -154,7 +156,7 @@ def _speedups(src: Sources) -> pd.DataFrame | NotMeasured:
     if src.megamoe is None:
         return _missing(layout.MEGAMOE_RAW)
     # the paper's claims are about natural routing; re-homed rows are a counterpart column
-    speedups = common.natural_routing(common.megamoe_speedups(src.megamoe)[0])
+    speedups = megamoe.natural_routing(megamoe.megamoe_speedups(src.megamoe)[0])
     if not len(speedups):
         ours = [r for r in src.megamoe["records"] if r["point"].get("variant", "ours") == "ours"]
         return NotMeasured(f"no configuration with both schedules ok ({_statuses(ours)})")
@@ -168,7 +170,7 @@ def moe_stat(stat: str) -> AnswerFn:
             return speedups
         s = speedups["speedup"]
         value = {
-            "geomean": common.geomean(s),
+            "geomean": stats.geomean(s),
             "median": s.median(),
             "min": s.min(),
             "max": s.max(),
@@ -192,10 +194,10 @@ def span_medians(src: Sources, series: str) -> dict[tuple, float]:
     if src.trace is None:
         return {}
     return {
-        common.megamoe_config_key(r["point"]): float(np.median(r["samples"]["store_span_us"]))
+        megamoe.megamoe_config_key(r["point"]): float(np.median(r["samples"]["store_span_us"]))
         for r in src.trace["records"]
         if r["status"] == "ok"
-        and common.trace_series(r["point"]) == series
+        and megamoe.trace_series(r["point"]) == series
         and r.get("samples", {}).get("store_span_us")
     }
 
@@ -218,8 +220,8 @@ def span_range(series: str) -> AnswerFn:
 def span_vs_local(src: Sources) -> Found:
     if src.trace is None:
         return _missing(layout.MEGAMOE_TRACE_RAW)
-    interleaved = span_medians(src, "interleaved")
-    local = span_medians(src, "local_control")
+    interleaved = span_medians(src, INTERLEAVED)
+    local = span_medians(src, LOCAL_CONTROL)
     gaps = [interleaved[k] - local[k] for k in interleaved.keys() & local.keys()]
     if not gaps:
         return NotMeasured("no configuration traced both interleaved and the local control")
@@ -234,10 +236,10 @@ def _ok_times(src: Sources) -> tuple[dict, dict, dict]:
         # natural routing only: re-homed rows answer in their own column
         if r["status"] != "ok" or r["point"].get("remote_fraction", "natural") != "natural":
             continue
-        point, key = r["point"], common.megamoe_config_key(r["point"])
+        point, key = r["point"], megamoe.megamoe_config_key(r["point"])
         if point.get("variant") == "unfused":
             unfused[key] = r["summary"]["time_us"]["median"]
-        elif point.get("variant", "ours") == "ours" and point.get("schedule") == "interleaved":
+        elif point.get("variant", "ours") == "ours" and point.get("schedule") == INTERLEAVED:
             ours[key] = r["summary"]["time_us"]["median"]
             extra = r.get("extra") or {}
             if extra.get("nvlink_bytes_per_rank"):
@@ -261,7 +263,7 @@ def over_unfused(src: Sources) -> Found:
     ratios = [unfused[k] / ours[k] for k in unfused.keys() & ours.keys()]
     if not ratios:
         return _no_unfused(src)
-    value = common.geomean(np.array(ratios))
+    value = stats.geomean(np.array(ratios))
     gemms = Counter(
         (r.get("extra") or {}).get("gemm")
         for r in src.megamoe["records"]
@@ -283,7 +285,7 @@ def completion_coupled_ceiling(src: Sources) -> Found:
         return _missing(layout.MEGAMOE_RAW)
     if (missing := _no_model(src)) is not None:
         return NotMeasured(f"needs the fitted R: {missing.why}")
-    R = common.drain_rate(src.model)
+    R = fitted.drain_rate(src.model)
     if R is None:
         return NotMeasured("needs the fitted R; the fit gave none")
     ours, unfused, remote = _ok_times(src)
@@ -294,7 +296,7 @@ def completion_coupled_ceiling(src: Sources) -> Found:
         return NotMeasured("our records carry no nvlink_bytes (remote combine bytes)")
     coupled = np.array([unfused[k] / (ours[k] + remote[k] / R) for k in keys])
     measured = np.array([unfused[k] / ours[k] for k in keys])
-    value, above = common.geomean(coupled), common.geomean(measured)
+    value, above = stats.geomean(coupled), stats.geomean(measured)
     drain_share = np.median([remote[k] / R / ours[k] for k in keys])
     note = (
         f"unfused / (interleaved + remote combine bytes per rank / R), geomean over "
@@ -311,7 +313,7 @@ def _ulysses(src: Sources, backends: tuple[str, ...]) -> pd.DataFrame | NotMeasu
     """Serial-over-fused rows of the first of `backends` that has any."""
     if src.attention is None:
         return _missing(layout.ATTENTION_RAW)
-    frame = common.serial_over_fused(src.attention)
+    frame = attention.serial_over_fused(src.attention)
     if "speedup_sender" in frame.columns:
         frame = frame[frame["speedup_sender"].notna()]
         for backend in backends:
@@ -369,8 +371,8 @@ def _answers(*attention_backends: str) -> dict[str, AnswerFn]:
         "moe.max": moe_stat("max"),
         "moe.median": moe_stat("median"),
         "moe.min": moe_stat("min"),
-        "moe.span_wave": span_range("expert_wave"),
-        "moe.span_interleaved": span_range("interleaved"),
+        "moe.span_wave": span_range(WAVE),
+        "moe.span_interleaved": span_range(INTERLEAVED),
         "moe.span_vs_local": span_vs_local,
         "moe.over_unfused": over_unfused,
         "moe.completion_coupled_ceiling": completion_coupled_ceiling,

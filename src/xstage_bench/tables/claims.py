@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from xstage_bench import paper
-from xstage_bench.figures import common
+from xstage_bench.analysis import labels
 from xstage_bench.tables import claim_answers, verdicts
 from xstage_bench.tables.claim_answers import Answer, NotMeasured, Sources
 from xstage_bench.tables.common import Table
@@ -84,10 +84,10 @@ def rows(dataset_dir: Path) -> tuple[Sources, pd.DataFrame]:
 def _dataset_label(dataset_dir: Path, src: Sources) -> str:
     for doc in (src.megamoe, src.attention, src.trace):
         if doc is not None:
-            return common.doc_label(dataset_dir, doc)
+            return labels.doc_label(dataset_dir, doc)
     if src.model is not None:
-        return common.model_label(dataset_dir, src.model)
-    return common.dataset_label(dataset_dir, None, None)
+        return labels.model_label(dataset_dir, src.model)
+    return labels.dataset_label(dataset_dir, None, None)
 
 
 def build(dataset_dir: Path) -> Table:

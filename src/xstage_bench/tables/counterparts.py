@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from xstage_bench import layout
-from xstage_bench.figures import common
+from xstage_bench import layout, stats
+from xstage_bench.analysis import load, megamoe
 from xstage_bench.tables import claim_answers
 from xstage_bench.tables.claim_answers import AnswerFn, Sources
 
@@ -64,10 +64,10 @@ def dataset_file(read: str, field: str) -> Callable[[Path], Sources | None]:
     raw files (all_raw in common.smk must list it)."""
 
     def sources(dataset_dir: Path) -> Sources | None:
-        doc = common.optional_raw_doc(dataset_dir, read)
+        doc = load.optional_raw_doc(dataset_dir, read)
         if doc is None:
             return None
-        bare = Sources(dataset_dir, common.optional_model_doc(dataset_dir), None, None, None)
+        bare = Sources(dataset_dir, load.optional_model_doc(dataset_dir), None, None, None)
         return replace(bare, **{field: doc})
 
     return sources
@@ -78,7 +78,7 @@ def rehomed(fraction: float) -> Callable[[Path], Sources | None]:
     of them cross NVLink, presented as the natural-routing sweep they stand in for."""
 
     def sources(dataset_dir: Path) -> Sources | None:
-        doc = common.optional_raw_doc(dataset_dir, layout.MEGAMOE_RAW)
+        doc = load.optional_raw_doc(dataset_dir, layout.MEGAMOE_RAW)
         if doc is None:
             return None
         records = [
@@ -97,7 +97,7 @@ def rehomed(fraction: float) -> Callable[[Path], Sources | None]:
 def emulated_at_top_rate(src: Sources, fraction: float = 7 / 8) -> claim_answers.Found:
     """The emulated sweep's speedups at its highest rate, f = 7/8 (an 8-GPU node's share),
     one per shape, with the rate the kernel achieved there."""
-    speedups = common.emulated_speedups(src.megamoe)
+    speedups = megamoe.emulated_speedups(src.megamoe)
     top = speedups[
         (speedups["remote_fraction"] == f"{fraction:g}")
         & (speedups["emulated_tflops"] == speedups["emulated_tflops"].max())
@@ -120,7 +120,7 @@ def _emulated_stat(stat: str) -> claim_answers.AnswerFn:
         found = emulated_at_top_rate(src)
         if isinstance(found, claim_answers.NotMeasured):
             return found
-        value = common.geomean(found.values) if stat == "geomean" else max(found.values)
+        value = stats.geomean(found.values) if stat == "geomean" else max(found.values)
         return claim_answers.Answer((value,), f"{value:.3f}", found.note)
 
     return answer

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from xstage_bench import paper
-from xstage_bench.figures import common
+from xstage_bench import paper, stats
+from xstage_bench.analysis import frames, labels, megamoe
 from xstage_bench.tables.common import Table
 
 
 def speedup_stats(speedup: pd.Series) -> dict:
     return {
         "n": len(speedup),
-        "geomean": common.geomean(speedup),
+        "geomean": stats.geomean(speedup),
         "median": float(speedup.median()),
         "min": float(speedup.min()),
         "max": float(speedup.max()),
@@ -25,8 +25,8 @@ def speedup_stats(speedup: pd.Series) -> dict:
 
 
 def build(dataset_dir: Path) -> Table:
-    doc, speedups, incomplete = common.megamoe_sweep(dataset_dir)
-    natural = common.natural_routing(speedups)
+    doc, speedups, incomplete = megamoe.megamoe_sweep(dataset_dir)
+    natural = megamoe.natural_routing(speedups)
     rows = [
         {
             "group": "overall",
@@ -38,7 +38,7 @@ def build(dataset_dir: Path) -> Table:
             "paper_max": paper.MEGAMOE_MAX,
         }
     ]
-    for group in common.MEGAMOE_GROUPS:
+    for group in megamoe.MEGAMOE_GROUPS:
         if group not in speedups.columns:
             continue
         for value, part in speedups.groupby(group, sort=True):
@@ -53,13 +53,13 @@ def build(dataset_dir: Path) -> Table:
         f"paper: {paper.MEGAMOE_CONFIGS} configurations on a {paper.B200}; geomean and max "
         "from the abstract, median and min (summary).",
     ]
-    notes.append(common.failure_note(common.records_frame(doc), "left out"))
+    notes.append(frames.failure_note(frames.records_frame(doc), "left out"))
     if len(incomplete):
         notes.append(
             f"{len(incomplete)} configuration(s) lack an ok time for both schedules "
             "and are left out"
         )
-    baselines = common.natural_routing(common.megamoe_baselines(doc))
+    baselines = megamoe.natural_routing(megamoe.megamoe_baselines(doc))
     sections = []
     if not baselines.empty:
         sections = [
@@ -76,7 +76,7 @@ def build(dataset_dir: Path) -> Table:
     return Table(
         frame,
         "MegaMoE interleaved vs expert-wave speedup",
-        common.doc_label(dataset_dir, doc),
+        labels.doc_label(dataset_dir, doc),
         notes,
         sections,
     )
@@ -116,7 +116,7 @@ def baseline_configs(baselines: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration: the times (us) and the ratios."""
     frame = pd.DataFrame(
         {
-            "configuration": [common.megamoe_config_name(r) for r in baselines.to_dict("records")],
+            "configuration": [megamoe.megamoe_config_name(r) for r in baselines.to_dict("records")],
             "ours best us": baselines["ours_best_us"],
             "unfused us": baselines["unfused_us"],
             "DeepGEMM wave us": baselines["deepgemm_wave_us"],

@@ -9,8 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from xstage_bench import layout
-from xstage_bench.figures import common
-from xstage_bench.figures.megamoe_crossover import crossover_rate_tflops
+from xstage_bench.analysis import frames, labels, megamoe
 from xstage_bench.hardware import load_profile
 from xstage_bench.sim.emulated import compare_emulated
 from xstage_bench.tables.common import Table
@@ -30,7 +29,7 @@ def simulated_speedups(dataset_dir: Path, doc: dict) -> pd.DataFrame | None:
     compared = compare_emulated(
         doc["records"], load_profile(profile), megamoe_config=doc["config"].get("megamoe")
     )
-    compared = common.remote_fraction_labels(compared)
+    compared = megamoe.remote_fraction_labels(compared)
     return compared.rename(
         columns={
             "emulated_tflops": "X_tflops",
@@ -42,9 +41,9 @@ def simulated_speedups(dataset_dir: Path, doc: dict) -> pd.DataFrame | None:
 
 
 def build(dataset_dir: Path) -> Table:
-    doc, speedups = common.emulated_sweep(dataset_dir)
+    doc, speedups = megamoe.emulated_sweep(dataset_dir)
     keys = ["shape", "emulated_tflops", "remote_fraction"]
-    df = common.remote_fraction_labels(common.records_frame(doc))
+    df = megamoe.remote_fraction_labels(frames.records_frame(doc))
     ok = df[df["status"] == "ok"]
     mechanism = ok.pivot_table(
         index=keys, columns="schedule", values=list(MECHANISM), aggfunc="first", sort=False
@@ -66,7 +65,7 @@ def build(dataset_dir: Path) -> Table:
         "actually achieved (below X: padding rows, epilogues, combine and tail).",
         "wait_p90_us: 90th percentile of the Linear-2 tiles' wait for their row block; "
         "span_us: median remote-store span per Linear-2 tile (one traced run each).",
-        common.failure_note(common.records_frame(doc), "left out"),
+        frames.failure_note(frames.records_frame(doc), "left out"),
     ]
     predicted = simulated_speedups(dataset_dir, doc)
     if predicted is not None:
@@ -77,7 +76,7 @@ def build(dataset_dir: Path) -> Table:
             f"with this dataset's fitted store path ({PROFILE_READ}), kernel time only; "
             f"median |error| {errors.median():.1%} over {len(errors)} points."
         )
-    marker = crossover_rate_tflops(dataset_dir)
+    marker = megamoe.crossover_rate_tflops(dataset_dir)
     if marker:
         notes.append(
             f"the paper's compute-to-drain ratio corresponds to X = {marker[0]:.0f} TFLOP/s "
@@ -86,6 +85,6 @@ def build(dataset_dir: Path) -> Table:
     return Table(
         pd.DataFrame(frame),
         "MegaMoE with compute emulated: schedules over compute rate and remote fraction",
-        common.doc_label(dataset_dir, doc) + " (emulated compute)",
+        labels.doc_label(dataset_dir, doc) + " (emulated compute)",
         notes,
     )

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from xstage_bench import layout
-from xstage_bench.figures import common
+from xstage_bench.analysis import labels, load
 from xstage_bench.results import read_raw
 from xstage_bench.tables.common import Table
 
@@ -30,13 +30,13 @@ def raw_files(dataset_dir: Path) -> list[Path]:
 def build(dataset_dir: Path, target: float = NOISE_TARGET) -> Table:
     files = raw_files(dataset_dir)
     if not files:
-        raise common.NoDataError(
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': no raw files under {dataset_dir / 'raw'}"
         )
     rows, failed, skipped, label = [], 0, [], None
     for path in files:
         doc = read_raw(path)
-        label = label or common.doc_label(dataset_dir, doc)
+        label = label or labels.doc_label(dataset_dir, doc)
         name = str(path.relative_to(dataset_dir))
         if doc["experiment"] in NOT_REPETITIONS:
             skipped.append(name)

@@ -9,18 +9,18 @@ from pathlib import Path
 import pandas as pd
 
 from xstage_bench import layout
+from xstage_bench.analysis import labels, load
 from xstage_bench.compare import compare_docs
-from xstage_bench.figures import common
 from xstage_bench.tables.common import Table
 
 
 def build(dataset_dir: Path) -> Table:
-    single = common.raw_doc(dataset_dir, layout.MEGAMOE_RAW)
-    per_gpu = common.raw_doc(dataset_dir, layout.MEGAMOE_PER_GPU_RAW)
+    single = load.raw_doc(dataset_dir, layout.MEGAMOE_RAW)
+    per_gpu = load.raw_doc(dataset_dir, layout.MEGAMOE_PER_GPU_RAW)
     ours = {**single, "records": [r for r in single["records"] if not r["point"].get("variant")]}
     comparison = compare_docs(ours, per_gpu, metric="time_us")
     if comparison.rows.empty:
-        raise common.NoDataError(
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': no point is ok in both {layout.MEGAMOE_RAW} "
             f"and {layout.MEGAMOE_PER_GPU_RAW}"
         )
@@ -47,7 +47,7 @@ def build(dataset_dir: Path) -> Table:
     return Table(
         frame,
         "MegaMoE: one process for all GPUs vs one process per GPU",
-        common.doc_label(dataset_dir, per_gpu),
+        labels.doc_label(dataset_dir, per_gpu),
         notes,
         [("Per point", per_point)],
     )

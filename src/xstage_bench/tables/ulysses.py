@@ -8,17 +8,17 @@ from pathlib import Path
 import numpy as np
 
 from xstage_bench import layout, paper
-from xstage_bench.figures import common
+from xstage_bench.analysis import attention, frames, labels, load
 from xstage_bench.tables.common import Table
 
 PAPER_BACKEND = "fa3"
 
 
 def build(dataset_dir: Path) -> Table:
-    doc = common.raw_doc(dataset_dir, layout.ATTENTION_RAW)
-    frame = common.serial_over_fused(doc)
+    doc = load.raw_doc(dataset_dir, layout.ATTENTION_RAW)
+    frame = attention.serial_over_fused(doc)
     if "speedup_sender" not in frame.columns or frame["speedup_sender"].notna().sum() == 0:
-        raise common.NoDataError(
+        raise load.NoDataError(
             f"dataset '{dataset_dir.name}': {layout.ATTENTION_RAW} has no (backend, heads, S) "
             "with ok serial and fused sender_us records"
         )
@@ -40,11 +40,11 @@ def build(dataset_dir: Path) -> Table:
         "FA3 1.43x, FA4 1.42x (abstract).",
         "our maximum sender-visible speedup: "
         + ", ".join(f"{b} {v:.3f}x" for b, v in best.items()),
-        common.failure_note(common.records_frame(doc), "left out"),
+        frames.failure_note(frames.records_frame(doc), "left out"),
     ]
     return Table(
         frame,
         "Ulysses attention: fused vs serial All-to-All",
-        common.doc_label(dataset_dir, doc),
+        labels.doc_label(dataset_dir, doc),
         notes,
     )

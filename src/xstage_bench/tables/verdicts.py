@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from xstage_bench import paper
-from xstage_bench.figures import common
+from xstage_bench.analysis import frames
+from xstage_bench.megamoe.routing import LOCAL_CONTROL
+from xstage_bench.megamoe.schedule import WAVE
 from xstage_bench.paper import Claim
 from xstage_bench.tables.claim_answers import Answer, Found, NotMeasured, Sources, span_medians
 
@@ -133,13 +135,13 @@ def _world(doc: dict | None) -> int | None:
 
 
 def _wave_excess(src: Sources) -> float | None:
-    wave, local = span_medians(src, "expert_wave"), span_medians(src, "local_control")
+    wave, local = span_medians(src, WAVE), span_medians(src, LOCAL_CONTROL)
     gaps = [wave[k] - local[k] for k in wave.keys() & local.keys()]
     return max(gaps) if gaps else None
 
 
 def _local_spans(src: Sources) -> tuple[float, float] | None:
-    medians = list(span_medians(src, "local_control").values())
+    medians = list(span_medians(src, LOCAL_CONTROL).values())
     return (min(medians), max(medians)) if medians else None
 
 
@@ -148,7 +150,7 @@ def _a2a_overhead(src: Sources) -> dict[int, float]:
     clock, mean over head counts), for FA3 or else the simulated kernel."""
     if src.attention is None:
         return {}
-    frame = common.records_frame(src.attention)
+    frame = frames.records_frame(src.attention)
     frame = frame[frame["status"] == "ok"]
     for backend in ("fa3", "sim"):
         rows = frame[frame["backend"] == backend] if "backend" in frame else frame.iloc[:0]

@@ -1,0 +1,62 @@
+"""The analysis layer draws nothing, tables never load the plotting stack, and the model
+file is validated against its schema where it is written and where it is read."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xstage_bench import layout
+from xstage_bench.analysis.load import model_doc
+from xstage_bench.model.document import ModelFileError, read_model, write_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tables_and_the_analysis_layer_load_no_plotting_stack():
+    code = (
+        "import pkgutil, sys, importlib\n"
+        "import xstage_bench.analysis as a, xstage_bench.tables as t\n"
+        "for pkg in (a, t):\n"
+        "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+        "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
+        "plot = ('matplotlib', 'seaborn', 'xstage_bench.figures')\n"
+        "bad = [m for m in sys.modules if m.startswith(plot)]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_every_committed_model_file_matches_the_schema():
+    models = sorted((ROOT / "results").glob(f"*/{layout.MODEL_JSON}"))
+    assert models
+    for path in models:
+        read_model(path)
+
+
+def _reference_model() -> dict:
+    return json.loads(next((ROOT / "results").glob(f"*/{layout.MODEL_JSON}")).read_text())
+
+
+def test_a_model_without_a_parameter_is_refused_on_read_naming_file_and_field(tmp_path):
+    model = _reference_model()
+    del model["params"]["R_GBps"]
+    path = tmp_path / "ds" / layout.MODEL_JSON
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(model))
+    with pytest.raises(ModelFileError, match=r"burst_gap\.json: field 'params': 'R_GBps'"):
+        model_doc(tmp_path / "ds")
+
+
+def test_a_malformed_model_is_never_written(tmp_path):
+    model = _reference_model()
+    model["checks"]["split_consistency"] = {"passed": "maybe", "detail": ""}
+    out = tmp_path / "burst_gap.json"
+    with pytest.raises(ModelFileError, match="checks/split_consistency/passed"):
+        write_model(out, model)
+    assert not out.exists()
+    write_model(out, _reference_model())
+    assert read_model(out) == _reference_model()
