@@ -11,7 +11,7 @@ import pandas as pd
 from xstage_bench.analysis.load import NoDataError
 
 
-def _scalar(value: object) -> bool:
+def is_scalar(value: object) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
@@ -23,7 +23,7 @@ def records_frame(doc: dict) -> pd.DataFrame:
     """
     rows = []
     for record in doc["records"]:
-        row = {k: v for k, v in record["point"].items() if k != "id" and _scalar(v)}
+        row = {k: v for k, v in record["point"].items() if k != "id" and is_scalar(v)}
         row.update(
             id=record["id"],
             status=record["status"],
@@ -35,7 +35,7 @@ def records_frame(doc: dict) -> pd.DataFrame:
             row[f"{metric}_ci_low"] = s.get("ci_low", np.nan)
             row[f"{metric}_ci_high"] = s.get("ci_high", np.nan)
         for key, value in (record.get("extra") or {}).items():
-            if _scalar(value):
+            if is_scalar(value):
                 row[f"extra_{key}"] = value
         rows.append(row)
     return pd.DataFrame(rows)

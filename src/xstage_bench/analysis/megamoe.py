@@ -10,7 +10,7 @@ import pandas as pd
 
 from xstage_bench import layout, paper
 from xstage_bench.analysis import fitted
-from xstage_bench.analysis.frames import records_frame
+from xstage_bench.analysis.frames import is_scalar, records_frame
 from xstage_bench.analysis.load import NoDataError, optional_model_doc, raw_doc
 from xstage_bench.megamoe.routing import LOCAL_CONTROL, fraction_label
 from xstage_bench.megamoe.schedule import COMPARED, INTERLEAVED, WAVE
@@ -113,10 +113,14 @@ def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 BASELINE_COLUMNS = (
     "ours_best_us",
     "unfused_us",
+    "unfused_fp8_us",
+    "unfused_bf16_us",
     "deepgemm_wave_us",
     "deepgemm_lag_us",
     "deepgemm_best_us",
     "ours_over_unfused",
+    "ours_over_unfused_fp8",
+    "ours_over_unfused_bf16",
     "ours_over_deepgemm",
     "ours_speedup",
     "deepgemm_lag_speedup",
@@ -153,11 +157,96 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     out["deepgemm_lag_us"] = wide["deepgemm_lag_us"]
     out["deepgemm_best_us"] = wide[["deepgemm_wave_us", "deepgemm_lag_us"]].min(axis=1)
     out["ours_over_unfused"] = out["ours_best_us"] / out["unfused_us"]
+    paths = unfused_path_times(doc, keys)
+    for column in UNFUSED_PATHS.values():
+        out[column] = paths[column].reindex(out.index) if column in paths else np.nan
+        out[column.replace("unfused", "ours_over_unfused").removesuffix("_us")] = (
+            out["ours_best_us"] / out[column]
+        )
     out["ours_over_deepgemm"] = out["ours_best_us"] / out["deepgemm_best_us"]
     out["ours_speedup"] = wide["ours_wave_us"] / wide["ours_interleaved_us"]
     out["deepgemm_lag_speedup"] = wide["deepgemm_wave_us"] / wide["deepgemm_lag_us"]
     out = out[out["ours_best_us"].notna()]
     return out.reset_index()[[*keys, *BASELINE_COLUMNS]]
+
+
+# The unfused pipeline's GEMM paths that get a column of their own (baselines/unfused.py).
+UNFUSED_PATHS = {"fp8_grouped_rowwise": "unfused_fp8_us", "bf16_grouped": "unfused_bf16_us"}
+
+
+def _config_rows(doc: dict, variant: str) -> list[tuple[dict, dict]]:
+    """(scalar point fields, extra) of the ok records of one variant."""
+    return [
+        ({k: v for k, v in r["point"].items() if k != "id" and is_scalar(v)}, r.get("extra") or {})
+        for r in doc["records"]
+        if r["point"].get("variant") == variant and r["status"] == "ok"
+    ]
+
+
+def _keyed(rows: list[dict], keys: list[str]) -> pd.DataFrame:
+    """Rows as a frame indexed by the configuration keys (remote_fraction labelled, and
+    'natural' where the records have none)."""
+    frame = pd.DataFrame(rows)
+    frame = frame.reindex(columns=[*frame.columns, *(k for k in keys if k not in frame)])
+    return remote_fraction_labels(frame).set_index(keys)
+
+
+def unfused_path_times(doc: dict, keys: list[str]) -> pd.DataFrame:
+    """Per configuration, the median time (us) of each checked GEMM path of the unfused
+    pipeline (its record's gemm_time_us), indexed by `keys`; empty for sweeps before it."""
+    rows = [
+        {
+            **point,
+            **{
+                UNFUSED_PATHS[g]: us
+                for g, us in extra["gemm_time_us"].items()
+                if g in UNFUSED_PATHS
+            },
+        }
+        for point, extra in _config_rows(doc, "unfused")
+        if "gemm_time_us" in extra
+    ]
+    return _keyed(rows, keys) if rows else pd.DataFrame()
+
+
+CEILING_COLUMNS = (
+    "kernel_tflops",
+    "ceiling_tflops",
+    "fraction_of_ceiling",
+    "kernel_us",
+    "roofline_us",
+    "roofline_over_kernel",
+)
+
+
+def kernel_vs_ceiling(doc: dict) -> pd.DataFrame:
+    """Per configuration at natural routing with a gemm_ceiling record: our kernel's best
+    schedule (kernel time and TFLOP/s, from the events around each rank's kernel) beside
+    cuBLAS on the same two GEMMs, and the roofline time (megamoe/ceiling.py)."""
+    ceilings = [
+        {**point, "ceiling_tflops": extra["tflops"], "roofline_us": extra["roofline_us"]}
+        for point, extra in _config_rows(doc, "gemm_ceiling")
+    ]
+    df = remote_fraction_labels(records_frame(doc))
+    if not ceilings or df.empty or "kernel_us_median" not in df.columns:
+        return pd.DataFrame(columns=[*MEGAMOE_CONFIG_COLUMNS, *CEILING_COLUMNS])
+    keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
+    ours = df[
+        (df["variant"].isna() | (df["variant"] == "ours"))
+        & (df["status"] == "ok")
+        & df["schedule"].isin(COMPARED)
+    ]
+    best = ours.sort_values("kernel_us_median").groupby(keys, sort=False).first()
+    ceiling = _keyed(ceilings, keys)
+    out = pd.DataFrame(index=ceiling.index)
+    out["kernel_tflops"] = best["extra_tflops_kernel"].reindex(out.index)
+    out["ceiling_tflops"] = ceiling["ceiling_tflops"]
+    out["fraction_of_ceiling"] = out["kernel_tflops"] / out["ceiling_tflops"]
+    out["kernel_us"] = best["kernel_us_median"].reindex(out.index)
+    out["roofline_us"] = ceiling["roofline_us"]
+    out["roofline_over_kernel"] = out["roofline_us"] / out["kernel_us"]
+    out = out[out["kernel_us"].notna()]
+    return out.reset_index()[[*keys, *CEILING_COLUMNS]]
 
 
 def emulated_speedups(doc: dict) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
 from xstage_bench import layout
-from xstage_bench.analysis import fitted, frames, labels, load
+from xstage_bench.analysis import attention, fitted, frames, labels, load
 from xstage_bench.figures import common
 
 MODES = {"alone": "tab:green", "serial": "tab:red", "fused": "tab:blue"}
@@ -30,8 +30,8 @@ MARKERS = "os^Dv"
 
 def remote_bytes(rows: pd.DataFrame) -> pd.Series:
     """Bytes one rank sends in the post-attention All-to-All: its (B, S, H/P, D) output,
-    of which the (P-1)/P share owned by other ranks leaves the GPU."""
-    P = rows["world_size"]
+    of which the (P-1)/P share owned by other ranks leaves the GPU (P emulated or real)."""
+    P = rows["ranks"] if "ranks" in rows.columns else rows["world_size"]
     local_output = rows["batch"] * rows["seq_len"] * rows["heads"] / P * rows["head_dim"]
     return local_output * labels.ELEMENT_BYTES * (P - 1) / P
 
@@ -67,25 +67,30 @@ def _why_empty(time_ax: Axes, ratio_ax: Axes, backend: str, rows: pd.DataFrame) 
 
 def plot(dataset_dir: Path) -> Figure:
     doc = load.raw_doc(dataset_dir, layout.ATTENTION_RAW)
-    df = frames.records_frame(doc)
+    df = attention.with_ranks(frames.records_frame(doc))
     ok = frames.ok_rows(df, dataset_dir, layout.ATTENTION_RAW, ("sender_us",))
     model = load.optional_model_doc(dataset_dir)
     R = fitted.drain_rate(model) if model else None
 
-    backends = sorted(ok["backend"].unique())
+    # One column per backend, and per emulated world size where the sweep has one.
+    panels = [(b, None) for b in sorted(ok["backend"].unique())]
+    if "ranks" in ok.columns:
+        panels = sorted(ok[["backend", "ranks"]].drop_duplicates().itertuples(index=False))
+    backends = [b for b, _ in panels]
     # Backends that were tried but have no ok point get a column that says why.
     absent = sorted(set(df["backend"].dropna()) - set(backends))
     heads = sorted(int(h) for h in ok["heads"].unique())
     markers = dict(zip(heads, MARKERS, strict=False))
-    fig, axes = common.new_figure(
-        2, len(backends) + len(absent), width=4.2, height=3.2, sharex="col"
-    )
-    for col, backend in enumerate(absent, start=len(backends)):
+    fig, axes = common.new_figure(2, len(panels) + len(absent), width=4.2, height=3.2, sharex="col")
+    for col, backend in enumerate(absent, start=len(panels)):
         _why_empty(axes[0, col], axes[1, col], backend, df[df["backend"] == backend])
-    for col, backend in enumerate(backends):
+    for col, (backend, ranks) in enumerate(panels):
+        panel = ok[ok["backend"] == backend]
+        if ranks is not None:
+            panel = panel[panel["ranks"] == ranks]
         time_ax, ratio_ax = axes[0, col], axes[1, col]
         for H in heads:
-            facet = ok[(ok["backend"] == backend) & (ok["heads"] == H)]
+            facet = panel[panel["heads"] == H]
             alone = facet[facet["mode"] == "alone"].set_index("seq_len").sort_index()
             for mode, color in MODES.items():
                 rows = facet[facet["mode"] == mode].sort_values("seq_len")
@@ -115,9 +120,9 @@ def plot(dataset_dir: Path) -> Figure:
                     linestyle=":",
                     linewidth=1.2,
                 )
-        world = ", ".join(
-            f"P={int(p)}" for p in sorted(ok[ok["backend"] == backend]["world_size"].unique())
-        )
+        world = ", ".join(f"P={int(p)}" for p in sorted(panel["world_size"].unique()))
+        if ranks is not None and panel["emulated"].any():
+            world = f"P={int(ranks)} emulated on 2 GPUs"
         time_ax.set_title(f"{backend} ({world})", fontsize=common.PANEL_TITLE_FONT)
         time_ax.set_yscale("log")
         common.plain_log_ticks(time_ax.yaxis)

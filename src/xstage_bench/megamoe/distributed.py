@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from xstage_bench import faults, grid, timing, workers
-from xstage_bench.megamoe import reference, routing, verdict
+from xstage_bench.megamoe import reference, routing, schedule, verdict
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
@@ -283,8 +283,8 @@ class MoERank(workers.Lockstep):
         if self.dump_dir is not None:
             name = point["id"].replace("/", "__")
             torch.save(rb.out.cpu(), self.dump_dir / f"{name}.rank{fabric.rank}.pt")
-        first = self._outputs.get("expert_wave")
-        if point["schedule"] != "expert_wave" and first is not None:
+        first = self._outputs.get(schedule.WAVE)
+        if point["schedule"] != schedule.WAVE and first is not None:
             facts["bitwise_equal"] = bool(torch.equal(first, rb.out))
         return facts
 

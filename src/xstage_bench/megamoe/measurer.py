@@ -23,7 +23,7 @@ import numpy as np
 
 from xstage_bench import log, timing
 from xstage_bench.clocks import ClockSampler
-from xstage_bench.megamoe import reference, verdict
+from xstage_bench.megamoe import reference, schedule, verdict
 from xstage_bench.megamoe.baselines.measure import DeepGemmBaseline, GemmCeiling, UnfusedBaseline
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
@@ -175,8 +175,8 @@ class MoEMeasurer:
         error = verdict.wrong(errors=errors, tolerance=self.tolerance)
         if error is None and trace is None:
             self._outputs[point["schedule"]] = [o.clone() for o in outs]
-            first = self._outputs.get("expert_wave")
-            if point["schedule"] != "expert_wave" and first is not None:
+            first = self._outputs.get(schedule.WAVE)
+            if point["schedule"] != schedule.WAVE and first is not None:
                 same = all(torch.equal(a, b) for a, b in zip(first, outs, strict=True))
                 facts["bitwise_equal_to_expert_wave"] = same
                 error = verdict.wrong(bitwise_equal=same)

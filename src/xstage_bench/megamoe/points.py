@@ -9,12 +9,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.baselines import VARIANTS
+from xstage_bench.megamoe.routing import LOCAL_CONTROL
 
 CPU_PROGRAMS = 3  # persistent programs per rank under the Triton interpreter
 POINT_TIMEOUT_S = 600.0  # spins are bounded in the kernel; this is only a last resort
 CHECK_TOKENS = 32  # tokens of every home rank compared with the reference
-LOCAL_CONTROL = "local_control"
 
 
 def expand_schedules(points: list[dict], schedules: Sequence[str]) -> list[dict]:
@@ -74,8 +75,8 @@ def trace_points(points: list[dict], tokens: int | None = None) -> list[dict]:
             chosen[p["shape"]] = p
     out = []
     for p in chosen.values():
-        for variant in ("expert_wave", "interleaved", LOCAL_CONTROL):
-            sched = "expert_wave" if variant == LOCAL_CONTROL else variant
+        for variant in (*schedule.COMPARED, LOCAL_CONTROL):
+            sched = schedule.WAVE if variant == LOCAL_CONTROL else variant
             out.append({**p, "schedule": sched, "variant": variant, "id": f"{p['id']}/{variant}"})
     return out
 

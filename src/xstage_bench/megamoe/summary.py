@@ -85,11 +85,11 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
         cid = config_id({"id": r["id"], "variant": r["point"].get("variant")})
         by_config.setdefault(cid, {})[key] = r
     columns = [
-        ("wave us", ("ours", "expert_wave")),
-        ("inter us", ("ours", "interleaved")),
+        ("wave us", ("ours", schedule.WAVE)),
+        ("inter us", ("ours", schedule.INTERLEAVED)),
         ("unfused", ("unfused", "unfused")),
-        ("dg wave", ("deepgemm", "expert_wave")),
-        ("dg lag", ("deepgemm", "interleaved")),
+        ("dg wave", ("deepgemm", schedule.WAVE)),
+        ("dg lag", ("deepgemm", schedule.INTERLEAVED)),
     ]
     print(
         f"{'configuration':50s} "
@@ -114,7 +114,7 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
             best = min((cells[n] for n in names if cells[n]), default=None)
             if ours and best:
                 ratios[base].append(ours / best)
-        wave = recs.get(("ours", "expert_wave"))
+        wave = recs.get(("ours", schedule.WAVE))
         tflops = wave["extra"]["tflops"] if wave and wave["status"] == "ok" else None
         err = max((wave.get("extra") or {}).get("rel_error", [math.nan])) if wave else math.nan
         status = ",".join(sorted({r["status"] for r in recs.values() if r["status"] != "ok"}))

@@ -73,6 +73,19 @@ def build(dataset_dir: Path) -> Table:
             "(dispatch done once, outside the timed region). DeepGEMM L2-lag speedup = its "
             "wave time / its L2-lag time, where both ran."
         )
+    ceiling = megamoe.kernel_vs_ceiling(doc)
+    if not ceiling.empty:
+        sections += [
+            ("Our kernel beside the GEMM ceiling", ceiling_summary(ceiling)),
+            ("Our kernel beside the GEMM ceiling, per configuration", ceiling_configs(ceiling)),
+        ]
+        notes.append(
+            "ceiling: cuBLAS on the same two GEMMs of one rank (rows = tokens x topk; FP8 "
+            "row-wise torch._scaled_mm, or bf16), on GPU 0; kernel TFLOP/s from the events "
+            "around each rank's kernel (the slowest rank), best schedule; roofline = the "
+            "larger of the FLOPs at the ceiling and the rank's weights + activations at the "
+            "measured HBM copy bandwidth (megamoe/ceiling.py). Natural routing."
+        )
     return Table(
         frame,
         "MegaMoE interleaved vs expert-wave speedup",
@@ -85,11 +98,20 @@ def build(dataset_dir: Path) -> Table:
 # (name, column, only where this column is known): our speedup is summarized over the
 # configurations where DeepGEMM ran both schedules, to sit beside its L2-lag speedup
 COMPARISONS = (
-    ("ours/unfused (time)", "ours_over_unfused", None),
+    ("ours/unfused, its fastest checked path (time)", "ours_over_unfused", None),
+    (
+        "ours/unfused FP8 grouped, per-token x per-channel scales (time)",
+        "ours_over_unfused_fp8",
+        None,
+    ),
+    ("ours/unfused bf16 grouped (time)", "ours_over_unfused_bf16", None),
     ("ours/DeepGEMM (time)", "ours_over_deepgemm", None),
     ("DeepGEMM L2-lag speedup", "deepgemm_lag_speedup", None),
     ("our interleaved speedup, same configurations", "ours_speedup", "deepgemm_lag_speedup"),
 )
+
+
+PATH_COLUMNS = ("ours_over_unfused_fp8", "ours_over_unfused_bf16")
 
 
 def baseline_summary(baselines: pd.DataFrame) -> pd.DataFrame:
@@ -97,6 +119,8 @@ def baseline_summary(baselines: pd.DataFrame) -> pd.DataFrame:
     a comparison with no configuration is one row with n = 0."""
     rows = []
     for name, column, where in COMPARISONS:
+        if column in PATH_COLUMNS and baselines[column].isna().all():
+            continue  # a sweep from before the unfused pipeline timed each path
         values = baselines[baselines[column].notna()]
         if where is not None:
             values = values[values[where].notna()]
@@ -119,12 +143,83 @@ def baseline_configs(baselines: pd.DataFrame) -> pd.DataFrame:
             "configuration": [megamoe.megamoe_config_name(r) for r in baselines.to_dict("records")],
             "ours best us": baselines["ours_best_us"],
             "unfused us": baselines["unfused_us"],
+            "unfused FP8 grouped us": baselines["unfused_fp8_us"],
+            "unfused bf16 grouped us": baselines["unfused_bf16_us"],
             "DeepGEMM wave us": baselines["deepgemm_wave_us"],
             "DeepGEMM L2-lag us": baselines["deepgemm_lag_us"],
             "ours/unfused": baselines["ours_over_unfused"],
+            "ours/unfused FP8": baselines["ours_over_unfused_fp8"],
+            "ours/unfused bf16": baselines["ours_over_unfused_bf16"],
             "ours/DeepGEMM": baselines["ours_over_deepgemm"],
             "our interleaved speedup": baselines["ours_speedup"],
             "DeepGEMM L2-lag speedup": baselines["deepgemm_lag_speedup"],
         }
     )
-    return frame  # in the configuration keys' order (shape, precision, routing, tokens)
+    empty_paths = [
+        name
+        for name, column in (
+            ("unfused FP8 grouped us", "unfused_fp8_us"),
+            ("unfused bf16 grouped us", "unfused_bf16_us"),
+            ("ours/unfused FP8", "ours_over_unfused_fp8"),
+            ("ours/unfused bf16", "ours_over_unfused_bf16"),
+        )
+        if baselines[column].isna().all()
+    ]
+    # in the configuration keys' order (shape, precision, routing, tokens)
+    return frame.drop(columns=empty_paths)
+
+
+def ceiling_summary(ceiling: pd.DataFrame) -> pd.DataFrame:
+    """Per precision (and W8A8 at the most tokens): how close our kernel comes to cuBLAS on
+    the same GEMMs and to the roofline; and W4A8's time over W8A8's, configuration by
+    configuration."""
+    rows = []
+    top = ceiling["tokens_per_rank"].max()
+    for label, part in [
+        *((p, g) for p, g in ceiling.groupby("precision", sort=True)),
+        (
+            f"w8a8, {top} tokens",
+            ceiling[(ceiling["precision"] == "w8a8") & (ceiling["tokens_per_rank"] == top)],
+        ),
+    ]:
+        if part.empty:
+            continue
+        rows.append(
+            {
+                "precision": label,
+                "n": len(part),
+                "kernel TFLOP/s median": float(part["kernel_tflops"].median()),
+                "kernel TFLOP/s max": float(part["kernel_tflops"].max()),
+                "ceiling TFLOP/s median": float(part["ceiling_tflops"].median()),
+                "fraction of ceiling median": float(part["fraction_of_ceiling"].median()),
+                "roofline / kernel time median": float(part["roofline_over_kernel"].median()),
+            }
+        )
+    keys = ["shape", "routing", "tokens_per_rank"]
+    w4 = ceiling[ceiling["precision"] == "w4a8"].set_index(keys)["kernel_us"]
+    w8 = ceiling[ceiling["precision"] == "w8a8"].set_index(keys)["kernel_us"]
+    ratio = (w4 / w8).dropna()
+    if len(ratio):
+        rows.append(
+            {
+                "precision": "w4a8 time / w8a8 time",
+                "n": len(ratio),
+                "geomean": stats.geomean(ratio),
+                "max": float(ratio.max()),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def ceiling_configs(ceiling: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "configuration": [megamoe.megamoe_config_name(r) for r in ceiling.to_dict("records")],
+            "kernel TFLOP/s": ceiling["kernel_tflops"],
+            "cuBLAS ceiling TFLOP/s": ceiling["ceiling_tflops"],
+            "fraction of ceiling": ceiling["fraction_of_ceiling"],
+            "kernel us": ceiling["kernel_us"],
+            "roofline us": ceiling["roofline_us"],
+            "roofline / kernel": ceiling["roofline_over_kernel"],
+        }
+    )

@@ -50,9 +50,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from xstage_bench.megamoe import schedule
 from xstage_bench.workers import SAFE_ENV, free_port
 
-SCHEDULE_NAMES = {"expert_wave": "wave", "interleaved": "L2-lag"}
+SCHEDULE_NAMES = {schedule.WAVE: "wave", schedule.INTERLEAVED: "L2-lag"}
 SITE_ENV = "XSTAGE_DEEPGEMM_SITE"  # a site directory with the torch DeepGEMM was built for
 PRECISION = "w8a8"  # the only precision its SM90 MegaMoE takes (FP8 x FP8)
 DEFAULT_JOB_TIMEOUT_S = 300.0  # first call of a shape includes its nvcc JIT compile
@@ -76,7 +77,7 @@ def schedule_of(config_line: str) -> str | None:
     m = re.search(r"l2_lag_units=(\d+)", config_line or "")
     if m is None:
         return None
-    return "interleaved" if int(m.group(1)) % 1000 > 0 else "expert_wave"
+    return schedule.INTERLEAVED if int(m.group(1)) % 1000 > 0 else schedule.WAVE
 
 
 @dataclass
