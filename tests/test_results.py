@@ -173,3 +173,12 @@ def test_check_counts_each_status(tmp_path, capsys):
     assert out.strip().endswith("7 records, 1 ok, 6 not ok, 1 failed, 2 timeout, 3 unsupported"), (
         out
     )
+
+
+def test_the_senders_commit_wins_over_a_copied_trees_git(monkeypatch):
+    from xstage_bench import environment
+
+    monkeypatch.setenv("XSTAGE_GIT_SHA", "a" * 40)
+    monkeypatch.setenv("XSTAGE_GIT_DIRTY", "0")
+    # this checkout has a .git of its own, which must not be asked
+    assert environment.git_state() == {"sha": "a" * 40, "dirty": False}

@@ -58,11 +58,12 @@ def package_versions() -> dict[str, str | None]:
 def git_state(repo: Path | None = None) -> dict:
     """The commit the code came from and whether the tree had uncommitted changes.
 
-    A copy of the tree without .git (a remote GPU machine) reports what the sender put in
-    XSTAGE_GIT_SHA and XSTAGE_GIT_DIRTY.
+    A copy of the tree on a remote GPU machine reports what the sender put in
+    XSTAGE_GIT_SHA and XSTAGE_GIT_DIRTY: the copy may carry no .git, or a stale one (seen
+    on 2026-11-30: the copy's .git named an older commit, and the tree dirty against it).
     """
     repo = repo or Path(__file__).resolve().parent
-    sha = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    sha = None if os.environ.get("XSTAGE_GIT_SHA") else _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if sha is None:
         dirty = os.environ.get("XSTAGE_GIT_DIRTY")
         return {
