@@ -252,6 +252,19 @@ def _import_deep_gemm():
     return deep_gemm
 
 
+def _what_to_install(torch_version: str) -> str:
+    """What a reader can do about a DeepGEMM that does not import (seen on 2x H200 with
+    torch 2.11.0, 2026-11-29/30)."""
+    return (
+        f"the workers run torch {torch_version}. sgl-deep-gemm 0.2.2-0.2.5 need torch >= 2.12 "
+        "(their _C.so wants c10::cuda::CUDAErrorLogCapture): install one and point "
+        f"{SITE_ENV} at a site directory holding torch >= 2.12 for the workers. 0.2.0 "
+        "imports with torch 2.11, but its extension was compiled against other torch headers: "
+        "fp8_mega_moe fails inside c10::TensorImpl ('tensor does not have a device'). Or "
+        "build DeepGEMM from source against this torch"
+    )
+
+
 def _run_job(job: dict, rank: int, group) -> RankResult:
     import importlib.metadata
 
@@ -263,10 +276,7 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
     try:
         deep_gemm = _import_deep_gemm()
     except (OSError, ImportError) as e:
-        raise type(e)(
-            f"{e} [the workers run torch {torch.__version__}; the sgl-deep-gemm wheels need "
-            f"torch >= 2.12: {SITE_ENV} can name a site directory holding one]"
-        ) from e
+        raise type(e)(f"{e} [{_what_to_install(torch.__version__)}]") from e
     point, seed = job["point"], job["seed"]
     device = torch.device("cuda", rank)
     T, H, I = point["tokens_per_rank"], point["H"], point["I"]  # noqa: E741
