@@ -41,3 +41,14 @@ def test_the_ceiling_is_one_point_per_configuration_at_natural_routing():
     ids = [p["id"] for p in expand_points([base, rehomed], moe)]
     assert ids.count("flash/w8a8/balanced/T=1024/P=2/gemm_ceiling") == 1
     assert not any("remote=0.875/gemm_ceiling" in i for i in ids)
+
+
+def test_the_ceiling_on_a_machine_without_a_gpu_is_recorded_unsupported():
+    from types import SimpleNamespace
+
+    from xstage_bench.megamoe.baselines.measure import GemmCeiling
+
+    point = {"id": "flash/w8a8/balanced/T=1024/P=2/gemm_ceiling", **FLASH, "tokens_per_rank": 1024}
+    record = GemmCeiling(SimpleNamespace(cuda=False)).measure(point)
+    assert record["status"] == "unsupported"
+    assert "cuBLAS on a GPU" in record["error"]
