@@ -597,3 +597,12 @@ def test_rowwise_quantization_keeps_each_row_within_an_e4m3_step():
     assert unfused.tolerance("bf16_grouped", 2e-2) == 2e-2
     assert unfused.gemm_paths("bf16") == ("bf16_grouped",)
     assert set(unfused.gemm_paths("w8a8")) == set(unfused.GEMM_FORMAT)
+
+
+def test_a_failure_every_rank_shares_is_said_once():
+    from xstage_bench.megamoe.baselines.measure import _per_rank
+
+    assert _per_rank(["no deep_gemm", "no deep_gemm"]) == "every rank: no deep_gemm"
+    assert _per_rank(["hang", None]) == "rank 0: hang"
+    assert _per_rank(["a", "b"]) == "rank 0: a; rank 1: b"
+    assert _per_rank([None, None]) == ""

@@ -169,6 +169,13 @@ class GemmCeiling:
         return Measured({"time_us": times}, facts, line=line)
 
 
+def _per_rank(errors: list[str | None]) -> str:
+    """'rank 0: e0; rank 1: e1', or 'every rank: e' when they all failed alike; '' if none."""
+    if errors and errors[0] and all(e == errors[0] for e in errors):
+        return f"every rank: {errors[0]}"
+    return "; ".join(f"rank {q}: {e}" for q, e in enumerate(errors) if e)
+
+
 class DeepGemmBaseline:
     """DeepGEMM's SM90 MegaMoE on the measurer's current configuration, through its worker
     pair; `budget_s` bounds the wall time all its runs may take (None: unbounded)."""
@@ -227,7 +234,7 @@ class DeepGemmBaseline:
         results, failure = self._results(point)
         if failure is not None:
             raise PointFailed(failure, status="timeout" if "no answer" in failure else "failed")
-        errors = [f"rank {q}: {r.error}" for q, r in enumerate(results) if r.error]
+        errors = _per_rank([r.error for r in results])
         if errors:
             # its host-side checks (DG_HOST_ASSERT) reject a shape on every rank alike
             # (a missing sgl-deep-gemm is unsupported here too, as a missing FA3 is)
@@ -235,7 +242,7 @@ class DeepGemmBaseline:
                 "assert" in r.error.lower() or r.error.startswith("ModuleNotFoundError")
                 for r in results
             )
-            raise PointFailed("; ".join(errors), status="unsupported" if rejected else "failed")
+            raise PointFailed(errors, status="unsupported" if rejected else "failed")
         first = results[0]
         ran = deepgemm.schedule_of(first.config_line)
         facts = {
