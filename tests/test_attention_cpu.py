@@ -305,6 +305,21 @@ def test_sweep_config_applies_reductions_and_names_bad_keys():
 # ---- the whole runner: two processes on gloo and the interpreter ----------------------
 
 
+def _launch_on_two_cpu_ranks(cfg: dict, out: Path) -> None:
+    from xstage_bench.attention import runner
+
+    runner.launch(
+        cfg,
+        "cpu-test",
+        out,
+        world_size=2,
+        device_type="cpu",
+        triton_config=TINY,
+        point_timeout_s=120,
+        wait_timeout_s=120,  # generous: the interpreter on a loaded 2-core CI machine
+    )
+
+
 @needs_torch
 def test_runner_end_to_end_on_two_cpu_ranks(tmp_path):
     from xstage_bench import workers
@@ -319,16 +334,7 @@ def test_runner_end_to_end_on_two_cpu_ranks(tmp_path):
     )
     cfg["attention"]["head_dim"] = 16
     out = tmp_path / "attention.json"
-    runner.launch(
-        cfg,
-        "cpu-test",
-        out,
-        world_size=2,
-        device_type="cpu",
-        triton_config=TINY,
-        point_timeout_s=120,
-        wait_timeout_s=120,  # generous: the interpreter on a loaded 2-core CI machine
-    )
+    _launch_on_two_cpu_ranks(cfg, out)
     doc = read_raw(out)
     status = {r["id"]: r["status"] for r in doc["records"]}
     assert status == {
@@ -403,16 +409,7 @@ def test_emulated_world_size_end_to_end_on_two_cpu_ranks(tmp_path):
     cfg["attention"]["head_dim"] = 16
     cfg["attention"]["emulated_world_sizes"] = [4]
     out = tmp_path / "attention.json"
-    runner.launch(
-        cfg,
-        "cpu-test",
-        out,
-        world_size=2,
-        device_type="cpu",
-        triton_config=TINY,
-        point_timeout_s=120,
-        wait_timeout_s=120,
-    )
+    _launch_on_two_cpu_ranks(cfg, out)
     records = {r["id"]: r for r in read_raw(out)["records"]}
     assert {i: r["status"] for i, r in records.items()} == {
         f"triton/{m}/H=4/S=64/P=2{e}": "ok"

@@ -24,6 +24,8 @@ import math
 import triton
 import triton.language as tl
 
+from xstage_kernels.tma import available as tma_available
+
 # Block shape and pipelining for head_dim 128, bf16, non-causal on one H200 (2026-11-30,
 # S = 8K-32K, 12-20 heads). With TMA loads (S a multiple of both blocks, q/k/v contiguous):
 # 128x128, 8 warps, 3 stages 499-571 TFLOP/s (128x64: 442-528; 2 stages: 375-413). The
@@ -216,13 +218,7 @@ def _use_tma(q, k, v, cfg: dict) -> bool:
     seq_len = q.shape[1]
     if seq_len % cfg["BLOCK_M"] or seq_len % cfg["BLOCK_N"]:
         return False
-    if not all(t.is_contiguous() for t in (q, k, v)):
-        return False
-    if q.device.type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_capability(q.device)[0] >= 9
-    return True
+    return all(t.is_contiguous() for t in (q, k, v)) and tma_available(q)
 
 
 def _descriptors(q, k, v, block_m: int, block_n: int):

@@ -44,6 +44,7 @@ import triton.language as tl
 
 from xstage_bench.megamoe.quant import AMAX_FLOOR, FP8_MAX, SCALE_BLOCK, check_precision
 from xstage_bench.megamoe.schedule import TRACE_FIELDS
+from xstage_kernels.tma import available as tma_available
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -378,7 +379,7 @@ def launch(
         raise ValueError(f"tiles must be (n, 4) int32, got {tuple(tiles.shape)}")
     if out.element_size() != 2 or out.data_ptr() % 16:
         raise ValueError("out must be a 16-byte aligned bf16 buffer")
-    tma = precision == "w8a8" and emulate_ns is None and _has_tma(x)
+    tma = precision == "w8a8" and emulate_ns is None and tma_available(x)
     descs = _descriptors(x, w1, h, w2, H, I) if tma else (row_dst,) * 4
     _fused_moe[(num_programs,)](
         tiles,
@@ -411,15 +412,6 @@ def launch(
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES[precision],
     )
-
-
-def _has_tma(x) -> bool:
-    """TMA loads on sm_90 and later, and under the interpreter (the CPU tests)."""
-    if x.device.type != "cuda":
-        return True
-    import torch
-
-    return torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
 def _descriptors(x, w1, h, w2, H: int, I: int):  # noqa: E741

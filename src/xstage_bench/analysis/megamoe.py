@@ -158,11 +158,9 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     out["deepgemm_best_us"] = wide[["deepgemm_wave_us", "deepgemm_lag_us"]].min(axis=1)
     out["ours_over_unfused"] = out["ours_best_us"] / out["unfused_us"]
     paths = unfused_path_times(doc, keys)
-    for column in UNFUSED_PATHS.values():
+    for column, ratio in UNFUSED_PATHS.values():
         out[column] = paths[column].reindex(out.index) if column in paths else np.nan
-        out[column.replace("unfused", "ours_over_unfused").removesuffix("_us")] = (
-            out["ours_best_us"] / out[column]
-        )
+        out[ratio] = out["ours_best_us"] / out[column]
     out["ours_over_deepgemm"] = out["ours_best_us"] / out["deepgemm_best_us"]
     out["ours_speedup"] = wide["ours_wave_us"] / wide["ours_interleaved_us"]
     out["deepgemm_lag_speedup"] = wide["deepgemm_wave_us"] / wide["deepgemm_lag_us"]
@@ -170,8 +168,13 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     return out.reset_index()[[*keys, *BASELINE_COLUMNS]]
 
 
-# The unfused pipeline's GEMM paths that get a column of their own (baselines/unfused.py).
-UNFUSED_PATHS = {"fp8_grouped_rowwise": "unfused_fp8_us", "bf16_grouped": "unfused_bf16_us"}
+# The unfused pipeline's GEMM paths that get columns of their own (baselines/unfused.py):
+# gemm -> (its time, ours over it). Sweeps from before each path was timed have neither.
+UNFUSED_PATHS = {
+    "fp8_grouped_rowwise": ("unfused_fp8_us", "ours_over_unfused_fp8"),
+    "bf16_grouped": ("unfused_bf16_us", "ours_over_unfused_bf16"),
+}
+UNFUSED_PATH_RATIOS = tuple(ratio for _, ratio in UNFUSED_PATHS.values())
 
 
 def _config_rows(doc: dict, variant: str) -> list[tuple[dict, dict]]:
@@ -198,7 +201,7 @@ def unfused_path_times(doc: dict, keys: list[str]) -> pd.DataFrame:
         {
             **point,
             **{
-                UNFUSED_PATHS[g]: us
+                UNFUSED_PATHS[g][0]: us
                 for g, us in extra["gemm_time_us"].items()
                 if g in UNFUSED_PATHS
             },

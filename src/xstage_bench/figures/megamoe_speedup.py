@@ -141,10 +141,7 @@ def _plot_baselines(fig: Figure, grid, baselines, palette: dict, deepgemm: str) 
     notes = []
     ratios = fig.add_subplot(grid[2, :2])
     series = BASELINE_SERIES
-    if (
-        baselines["ours_over_unfused_fp8"].isna().all()
-        and baselines["ours_over_unfused_bf16"].isna().all()
-    ):
+    if baselines[list(megamoe.UNFUSED_PATH_RATIOS)].isna().all(axis=None):
         series = (UNFUSED_BEST, BASELINE_SERIES[-1])
     for label, column, marker in series:
         part = baselines[baselines[column].notna()].sort_values(column, ignore_index=True)

@@ -54,38 +54,32 @@ def roofline_us(point: dict, ceiling_tflops: float, hbm_gbs: float) -> float:
 
 
 def _operands(torch, m: int, n: int, k: int, precision: str, device):
+    """(the GEMM call on seeded random operands in the ceiling's format, a function giving
+    those operands dequantized to fp32, for the check)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(m * 31 + n * 7 + k)
     a = torch.randn(m, k, generator=gen, device=device)
     b = torch.randn(n, k, generator=gen, device=device)
     if precision == "bf16":
         a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
-        return lambda: torch.mm(a, b.t())
+        return lambda: torch.mm(a, b.t()), lambda: (a.float(), b.float())
     sa = a.abs().amax(1, keepdim=True) / 448
     sb = b.abs().amax(1, keepdim=True).t() / 448
     a8 = (a / sa).to(torch.float8_e4m3fn)
     b8 = (b / sb.t()).to(torch.float8_e4m3fn)
-    return lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    return (
+        lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+        lambda: (a8.float() * sa, b8.float() * sb.t()),
+    )
 
 
 def check_gemm(torch, precision: str, device) -> float:
     """Relative error of the ceiling's GEMM call against the fp32 product of the same
     (dequantized) operands, on a small problem: the ceiling must compute, not just run."""
-    m, n, k = 256, 512, 1024
-    call = _operands(torch, m, n, k, precision, device)
+    call, dequantized = _operands(torch, 256, 512, 1024, precision, device)
     got = call().float()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(m * 31 + n * 7 + k)
-    a = torch.randn(m, k, generator=gen, device=device)
-    b = torch.randn(n, k, generator=gen, device=device)
-    if precision == "bf16":
-        want = a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float().t()
-    else:
-        sa = a.abs().amax(1, keepdim=True) / 448
-        sb = b.abs().amax(1, keepdim=True) / 448
-        a8 = (a / sa).to(torch.float8_e4m3fn).float() * sa
-        b8 = (b / sb).to(torch.float8_e4m3fn).float() * sb
-        want = a8 @ b8.t()
+    a, b = dequantized()
+    want = a @ b.t()
     return float((got - want).norm() / want.norm())
 
 
@@ -105,7 +99,7 @@ def measure_ceiling(torch, point: dict, device, policy, hbm_gbs: float) -> tuple
     from xstage_bench import timing
 
     calls = [
-        _operands(torch, m, n, k, point["precision"], device) for m, n, k in gemm_shapes(point)
+        _operands(torch, m, n, k, point["precision"], device)[0] for m, n, k in gemm_shapes(point)
     ]
     run = timing.cuda_event_timer(
         lambda: [call() for call in calls], device=device.index, flush_l2=policy.flush_l2

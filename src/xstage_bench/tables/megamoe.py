@@ -111,15 +111,12 @@ COMPARISONS = (
 )
 
 
-PATH_COLUMNS = ("ours_over_unfused_fp8", "ours_over_unfused_bf16")
-
-
 def baseline_summary(baselines: pd.DataFrame) -> pd.DataFrame:
     """Geomean, median, min, max of each comparison, overall and per precision and shape;
     a comparison with no configuration is one row with n = 0."""
     rows = []
     for name, column, where in COMPARISONS:
-        if column in PATH_COLUMNS and baselines[column].isna().all():
+        if column in megamoe.UNFUSED_PATH_RATIOS and baselines[column].isna().all():
             continue  # a sweep from before the unfused pipeline timed each path
         values = baselines[baselines[column].notna()]
         if where is not None:
@@ -155,18 +152,11 @@ def baseline_configs(baselines: pd.DataFrame) -> pd.DataFrame:
             "DeepGEMM L2-lag speedup": baselines["deepgemm_lag_speedup"],
         }
     )
-    empty_paths = [
-        name
-        for name, column in (
-            ("unfused FP8 grouped us", "unfused_fp8_us"),
-            ("unfused bf16 grouped us", "unfused_bf16_us"),
-            ("ours/unfused FP8", "ours_over_unfused_fp8"),
-            ("ours/unfused bf16", "ours_over_unfused_bf16"),
-        )
-        if baselines[column].isna().all()
-    ]
-    # in the configuration keys' order (shape, precision, routing, tokens)
-    return frame.drop(columns=empty_paths)
+    # a sweep from before each unfused path was timed has no numbers for them
+    paths = ("unfused FP8 grouped us", "unfused bf16 grouped us")
+    paths += ("ours/unfused FP8", "ours/unfused bf16")
+    empty = [name for name in paths if frame[name].isna().all()]
+    return frame.drop(columns=empty)  # in the configuration keys' order
 
 
 def ceiling_summary(ceiling: pd.DataFrame) -> pd.DataFrame:
