@@ -23,6 +23,12 @@ TMA (descriptors over the dispatched rows, the intermediate and the weights as 2
 tensors); a Linear-1 tile fences its generic stores before releasing its row block, and
 a Linear-2 tile fences after acquiring it, so that its TMA reads see them.
 
+On a GPU, W8A8 runs megamoe_ws.py instead: the same contract in Gluon with a TMA producer
+warp and two math warpgroups (warp specialization), which `tl` cannot express. This tl
+kernel stays for bf16, W4A8, the EMULATE build, and the interpreter (CPU tests).
+XSTAGE_MOE_W8A8_KERNEL=tl runs this kernel for W8A8 on a GPU as well (A/B comparisons);
+`w8a8_kernel()` says which one a launch uses.
+
 Compute emulation (EMULATE, a separate build): every tile's MMA is replaced by a wait on
 %globaltimer for the tile's FLOPs at an emulated per-GPU rate (`l1_ns`, `l2_ns` per tile,
 from `schedule.emulated_tile_ns`), and the tile stores zeros where it would store its product. The
@@ -38,6 +44,8 @@ block] and must be zeroed before every launch.
 """
 
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
@@ -58,6 +66,8 @@ NUM_STAGES = {"bf16": 4, "w8a8": 4, "w4a8": 3}
 PAD_DST = -(2**62)  # row_dst of a padding row: nothing is stored
 MAX_SPIN = 4_000_000  # polls of a row-block counter (about a microsecond each) before giving up
 SYNC_HEADER = 2  # tile counter, error flag
+W8A8_KERNEL_ENV = "XSTAGE_MOE_W8A8_KERNEL"
+W8A8_KERNELS = ("ws", "tl")
 
 _PAD_DST = tl.constexpr(PAD_DST)
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
@@ -380,6 +390,30 @@ def launch(
     if out.element_size() != 2 or out.data_ptr() % 16:
         raise ValueError("out must be a 16-byte aligned bf16 buffer")
     tma = precision == "w8a8" and emulate_ns is None and tma_available(x)
+    on_gpu = x.device.type == "cuda"
+    if tma and on_gpu and w8a8_kernel() == "ws":
+        from xstage_kernels import megamoe_ws
+
+        megamoe_ws.launch(
+            num_programs=num_programs,
+            trace_enabled=trace is not None,
+            proxy_fence=True,
+            tiles=tiles,
+            sync=sync,
+            xs=xs,
+            s1=s1,
+            s2=s2,
+            h=h,
+            hs=hs,
+            out=out,
+            row_dst=row_dst,
+            trace=trace if trace is not None else row_dst,
+            descs=megamoe_ws.descriptors(x, w1, h, w2, H, I),
+            H=H,
+            I=I,
+            max_spin=max_spin,
+        )
+        return
     descs = _descriptors(x, w1, h, w2, H, I) if tma else (row_dst,) * 4
     _fused_moe[(num_programs,)](
         tiles,
@@ -408,10 +442,18 @@ def launch(
         TRACE=trace is not None,
         EMULATE=emulate_ns is not None,
         TMA=tma,
-        PROXY_FENCE=tma and x.device.type == "cuda",
+        PROXY_FENCE=tma and on_gpu,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES[precision],
     )
+
+
+def w8a8_kernel() -> str:
+    """'ws' (megamoe_ws.py, the default on a GPU) or 'tl' (this file), from the environment."""
+    choice = os.environ.get(W8A8_KERNEL_ENV, "ws")
+    if choice not in W8A8_KERNELS:
+        raise ValueError(f"{W8A8_KERNEL_ENV}={choice!r}: expected one of {', '.join(W8A8_KERNELS)}")
+    return choice
 
 
 def _descriptors(x, w1, h, w2, H: int, I: int):  # noqa: E741

@@ -67,6 +67,21 @@ def default_devices(config: dict, world_size: int | None = None, device_type: st
     return [torch.device("cuda", i) for i in range(world_size)]
 
 
+def w8a8_kernel_record(kernel, device_type: str) -> dict:
+    """Which kernel ran W8A8 (megamoe.launch picks the warp-specialized one on a GPU)."""
+    if device_type != "cuda" or kernel.w8a8_kernel() == "tl":
+        return {"kernel": "tl", "source": "kernels/xstage_kernels/megamoe.py"}
+    from xstage_kernels import megamoe_ws
+
+    return {
+        "kernel": "ws",
+        "source": "kernels/xstage_kernels/megamoe_ws.py (Gluon, warp-specialized: one TMA "
+        "producer warp, two math warpgroups of 64 rows)",
+        "stages": megamoe_ws.STAGES,
+        "num_warps": megamoe_ws.NUM_WARPS + 4 + 1,
+    }
+
+
 def raw_config(
     config: dict, moe: dict, world_size: int, check_tokens: int, device_type: str = "cuda"
 ) -> dict:
@@ -85,6 +100,7 @@ def raw_config(
             "num_stages": kernel.NUM_STAGES,
             "tma_loads": ["w8a8"],
             "max_spin": kernel.MAX_SPIN,
+            "w8a8": w8a8_kernel_record(kernel, device_type),
         },
         "check": {
             "tokens_per_rank": check_tokens,

@@ -1,0 +1,492 @@
+"""The W8A8 fused MoE kernel, warp-specialized (Gluon, sm_90): same contract as
+megamoe.py's `_fused_moe` (tile lists, row-block counters, peer-store epilogue, trace
+fields), built the way Hopper GEMMs keep their tensor cores busy.
+
+Why a second kernel: in plain `tl` the per-K-step block-scale promotion (each step's MMA
+result scaled and added to an fp32 accumulator) joins both warpgroups at a CTA barrier
+every step, and the tensor cores idle while they promote (ncu on one H200: 36% busy, 44%
+of stalls at CTA barriers). Here each CTA has three partitions:
+
+- a producer warp takes tiles from the rank's list (the same atomic counter, so the same
+  list order), hands each tile's index to the math warpgroups through a small
+  shared-memory ring, waits for a Linear-2 tile's row block, and streams the operands by
+  TMA into a ring of STAGES slots (per-slot ready/empty mbarriers);
+- two math warpgroups, each owning 64 of the tile's 128 rows, issue the asynchronous MMA
+  of a step, release the slot as soon as it completes, and promote while the other
+  warpgroup's MMA runs: no CTA-wide barrier per step.
+
+A Linear-1 tile runs gate's K steps then up's over the same rows, applies SwiGLU, quantizes
+its rows (one FP8 scale per row for these 128 channels) into the intermediate, fences
+generic stores against the TMA reads that Linear-2 will make, and each warpgroup bumps its
+row block's counter once, so a row block is ready at 2 * I / 128 (not I / 128 as in the tl
+kernel). A Linear-2 tile stores each row straight into its home rank's combine buffer
+with 16-byte stores (peer memory over NVLink: the X-Stage).
+
+Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
+after its row block was released); the math warpgroups write mma_done and store_end as the
+later of the two (atomic max into a zeroed buffer) and store_start from warpgroup 0.
+
+Gluon has no interpreter: the CPU tests run megamoe.py's tl kernel and compile this one
+for sm_90 without a GPU; on a GPU each point's check (poisoned output, fresh inputs,
+against the reference) runs this kernel before it is timed.
+"""
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import _aggregate as aggregate
+
+from xstage_bench.megamoe.quant import AMAX_FLOOR, FP8_MAX
+
+BLOCK = 128  # rows, output channels and K channels of a tile step
+HALF = BLOCK // 2  # rows per math warpgroup
+# Operand ring depth (one H200, this kernel at 16384 tokens, DeepSeek-V4 Flash / DiT-MoE
+# shapes, 2026-11-30: 4 stages 730 / 638 TFLOP/s, 5: 767 / 665, 6: 761 / 691); 6 x 32 KiB
+# leaves room for the epilogue's layout conversions in the 227 KiB of shared memory.
+STAGES = 6
+TILE_SLOTS = 2  # tile indices in flight between the producer and the math warpgroups
+MATH_REGS = 232  # per thread, each math warpgroup (setmaxnreg)
+PRODUCER_REGS = 40
+MAX_REGS = 168  # at launch: 12 warps x 32 threads x 168 fits the SM's 64K registers
+NUM_WARPS = 4  # the default partition (math warpgroup 0); + 4 (math 1) + 1 (producer)
+PAD_DST = -(2**62)  # as megamoe.PAD_DST
+
+_AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
+_FP8_MAX = gl.constexpr(FP8_MAX)
+_PAD_DST = gl.constexpr(PAD_DST)
+_STAGES = gl.constexpr(STAGES)
+_BLOCK = gl.constexpr(BLOCK)
+_HALF = gl.constexpr(HALF)
+_TILE_SLOTS = gl.constexpr(TILE_SLOTS)
+_MATH_REGS = gl.constexpr(MATH_REGS)
+_PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
+
+
+@aggregate
+class Shared:
+    """What every partition sees: descriptors, rings and barriers, pointers, sizes."""
+
+    x_desc: tma.tensor_descriptor
+    w1_desc: tma.tensor_descriptor
+    h_desc: tma.tensor_descriptor
+    w2_desc: tma.tensor_descriptor
+    a_bufs: gl.shared_memory_descriptor
+    b_bufs: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    tile_ids: gl.shared_memory_descriptor
+    tile_ready: gl.shared_memory_descriptor
+    tile_empty: gl.shared_memory_descriptor
+    tiles_ptr: gl.tensor
+    sync_ptr: gl.tensor
+    xs_ptr: gl.tensor
+    s1_ptr: gl.tensor
+    s2_ptr: gl.tensor
+    h_ptr: gl.tensor
+    hs_ptr: gl.tensor
+    out_ptr: gl.tensor
+    row_dst_ptr: gl.tensor
+    trace_ptr: gl.tensor
+    n_tiles: gl.tensor
+    H: gl.tensor
+    I: gl.tensor  # noqa: E741
+    max_spin: gl.tensor
+    TRACE: gl.constexpr
+    PROXY_FENCE: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, PROXY_FENCE):
+        self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs
+        self.a_bufs, self.b_bufs, self.ready, self.empty = rings
+        self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
+        (
+            self.tiles_ptr,
+            self.sync_ptr,
+            self.xs_ptr,
+            self.s1_ptr,
+            self.s2_ptr,
+            self.h_ptr,
+            self.hs_ptr,
+            self.out_ptr,
+            self.row_dst_ptr,
+            self.trace_ptr,
+        ) = ptrs
+        self.n_tiles, self.H, self.I, self.max_spin = sizes
+        self.TRACE = gl.constexpr(TRACE)
+        self.PROXY_FENCE = gl.constexpr(PROXY_FENCE)
+
+
+@gluon.jit
+def _now():
+    return gl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _fence_proxy_async():
+    gl.inline_asm_elementwise(
+        "fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _load_steps(p, it, a_desc, a_row, b_desc, b_row, k_steps):
+    """Stream k_steps (A, B) 128 x 128 blocks into the ring; returns the ring counter."""
+    nbytes: gl.constexpr = 2 * _BLOCK * _BLOCK  # two FP8 blocks
+    for k in range(k_steps):
+        s = it % _STAGES
+        mbarrier.wait(p.empty.index(s), ((it // _STAGES) & 1) ^ 1)
+        mbarrier.expect(p.ready.index(s), nbytes)
+        tma.async_copy_global_to_shared(
+            a_desc, [a_row, k * _BLOCK], p.ready.index(s), p.a_bufs.index(s)
+        )
+        tma.async_copy_global_to_shared(
+            b_desc, [b_row, k * _BLOCK], p.ready.index(s), p.b_bufs.index(s)
+        )
+        it += 1
+    return it
+
+
+@gluon.jit
+def _producer(p, WG: gl.constexpr):
+    one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    pid = gl.program_id(0)
+    it = 0
+    j = 0
+    running = True
+    while running:
+        idx = gl.atomic_add(p.sync_ptr, 1)
+        taken = _now() if p.TRACE else 0
+        slot = j % _TILE_SLOTS
+        mbarrier.wait(p.tile_empty.index(slot), ((j // _TILE_SLOTS) & 1) ^ 1)
+        p.tile_ids.index(slot).store(gl.full([1], idx, gl.int32, one_warp))
+        mbarrier.arrive(p.tile_ready.index(slot), count=1)
+        j += 1
+        running = idx < p.n_tiles
+        if running:
+            kind = gl.load(p.tiles_ptr + idx * 4)
+            e = gl.load(p.tiles_ptr + idx * 4 + 1)
+            blk = gl.load(p.tiles_ptr + idx * 4 + 2)
+            nb = gl.load(p.tiles_ptr + idx * 4 + 3)
+            ready = taken
+            if kind == 0:
+                w_row = e * 2 * p.I + nb * _BLOCK
+                it = _load_steps(p, it, p.x_desc, blk * _BLOCK, p.w1_desc, w_row, p.H // _BLOCK)
+                it = _load_steps(
+                    p, it, p.x_desc, blk * _BLOCK, p.w1_desc, w_row + p.I, p.H // _BLOCK
+                )
+            else:
+                # Wait until both warpgroups of every Linear-1 tile of this row block released it.
+                need = 2 * (p.I // _BLOCK)
+                done = gl.atomic_add(p.sync_ptr + 2 + blk, 0, sem="acquire")
+                spins = 0
+                while (done < need) & (spins < p.max_spin):
+                    done = gl.atomic_add(p.sync_ptr + 2 + blk, 0, sem="acquire")
+                    spins += 1
+                if done < need:
+                    gl.atomic_xchg(p.sync_ptr + 1, 1)
+                if p.PROXY_FENCE:
+                    _fence_proxy_async()
+                if p.TRACE:
+                    ready = _now()
+                it = _load_steps(
+                    p, it, p.h_desc, blk * _BLOCK, p.w2_desc, e * p.H + nb * _BLOCK, p.I // _BLOCK
+                )
+            if p.TRACE:
+                base = p.trace_ptr + idx.to(gl.int64) * 6
+                gl.store(base + 0, pid.to(gl.int64))
+                gl.store(base + 1, taken)
+                gl.store(base + 2, ready)
+
+
+@gluon.jit
+def _mma_steps(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
+    """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
+    step's product promoted by its activation (per row) and weight (per block) scales."""
+    zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
+    acc = zero
+    # The first scales only once the first slot is full: for Linear-2 that is after the
+    # producer saw the row block released, so the intermediate's scales are written.
+    mbarrier.wait(p.ready.index(it % _STAGES), (it // _STAGES) & 1)
+    sa = gl.load(a_scales)
+    sw = gl.load(w_scales)
+    for k in range(k_steps):
+        s = it % _STAGES
+        mbarrier.wait(p.ready.index(s), (it // _STAGES) & 1)
+        a = p.a_bufs.index(s).slice(WG * _HALF, _HALF)
+        b = p.b_bufs.index(s).permute((1, 0))
+        raw = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+        nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
+        sa_next = gl.load(a_scales + nxt)
+        sw_next = gl.load(w_scales + nxt)
+        raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+        mbarrier.arrive(p.empty.index(s), count=1)
+        acc += raw * (sa * sw)[:, None]
+        sa = sa_next
+        sw = sw_next
+        it += 1
+    return acc, it
+
+
+@gluon.jit
+def _math(p, WG: gl.constexpr):
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _BLOCK, 32]
+    )
+    # Row-major layouts for the epilogue: 16-byte stores of FP8 (h) and bf16 (out) rows.
+    h_store: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    out_store: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    rows_acc = gl.arange(0, _HALF, layout=gl.SliceLayout(1, acc_layout))
+    rows_h = gl.arange(0, _HALF, layout=gl.SliceLayout(1, h_store))
+    cols_h = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, h_store))
+    rows_o = gl.arange(0, _HALF, layout=gl.SliceLayout(1, out_store))
+    cols_o = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, out_store))
+    H = p.H
+    I = p.I  # noqa: E741
+    it = 0
+    j = 0
+    running = True
+    while running:
+        slot = j % _TILE_SLOTS
+        mbarrier.wait(p.tile_ready.index(slot), (j // _TILE_SLOTS) & 1)
+        idx = gl.max(p.tile_ids.index(slot).load(one_wg), axis=0)
+        mbarrier.arrive(p.tile_empty.index(slot), count=1)
+        j += 1
+        running = idx < p.n_tiles
+        if running:
+            kind = gl.load(p.tiles_ptr + idx * 4)
+            e = gl.load(p.tiles_ptr + idx * 4 + 1).to(gl.int64)
+            blk = gl.load(p.tiles_ptr + idx * 4 + 2)
+            nb = gl.load(p.tiles_ptr + idx * 4 + 3)
+            row0 = blk.to(gl.int64) * _BLOCK + WG * _HALF
+            base = p.trace_ptr + idx.to(gl.int64) * 6
+            if kind == 0:
+                s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
+                a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
+                gate, it = _mma_steps(
+                    p, it, a_scales, s_rows + nb * (H // _BLOCK), H // _BLOCK, WG, acc_layout
+                )
+                up, it = _mma_steps(
+                    p,
+                    it,
+                    a_scales,
+                    s_rows + (I // _BLOCK + nb) * (H // _BLOCK),
+                    H // _BLOCK,
+                    WG,
+                    acc_layout,
+                )
+                if p.TRACE:
+                    gl.atomic_max(base + 3, _now())
+                # SwiGLU and the row's FP8 scale, with one division per element and per row
+                # (the tensor cores idle while both warpgroups run this epilogue).
+                h = gl.fdiv(gate * up, 1.0 + gl.exp(-gate))
+                amax = gl.maximum(gl.max(gl.abs(h), axis=1), _AMAX_FLOOR)
+                scale = amax / _FP8_MAX
+                q = gl.convert_layout((h * (_FP8_MAX / amax)[:, None]).to(gl.float8e4nv), h_store)
+                if p.TRACE and WG == 0:
+                    gl.store(base + 4, _now())
+                rows = row0 + rows_h
+                gl.store(p.h_ptr + rows[:, None] * I + (nb * _BLOCK + cols_h)[None, :], q)
+                gl.store(p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK) + nb, scale)
+                if p.PROXY_FENCE:
+                    _fence_proxy_async()
+                # Every warp of this warpgroup stored its rows before one thread releases them.
+                gl.thread_barrier()
+                gl.atomic_add(p.sync_ptr + 2 + blk, 1, sem="release")
+                if p.TRACE:
+                    gl.atomic_max(base + 5, _now())
+            else:
+                acc, it = _mma_steps(
+                    p,
+                    it,
+                    p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK),
+                    p.s2_ptr + (e * (H // _BLOCK) + nb) * (I // _BLOCK),
+                    I // _BLOCK,
+                    WG,
+                    acc_layout,
+                )
+                if p.TRACE:
+                    gl.atomic_max(base + 3, _now())
+                # Combine push: row r goes to out_ptr + row_dst[r] (its home rank's slot).
+                y = gl.convert_layout(acc.to(gl.bfloat16), out_store)
+                dst = gl.load(p.row_dst_ptr + row0 + rows_o)
+                valid = dst != _PAD_DST
+                dst = gl.multiple_of(gl.where(valid, dst, 0), 8)  # 16-byte aligned rows
+                if p.TRACE and WG == 0:
+                    gl.store(base + 4, _now())
+                gl.store(
+                    p.out_ptr + dst[:, None] + (nb * _BLOCK + cols_o)[None, :],
+                    y,
+                    mask=valid[:, None],
+                )
+                if p.TRACE:
+                    gl.thread_barrier()
+                    gl.atomic_max(base + 5, _now())
+
+
+@gluon.jit
+def _fused_moe_ws(
+    tiles_ptr,
+    n_tiles,
+    sync_ptr,
+    xs_ptr,
+    s1_ptr,
+    s2_ptr,
+    h_ptr,
+    hs_ptr,
+    out_ptr,
+    row_dst_ptr,
+    trace_ptr,
+    x_desc,
+    w1_desc,
+    h_desc,
+    w2_desc,
+    H,
+    I,  # noqa: E741
+    max_spin,
+    TRACE: gl.constexpr,
+    PROXY_FENCE: gl.constexpr,
+):
+    block: gl.constexpr = x_desc.block_type.shape
+    a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [_STAGES] + block, x_desc.layout)
+    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [_STAGES] + block, w1_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
+    tile_ids = gl.allocate_shared_memory(
+        gl.int32, [_TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )
+    tile_ready = gl.allocate_shared_memory(gl.int64, [_TILE_SLOTS, 1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [_TILE_SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per math warpgroup
+    for i in gl.static_range(_TILE_SLOTS):
+        mbarrier.init(tile_ready.index(i), count=1)
+        mbarrier.init(tile_empty.index(i), count=2)
+    p = Shared(
+        (x_desc, w1_desc, h_desc, w2_desc),
+        (a_bufs, b_bufs, ready, empty),
+        (tile_ids, tile_ready, tile_empty),
+        (
+            tiles_ptr,
+            sync_ptr,
+            xs_ptr,
+            s1_ptr,
+            s2_ptr,
+            h_ptr,
+            hs_ptr,
+            out_ptr,
+            row_dst_ptr,
+            trace_ptr,
+        ),
+        (n_tiles, H, I, max_spin),
+        TRACE,
+        PROXY_FENCE,
+    )
+    gl.warp_specialize(
+        [(_math, (p, 0)), (_math, (p, 1)), (_producer, (p, 0))],
+        [4, 1],
+        [_MATH_REGS, _PRODUCER_REGS],
+    )
+
+
+def descriptors(x, w1, h, w2, H: int, I: int):  # noqa: E741
+    """Gluon TMA descriptors of 128 x 128 FP8 blocks; weights as 2-D (experts * rows, K)."""
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK], gl.float8e4nv)
+    experts = w1.shape[0]
+    return (
+        TensorDescriptor(x, [x.shape[0], H], [H, 1], [BLOCK, BLOCK], layout),
+        TensorDescriptor(w1, [experts * 2 * I, H], [H, 1], [BLOCK, BLOCK], layout),
+        TensorDescriptor(h, [h.shape[0], I], [I, 1], [BLOCK, BLOCK], layout),
+        TensorDescriptor(w2, [experts * H, I], [I, 1], [BLOCK, BLOCK], layout),
+    )
+
+
+def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, max_spin):  # noqa: E741
+    """The kernel's positional arguments, in its signature's order."""
+    return (
+        tiles,
+        tiles.shape[0],
+        sync,
+        xs,
+        s1,
+        s2,
+        h,
+        hs,
+        out,
+        row_dst,
+        trace,
+        *descs,
+        H,
+        I,
+        max_spin,
+    )
+
+
+def launch(*, num_programs: int, trace_enabled: bool, proxy_fence: bool, **kw) -> None:
+    """Enqueue one launch (megamoe.launch checks the inputs and picks this kernel)."""
+    _fused_moe_ws[(num_programs,)](
+        *args(**kw),
+        TRACE=trace_enabled,
+        PROXY_FENCE=proxy_fence,
+        num_warps=NUM_WARPS,
+        maxnreg=MAX_REGS,
+    )
+
+
+def compile_for_sm90(trace: bool = False):
+    """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    fp8 = torch.empty(BLOCK, BLOCK, dtype=torch.float8_e4m3fn)
+    w = fp8.view(1, BLOCK, BLOCK)
+    i32 = torch.empty(4, dtype=torch.int32)
+    f32 = torch.empty(4, dtype=torch.float32)
+    i64 = torch.empty(4, dtype=torch.int64)
+    values = args(
+        tiles=i32.view(1, 4),
+        sync=i32,
+        xs=f32,
+        s1=f32,
+        s2=f32,
+        h=fp8,
+        hs=f32,
+        out=torch.empty(4, dtype=torch.bfloat16),
+        row_dst=i64,
+        trace=i64,
+        descs=descriptors(
+            fp8, torch.empty(1, 2 * BLOCK, BLOCK, dtype=fp8.dtype), fp8, w, BLOCK, BLOCK
+        ),
+        H=BLOCK,
+        I=BLOCK,
+        max_spin=2,
+    )
+    names = list(_fused_moe_ws.arg_names)
+    signature = {
+        name: mangle_type(v) for name, v in zip(names, values, strict=False)
+    }  # + constexprs
+    signature.update(TRACE="constexpr", PROXY_FENCE="constexpr")
+    constants = {(names.index("TRACE"),): trace, (names.index("PROXY_FENCE"),): True}
+    # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
+    aligned = [
+        i for i, v in enumerate(values) if isinstance(v, torch.Tensor) or names[i] in ("H", "I")
+    ]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    source = GluonASTSource(_fused_moe_ws, signature, constants, attrs)
+    return triton.compile(
+        source,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": NUM_WARPS, "maxnreg": MAX_REGS},
+    )
