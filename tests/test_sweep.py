@@ -10,7 +10,7 @@ import pytest
 from fixtures import environment
 
 from xstage_bench.results import RawResultError, ok_record, read_raw
-from xstage_bench.sweep import WATCHDOG_EXIT_CODE, partial_path, run_sweep
+from xstage_bench.sweep import WATCHDOG_EXIT_CODE, added_variants, partial_path, run_sweep
 
 ENV = environment(simulated=True)
 
@@ -270,3 +270,53 @@ def test_retry_of_a_finished_sweep_with_another_config_is_refused(tmp_path):
             retry_failed=True,
             progress=lambda line: None,
         )
+
+
+def _moe_sweep(out, measure, variants, points, **kw):
+    return run_sweep(
+        points,
+        measure,
+        out,
+        experiment="microbench",
+        backend="sim",
+        dataset="sim-test",
+        environment=dict(ENV),
+        config={"k": 1, "variants": variants, "baselines": {v: "..." for v in variants}},
+        study="gap_sweep",
+        progress=kw.pop("progress", lambda line: None),
+        **kw,
+    )
+
+
+def test_a_finished_sweep_grows_by_an_added_variant_measuring_only_its_points(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    first = _moe_sweep(out, counting_measure(), ["ours"], POINTS[:3])
+    lines = []
+    measure = counting_measure()
+    grown = _moe_sweep(out, measure, ["ours", "extra"], POINTS, progress=lines.append)
+    assert measure.calls == ["d", "e"]  # the added variant's points only
+    assert grown["records"][:3] == first["records"]
+    assert grown["config"]["variants"] == ["ours", "extra"]
+    assert any("adds variant(s) extra" in line for line in lines)
+    assert [r["host"] for r in grown["environment"]["resumes"]] == [ENV["host"]]
+
+
+def test_a_finished_sweep_is_remeasured_when_more_than_its_variants_changed(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    _moe_sweep(out, counting_measure(), ["ours", "extra"], POINTS)
+    measure = counting_measure()
+    _moe_sweep(out, measure, ["ours"], POINTS[:3])  # fewer variants: a new sweep
+    assert measure.calls == ["a", "b", "c"]
+    assert added_variants({"k": 1, "variants": ["ours"]}, {"k": 2, "variants": ["ours", "x"]}) == []
+    assert (
+        added_variants({"variants": ["a"], "baselines": {"a": 1}}, {"variants": ["a", "b"]}) == []
+    )
+    assert added_variants({"variants": ["a"]}, {"variants": ["b", "a"]}) == ["b"]
+
+
+def test_an_unreadable_finished_file_is_replaced_not_resumed(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    out.write_text("{not json")
+    measure = counting_measure()
+    sweep(out, measure)
+    assert measure.calls == list("abcde")

@@ -5,6 +5,10 @@ atomically after every point, so whatever stops it (an exception, Ctrl-C, a kill
 hung kernel) leaves a file a rerun resumes from: only the points not yet recorded are
 measured. A point whose measure raises is recorded as failed and the sweep goes on.
 
+A finished sweep also grows in place: when the config differs from the one it was written
+with only by added variants (a new baseline), a rerun keeps every recorded point and
+measures only the new variants' points.
+
 A kernel stuck on the GPU cannot be interrupted from Python, so the watchdog does not try:
 when a point runs past `point_timeout_s` it records that point as "timeout" in the partial
 file and ends the process with WATCHDOG_EXIT_CODE. The rerun skips the recorded point. The
@@ -158,6 +162,26 @@ class _Watchdog(threading.Thread):
         os._exit(WATCHDOG_EXIT_CODE)
 
 
+# Config keys a sweep may grow by without invalidating its records: the variants measured
+# per configuration, and the baselines' descriptions that come with them.
+GROWABLE = ("variants", "baselines")
+
+
+def added_variants(previous: dict, config: dict) -> list[str]:
+    """The variants `config` adds to `previous` when that is all that differs (the other
+    keys equal, every earlier variant and baseline still there), else []."""
+    config = json.loads(json.dumps(config))
+    before, after = previous.get("variants"), config.get("variants")
+    if not isinstance(before, list) or not isinstance(after, list):
+        return []
+    rest = [{k: v for k, v in c.items() if k not in GROWABLE} for c in (previous, config)]
+    if rest[0] != rest[1] or not set(before) <= set(after):
+        return []
+    if not set(previous.get("baselines", {})) <= set(config.get("baselines", {})):
+        return []
+    return [v for v in after if v not in before]
+
+
 def _check_resumable(previous: dict, partial: Path, header: dict, ids: list[str]) -> None:
     """A partial file from another sweep must not be mixed into this one."""
     for key in ("experiment", "backend", "dataset", "study"):
@@ -166,7 +190,8 @@ def _check_resumable(previous: dict, partial: Path, header: dict, ids: list[str]
                 f"{partial}: was written for {key}={previous.get(key)!r}, this sweep has "
                 f"{key}={header.get(key)!r}; remove the file to start over"
             )
-    if previous["config"] != json.loads(json.dumps(header["config"])):
+    config = json.loads(json.dumps(header["config"]))
+    if previous["config"] != config and not added_variants(previous["config"], config):
         raise RawResultError(
             f"{partial}: was written with a different config; remove the file to start over"
         )
@@ -176,6 +201,14 @@ def _check_resumable(previous: dict, partial: Path, header: dict, ids: list[str]
             f"{partial}: holds points this sweep does not have ({', '.join(unknown[:5])}); "
             "remove the file to start over"
         )
+
+
+def _finished(out: Path) -> dict | None:
+    """A finished raw file at `out`, or None (absent, or unreadable: it will be replaced)."""
+    try:
+        return read_raw(out) if out.exists() else None
+    except RawResultError:
+        return None
 
 
 def _resumed_environment(first: dict, now: dict) -> dict:
@@ -219,7 +252,9 @@ def run_sweep(
 
     `measure(point)` returns `results.ok_record(...)` or `failed_record(...)` for that point;
     an exception it raises becomes a failed record ("Type: message"). KeyboardInterrupt and
-    SystemExit propagate (the partial file keeps every finished point). With `retry_failed`
+    SystemExit propagate (the partial file keeps every finished point). A finished `out`
+    whose config lacks only some of this config's variants is grown: its records are kept
+    and only the added variants' points measured (added_variants). With `retry_failed`
     (or XSTAGE_RETRY_FAILED=1), points recorded with a status other than ok are measured
     again, from the partial file or, when there is none, from a finished `out` of the same
     sweep; its ok points are kept as they are. `progress` receives one
@@ -243,13 +278,19 @@ def run_sweep(
     }
     retry_failed = retry_failed or retry_requested()
     records: dict[str, dict] = {}
-    source = partial if partial.exists() else (out if retry_failed and out.exists() else None)
+    finished = _finished(out) if not partial.exists() else None
+    grown = added_variants(finished["config"], config) if finished else []
+    source = (
+        partial if partial.exists() else (out if finished and (retry_failed or grown) else None)
+    )
     if source is not None:
         previous = read_raw(source)
         _check_resumable(previous, source, header, ids)
         records = {r["id"]: r for r in previous["records"]}
         header["environment"] = _resumed_environment(previous["environment"], environment)
         say(f"[{label}] resuming from {source}: {len(records)}/{len(ids)} points recorded")
+        if grown:
+            say(f"[{label}] the config adds variant(s) {', '.join(grown)}: measuring only theirs")
         if retry_failed:
             again = sum(r["status"] != OK for r in records.values())
             say(f"[{label}] retrying {again} point(s) recorded not ok ({RETRY_ENV})")
