@@ -39,7 +39,7 @@ def counting_measure(fail=(), interrupt=None):
     return measure
 
 
-def sweep(out, measure, points=POINTS, **kw):
+def sweep(out, measure, points=POINTS, config=None, **kw):
     kw.setdefault("progress", lambda line: None)
     return run_sweep(
         points,
@@ -49,7 +49,7 @@ def sweep(out, measure, points=POINTS, **kw):
         backend="sim",
         dataset="sim-test",
         environment=dict(ENV),
-        config={"k": 1},
+        config=config or {"k": 1},
         study="gap_sweep",
         **kw,
     )
@@ -273,19 +273,8 @@ def test_retry_of_a_finished_sweep_with_another_config_is_refused(tmp_path):
 
 
 def _moe_sweep(out, measure, variants, points, **kw):
-    return run_sweep(
-        points,
-        measure,
-        out,
-        experiment="microbench",
-        backend="sim",
-        dataset="sim-test",
-        environment=dict(ENV),
-        config={"k": 1, "variants": variants, "baselines": {v: "..." for v in variants}},
-        study="gap_sweep",
-        progress=kw.pop("progress", lambda line: None),
-        **kw,
-    )
+    config = {"k": 1, "variants": variants, "baselines": {v: "..." for v in variants}}
+    return sweep(out, measure, points, config=config, **kw)
 
 
 def test_a_finished_sweep_grows_by_an_added_variant_measuring_only_its_points(tmp_path):
