@@ -286,11 +286,17 @@ def megamoe_configs() -> list[dict]:
     return grid.megamoe_points(MEGAMOE, WORLD_SIZE)
 
 
-def write_megamoe(ds: Path, speedups: list[float] | None = None, baselines: bool = False) -> Path:
+def write_megamoe(
+    ds: Path,
+    speedups: list[float] | None = None,
+    baselines: bool = False,
+    flashinfer: str | None = None,
+) -> Path:
     """expert_wave at 100 us and interleaved at 100/speedup us (three identical samples, so
     medians are exact), plus one unsupported 'deepgemm' record; with `baselines`, per
     configuration the unfused pipeline at 200 us and, for w8a8 (w4a8: unsupported),
-    DeepGEMM's wave at 120 us and L2-lag at 100 us."""
+    DeepGEMM's wave at 120 us and L2-lag at 100 us. With flashinfer="ok", FlashInfer at
+    90 us for w8a8 (w4a8: unsupported); "unsupported": every FlashInfer point unsupported."""
     configs = megamoe_configs()
     speedups = speedups or [0.95 + 0.05 * i for i in range(len(configs))]
     records = []
@@ -315,6 +321,8 @@ def write_megamoe(ds: Path, speedups: list[float] | None = None, baselines: bool
                 records.append(ok(record_id, point, time_us))
             else:
                 records.append(failed_record(record_id, point, "FP8 only", status="unsupported"))
+        if flashinfer:
+            records.append(_flashinfer_record(config, flashinfer == "ok"))
     if not baselines:
         first = configs[0]
         records.append(
@@ -326,6 +334,22 @@ def write_megamoe(ds: Path, speedups: list[float] | None = None, baselines: bool
             )
         )
     return _write(ds, layout.MEGAMOE_RAW, "megamoe", records)
+
+
+def _flashinfer_record(config: dict, ok: bool) -> dict:
+    point = {**config, "variant": "flashinfer", "schedule": "flashinfer"}
+    record_id = f"{config['id']}/flashinfer"
+    if ok and config["precision"] == "w8a8":
+        extra = {
+            "tflops": 1.0,
+            "flashinfer_version": "0.7.4",
+            "flashinfer_backend": "sm90_fp8_fp8_bf16_pull_cutedsl",
+            "format": "FP8 e4m3, 1x128 activation and 128x128 weight block scales",
+            "forward_us": 110.0,
+        }
+        return ok_record(record_id, point, {"time_us": [90.0] * 3}, extra=extra)
+    why = "FP8 x FP8 only" if config["precision"] != "w8a8" else "no GPU"
+    return failed_record(record_id, point, why, status="unsupported")
 
 
 def write_megamoe_per_gpu(ds: Path, scale: dict[str, float] | None = None) -> Path:

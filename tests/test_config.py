@@ -62,6 +62,15 @@ def test_bad_values_name_their_key(full_config, mutate, key):
     assert f"'{key}'" in str(err.value)
 
 
+def test_megamoe_variants_accept_flashinfer(full_config):
+    config = copy.deepcopy(full_config)
+    config["megamoe"]["variants"] = ["ours", "deepgemm", "flashinfer", "gemm_ceiling"]
+    validate_config(config)
+    config["megamoe"]["variants"] = ["ours", "flashinfer_sm100"]
+    with pytest.raises(ConfigError, match="megamoe.variants"):
+        validate_config(config)
+
+
 def test_measured_dataset_cannot_overwrite_a_reference(full_config):
     bad = copy.deepcopy(full_config)
     bad["datasets"]["measured"] = bad["datasets"]["reference"][0]

@@ -128,6 +128,25 @@ def test_megamoe_speedup_adds_the_baseline_row_only_when_there_are_baselines(tmp
     assert list(pair.collections[0].get_offsets()[:, 1]) == pytest.approx([1.2] * 4)
 
 
+def test_megamoe_speedup_plots_flashinfer_where_measured_and_says_why_it_has_no_ok_time(
+    tmp_path,
+):
+    ds = tmp_path / "h200x2-moe"
+    write_megamoe(ds, [1.25, 0.8] * 4, baselines=True, flashinfer="ok")
+    ratios = FIGURES["fig-megamoe-speedup"](ds).axes[4]
+    labels = [t.get_text() for t in ratios.get_legend().get_texts()]
+    assert labels[-1].startswith("FlashInfer SM90 FP8 MegaMoE (geomean w8a8")
+    assert "n=4" in labels[-1]
+    assert ratios.collections[-1].get_offsets()[:, 1].tolist() == pytest.approx(
+        sorted([80 / 90, 100 / 90] * 2)
+    )
+    bare = tmp_path / "h200x2-none"
+    write_megamoe(bare, [1.25] * 8, baselines=True, flashinfer="unsupported")
+    notes = " ".join(texts(FIGURES["fig-megamoe-speedup"](bare)))
+    assert "FlashInfer SM90 FP8 MegaMoE: no configuration with an ok time, not plotted" in notes
+    assert "8 unsupported (" in notes
+
+
 def test_issue_vs_gap_states_both_definitions(sim_dataset):
     fig = FIGURES["fig-issue-vs-gap"](sim_dataset)
     titles = [ax.get_title() for ax in fig.axes]

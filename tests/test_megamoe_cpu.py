@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from xstage_bench.megamoe import quant, reference, routing, schedule
-from xstage_bench.megamoe.baselines import deepgemm, unfused
+from xstage_bench.megamoe.baselines import deepgemm, flashinfer, unfused
 from xstage_bench.megamoe.points import (
     config_id,
     expand_points,
@@ -333,6 +333,107 @@ def test_variants_expand_per_configuration_with_stable_ids():
     with pytest.raises(ValueError, match="'cutlass'"):
         expand_points(configs, {**moe, "variants": ["ours", "cutlass"]})
     assert select({"shapes": []}, variants=["ours"])["variants"] == ["ours"]
+
+
+def test_flashinfer_runs_once_per_configuration_at_natural_routing_only():
+    configs = [
+        {"id": "s/w8a8/balanced/T=1024/P=2", "precision": "w8a8"},
+        {"id": "s/w8a8/balanced/T=1024/P=2/f=0.875", "precision": "w8a8", "remote_fraction": 0.875},
+    ]
+    moe = {"schedules": ["expert_wave", "interleaved"], "variants": ["ours", "flashinfer"]}
+    pts = expand_points(configs, moe)
+    fi = [p for p in pts if p.get("variant") == "flashinfer"]
+    assert [p["id"] for p in fi] == ["s/w8a8/balanced/T=1024/P=2/flashinfer"]
+    assert fi[0]["schedule"] == "flashinfer"
+    assert config_id(fi[0]) == "s/w8a8/balanced/T=1024/P=2"
+    assert len(pts) == 2 * 2 + 1  # ours' schedules at both fractions
+
+
+def _flashinfer_baseline(cuda: bool):
+    from types import SimpleNamespace
+
+    from xstage_bench.megamoe.baselines.measure import FlashInferBaseline
+
+    measurer = SimpleNamespace(cuda=cuda, devices=["gpu0", "gpu1"], sampler=None)
+    return FlashInferBaseline(measurer)
+
+
+def _fi_point(**kw) -> dict:
+    return {**_point(**kw), "variant": "flashinfer", "schedule": "flashinfer", "id": "c/flashinfer"}
+
+
+def test_flashinfer_without_a_gpu_is_unsupported_at_once_and_starts_no_worker():
+    import time
+
+    baseline = _flashinfer_baseline(cuda=False)
+    start = time.monotonic()
+    record = baseline.measure(_fi_point())
+    assert time.monotonic() - start < 5
+    assert record["status"] == "unsupported" and record["error"] == flashinfer.NEEDS_GPU
+    assert baseline.workers.procs == []
+    w4a8 = baseline.measure(_fi_point(precision="w4a8"))
+    assert w4a8["status"] == "unsupported" and "FP8 x FP8 only" in w4a8["error"]
+    baseline.close()
+
+
+def test_flashinfer_names_the_missing_packages_and_its_site_variable(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "flashinfer" / "moe_ep").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [])
+    monkeypatch.setenv(flashinfer.SITE_ENV, str(tmp_path))
+    record = _flashinfer_baseline(cuda=True).measure(_fi_point())
+    assert record["status"] == "unsupported"
+    assert "not importable: nvshmem4py-cu13, cuda-core, nvidia-cutlass-dsl." in record["error"]
+    assert "pip install flashinfer-python nvshmem4py-cu13 cuda-core" in record["error"]
+    assert flashinfer.SITE_ENV in record["error"]
+    for module in ("nvshmem/core", "cuda/core", "cutlass"):
+        (tmp_path / module).mkdir(parents=True)
+    assert flashinfer.missing_packages() is None
+    monkeypatch.setenv(flashinfer.SITE_ENV, str(tmp_path / "nowhere"))
+    record = _flashinfer_baseline(cuda=True).measure(_fi_point())
+    assert record["status"] == "unsupported" and "nowhere is not a directory" in record["error"]
+
+
+def test_flashinfer_workers_put_their_site_directories_first(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    monkeypatch.setattr(sys, "path", ["/usr/lib/python"])
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setenv(flashinfer.SITE_ENV, os.pathsep.join([str(tmp_path), str(tmp_path)]))
+    assert flashinfer.prefer_sites() == [str(tmp_path)] * 2
+    assert sys.path[0] == str(tmp_path) and sys.path[-1] == "/usr/lib/python"
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[-1] == "/elsewhere"
+
+
+@needs_torch
+def test_flashinfer_gets_our_fp8_activations_back_but_requantizes_the_weights():
+    import torch
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(16, 512, generator=gen) * torch.logspace(-3, 3, 16)[:, None]
+    values, scales = quant.quantize_rows(x)
+    # what FlashInfer stages from the bf16 values we give it: our FP8 bytes, our scales
+    again, again_scales = quant.quantize_rows(quant.dequantize_rows(values, scales).bfloat16())
+    assert torch.equal(again.view(torch.uint8), values.view(torch.uint8))
+    assert torch.allclose(again_scales, scales, rtol=2**-8)
+    # our weights: normal FP8 draws (block amax far below 448), gate and up blocks scaled
+    # apart; FlashInfer's blocks hold 64 gate and 64 up rows of two of ours
+    I, H = 256, 256  # noqa: E741
+    w1 = torch.randn(2 * I, H, generator=gen).to(torch.float8_e4m3fn).float()
+    w1[:I] *= 0.01
+    w2 = torch.randn(H, I, generator=gen).to(torch.float8_e4m3fn).float()
+    s1, s2 = flashinfer.stored_weights(w1, w2)
+    assert not torch.equal(s1, w1) and not torch.equal(s2, w2)
+    assert ((s1 - w1).norm() / w1.norm()) < 0.05 and ((s2 - w2).norm() / w2.norm()) < 0.05
+    # what FlashInfer stores it stores again unchanged: the blocks are its own
+    t1, t2 = flashinfer.stored_weights(s1, s2)
+    assert torch.equal(t1, s1) and torch.equal(t2, s2)
+    rows = torch.arange(2 * I, dtype=torch.float32)[:, None].expand(2 * I, 4)
+    mixed = flashinfer.interleave_gate_up(rows)
+    assert mixed[:16, 0].tolist() == [*range(8), *range(I, I + 8)]
+    assert torch.equal(flashinfer.deinterleave_gate_up(mixed), rows)
 
 
 def test_deepgemm_workers_can_take_torch_from_their_own_site(tmp_path, monkeypatch):

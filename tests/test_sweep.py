@@ -273,7 +273,12 @@ def test_retry_of_a_finished_sweep_with_another_config_is_refused(tmp_path):
 
 
 def _moe_sweep(out, measure, variants, points, **kw):
-    config = {"k": 1, "variants": variants, "baselines": {v: "..." for v in variants}}
+    config = {
+        "k": 1,
+        "megamoe": {"variants": variants, "lead_rows": 256},  # the section repeats them
+        "variants": variants,
+        "baselines": {v: "..." for v in variants},
+    }
     return sweep(out, measure, points, config=config, **kw)
 
 

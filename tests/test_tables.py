@@ -116,6 +116,54 @@ def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path)
     assert "## Per configuration" in markdown and "ours/DeepGEMM" in markdown
 
 
+def test_megamoe_flashinfer_beside_the_other_baselines_per_configuration_and_precision(
+    tmp_path,
+):
+    from xstage_bench.analysis.megamoe import megamoe_baselines
+
+    ds = tmp_path / "h200x2-moe"
+    speedups = [1.25, 0.8] * 4  # ours best: 80 or 100 us
+    path = write_megamoe(ds, speedups, baselines=True, flashinfer="ok")
+    best = np.array([min(100.0, 100.0 / s) for s in speedups])
+    w8a8 = np.array([c["precision"] == "w8a8" for c in megamoe_configs()])
+    wide = megamoe_baselines(json.loads(path.read_text()))
+    assert wide["flashinfer_us"].dropna().tolist() == [90.0] * 4  # w4a8: unsupported
+    ratios = sorted(wide["ours_over_flashinfer"].dropna())
+    assert ratios == pytest.approx(sorted(best[w8a8] / 90))
+    table = megamoe.build(ds)
+    summary, per_config = (frame for _, frame in table.sections)
+    rows = summary[summary["comparison"] == "ours/FlashInfer SM90 FP8 (time)"]
+    overall = rows[rows["group"] == "overall"].iloc[0]
+    assert overall["n"] == 4
+    assert overall["geomean"] == pytest.approx(np.prod(best[w8a8] / 90) ** (1 / 4))
+    assert rows[rows["group"] == "precision"]["value"].tolist() == ["w8a8"]
+    assert per_config["FlashInfer us"].notna().tolist() == list(w8a8)
+    assert per_config["ours/FlashInfer"].dropna().tolist() == pytest.approx(list(best[w8a8] / 90))
+    note = next(n for n in table.notes if n and n.startswith("ours/FlashInfer"))
+    assert "FP8 e4m3, 1x128 activation and 128x128 weight block scales" in note
+    assert "includes its dispatch and combine" in note
+
+
+def test_megamoe_flashinfer_without_an_ok_record_says_why_and_is_absent_when_unmeasured(
+    tmp_path,
+):
+    ds = tmp_path / "h200x2-moe"
+    write_megamoe(ds, [1.25] * 8, baselines=True, flashinfer="unsupported")
+    table = megamoe.build(ds)
+    summary, per_config = (frame for _, frame in table.sections)
+    row = summary[summary["comparison"] == "ours/FlashInfer SM90 FP8 (time)"].iloc[0]
+    assert row["n"] == 0
+    assert per_config["FlashInfer us"].isna().all()
+    assert any("FlashInfer" in n and "8 unsupported (" in n for n in table.notes if n)
+    plain = tmp_path / "h200x2-plain"
+    write_megamoe(plain, [1.25] * 8, baselines=True)
+    table = megamoe.build(plain)
+    summary, per_config = (frame for _, frame in table.sections)
+    assert not summary["comparison"].str.contains("FlashInfer").any()
+    assert not any("FlashInfer" in c for c in per_config.columns)
+    assert not any("FlashInfer" in n for n in table.notes if n)
+
+
 def test_megamoe_without_ok_baselines_has_no_baseline_section(tmp_path):
     ds = tmp_path / "sim-moe"
     write_megamoe(ds)  # ours only, plus one unsupported DeepGEMM record (as the simulator)

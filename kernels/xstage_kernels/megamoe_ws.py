@@ -22,6 +22,12 @@ row block's counter once, so a row block is ready at 2 * I / 128 (not I / 128 as
 kernel). A Linear-2 tile stores each row straight into its home rank's combine buffer
 with 16-byte stores (peer memory over NVLink: the X-Stage).
 
+Measured (2x H200 reference, 84 configurations, 2026-11-30): W8A8 median 601 TFLOP/s per GPU,
+824 at 16384 tokens (the tl kernel: 461 and 597). The SwiGLU/quantization epilogue is on
+the critical path (both warpgroups run it at once while the tensor cores idle), hence one
+division per element there: taking the divisions out of it alone gave +6% (DeepSeek-V4
+Flash) to +14% (DiT-MoE) on one H200.
+
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
 later of the two (atomic max into a zeroed buffer) and store_start from warpgroup 0.

@@ -174,12 +174,21 @@ def added_variants(previous: dict, config: dict) -> list[str]:
     before, after = previous.get("variants"), config.get("variants")
     if not isinstance(before, list) or not isinstance(after, list):
         return []
-    rest = [{k: v for k, v in c.items() if k not in GROWABLE} for c in (previous, config)]
-    if rest[0] != rest[1] or not set(before) <= set(after):
+    if _without_variants(previous) != _without_variants(config) or not set(before) <= set(after):
         return []
     if not set(previous.get("baselines", {})) <= set(config.get("baselines", {})):
         return []
     return [v for v in after if v not in before]
+
+
+def _without_variants(config: dict) -> dict:
+    """The config less what may grow, at the top and in its sections (the experiment's own
+    section repeats the variants)."""
+    return {
+        k: {kk: vv for kk, vv in v.items() if kk != "variants"} if isinstance(v, dict) else v
+        for k, v in config.items()
+        if k not in GROWABLE
+    }
 
 
 def _check_resumable(previous: dict, partial: Path, header: dict, ids: list[str]) -> None:

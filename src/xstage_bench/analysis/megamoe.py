@@ -12,6 +12,7 @@ from xstage_bench import layout, paper
 from xstage_bench.analysis import fitted
 from xstage_bench.analysis.frames import is_scalar, records_frame
 from xstage_bench.analysis.load import NoDataError, optional_model_doc, raw_doc
+from xstage_bench.megamoe.baselines import BASELINES
 from xstage_bench.megamoe.routing import LOCAL_CONTROL, fraction_label
 from xstage_bench.megamoe.schedule import COMPARED, INTERLEAVED, WAVE
 
@@ -118,10 +119,12 @@ BASELINE_COLUMNS = (
     "deepgemm_wave_us",
     "deepgemm_lag_us",
     "deepgemm_best_us",
+    "flashinfer_us",
     "ours_over_unfused",
     "ours_over_unfused_fp8",
     "ours_over_unfused_bf16",
     "ours_over_deepgemm",
+    "ours_over_flashinfer",
     "ours_speedup",
     "deepgemm_lag_speedup",
 )
@@ -131,14 +134,15 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     """Per configuration with an ok time of ours: our best schedule's time beside the
     baselines' (ok records only). Ratios are times, ours over the baseline's best (below 1:
     ours is faster); speedups are wave time over interleaved (ours) or over L2-lag
-    (DeepGEMM) time. Empty when the dataset holds no ok baseline record (the simulator
-    writes none)."""
+    (DeepGEMM) time. FlashInfer has one time per configuration (its own schedule), at
+    natural routing only. Empty when the dataset holds no ok baseline record (the
+    simulator writes none)."""
     df = remote_fraction_labels(records_frame(doc))
     if df.empty or "variant" not in df.columns:
         return pd.DataFrame(columns=[*MEGAMOE_CONFIG_COLUMNS, *BASELINE_COLUMNS])
     keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
     ok = df[(df["status"] == "ok") & df["time_us_median"].notna()].copy()
-    if not ok["variant"].isin(["unfused", "deepgemm"]).any():
+    if not ok["variant"].isin(BASELINES).any():
         return pd.DataFrame(columns=[*keys, *BASELINE_COLUMNS])
     ok["series"] = ok["variant"].fillna("ours") + "/" + ok["schedule"]
     wide = ok.pivot_table(index=keys, columns="series", values="time_us_median", aggfunc="first")
@@ -148,6 +152,7 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
         "unfused/unfused": "unfused_us",
         f"deepgemm/{WAVE}": "deepgemm_wave_us",
         f"deepgemm/{INTERLEAVED}": "deepgemm_lag_us",
+        "flashinfer/flashinfer": "flashinfer_us",
     }
     wide = wide.rename(columns=names).reindex(columns=list(names.values()))
     out = pd.DataFrame(index=wide.index)
@@ -156,16 +161,37 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     out["deepgemm_wave_us"] = wide["deepgemm_wave_us"]
     out["deepgemm_lag_us"] = wide["deepgemm_lag_us"]
     out["deepgemm_best_us"] = wide[["deepgemm_wave_us", "deepgemm_lag_us"]].min(axis=1)
+    out["flashinfer_us"] = wide["flashinfer_us"]
     out["ours_over_unfused"] = out["ours_best_us"] / out["unfused_us"]
     paths = unfused_path_times(doc, keys)
     for column, ratio in UNFUSED_PATHS.values():
         out[column] = paths[column].reindex(out.index) if column in paths else np.nan
         out[ratio] = out["ours_best_us"] / out[column]
     out["ours_over_deepgemm"] = out["ours_best_us"] / out["deepgemm_best_us"]
+    out["ours_over_flashinfer"] = out["ours_best_us"] / out["flashinfer_us"]
     out["ours_speedup"] = wide["ours_wave_us"] / wide["ours_interleaved_us"]
     out["deepgemm_lag_speedup"] = wide["deepgemm_wave_us"] / wide["deepgemm_lag_us"]
     out = out[out["ours_best_us"].notna()]
     return out.reset_index()[[*keys, *BASELINE_COLUMNS]]
+
+
+def has_records(doc: dict, variant: str) -> bool:
+    """Whether the sweep measured `variant` at all (whatever became of its points)."""
+    return any(r["point"].get("variant") == variant for r in doc["records"])
+
+
+def variant_outcome(doc: dict, variant: str, name: str) -> str:
+    """What happened to a baseline's records: '84 failed (<error>); 84 unsupported
+    (<error>)', or that the dataset has none."""
+    records = [r for r in doc["records"] if r["point"].get("variant") == variant]
+    if not records:
+        return f"the dataset has no {name} record"
+    parts = []
+    for status in sorted({r["status"] for r in records}):
+        some = [r for r in records if r["status"] == status]
+        error = next((str(r["error"]).splitlines()[0] for r in some if r.get("error")), "")
+        parts.append(f"{len(some)} {status}" + (f" ({error[:90]})" if error else ""))
+    return "; ".join(parts)
 
 
 # The unfused pipeline's GEMM paths that get columns of their own (baselines/unfused.py):

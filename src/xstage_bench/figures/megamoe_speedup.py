@@ -4,8 +4,9 @@ Top: every configuration as a bar, sorted, colored by model shape, with 1.0, the
 mean and the maximum marked. Middle: the same speedups split by shape, precision and
 routing, to show which group the gains (and the regressions) come from. Bottom, where the
 dataset holds the baselines (the simulator writes none): per configuration our best
-schedule's time over the unfused torch pipeline's and over DeepGEMM's best schedule's,
-and our interleaved speedup against DeepGEMM's L2-lag speedup.
+schedule's time over the unfused torch pipeline's, over DeepGEMM's best schedule's and,
+where the sweep measured it, over FlashInfer's, and our interleaved speedup against
+DeepGEMM's L2-lag speedup.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def plot(dataset_dir: Path) -> Figure:
                     f"geomean {stats.geomean(part['speedup']):.3f}x, not plotted (tab-megamoe)"
                 )
     if not baselines.empty:
-        notes += _plot_baselines(fig, grid, baselines, palette, _deepgemm_outcome(doc))
+        notes += _plot_baselines(fig, grid, baselines, palette, *_series(doc, baselines))
     if len(incomplete):
         notes.append(
             f"{len(incomplete)} configuration(s) without an ok time for both schedules, not plotted"
@@ -105,26 +106,36 @@ def plot(dataset_dir: Path) -> Figure:
     )
 
 
-BASELINE_SERIES = (
+UNFUSED_SERIES = (
     ("unfused torch, FP8 grouped (per-token x per-channel)", "ours_over_unfused_fp8", "s"),
     ("unfused torch, bf16 grouped", "ours_over_unfused_bf16", "o"),
-    ("DeepGEMM SM90 MegaMoE", "ours_over_deepgemm", "^"),
 )
 # Sweeps from before the unfused pipeline timed each GEMM path: its fastest path only.
 UNFUSED_BEST = ("unfused torch pipeline", "ours_over_unfused", "o")
+# The fused baselines: (variant, name, label, column, marker); FlashInfer drawn only
+# where the sweep measured it, so the figures of sweeps before it stay as they were.
+FUSED_SERIES = (
+    ("deepgemm", "DeepGEMM", "DeepGEMM SM90 MegaMoE", "ours_over_deepgemm", "^"),
+    ("flashinfer", "FlashInfer", "FlashInfer SM90 FP8 MegaMoE", "ours_over_flashinfer", "D"),
+)
 
 
-def _deepgemm_outcome(doc: dict) -> str:
-    """What happened to DeepGEMM's records: '84 failed (<error>); 84 unsupported (<error>)'."""
-    records = [r for r in doc["records"] if r["point"].get("variant") == "deepgemm"]
-    if not records:
-        return "the dataset has no DeepGEMM record"
-    parts = []
-    for status in sorted({r["status"] for r in records}):
-        some = [r for r in records if r["status"] == status]
-        error = next((str(r["error"]).splitlines()[0] for r in some if r.get("error")), "")
-        parts.append(f"{len(some)} {status}" + (f" ({error[:90]})" if error else ""))
-    return "; ".join(parts)
+def _series(doc: dict, baselines) -> tuple[list, dict]:
+    """The ratio series to draw, and for the fused baselines' columns what happened to
+    their records (said where one has no ok time)."""
+    unfused = UNFUSED_SERIES
+    if baselines[list(megamoe.UNFUSED_PATH_RATIOS)].isna().all(axis=None):
+        unfused = (UNFUSED_BEST,)
+    fused = [
+        (label, column, marker)
+        for variant, _, label, column, marker in FUSED_SERIES
+        if variant == "deepgemm" or megamoe.has_records(doc, variant)
+    ]
+    outcomes = {
+        column: megamoe.variant_outcome(doc, variant, name)
+        for variant, name, _, column, _ in FUSED_SERIES
+    }
+    return [*unfused, *fused], outcomes
 
 
 def _by_precision(part, column: str) -> str:
@@ -135,18 +146,18 @@ def _by_precision(part, column: str) -> str:
     return f"{means}, n={len(part)}"
 
 
-def _plot_baselines(fig: Figure, grid, baselines, palette: dict, deepgemm: str) -> list[str]:
+def _plot_baselines(
+    fig: Figure, grid, baselines, palette: dict, series: list, outcomes: dict
+) -> list[str]:
     """The bottom row: time ratios against each baseline, sorted per baseline, and the two
     kernels' schedule speedups side by side. Returns notes on what could not be drawn."""
     notes = []
     ratios = fig.add_subplot(grid[2, :2])
-    series = BASELINE_SERIES
-    if baselines[list(megamoe.UNFUSED_PATH_RATIOS)].isna().all(axis=None):
-        series = (UNFUSED_BEST, BASELINE_SERIES[-1])
+    deepgemm = outcomes["ours_over_deepgemm"]
     for label, column, marker in series:
         part = baselines[baselines[column].notna()].sort_values(column, ignore_index=True)
         if part.empty:
-            why = f": {deepgemm}" if column == "ours_over_deepgemm" else ""
+            why = f": {outcomes[column]}" if column in outcomes else ""
             notes.append(f"{label}: no configuration with an ok time, not plotted{why}")
             continue
         ratios.scatter(

@@ -24,7 +24,12 @@ import numpy as np
 from xstage_bench import log, timing
 from xstage_bench.clocks import ClockSampler
 from xstage_bench.megamoe import reference, schedule, verdict
-from xstage_bench.megamoe.baselines.measure import DeepGemmBaseline, GemmCeiling, UnfusedBaseline
+from xstage_bench.megamoe.baselines.measure import (
+    DeepGemmBaseline,
+    FlashInferBaseline,
+    GemmCeiling,
+    UnfusedBaseline,
+)
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
     CPU_PROGRAMS,
@@ -80,6 +85,7 @@ class MoEMeasurer:
         self._outputs: dict[str, list] = {}
         self.unfused = UnfusedBaseline(self)
         self.deepgemm = DeepGemmBaseline(self, baseline_budget_s)
+        self.flashinfer = FlashInferBaseline(self, baseline_budget_s)
         self.ceiling = GemmCeiling(self)
 
     def _flushers(self) -> dict:
@@ -197,6 +203,8 @@ class MoEMeasurer:
             return self.unfused.measure(point)
         if variant == "deepgemm":
             return self.deepgemm.measure(point)
+        if variant == "flashinfer":
+            return self.flashinfer.measure(point)
         if variant == "gemm_ceiling":
             return self.ceiling.measure(point)
         return measure_point(
@@ -243,6 +251,7 @@ class MoEMeasurer:
 
     def close(self) -> None:
         self.deepgemm.close()
+        self.flashinfer.close()
 
     # ---- the traced runs --------------------------------------------------------------
 

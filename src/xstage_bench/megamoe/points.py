@@ -25,8 +25,10 @@ def expand_schedules(points: list[dict], schedules: Sequence[str]) -> list[dict]
 
 def expand_points(points: list[dict], megamoe: dict) -> list[dict]:
     """Per configuration, in this order so that they share its inputs: our kernel's
-    schedules, the unfused pipeline, DeepGEMM's schedules, the GEMM ceiling (natural
-    routing only: it does not depend on where rows go), as `megamoe.variants` asks."""
+    schedules, the unfused pipeline, DeepGEMM's schedules, FlashInfer (natural routing
+    only: it runs its own schedule and dispatch, so rows re-homed to a remote fraction
+    mean nothing to it), the GEMM ceiling (natural routing only: it does not depend on
+    where rows go), as `megamoe.variants` asks."""
     variants = megamoe.get("variants", list(VARIANTS))
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -44,6 +46,15 @@ def expand_points(points: list[dict], megamoe: dict) -> list[dict]:
                 {**p, "variant": "deepgemm", "schedule": s, "id": f"{p['id']}/deepgemm/{s}"}
                 for s in megamoe["schedules"]
             ]
+        if "flashinfer" in variants and "remote_fraction" not in p:
+            out.append(
+                {
+                    **p,
+                    "variant": "flashinfer",
+                    "schedule": "flashinfer",
+                    "id": f"{p['id']}/flashinfer",
+                }
+            )
         if "gemm_ceiling" in variants and "remote_fraction" not in p:  # routing-blind
             out.append(
                 {
@@ -89,7 +100,8 @@ def sampled_tokens(T: int, check_tokens: int, world_size: int, seed: int) -> lis
 
 
 def config_id(point: dict) -> str:
-    """The grid id of a point's configuration (its id less the variant and schedule)."""
+    """The grid id of a point's configuration (its id less the variant and schedule:
+    '<config>/<schedule>', '<config>/deepgemm/<schedule>', '<config>/flashinfer')."""
     return point["id"].rsplit("/", 2 if point.get("variant") == "deepgemm" else 1)[0]
 
 
@@ -97,7 +109,7 @@ def select(
     megamoe: dict, shapes=None, precisions=None, routings=None, tokens=None, variants=None
 ) -> dict:
     """The megamoe config restricted to the named shapes, precisions, routings, tokens and
-    variants (ours, unfused, deepgemm)."""
+    variants (ours, unfused, deepgemm, flashinfer, gemm_ceiling)."""
     moe = dict(megamoe)
     if variants:
         moe["variants"] = list(variants)

@@ -136,6 +136,19 @@ def dequantize_rows(values, scales, block: int = SCALE_BLOCK):
     return (groups * scales[..., None]).reshape(rows, cols)
 
 
+def quantize_weight(w):
+    """torch: a weight (N, K) -> FP8 e4m3 values and one fp32 scale per 128x128 block
+    (its amax / 448): what a library that quantizes bf16 weights itself stores
+    (FlashInfer's blockwise recipe); dequantize_weight(..., "w8a8") reads it back."""
+    import torch
+
+    n, k = w.shape
+    blocks = w.float().reshape(n // SCALE_BLOCK, SCALE_BLOCK, k // SCALE_BLOCK, SCALE_BLOCK)
+    scales = blocks.abs().amax(dim=(1, 3)).clamp_min(AMAX_FLOOR) / FP8_MAX
+    values = (blocks / scales[:, None, :, None]).to(torch.float8_e4m3fn).reshape(n, k)
+    return values, scales
+
+
 def pack_int4(w):
     """torch: (..., N, K) int8 in [-8, 7] -> (..., N, K/2) uint8, half-split (see above)."""
     import torch

@@ -10,13 +10,15 @@ bf16 (the combine buffer's type) before the weighted sum. Kernels that store the
 intermediate differently (DeepGEMM's SM90 MegaMoE: per-64-channel scales, the top-k weight
 applied before quantization) are checked against the same reference told their format
 (`Intermediate`), so that the tolerance still measures the kernel; so is the unfused
-torch pipeline, whose Linear-1 GEMM returns bf16.
+torch pipeline, whose Linear-1 GEMM returns bf16. A kernel that quantizes the weights
+itself (FlashInfer, given their bf16 values) is checked with the weights as it stores
+them (`stored_weights`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,9 +92,12 @@ def reference_outputs(
     tokens: Sequence[np.ndarray],
     precision: str,
     intermediate_format: Intermediate = OURS,
+    stored_weights: Callable | None = None,
 ) -> list:
     """fp32 (len(tokens[r]), H) MoE outputs of the sampled tokens of every home rank r,
-    on that rank's device. Work is grouped by expert so each expert is dequantized once.
+    on that rank's device. Work is grouped by expert so each expert is dequantized once;
+    `stored_weights(w1, w2) -> (w1, w2)`, if given, turns its fp32 weights into what the
+    kernel under test computes with.
 
     `experts` maps expert ranks to their weights; given only some ranks (a process that
     holds one rank's experts), the outputs are the partial sums over those ranks' experts.
@@ -126,6 +131,8 @@ def reference_outputs(
         device = ex.w1.device
         w1 = dequantize_weight(ex.w1[e], None if ex.s1 is None else ex.s1[e], precision)
         w2 = dequantize_weight(ex.w2[e], None if ex.s2 is None else ex.s2[e], precision)
+        if stored_weights is not None:
+            w1, w2 = stored_weights(w1, w2)
         x = torch.stack([results[r][0][i].to(device) for r, i, _ in entries])
         w = torch.tensor(
             [float(homes[r].weights[int(tokens[r][i]), k]) for r, i, k in entries], device=device

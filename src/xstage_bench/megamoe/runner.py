@@ -8,8 +8,10 @@ One record per (configuration, schedule) of our kernel, id '<config id>/<schedul
 `megamoe.variants` (default: ours, unfused, deepgemm) also one record per configuration of
 the unfused torch pipeline ('<config id>/unfused', baselines/unfused.py) and one per
 (configuration, schedule) of DeepGEMM's SM90 MegaMoE ('<config id>/deepgemm/<schedule>',
-baselines/deepgemm.py), each measured right after our kernel on the same inputs and
-checked against the same reference before it is timed. Every point goes through
+baselines/deepgemm.py) and, when asked for, one per configuration at natural routing of
+FlashInfer's SM90 MegaMoE ('<config id>/flashinfer', baselines/flashinfer.py), each
+measured right after our kernel on the same inputs and checked against the same
+reference before it is timed. Every point goes through
 protocol.measure_point: clocks, check, timing, record; a point whose check fails is
 recorded "wrong" and not timed. Weights are made once per (shape, precision) and reused
 by that shape's routings and sizes.
@@ -36,7 +38,7 @@ from pathlib import Path
 from xstage_bench import grid, timing
 from xstage_bench.environment import capture_measured
 from xstage_bench.megamoe import reference
-from xstage_bench.megamoe.baselines import VARIANTS, unfused
+from xstage_bench.megamoe.baselines import VARIANTS, flashinfer, unfused
 from xstage_bench.megamoe.measurer import MoEMeasurer
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
 from xstage_bench.megamoe.points import (
@@ -87,7 +89,7 @@ def raw_config(
 ) -> dict:
     from xstage_kernels import megamoe as kernel
 
-    return {
+    raw = {
         "megamoe": moe,
         "timing": config["timing"],
         "world_size": world_size,
@@ -140,6 +142,32 @@ def raw_config(
             },
         },
     }
+    if "flashinfer" in raw["variants"]:
+        raw["baselines"]["flashinfer"] = flashinfer_description()
+    return raw
+
+
+def flashinfer_description() -> dict:
+    """The raw config's baselines.flashinfer, written only by sweeps that measure it: a
+    sweep without it keeps the config it had (and sweep.added_variants can grow one)."""
+    return {
+        "source": f"flashinfer-python (PyPI) flashinfer.moe_ep, backend {flashinfer.BACKEND}, "
+        "src/xstage_bench/megamoe/baselines/flashinfer.py",
+        "processes": "one torch.distributed (NCCL) process per GPU, NVSHMEM symmetric heap "
+        "(peer memory over NVLink)",
+        "format": f"{flashinfer.FORMAT}; given our FP8 values dequantized to bf16, quantized "
+        "by FlashInfer (gate/up rows interleaved by 8 before its weight blocks)",
+        "points": "one per configuration, natural routing only: it runs its own schedule and "
+        "its own dispatch, so re-homed remote fractions do not apply",
+        "time_us": "slowest rank's CUDA-event time of one compute_staged call, after a "
+        "barrier, FP8 inputs staged once beforehand (its in-kernel dispatch, expert GEMMs, "
+        "combine and top-k sum are inside)",
+        "forward_us": "the same for forward with bf16 input (quantize, stage, kernel, "
+        "copy-out), median",
+        "check": "sampled rows of forward, compute_staged, and compute_staged after the timed "
+        "launches vs our reference told its weights as it stores them and its intermediate "
+        "format (FP8 per 64 channels, top-k weight before quantization)",
+    }
 
 
 def run_megamoe(
@@ -156,9 +184,10 @@ def run_megamoe(
 ) -> None:
     """Measure every (configuration, variant, schedule) and write raw/megamoe.json (`out`);
     with `trace_out`, the instrumented runs of the traced configurations too (ours only).
-    `baseline_budget_s` bounds the wall time DeepGEMM may take in all (points past it are
-    recorded failed, "not run"). device_type="cpu": every rank on the CPU under the Triton
-    interpreter, our kernel only (CI's test of the rule; the traces are unsupported)."""
+    `baseline_budget_s` bounds the wall time DeepGEMM may take in all, and FlashInfer's
+    likewise (points past it are recorded failed, "not run"). device_type="cpu": every
+    rank on the CPU under the Triton interpreter, our kernel only (CI's test of the rule;
+    the traces are unsupported)."""
     from xstage_bench.megamoe.problem import enable_peer_access
 
     moe = megamoe or config["megamoe"]
@@ -210,9 +239,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_grid_arguments(parser)
     parser.add_argument("--out", required=True, type=Path, help="raw/megamoe.json to write")
     parser.add_argument("--trace-out", type=Path, help="raw/megamoe_trace.json to write")
-    parser.add_argument("--variants", help="comma-separated: ours, unfused, deepgemm")
     parser.add_argument(
-        "--baseline-budget-s", type=float, help="wall-time bound on all DeepGEMM runs"
+        "--variants", help="comma-separated: ours, unfused, deepgemm, flashinfer, gemm_ceiling"
+    )
+    parser.add_argument(
+        "--baseline-budget-s",
+        type=float,
+        help="wall-time bound on all DeepGEMM runs, and on all FlashInfer runs",
     )
     parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
     args = parser.parse_args(argv)

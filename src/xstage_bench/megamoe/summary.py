@@ -90,13 +90,14 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
         ("unfused", ("unfused", "unfused")),
         ("dg wave", ("deepgemm", schedule.WAVE)),
         ("dg lag", ("deepgemm", schedule.INTERLEAVED)),
+        ("fi", ("flashinfer", "flashinfer")),
     ]
     print(
         f"{'configuration':50s} "
         + " ".join(f"{name:>9s}" for name, _ in columns)
         + f" {'speedup':>7s} {'TFLOP/s':>7s} {'rel err':>8s}"
     )
-    speedups, ratios = [], {"unfused": [], "deepgemm": []}
+    speedups, ratios = [], {"unfused": [], "deepgemm": [], "flashinfer": []}
     for cid, recs in by_config.items():
         cells = {}
         for name, key in columns:
@@ -110,7 +111,12 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
         if speed:
             speedups.append(speed)
         ours = min((c for c in (cells["wave us"], cells["inter us"]) if c), default=None)
-        for base, names in (("unfused", ["unfused"]), ("deepgemm", ["dg wave", "dg lag"])):
+        bases = (
+            ("unfused", ["unfused"]),
+            ("deepgemm", ["dg wave", "dg lag"]),
+            ("flashinfer", ["fi"]),
+        )
+        for base, names in bases:
             best = min((cells[n] for n in names if cells[n]), default=None)
             if ours and best:
                 ratios[base].append(ours / best)

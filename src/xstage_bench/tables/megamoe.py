@@ -1,7 +1,8 @@
 """tab-megamoe: the interleaved-over-expert-wave speedup, overall and per group, beside the
 paper's 84-configuration summary; where the dataset holds the baselines, two sections more:
-our best schedule against the unfused torch pipeline and DeepGEMM's SM90 MegaMoE (summary
-per group), and the same per configuration."""
+our best schedule against the unfused torch pipeline, DeepGEMM's SM90 MegaMoE and (where
+measured) FlashInfer's SM90 FP8 MegaMoE (summary per group), and the same per
+configuration."""
 
 from __future__ import annotations
 
@@ -62,9 +63,10 @@ def build(dataset_dir: Path) -> Table:
     baselines = megamoe.natural_routing(megamoe.megamoe_baselines(doc))
     sections = []
     if not baselines.empty:
+        flashinfer = megamoe.has_records(doc, "flashinfer")
         sections = [
-            ("Our best schedule against the baselines", baseline_summary(baselines)),
-            ("Per configuration", baseline_configs(baselines)),
+            ("Our best schedule against the baselines", baseline_summary(baselines, flashinfer)),
+            ("Per configuration", baseline_configs(baselines, flashinfer)),
         ]
         notes.append(
             "baselines: ours/unfused and ours/DeepGEMM are time ratios, our best schedule's "
@@ -73,6 +75,8 @@ def build(dataset_dir: Path) -> Table:
             "(dispatch done once, outside the timed region). DeepGEMM L2-lag speedup = its "
             "wave time / its L2-lag time, where both ran."
         )
+        if flashinfer:
+            notes.append(flashinfer_note(doc))
     ceiling = megamoe.kernel_vs_ceiling(doc)
     if not ceiling.empty:
         sections += [
@@ -106,18 +110,22 @@ COMPARISONS = (
     ),
     ("ours/unfused bf16 grouped (time)", "ours_over_unfused_bf16", None),
     ("ours/DeepGEMM (time)", "ours_over_deepgemm", None),
+    ("ours/FlashInfer SM90 FP8 (time)", "ours_over_flashinfer", None),
     ("DeepGEMM L2-lag speedup", "deepgemm_lag_speedup", None),
     ("our interleaved speedup, same configurations", "ours_speedup", "deepgemm_lag_speedup"),
 )
 
 
-def baseline_summary(baselines: pd.DataFrame) -> pd.DataFrame:
+def baseline_summary(baselines: pd.DataFrame, flashinfer: bool = False) -> pd.DataFrame:
     """Geomean, median, min, max of each comparison, overall and per precision and shape;
-    a comparison with no configuration is one row with n = 0."""
+    a comparison with no configuration is one row with n = 0. FlashInfer's row only where
+    the sweep measured it."""
     rows = []
     for name, column, where in COMPARISONS:
         if column in megamoe.UNFUSED_PATH_RATIOS and baselines[column].isna().all():
             continue  # a sweep from before the unfused pipeline timed each path
+        if column == "ours_over_flashinfer" and not flashinfer:
+            continue
         values = baselines[baselines[column].notna()]
         if where is not None:
             values = values[values[where].notna()]
@@ -133,8 +141,9 @@ def baseline_summary(baselines: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def baseline_configs(baselines: pd.DataFrame) -> pd.DataFrame:
-    """One row per configuration: the times (us) and the ratios."""
+def baseline_configs(baselines: pd.DataFrame, flashinfer: bool = False) -> pd.DataFrame:
+    """One row per configuration: the times (us) and the ratios (FlashInfer's only where
+    the sweep measured it)."""
     frame = pd.DataFrame(
         {
             "configuration": [megamoe.megamoe_config_name(r) for r in baselines.to_dict("records")],
@@ -144,10 +153,12 @@ def baseline_configs(baselines: pd.DataFrame) -> pd.DataFrame:
             "unfused bf16 grouped us": baselines["unfused_bf16_us"],
             "DeepGEMM wave us": baselines["deepgemm_wave_us"],
             "DeepGEMM L2-lag us": baselines["deepgemm_lag_us"],
+            "FlashInfer us": baselines["flashinfer_us"],
             "ours/unfused": baselines["ours_over_unfused"],
             "ours/unfused FP8": baselines["ours_over_unfused_fp8"],
             "ours/unfused bf16": baselines["ours_over_unfused_bf16"],
             "ours/DeepGEMM": baselines["ours_over_deepgemm"],
+            "ours/FlashInfer": baselines["ours_over_flashinfer"],
             "our interleaved speedup": baselines["ours_speedup"],
             "DeepGEMM L2-lag speedup": baselines["deepgemm_lag_speedup"],
         }
@@ -156,7 +167,29 @@ def baseline_configs(baselines: pd.DataFrame) -> pd.DataFrame:
     paths = ("unfused FP8 grouped us", "unfused bf16 grouped us")
     paths += ("ours/unfused FP8", "ours/unfused bf16")
     empty = [name for name in paths if frame[name].isna().all()]
+    if not flashinfer:
+        empty += ["FlashInfer us", "ours/FlashInfer"]
     return frame.drop(columns=empty)  # in the configuration keys' order
+
+
+def flashinfer_note(doc: dict) -> str:
+    """What FlashInfer's time is, in the format its records name, and what became of its
+    points when none is ok."""
+    extras = [
+        r.get("extra") or {}
+        for r in doc["records"]
+        if r["point"].get("variant") == "flashinfer" and r["status"] == "ok"
+    ]
+    if not extras:
+        outcome = megamoe.variant_outcome(doc, "flashinfer", "FlashInfer")
+        return f"FlashInfer SM90 FP8 MegaMoE: no configuration with an ok time ({outcome})."
+    first = extras[0]
+    return (
+        f"ours/FlashInfer: FlashInfer {first.get('flashinfer_version', '')} "
+        f"{first.get('flashinfer_backend', '')}, {first.get('format', 'FP8')}; one time per "
+        "configuration (its own schedule), natural routing only; its time (compute_staged, "
+        "FP8 inputs staged beforehand) includes its dispatch and combine, ours does not."
+    )
 
 
 def ceiling_summary(ceiling: pd.DataFrame) -> pd.DataFrame:

@@ -2,10 +2,9 @@
 the same inputs as our kernel, run in its own torch.distributed process pair.
 
 DeepGEMM exchanges tokens through PyTorch symmetric memory, which needs one process per
-GPU; our runner drives every GPU from one process. So a pair of worker processes (spawned
-once, NCCL over NVLink with multicast off) holds one rank each; the runner sends them one
-configuration at a time and waits a bounded time for the answer (a hang or a crash kills
-the pair and fails the point; the next point starts a fresh pair).
+GPU; our runner drives every GPU from one process. So it runs in a pair of worker
+processes, one rank each (worker_pair.py: spawned once, one configuration at a time,
+bounded waits; a hang or a crash fails the point and the next point starts a fresh pair).
 
 Each worker rebuilds its rank's inputs with the generators our problem uses (the same
 seeded tokens, routing and FP8 weights), converts them with DeepGEMM's own helpers
@@ -44,21 +43,19 @@ record's extra says which torch the workers ran (`deepgemm_torch`).
 from __future__ import annotations
 
 import os
-import queue
 import re
 import tempfile
 import time
 from dataclasses import dataclass
 
 from xstage_bench.megamoe import schedule
-from xstage_bench.workers import SAFE_ENV, free_port
+from xstage_bench.megamoe.baselines.worker_pair import Task, time_collective
 
 SCHEDULE_NAMES = {schedule.WAVE: "wave", schedule.INTERLEAVED: "L2-lag"}
 SITE_ENV = "XSTAGE_DEEPGEMM_SITE"  # a site directory with the torch DeepGEMM was built for
 PRECISION = "w8a8"  # the only precision its SM90 MegaMoE takes (FP8 x FP8)
 DEFAULT_JOB_TIMEOUT_S = 300.0  # first call of a shape includes its nvcc JIT compile
-# NVLink multicast off (workers.SAFE_ENV), and DeepGEMM prints the config it chose.
-ENV = {**SAFE_ENV, "DG_PRINT_CONFIGS": "1"}
+ENV = {"DG_PRINT_CONFIGS": "1"}  # DeepGEMM prints the config it chose
 _CONFIG_LINE = re.compile(r"MegaMoESM90Config\([^\n]*\)")
 
 
@@ -95,70 +92,6 @@ class RankResult:
     torch_version: str = ""
 
 
-class DeepGemmWorkers:
-    """A pair (P) of worker processes running DeepGEMM, started on first use."""
-
-    def __init__(self, world_size: int, timeout_s: float = DEFAULT_JOB_TIMEOUT_S):
-        self.world_size = world_size
-        self.timeout_s = timeout_s
-        self.procs: list = []
-        self.jobs: list = []
-        self.results = None
-
-    def _start(self) -> None:
-        import multiprocessing as mp
-
-        os.environ.update(ENV)  # inherited by the spawned workers
-        ctx = mp.get_context("spawn")
-        self.results = ctx.Queue()
-        self.jobs = [ctx.Queue() for _ in range(self.world_size)]
-        port = free_port()
-        self.procs = [
-            ctx.Process(
-                target=_worker,
-                args=(rank, self.world_size, port, self.jobs[rank], self.results),
-                daemon=True,
-            )
-            for rank in range(self.world_size)
-        ]
-        for p in self.procs:
-            p.start()
-
-    def run(self, job: dict, timeout_s: float | None = None) -> list[RankResult]:
-        """Run one configuration on every rank; RankResults in rank order. A timeout or a
-        dead worker raises TimeoutError/RuntimeError after killing the pair."""
-        if not self.procs:
-            self._start()
-        for rank, q in enumerate(self.jobs):
-            q.put({**job, "tokens": job["tokens"][rank]})
-        deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        got: dict[int, RankResult] = {}
-        while len(got) < self.world_size:
-            try:
-                rank, result = self.results.get(timeout=1.0)
-                got[rank] = result
-                continue
-            except queue.Empty:
-                pass
-            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
-            if dead:
-                codes = [self.procs[r].exitcode for r in dead]
-                self.close()
-                raise RuntimeError(f"DeepGEMM worker(s) {dead} died (exit codes {codes})")
-            if time.monotonic() > deadline:
-                self.close()
-                waited = timeout_s or self.timeout_s
-                raise TimeoutError(f"DeepGEMM workers gave no answer within {waited:.0f} s")
-        return [got[r] for r in range(self.world_size)]
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
-        self.procs = []
-
-
 # ---- the worker process ---------------------------------------------------------------
 
 
@@ -173,31 +106,6 @@ def prefer_site() -> str | None:
         raise FileNotFoundError(f"{SITE_ENV}={site} holds no torch package")
     sys.path.insert(0, site)
     return site
-
-
-def _worker(rank: int, world: int, port: int, jobs, results) -> None:
-    os.environ.update(ENV)
-    prefer_site()
-    import torch
-    import torch.distributed as dist
-
-    torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        device_id=torch.device("cuda", rank),
-    )
-    group = dist.group.WORLD
-    while True:
-        job = jobs.get()
-        try:
-            result = _run_job(job, rank, group)
-        except Exception as e:  # DeepGEMM's host asserts arrive here, on every rank alike
-            result = RankResult(error=f"{type(e).__name__}: {str(e).strip()[:1500]}")
-        torch.cuda.empty_cache()
-        results.put((rank, result))
 
 
 def _captured_stdout(fn) -> tuple[object, str]:
@@ -319,38 +227,11 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
             version=importlib.metadata.version("sgl-deep-gemm"),
             torch_version=torch.__version__,
         )
-        result.times_us = _time(call, fill, job["policy"], device)
+        result.times_us = time_collective(call, job["policy"], device, refill=fill)
         return result
     finally:
         buf.destroy()
         dist.barrier()
 
 
-def _time(call, fill, policy: dict, device) -> list[float]:
-    """Per repetition: the inputs refilled, L2 flushed, the ranks meet at a barrier (all
-    untimed), then CUDA events around one call. A fixed count, the same on every rank
-    (timing.measure_fixed, rank 0's count); a sample is the slowest rank's time."""
-    import torch
-    import torch.distributed as dist
-
-    from xstage_bench import timing
-
-    policy = timing.TimingPolicy(**policy)
-    flush = timing.l2_flusher(torch, device.index) if policy.flush_l2 else None
-
-    def setup() -> None:
-        fill()
-        if flush is not None:
-            flush()
-        dist.barrier()
-
-    def agree(n: int) -> int:
-        box = [n]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    run_once = timing.cuda_event_timer(call, device=device.index, flush_l2=False, setup=setup)
-    mine = timing.measure_fixed(run_once, policy, agree=agree)
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return [float(max(v)) for v in zip(*every, strict=True)]
+TASK = Task(name="DeepGEMM", run_job=_run_job, result_type=RankResult, prepare=prefer_site, env=ENV)

@@ -9,6 +9,8 @@ gemm_ceiling  cuBLAS on the configuration's two GEMMs (megamoe/ceiling.py), its 
           checked against fp32 first
 deepgemm  one run of its worker pair per configuration (both schedules' records come
           from it): DeepGEMM picks the schedule, its workers time it (timing.measure_fixed)
+flashinfer  one run of its worker pair per configuration, one record: its kernel on
+          inputs it staged once, timed by its workers as DeepGEMM's are
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import time
 
 from xstage_bench import timing
 from xstage_bench.megamoe import ceiling, reference, verdict
-from xstage_bench.megamoe.baselines import deepgemm, unfused
+from xstage_bench.megamoe.baselines import deepgemm, flashinfer, unfused
+from xstage_bench.megamoe.baselines.worker_pair import WorkerPair
 from xstage_bench.megamoe.points import config_id
 from xstage_bench.protocol import Measured, PointFailed, measure_point, wrong
 
@@ -176,30 +179,47 @@ def _per_rank(errors: list[str | None]) -> str:
     return "; ".join(f"rank {q}: {e}" for q, e in enumerate(errors) if e)
 
 
-class DeepGemmBaseline:
-    """DeepGEMM's SM90 MegaMoE on the measurer's current configuration, through its worker
-    pair; `budget_s` bounds the wall time all its runs may take (None: unbounded)."""
+class PairBaseline:
+    """A baseline run by a worker pair (worker_pair.py) on the measurer's current
+    configuration; `budget_s` bounds the wall time all its runs may take (None:
+    unbounded). One run per configuration serves all of its points."""
 
-    def __init__(self, measurer, budget_s: float | None = None):
+    name = ""  # in the message of a spent budget
+    job_timeout_s = 300.0
+
+    def __init__(self, measurer, task, budget_s: float | None = None):
         self.m = measurer
-        self.workers = deepgemm.DeepGemmWorkers(len(measurer.devices))
-        self.budget_s = budget_s  # what is left of DeepGEMM's wall time
+        self.workers = WorkerPair(task, len(measurer.devices), self.job_timeout_s)
+        self.budget_s = budget_s  # what is left of its wall time
         self._last: tuple | None = None  # (config id, worker results, failure)
 
     def close(self) -> None:
         self.workers.close()
 
+    def measure(self, point: dict) -> dict:
+        return measure_point(
+            point,
+            lambda: self._check(point),
+            lambda facts: self._time(point, facts),
+            sampler=self.m.sampler,
+        )
+
+    def _check(self, point: dict) -> dict:
+        raise NotImplementedError
+
+    def _time(self, point: dict, facts: dict) -> Measured:
+        raise NotImplementedError
+
     def _results(self, point: dict) -> tuple[list | None, str | None]:
-        """The worker results of the point's configuration (run once for both schedules),
-        or why there are none."""
+        """The worker results of the point's configuration, or why there are none."""
         cid = config_id(point)
         if self._last is not None and self._last[0] == cid:
             return self._last[1], self._last[2]
-        timeout = deepgemm.DEFAULT_JOB_TIMEOUT_S
+        timeout = self.job_timeout_s
         if self.budget_s is not None:
             timeout = min(timeout, self.budget_s)
         if timeout <= 0:
-            results, failure = None, "not run: this run's DeepGEMM time budget was spent"
+            results, failure = None, f"not run: this run's {self.name} time budget was spent"
         else:
             m = self.m
             prob = m.problem(point)
@@ -219,30 +239,63 @@ class DeepGemmBaseline:
         self._last = (cid, results, failure)
         return results, failure
 
-    def measure(self, point: dict) -> dict:
-        return measure_point(
-            point,
-            lambda: self._check(point),
-            lambda facts: self._time(point, facts),
-            sampler=self.m.sampler,
-        )
-
-    def _check(self, point: dict) -> dict:
-        reason = deepgemm.unsupported_reason(point)
-        if reason:
-            raise PointFailed(reason, status="unsupported")
+    def _worker_results(self, point: dict, unsupported) -> list:
+        """The worker results; PointFailed when there are none or a rank failed (status
+        unsupported where `unsupported(errors)` says every rank's error means that)."""
         results, failure = self._results(point)
         if failure is not None:
             raise PointFailed(failure, status="timeout" if "no answer" in failure else "failed")
         errors = _per_rank([r.error for r in results])
         if errors:
-            # its host-side checks (DG_HOST_ASSERT) reject a shape on every rank alike
-            # (a missing sgl-deep-gemm is unsupported here too, as a missing FA3 is)
-            rejected = all(
-                "assert" in r.error.lower() or r.error.startswith("ModuleNotFoundError")
-                for r in results
-            )
+            rejected = unsupported([r.error for r in results])
             raise PointFailed(errors, status="unsupported" if rejected else "failed")
+        return results
+
+    def _errors(self, rows: list, ref: list) -> list[float]:
+        """Each rank's relative error of its sampled rows against `ref`."""
+        outs = [
+            self.m.torch.as_tensor(r, device=d) for r, d in zip(rows, self.m.devices, strict=True)
+        ]
+        return [reference.relative_error(o, f) for o, f in zip(outs, ref, strict=True)]
+
+    def _timed(self, point: dict, times: list[float], facts: dict) -> float:
+        """The median of `times`; TFLOP/s and the bytes that cross NVLink into `facts`
+        (its dispatch and combine: dispatched rows with their scales, returned rows)."""
+        m = self.m
+        prob = m.problem(point)
+        median = statistics.median(times)
+        flops = prob.useful_flops() / len(m.devices)
+        nvlink = unfused.exchange_bytes([rb.plan for rb in prob.ranks], point["H"], prob.precision)
+        facts.update(
+            tflops=flops / (median * 1e6),
+            nvlink_bytes=int(sum(nvlink)),
+            nvlink_bytes_per_rank=nvlink,
+        )
+        return median
+
+
+class DeepGemmBaseline(PairBaseline):
+    """DeepGEMM's SM90 MegaMoE through its worker pair (both schedules' points of a
+    configuration share one run)."""
+
+    name = "DeepGEMM"
+    job_timeout_s = deepgemm.DEFAULT_JOB_TIMEOUT_S
+
+    def __init__(self, measurer, budget_s: float | None = None):
+        super().__init__(measurer, deepgemm.TASK, budget_s)
+
+    def _check(self, point: dict) -> dict:
+        reason = deepgemm.unsupported_reason(point)
+        if reason:
+            raise PointFailed(reason, status="unsupported")
+        # its host-side checks (DG_HOST_ASSERT) reject a shape on every rank alike (a
+        # missing sgl-deep-gemm is unsupported here too, as a missing FA3 is)
+        results = self._worker_results(
+            point,
+            lambda errors: all(
+                "assert" in e.lower() or e.startswith("ModuleNotFoundError") for e in errors
+            ),
+        )
         first = results[0]
         ran = deepgemm.schedule_of(first.config_line)
         facts = {
@@ -274,15 +327,10 @@ class DeepGemmBaseline:
         ref = reference.reference_outputs(
             prob.homes, prob.experts, m.tokens, prob.precision, intermediate_format=fmt
         )
-        outs = [
-            m.torch.as_tensor(r.rows, device=d) for r, d in zip(results, m.devices, strict=True)
-        ]
-        rel = [reference.relative_error(o, f) for o, f in zip(outs, ref, strict=True)]
+        rel = self._errors([r.rows for r in results], ref)
         facts.update(
             rel_error=rel,
-            rel_error_vs_our_format=[
-                reference.relative_error(o, f) for o, f in zip(outs, m.reference(), strict=True)
-            ],
+            rel_error_vs_our_format=self._errors([r.rows for r in results], m.reference()),
             checked_tokens_per_rank=len(m.tokens[0]),
             intermediate_block=first.block,
         )
@@ -295,20 +343,90 @@ class DeepGemmBaseline:
         return facts
 
     def _time(self, point: dict, facts: dict) -> Measured:
-        m = self.m
         results, _ = self._results(point)
-        prob = m.problem(point)
         times = results[0].times_us
-        median = statistics.median(times)
-        flops = prob.useful_flops() / len(m.devices)
-        nvlink = unfused.exchange_bytes([rb.plan for rb in prob.ranks], point["H"], prob.precision)
-        facts.update(
-            tflops=flops / (median * 1e6),
-            nvlink_bytes=int(sum(nvlink)),
-            nvlink_bytes_per_rank=nvlink,
-        )
+        median = self._timed(point, times, facts)
         line = (
             f"  deepgemm ({facts['deepgemm_schedule']}) time_us={median:.1f} "
+            f"err={max(facts['rel_error']):.2e} first call {max(facts['first_call_s']):.1f} s"
+        )
+        return Measured({"time_us": times}, facts, line=line)
+
+
+class FlashInferBaseline(PairBaseline):
+    """FlashInfer's SM90 FP8 MegaMoE through its worker pair, one point per configuration
+    (its own schedule and dispatch; natural routing only)."""
+
+    name = "FlashInfer"
+    job_timeout_s = flashinfer.DEFAULT_JOB_TIMEOUT_S
+
+    def __init__(self, measurer, budget_s: float | None = None):
+        super().__init__(measurer, flashinfer.TASK, budget_s)
+        self._missing: list = []  # [why the packages are missing, or None], once looked up
+
+    def _unsupported(self, point: dict) -> str | None:
+        """Why it cannot run here, found without starting a worker."""
+        reason = flashinfer.unsupported_reason(point)
+        if reason or not self.m.cuda:
+            return reason or flashinfer.NEEDS_GPU
+        if not self._missing:
+            try:
+                self._missing.append(flashinfer.missing_packages())
+            except FileNotFoundError as e:  # XSTAGE_FLASHINFER_SITE names no directory
+                self._missing.append(str(e))
+        return self._missing[0]
+
+    def _check(self, point: dict) -> dict:
+        reason = self._unsupported(point)
+        if reason:
+            raise PointFailed(reason, status="unsupported")
+        results = self._worker_results(
+            point, lambda errors: all(e.startswith("ModuleNotFoundError") for e in errors)
+        )
+        first = results[0]
+        facts = {
+            "flashinfer_version": first.version,
+            "flashinfer_torch": first.torch_version,
+            "flashinfer_backend": flashinfer.BACKEND,
+            "format": flashinfer.FORMAT,
+            "time_includes": "its dispatch (the kernel pulls tokens over NVLink) and combine",
+            "first_call_s": [r.first_call_s for r in results],
+        }
+        m = self.m
+        prob = m.problem(point)
+        ref = reference.reference_outputs(
+            prob.homes,
+            prob.experts,
+            m.tokens,
+            prob.precision,
+            intermediate_format=flashinfer.INTERMEDIATE,
+            stored_weights=flashinfer.stored_weights,
+        )
+        rel = {c: self._errors([r.rows[c] for r in results], ref) for c in flashinfer.CHECKS}
+        timed = [r.rows["compute_staged"] for r in results]
+        facts.update(
+            rel_error=rel["compute_staged"],
+            rel_error_by_call=rel,
+            rel_error_vs_our_format=self._errors(timed, m.reference()),
+            checked_tokens_per_rank=len(m.tokens[0]),
+            intermediate_block=flashinfer.INTERMEDIATE.block,
+        )
+        for call in flashinfer.CHECKS:
+            nan = [q for q, r in enumerate(results) if r.nan_rows[call]]
+            text = (f"output rows left NaN on ranks {nan}" if nan else None) or verdict.too_far(
+                rel[call], m.tolerance
+            )
+            if text:
+                raise wrong(f"{call}: {text}", facts)
+        return facts
+
+    def _time(self, point: dict, facts: dict) -> Measured:
+        results, _ = self._results(point)
+        times = results[0].times_us
+        median = self._timed(point, times, facts)
+        facts["forward_us"] = results[0].forward_us
+        line = (
+            f"  flashinfer time_us={median:.1f} (forward, bf16 in: {facts['forward_us']:.1f}) "
             f"err={max(facts['rel_error']):.2e} first call {max(facts['first_call_s']):.1f} s"
         )
         return Measured({"time_us": times}, facts, line=line)
