@@ -3,6 +3,7 @@ the compute-emulated sweep, and where the emulated sweep reaches the paper's loa
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -189,8 +190,13 @@ def variant_outcome(doc: dict, variant: str, name: str) -> str:
     parts = []
     for status in sorted({r["status"] for r in records}):
         some = [r for r in records if r["status"] == status]
-        error = next((str(r["error"]).splitlines()[0] for r in some if r.get("error")), "")
-        parts.append(f"{len(some)} {status}" + (f" ({error[:90]})" if error else ""))
+        # Each distinct reason, most common first: one precision's "not supported" must not
+        # hide another's "not installed".
+        reasons = Counter(str(r["error"]).splitlines()[0][:90] for r in some if r.get("error"))
+        detail = "; ".join(
+            why if len(reasons) == 1 else f"{n}: {why}" for why, n in reasons.most_common()
+        )
+        parts.append(f"{len(some)} {status}" + (f" ({detail})" if detail else ""))
     return "; ".join(parts)
 
 

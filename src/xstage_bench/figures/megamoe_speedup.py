@@ -176,7 +176,13 @@ def _plot_baselines(
     ratios.yaxis.set_minor_formatter(ScalarFormatter())
     ratios.tick_params(axis="y", which="both", labelsize=9)
     if ratios.collections:
-        legend = ratios.legend(fontsize=common.LEGEND_FONT, loc="upper left")
+        # Below the panel: inside it the legend would hide the points of some baseline.
+        legend = ratios.legend(
+            fontsize=common.LEGEND_FONT,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.3),
+            frameon=False,
+        )
         for handle in legend.legend_handles:  # the markers say which baseline, not which shape
             handle.set_color("gray")
 
