@@ -20,7 +20,7 @@ from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
 from xstage_bench import stats
 from xstage_bench.analysis import frames, labels, megamoe
@@ -146,6 +146,14 @@ def _by_precision(part, column: str) -> str:
     return f"{means}, n={len(part)}"
 
 
+def _sparse_log_label(value: float, _pos) -> str:
+    """A minor tick's label on the log ratio axis: 0.2, 0.3, 0.5, 2, 3, 5 (scaled), else none."""
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** np.floor(np.log10(value) + 1e-9)
+    return f"{value:g}" if any(abs(mantissa - m) < 1e-6 for m in (2, 3, 5)) else ""
+
+
 def _plot_baselines(
     fig: Figure, grid, baselines, palette: dict, series: list, outcomes: dict
 ) -> list[str]:
@@ -173,7 +181,8 @@ def _plot_baselines(
     ratios.set_xlabel("configuration, sorted per baseline")
     ratios.set_ylabel("our best time / baseline time\n(below 1: ours faster)")
     ratios.yaxis.set_major_formatter(ScalarFormatter())
-    ratios.yaxis.set_minor_formatter(ScalarFormatter())
+    # Label only a few minor ticks: all of 0.2-0.9 crowd into one another below 1.0.
+    ratios.yaxis.set_minor_formatter(FuncFormatter(_sparse_log_label))
     ratios.tick_params(axis="y", which="both", labelsize=9)
     if ratios.collections:
         # Below the panel: inside it the legend would hide the points of some baseline.
