@@ -396,8 +396,7 @@ def launch(
 
         megamoe_ws.launch(
             num_programs=num_programs,
-            trace_enabled=trace is not None,
-            proxy_fence=True,
+            trace=trace,
             tiles=tiles,
             sync=sync,
             xs=xs,
@@ -407,7 +406,6 @@ def launch(
             hs=hs,
             out=out,
             row_dst=row_dst,
-            trace=trace if trace is not None else row_dst,
             descs=megamoe_ws.descriptors(x, w1, h, w2, H, I),
             H=H,
             I=I,

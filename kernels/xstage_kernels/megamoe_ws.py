@@ -61,7 +61,9 @@ TILE_SLOTS = 2  # tile indices in flight between the producer and the math warpg
 MATH_REGS = 232  # per thread, each math warpgroup (setmaxnreg)
 PRODUCER_REGS = 40
 MAX_REGS = 168  # at launch: 12 warps x 32 threads x 168 fits the SM's 64K registers
-NUM_WARPS = 4  # the default partition (math warpgroup 0); + 4 (math 1) + 1 (producer)
+NUM_WARPS = 4  # the default partition: math warpgroup 0
+WORKER_WARPS = (4, 1)  # the worker partitions: math warpgroup 1, the producer
+WARPS = NUM_WARPS + sum(WORKER_WARPS)
 PAD_DST = -(2**62)  # as megamoe.PAD_DST
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -73,6 +75,7 @@ _HALF = gl.constexpr(HALF)
 _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
+_WORKER_WARPS = gl.constexpr(WORKER_WARPS)
 
 
 @aggregate
@@ -105,10 +108,9 @@ class Shared:
     I: gl.tensor  # noqa: E741
     max_spin: gl.tensor
     TRACE: gl.constexpr
-    PROXY_FENCE: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, PROXY_FENCE):
+    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs
         self.a_bufs, self.b_bufs, self.ready, self.empty = rings
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
@@ -126,7 +128,6 @@ class Shared:
         ) = ptrs
         self.n_tiles, self.H, self.I, self.max_spin = sizes
         self.TRACE = gl.constexpr(TRACE)
-        self.PROXY_FENCE = gl.constexpr(PROXY_FENCE)
 
 
 @gluon.jit
@@ -199,8 +200,7 @@ def _producer(p, WG: gl.constexpr):
                     spins += 1
                 if done < need:
                     gl.atomic_xchg(p.sync_ptr + 1, 1)
-                if p.PROXY_FENCE:
-                    _fence_proxy_async()
+                _fence_proxy_async()
                 if p.TRACE:
                     ready = _now()
                 it = _load_steps(
@@ -303,8 +303,7 @@ def _math(p, WG: gl.constexpr):
                 rows = row0 + rows_h
                 gl.store(p.h_ptr + rows[:, None] * I + (nb * _BLOCK + cols_h)[None, :], q)
                 gl.store(p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK) + nb, scale)
-                if p.PROXY_FENCE:
-                    _fence_proxy_async()
+                _fence_proxy_async()
                 # Every warp of this warpgroup stored its rows before one thread releases them.
                 gl.thread_barrier()
                 gl.atomic_add(p.sync_ptr + 2 + blk, 1, sem="release")
@@ -360,7 +359,6 @@ def _fused_moe_ws(
     I,  # noqa: E741
     max_spin,
     TRACE: gl.constexpr,
-    PROXY_FENCE: gl.constexpr,
 ):
     block: gl.constexpr = x_desc.block_type.shape
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [_STAGES] + block, x_desc.layout)
@@ -396,11 +394,10 @@ def _fused_moe_ws(
         ),
         (n_tiles, H, I, max_spin),
         TRACE,
-        PROXY_FENCE,
     )
     gl.warp_specialize(
         [(_math, (p, 0)), (_math, (p, 1)), (_producer, (p, 0))],
-        [4, 1],
+        _WORKER_WARPS,
         [_MATH_REGS, _PRODUCER_REGS],
     )
 
@@ -438,12 +435,12 @@ def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, ma
     )
 
 
-def launch(*, num_programs: int, trace_enabled: bool, proxy_fence: bool, **kw) -> None:
-    """Enqueue one launch (megamoe.launch checks the inputs and picks this kernel)."""
+def launch(*, num_programs: int, trace=None, **kw) -> None:
+    """Enqueue one launch (megamoe.launch checks the inputs and picks this kernel); a
+    `trace` buffer builds the TRACE variant."""
     _fused_moe_ws[(num_programs,)](
-        *args(**kw),
-        TRACE=trace_enabled,
-        PROXY_FENCE=proxy_fence,
+        *args(trace=trace if trace is not None else kw["row_dst"], **kw),
+        TRACE=trace is not None,
         num_warps=NUM_WARPS,
         maxnreg=MAX_REGS,
     )
@@ -480,11 +477,10 @@ def compile_for_sm90(trace: bool = False):
         max_spin=2,
     )
     names = list(_fused_moe_ws.arg_names)
-    signature = {
-        name: mangle_type(v) for name, v in zip(names, values, strict=False)
-    }  # + constexprs
-    signature.update(TRACE="constexpr", PROXY_FENCE="constexpr")
-    constants = {(names.index("TRACE"),): trace, (names.index("PROXY_FENCE"),): True}
+    # The values stop before the trailing constexpr, TRACE.
+    signature = {name: mangle_type(v) for name, v in zip(names, values, strict=False)}
+    signature["TRACE"] = "constexpr"
+    constants = {(names.index("TRACE"),): trace}
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
         i for i, v in enumerate(values) if isinstance(v, torch.Tensor) or names[i] in ("H", "I")

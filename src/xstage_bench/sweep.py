@@ -293,7 +293,7 @@ def run_sweep(
         partial if partial.exists() else (out if finished and (retry_failed or grown) else None)
     )
     if source is not None:
-        previous = read_raw(source)
+        previous = finished if source == out else read_raw(source)  # out was read above
         _check_resumable(previous, source, header, ids)
         records = {r["id"]: r for r in previous["records"]}
         header["environment"] = _resumed_environment(previous["environment"], environment)

@@ -80,7 +80,7 @@ def w8a8_kernel_record(kernel, device_type: str) -> dict:
         "source": "kernels/xstage_kernels/megamoe_ws.py (Gluon, warp-specialized: one TMA "
         "producer warp, two math warpgroups of 64 rows)",
         "stages": megamoe_ws.STAGES,
-        "num_warps": megamoe_ws.NUM_WARPS + 4 + 1,
+        "num_warps": megamoe_ws.WARPS,
     }
 
 
