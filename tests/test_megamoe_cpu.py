@@ -83,16 +83,23 @@ def test_row_quantization_round_trip_is_within_half_an_fp8_step():
     assert np.all(err <= bound * 1.0001)
 
 
-def test_int4_half_split_packing_layout_and_round_trip():
+def test_int4_word_split_packing_layout_and_round_trip():
     rng = np.random.default_rng(2)
     w = rng.integers(-8, 8, size=(3, 256))
     packed = quant.pack_int4_np(w)
     assert packed.shape == (3, 128) and packed.dtype == np.uint8
-    # byte j of block b: channel 128b + j low, channel 128b + 64 + j high
-    b, j = 1, 5
-    byte = int(packed[0, 64 * b + j])
-    assert ((byte & 0xF) ^ 8) - 8 == w[0, 128 * b + j]
-    assert ((byte >> 4) ^ 8) - 8 == w[0, 128 * b + 64 + j]
+
+    def nibble(value):
+        return ((value & 0xF) ^ 8) - 8
+
+    # word w of block b: nibble i is channel 128b + 4w + i, nibble 4 + i is + 64
+    for b, word in ((0, 0), (1, 5), (1, 15)):
+        value = int.from_bytes(
+            packed[0, 64 * b + 4 * word : 64 * b + 4 * word + 4].tobytes(), "little"
+        )
+        for i in range(4):
+            assert nibble(value >> (4 * i)) == w[0, 128 * b + 4 * word + i]
+            assert nibble(value >> (16 + 4 * i)) == w[0, 128 * b + 64 + 4 * word + i]
     np.testing.assert_array_equal(quant.unpack_int4_np(packed), w)
     with pytest.raises(ValueError, match="int4"):
         quant.pack_int4_np(np.full((1, 128), 8))

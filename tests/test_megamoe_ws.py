@@ -1,10 +1,13 @@
-"""The warp-specialized W8A8 kernel (kernels/xstage_kernels/megamoe_ws.py) without a GPU.
+"""The warp-specialized FP8 kernel (kernels/xstage_kernels/megamoe_ws.py) without a GPU.
 
 Gluon has no interpreter, so its numbers are checked on a GPU only (every point's check,
-before timing). Here: it compiles for sm_90 in both builds, and the compiled code has the
-structure the kernel's docstring promises (partitions with their own register budgets,
-asynchronous FP8 wgmma, per-slot mbarriers, 16-byte epilogue stores, the proxy fence and
-the release that publish the intermediate); and which kernel a launch picks.
+before timing). Here: it compiles for sm_90 in every build (W8A8, W4A8, with and without
+TRACE), and the compiled code has the structure the kernel's docstring promises
+(partitions with their own register budgets, asynchronous FP8 wgmma, per-slot mbarriers,
+16-byte epilogue stores, the proxy fence and the release that publish the intermediate;
+for W4A8 the table-lookup conversion into shared memory, fenced for the tensor cores);
+which kernel a launch picks; and the int4 -> FP8 lookup itself, run on every byte by a
+small model of the PTX instructions it uses.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ SM90_SHARED_BYTES = 227 * 1024
 _COMPILE = """
 import json, re, sys
 from xstage_kernels import megamoe_ws
-k = megamoe_ws.compile_for_sm90(trace=sys.argv[1] == "1")
+k = megamoe_ws.compile_for_sm90(trace=sys.argv[1] == "1", precision=sys.argv[2])
 ptx = k.asm["ptx"]
 count = lambda pattern: len(re.findall(pattern, ptx))
 print(json.dumps({
@@ -39,6 +42,9 @@ print(json.dumps({
     "tma_loads": count(r"cp\\.async\\.bulk\\.tensor"),
     "vector_stores": count(r"st\\.global(\\.v4\\.b32|\\.v4\\.u32)"),
     "proxy_fence": count(r"fence\\.proxy\\.async\\.global"),
+    "shared_fence": count(r"fence\\.proxy\\.async\\.shared::cta"),
+    "prmt": count(r"prmt\\.b32"),
+    "shared_v4_loads": count(r"ld\\.shared\\.v4"),
     "release_add": count(r"atom\\.global\\.gpu\\.release\\.add"),
     "atomic_max": count(r"atom\\.global\\.gpu\\.\\w+\\.max\\.s64"),
     "cta_barriers": count(r"(?<![\\w.])bar\\.sync\\s+0;|barrier\\.sync\\s+0;"),
@@ -46,10 +52,10 @@ print(json.dumps({
 """
 
 
-def _compiled(trace: bool) -> dict:
+def _compiled(trace: bool, precision: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run(
-        [sys.executable, "-c", _COMPILE, "1" if trace else "0"],
+        [sys.executable, "-c", _COMPILE, "1" if trace else "0", precision],
         env=env,
         capture_output=True,
         text=True,
@@ -61,16 +67,19 @@ def _compiled(trace: bool) -> dict:
 
 
 @needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
 @pytest.mark.parametrize("trace", [False, True])
-def test_compiles_for_sm90_with_warp_specialized_partitions(trace):
+def test_compiles_for_sm90_with_warp_specialized_partitions(trace, precision):
     from xstage_kernels import megamoe_ws
 
-    got = _compiled(trace)
+    got = _compiled(trace, precision)
     assert got["shared"] <= SM90_SHARED_BYTES
-    # The operand ring alone: STAGES slots of two 128 x 128 FP8 blocks.
-    assert got["shared"] >= megamoe_ws.STAGES * 2 * megamoe_ws.BLOCK**2
+    # The operand ring alone: per slot two 128 x 128 FP8 blocks (W8A8), or the activation
+    # block, the packed weights and their converted FP8 block (W4A8).
+    slot = (2 if precision == "w8a8" else 2.5) * megamoe_ws.BLOCK**2
+    assert got["shared"] >= megamoe_ws.stages(precision) * slot
     regs = {int(n) for n in got["setmaxnreg"]}
-    assert {megamoe_ws.MATH_REGS, megamoe_ws.PRODUCER_REGS} <= regs
+    assert set(megamoe_ws.partition_regs(precision)) <= regs
     # Four K sub-steps of 32 per 128-channel step, in each math warpgroup's loop.
     assert got["wgmma"] > 0 and got["wgmma"] % 4 == 0
     assert got["wgmma_wait"] > 0
@@ -80,22 +89,132 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(trace):
     assert got["proxy_fence"] > 0 and got["release_add"] > 0
     assert got["cta_barriers"] == 0  # partitions meet at mbarriers, never at a CTA barrier
     assert (got["atomic_max"] > 0) == trace
+    if precision == "w4a8":
+        # Converted by table lookup (no int -> float conversions), read as 16-byte chunks,
+        # and fenced for the tensor cores before the slot's "converted" barrier.
+        assert got["prmt"] >= 10 * got["shared_v4_loads"] > 0
+        assert got["shared_fence"] > 0
+    else:
+        assert got["shared_fence"] == 0
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """PTX prmt.b32 (default mode): byte i of the result is byte selector[i] & 7 of b:a, or
+    that byte's sign replicated when selector[i] & 8."""
+    pool = (b << 32 | a).to_bytes(8, "little")
+    out = 0
+    for i in range(4):
+        nibble = selector >> (4 * i) & 0xF
+        byte = pool[nibble & 7]
+        if nibble & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+def _run_ptx(program: str, packed: int) -> tuple[int, int]:
+    """The lookup's PTX (mov, and, or, shr, prmt on 32-bit registers) on one packed word."""
+    regs = {"$2": packed}
+    ops = {
+        "mov.b32": lambda a: a,
+        "and.b32": lambda a, b: a & b,
+        "or.b32": lambda a, b: a | b,
+        "shr.u32": lambda a, b: a >> b,
+        "prmt.b32": _prmt,
+    }
+    for line in program.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line[0] in "{}." or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        dst, *srcs = [s.strip() for s in rest.split(",")]
+        values = [regs[s] if s in regs else int(s, 0) for s in srcs]
+        regs[dst] = ops[op](*values) & 0xFFFFFFFF
+    return regs["$0"], regs["$1"]
+
+
+def test_int4_lookup_gives_the_fp8_of_every_nibble_in_channel_order():
+    import numpy as np
+
+    from xstage_bench.megamoe.quant import e4m3_round
+    from xstage_kernels import int4_fp8
+
+    # e4m3_code agrees with the reference rounding for every int4 value (decoded back).
+    for v in int4_fp8.INT4_VALUES:
+        code = int4_fp8.e4m3_code(v)
+        sign = -1.0 if code & 0x80 else 1.0
+        exponent, mantissa = code >> 3 & 0xF, code & 7
+        decoded = 0.0 if code & 0x7F == 0 else sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7)
+        assert decoded == v == e4m3_round(np.float32(v))
+
+    program = int4_fp8.ptx()
+    rng = np.random.default_rng(7)
+    words = [int(w) for w in rng.integers(0, 2**32, size=2000, dtype=np.uint64)]
+    words += [
+        int.from_bytes(bytes([b, b ^ 0x88, 0xFF - b, b >> 4 | b << 4 & 0xF0]), "little")
+        for b in range(256)
+    ]  # every byte value in every position
+    for word in words:
+        first, second = _run_ptx(program, word)
+        for i in range(4):  # nibble i: first-half channel i, nibble 4 + i: second-half
+            low = ((word >> (4 * i) & 0xF) ^ 8) - 8
+            high = ((word >> (16 + 4 * i) & 0xF) ^ 8) - 8
+            assert first >> (8 * i) & 0xFF == int4_fp8.e4m3_code(low), (hex(word), i)
+            assert second >> (8 * i) & 0xFF == int4_fp8.e4m3_code(high), (hex(word), i)
 
 
 @needs_triton
-def test_the_w8a8_kernel_is_chosen_by_environment_and_named_in_the_raw_config(monkeypatch):
-    from xstage_bench.megamoe.runner import w8a8_kernel_record
+def test_the_fp8_kernel_is_chosen_by_environment_and_named_per_precision(monkeypatch):
+    import torch
+
+    from xstage_bench.megamoe.runner import TL_KERNEL, kernels_that_ran
     from xstage_kernels import megamoe
 
-    monkeypatch.delenv(megamoe.W8A8_KERNEL_ENV, raising=False)
-    assert megamoe.w8a8_kernel() == "ws"
-    assert w8a8_kernel_record(megamoe, "cuda")["kernel"] == "ws"
-    assert w8a8_kernel_record(megamoe, "cpu")["kernel"] == "tl"  # the interpreter runs tl
-    monkeypatch.setenv(megamoe.W8A8_KERNEL_ENV, "tl")
-    assert w8a8_kernel_record(megamoe, "cuda") == {
-        "kernel": "tl",
-        "source": "kernels/xstage_kernels/megamoe.py",
-    }
-    monkeypatch.setenv(megamoe.W8A8_KERNEL_ENV, "cutlass")
-    with pytest.raises(ValueError, match="XSTAGE_MOE_W8A8_KERNEL='cutlass'"):
-        megamoe.w8a8_kernel()
+    monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
+    assert megamoe.fp8_kernel() == "ws"
+    ran = kernels_that_ran(megamoe, "cuda")
+    assert ran["bf16"] == TL_KERNEL
+    assert ran["w8a8"]["kernel"] == ran["w4a8"]["kernel"] == "ws"
+    assert (ran["w8a8"]["stages"], ran["w4a8"]["stages"]) == (6, 4)
+    # the interpreter runs tl, and a CPU tensor never reaches the Gluon kernel
+    assert all(r == TL_KERNEL for r in kernels_that_ran(megamoe, "cpu").values())
+    assert not megamoe.uses_ws_kernel("w4a8", torch.empty(4, dtype=torch.float8_e4m3fn))
+    monkeypatch.setenv(megamoe.FP8_KERNEL_ENV, "tl")
+    assert all(r == TL_KERNEL for r in kernels_that_ran(megamoe, "cuda").values())
+    monkeypatch.setenv(megamoe.FP8_KERNEL_ENV, "cutlass")
+    with pytest.raises(ValueError, match="XSTAGE_MOE_FP8_KERNEL='cutlass'"):
+        megamoe.fp8_kernel()
+    with pytest.raises(ValueError, match="not 'bf16'"):
+        from xstage_kernels import megamoe_ws
+
+        megamoe_ws.stages("bf16")
+
+
+@needs_triton
+def test_a_kernel_change_at_one_precision_makes_only_its_points_of_our_kernel_stale(monkeypatch):
+    """The committed reference sweep (written before per-precision records) against this
+    code's raw config: W4A8 now runs the warp-specialized kernel, W8A8's record is
+    unchanged, so a rerun measures our kernel's W4A8 points (and traces) again, nothing else."""
+    from pathlib import Path
+
+    from xstage_bench.megamoe.runner import kernel_refresh, kernels_that_ran
+    from xstage_kernels import megamoe
+
+    monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
+    raw = Path(__file__).parents[1] / "results" / "ref-h200x2" / "raw" / "megamoe.json"
+    previous = json.loads(raw.read_text())["config"]
+    if "ran" in previous["kernel"]:
+        pytest.skip("the reference sweep already names the kernel per precision")
+    config = json.loads(json.dumps(previous))
+    config["kernel"].pop("w8a8")
+    config["kernel"]["ran"] = kernels_that_ran(megamoe, "cuda")
+    refresh = kernel_refresh(previous, config)
+    assert refresh is not None and "w4a8" in refresh.reason and "w8a8" not in refresh.reason
+    point = {"precision": "w4a8", "shape": "s"}
+    assert refresh.stale(point) and refresh.stale({**point, "variant": "interleaved"})
+    assert not refresh.stale({**point, "precision": "w8a8"})
+    for baseline in ("unfused", "deepgemm", "flashinfer", "gemm_ceiling"):
+        assert not refresh.stale({**point, "variant": baseline})
+    # Nothing changed, or something besides the kernel: no refresh (a full rerun).
+    assert kernel_refresh(config, config) is None
+    assert kernel_refresh(previous, {**config, "world_size": 4}) is None

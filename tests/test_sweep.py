@@ -10,7 +10,7 @@ import pytest
 from fixtures import environment
 
 from xstage_bench.results import RawResultError, ok_record, read_raw
-from xstage_bench.sweep import WATCHDOG_EXIT_CODE, added_variants, partial_path, run_sweep
+from xstage_bench.sweep import WATCHDOG_EXIT_CODE, Refresh, added_variants, partial_path, run_sweep
 
 ENV = environment(simulated=True)
 
@@ -306,6 +306,35 @@ def test_a_finished_sweep_is_remeasured_when_more_than_its_variants_changed(tmp_
         added_variants({"variants": ["a"], "baselines": {"a": 1}}, {"variants": ["a", "b"]}) == []
     )
     assert added_variants({"variants": ["a"]}, {"variants": ["b", "a"]}) == ["b"]
+
+
+def _kernel_rule(previous, config):
+    """A refresh rule like megamoe's: points whose V is in the changed part are stale."""
+    if previous["k"] != config["k"] or previous["kernel"] == config["kernel"]:
+        return None
+    changed = {v for v in config["kernel"] if previous["kernel"].get(v) != config["kernel"][v]}
+    return Refresh(f"kernel of {sorted(changed)}", lambda p: str(p["V"]) in changed)
+
+
+def test_a_finished_sweep_is_refreshed_measuring_only_the_points_its_rule_names(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    first = sweep(out, counting_measure(), config={"k": 1, "kernel": {"4096": "a", "8192": "a"}})
+    lines = []
+    measure = counting_measure()
+    config = {"k": 1, "kernel": {"4096": "a", "8192": "b"}}  # point b's kernel changed
+    again = sweep(out, measure, config=config, refresh=_kernel_rule, progress=lines.append)
+    assert measure.calls == ["b"]
+    kept = [r for r in again["records"] if r["id"] != "b"]
+    assert kept == [r for r in first["records"] if r["id"] != "b"]
+    assert [r["id"] for r in again["records"]] == list("abcde")  # in point order
+    assert again["config"] == config
+    (resume,) = again["environment"]["resumes"]
+    assert resume["remeasured"] == "kernel of ['8192']: 1 point(s)"
+    assert any("measured again, the others kept" in line for line in lines)
+    # Anything else changed: measured again in full; no rule: the same.
+    measure = counting_measure()
+    sweep(out, measure, config={"k": 2, "kernel": config["kernel"]}, refresh=_kernel_rule)
+    assert measure.calls == list("abcde")
 
 
 def test_an_unreadable_finished_file_is_replaced_not_resumed(tmp_path):

@@ -16,18 +16,19 @@ from this rank's output base, so one address computation covers local and peer b
 Tiling: 128 x 128 output tiles, K steps of 128 channels (64 for bf16) over one weight
 scale block each. FP8 products are "promoted" per K step as in DeepGEMM: each step's
 MMA result is scaled by its activation and weight scales and added to an fp32
-accumulator. W4A8 weights arrive as two nibbles per byte (quant.py's half-split
-packing); each nibble is sign-extended, converted to FP8 in registers, and the two
-halves are multiplied by the two halves of the activation step. W8A8 operands arrive by
+accumulator. W4A8 weights arrive as two nibbles per byte (quant.py's word-split
+packing); each nibble is sign-extended and converted to FP8 in registers, and the low and
+the high nibbles are multiplied by the activation channels they hold (gathered loads:
+this kernel is W4A8's fallback, megamoe_ws.py its fast path). W8A8 operands arrive by
 TMA (descriptors over the dispatched rows, the intermediate and the weights as 2-D
 tensors); a Linear-1 tile fences its generic stores before releasing its row block, and
 a Linear-2 tile fences after acquiring it, so that its TMA reads see them.
 
-On a GPU, W8A8 runs megamoe_ws.py instead: the same contract in Gluon with a TMA producer
-warp and two math warpgroups (warp specialization), which `tl` cannot express. This tl
-kernel stays for bf16, W4A8, the EMULATE build, and the interpreter (CPU tests).
-XSTAGE_MOE_W8A8_KERNEL=tl runs this kernel for W8A8 on a GPU as well (A/B comparisons);
-`w8a8_kernel()` says which one a launch uses.
+On a GPU, the FP8 precisions (W8A8, W4A8) run megamoe_ws.py instead: the same contract in
+Gluon with a TMA producer warp and two math warpgroups (warp specialization), which `tl`
+cannot express. This tl kernel stays for bf16, the EMULATE build, and the interpreter (CPU
+tests). XSTAGE_MOE_FP8_KERNEL=tl runs this kernel for W8A8 and W4A8 on a GPU as well (A/B
+comparisons); `fp8_kernel()` says which one a launch uses.
 
 Compute emulation (EMULATE, a separate build): every tile's MMA is replaced by a wait on
 %globaltimer for the tile's FLOPs at an emulated per-GPU rate (`l1_ns`, `l2_ns` per tile,
@@ -66,8 +67,9 @@ NUM_STAGES = {"bf16": 4, "w8a8": 4, "w4a8": 3}
 PAD_DST = -(2**62)  # row_dst of a padding row: nothing is stored
 MAX_SPIN = 4_000_000  # polls of a row-block counter (about a microsecond each) before giving up
 SYNC_HEADER = 2  # tile counter, error flag
-W8A8_KERNEL_ENV = "XSTAGE_MOE_W8A8_KERNEL"
-W8A8_KERNELS = ("ws", "tl")
+FP8_KERNEL_ENV = "XSTAGE_MOE_FP8_KERNEL"
+FP8_KERNELS = ("ws", "tl")
+FP8_PRECISIONS = ("w8a8", "w4a8")
 
 _PAD_DST = tl.constexpr(PAD_DST)
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
@@ -99,6 +101,8 @@ def _gemm_tile(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     offs_k = tl.arange(0, BLOCK_K)
     offs_h = tl.arange(0, BLOCK_K // 2)
+    # W4A8, word-split packing (quant.py): byte j holds channels ch_lo[j] and ch_lo[j] + 1.
+    ch_lo = ((offs_h % 4) // 2) * (BLOCK_K // 2) + (offs_h // 4) * 4 + (offs_h % 2) * 2
     for kb in range(0, K // BLOCK_K):
         k0 = kb * BLOCK_K
         if PRECISION == 0:
@@ -113,8 +117,8 @@ def _gemm_tile(
                 w = tl.load(w_cols + k0 + offs_k[:, None])
                 step = tl.dot(a, w)
             else:
-                a_lo = tl.load(a_rows + k0 + offs_h[None, :])
-                a_hi = tl.load(a_rows + k0 + BLOCK_K // 2 + offs_h[None, :])
+                a_lo = tl.load(a_rows + k0 + ch_lo[None, :])
+                a_hi = tl.load(a_rows + k0 + ch_lo[None, :] + 1)
                 packed = tl.load(w_cols + kb * (BLOCK_K // 2) + offs_h[:, None])
                 lo = ((packed << 4).to(tl.int8, bitcast=True) >> 4).to(tl.float16)
                 hi = (packed.to(tl.int8, bitcast=True) >> 4).to(tl.float16)
@@ -389,12 +393,12 @@ def launch(
         raise ValueError(f"tiles must be (n, 4) int32, got {tuple(tiles.shape)}")
     if out.element_size() != 2 or out.data_ptr() % 16:
         raise ValueError("out must be a 16-byte aligned bf16 buffer")
-    tma = precision == "w8a8" and emulate_ns is None and tma_available(x)
     on_gpu = x.device.type == "cuda"
-    if tma and on_gpu and w8a8_kernel() == "ws":
+    if uses_ws_kernel(precision, x) and emulate_ns is None:
         from xstage_kernels import megamoe_ws
 
         megamoe_ws.launch(
+            precision=precision,
             num_programs=num_programs,
             trace=trace,
             tiles=tiles,
@@ -406,12 +410,13 @@ def launch(
             hs=hs,
             out=out,
             row_dst=row_dst,
-            descs=megamoe_ws.descriptors(x, w1, h, w2, H, I),
+            descs=megamoe_ws.descriptors(x, w1, h, w2, H, I, precision),
             H=H,
             I=I,
             max_spin=max_spin,
         )
         return
+    tma = precision == "w8a8" and emulate_ns is None and tma_available(x)
     descs = _descriptors(x, w1, h, w2, H, I) if tma else (row_dst,) * 4
     _fused_moe[(num_programs,)](
         tiles,
@@ -446,12 +451,22 @@ def launch(
     )
 
 
-def w8a8_kernel() -> str:
+def fp8_kernel() -> str:
     """'ws' (megamoe_ws.py, the default on a GPU) or 'tl' (this file), from the environment."""
-    choice = os.environ.get(W8A8_KERNEL_ENV, "ws")
-    if choice not in W8A8_KERNELS:
-        raise ValueError(f"{W8A8_KERNEL_ENV}={choice!r}: expected one of {', '.join(W8A8_KERNELS)}")
+    choice = os.environ.get(FP8_KERNEL_ENV, "ws")
+    if choice not in FP8_KERNELS:
+        raise ValueError(f"{FP8_KERNEL_ENV}={choice!r}: expected one of {', '.join(FP8_KERNELS)}")
     return choice
+
+
+def uses_ws_kernel(precision: str, x) -> bool:
+    """Whether a launch of this precision on x's device runs megamoe_ws.py (not EMULATE)."""
+    return (
+        precision in FP8_PRECISIONS
+        and x.device.type == "cuda"
+        and tma_available(x)
+        and fp8_kernel() == "ws"
+    )
 
 
 def _descriptors(x, w1, h, w2, H: int, I: int):  # noqa: E741

@@ -1,4 +1,4 @@
-"""The W8A8 fused MoE kernel, warp-specialized (Gluon, sm_90): same contract as
+"""The FP8 fused MoE kernel (W8A8 and W4A8), warp-specialized (Gluon, sm_90): same contract as
 megamoe.py's `_fused_moe` (tile lists, row-block counters, peer-store epilogue, trace
 fields), built the way Hopper GEMMs keep their tensor cores busy.
 
@@ -14,6 +14,16 @@ of stalls at CTA barriers). Here each CTA has three partitions:
 - two math warpgroups, each owning 64 of the tile's 128 rows, issue the asynchronous MMA
   of a step, release the slot as soon as it completes, and promote while the other
   warpgroup's MMA runs: no CTA-wide barrier per step.
+
+W4A8 (W4): the producer loads each step's activations as two 128 x 64 halves and the
+weights as their packed bytes (128 rows x 64 bytes, quant.py's word-split packing: each
+32-bit word holds four channels of the step's first 64 and the same four of its last 64).
+Converter warpgroups (W4_CONVERTERS, taking the ring's steps in turn) turn each slot's
+packed weights into two FP8 halves in shared memory (int4_fp8.py's table lookup, 16-byte
+loads and stores), fence them for the tensor cores and arrive on the slot's "converted"
+barrier, which the math warpgroups wait on instead of "ready"; a step's two halves are
+two chained MMAs (first channels, then last). The converters run up to the ring's depth
+ahead of the MMAs. Registers are re-balanced for the extra warpgroups (W4_REGS).
 
 A Linear-1 tile runs gate's K steps then up's over the same rows, applies SwiGLU, quantizes
 its rows (one FP8 scale per row for these 128 channels) into the intermediate, fences
@@ -41,6 +51,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -50,6 +61,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
 from xstage_bench.megamoe.quant import AMAX_FLOOR, FP8_MAX
+from xstage_kernels import int4_fp8
 
 BLOCK = 128  # rows, output channels and K channels of a tile step
 HALF = BLOCK // 2  # rows per math warpgroup
@@ -57,6 +69,9 @@ HALF = BLOCK // 2  # rows per math warpgroup
 # shapes, 2026-11-30: 4 stages 730 / 638 TFLOP/s, 5: 767 / 665, 6: 761 / 691); 6 x 32 KiB
 # leaves room for the epilogue's layout conversions in the 227 KiB of shared memory.
 STAGES = 6
+# A W4A8 slot holds more (two 128 x 64 FP8 activation halves, 128 x 64 packed weight bytes
+# and their two converted 128 x 64 FP8 halves: 40 KiB), so fewer of them (5 gained 0-3%).
+W4_STAGES = 4
 TILE_SLOTS = 2  # tile indices in flight between the producer and the math warpgroups
 MATH_REGS = 232  # per thread, each math warpgroup (setmaxnreg)
 PRODUCER_REGS = 40
@@ -64,18 +79,36 @@ MAX_REGS = 168  # at launch: 12 warps x 32 threads x 168 fits the SM's 64K regis
 NUM_WARPS = 4  # the default partition: math warpgroup 0
 WORKER_WARPS = (4, 1)  # the worker partitions: math warpgroup 1, the producer
 WARPS = NUM_WARPS + sum(WORKER_WARPS)
+# W4A8 adds two converter warpgroups. Partitions start on warpgroup boundaries, so the CTA
+# has 20 warps (the producer's warpgroup is padded) and launches with 96 registers per
+# thread; setmaxnreg then gives (math, converter 0, converter 1, producer) within the SM's
+# 64K: 128 x (2 x 208 + 32 + 32 + 24) = 64512. At 208 the math warpgroups spill a little
+# (ptxas: 400 bytes), yet two converters beat one with 224 (one H200, 16384 tokens,
+# DeepSeek-V4 Flash / DiT-MoE, 2026-11-30: 646 / 645 vs 607 / 578 TFLOP/s; W8A8 977 / 990):
+# the conversion, not the MMAs, bounds W4A8 (taking the table lookup out alone gave 826).
+W4_CONVERTERS = 2
+W4_REGS = (208, 32, 32, 24)
+W4_MAX_REGS = 96
+W4_WORKER_WARPS = (4, 4, 4, 1)
 PAD_DST = -(2**62)  # as megamoe.PAD_DST
+PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
 _FP8_MAX = gl.constexpr(FP8_MAX)
 _PAD_DST = gl.constexpr(PAD_DST)
-_STAGES = gl.constexpr(STAGES)
 _BLOCK = gl.constexpr(BLOCK)
+_STAGES = gl.constexpr(STAGES)
+_W4_STAGES = gl.constexpr(W4_STAGES)
 _HALF = gl.constexpr(HALF)
+_QUARTER = gl.constexpr(BLOCK // 4)
 _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
+_W4_REGS = gl.constexpr(W4_REGS)
+_W4_CONVERTERS = gl.constexpr(W4_CONVERTERS)
+_W4_WORKER_WARPS = gl.constexpr(W4_WORKER_WARPS)
+_INT4_TO_FP8 = gl.constexpr(int4_fp8.ptx())
 
 
 @aggregate
@@ -86,10 +119,12 @@ class Shared:
     w1_desc: tma.tensor_descriptor
     h_desc: tma.tensor_descriptor
     w2_desc: tma.tensor_descriptor
-    a_bufs: gl.shared_memory_descriptor
-    b_bufs: gl.shared_memory_descriptor
+    a_bufs: gl.shared_memory_descriptor  # W4: two halves per slot (index 2 s, 2 s + 1)
+    b_bufs: gl.shared_memory_descriptor  # W4: packed weight bytes
+    c_bufs: gl.shared_memory_descriptor  # W4: converted weight halves (W8A8: b_bufs)
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
+    converted: gl.shared_memory_descriptor  # W4 (W8A8: ready)
     tile_ids: gl.shared_memory_descriptor
     tile_ready: gl.shared_memory_descriptor
     tile_empty: gl.shared_memory_descriptor
@@ -108,11 +143,13 @@ class Shared:
     I: gl.tensor  # noqa: E741
     max_spin: gl.tensor
     TRACE: gl.constexpr
+    W4: gl.constexpr
+    STAGES: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE):
+    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs
-        self.a_bufs, self.b_bufs, self.ready, self.empty = rings
+        self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
         (
             self.tiles_ptr,
@@ -128,6 +165,8 @@ class Shared:
         ) = ptrs
         self.n_tiles, self.H, self.I, self.max_spin = sizes
         self.TRACE = gl.constexpr(TRACE)
+        self.W4 = gl.constexpr(W4)
+        self.STAGES = gl.constexpr(STAGES)
 
 
 @gluon.jit
@@ -146,18 +185,30 @@ def _fence_proxy_async():
 
 @gluon.jit
 def _load_steps(p, it, a_desc, a_row, b_desc, b_row, k_steps):
-    """Stream k_steps (A, B) 128 x 128 blocks into the ring; returns the ring counter."""
-    nbytes: gl.constexpr = 2 * _BLOCK * _BLOCK  # two FP8 blocks
+    """Stream k_steps (A, B) steps of 128 channels into the ring; returns the ring counter.
+    W4: A as two 128 x 64 halves, B as 128 rows of 64 packed bytes."""
     for k in range(k_steps):
-        s = it % _STAGES
-        mbarrier.wait(p.empty.index(s), ((it // _STAGES) & 1) ^ 1)
-        mbarrier.expect(p.ready.index(s), nbytes)
-        tma.async_copy_global_to_shared(
-            a_desc, [a_row, k * _BLOCK], p.ready.index(s), p.a_bufs.index(s)
-        )
-        tma.async_copy_global_to_shared(
-            b_desc, [b_row, k * _BLOCK], p.ready.index(s), p.b_bufs.index(s)
-        )
+        s = it % p.STAGES
+        mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
+        if p.W4:
+            mbarrier.expect(p.ready.index(s), 3 * _BLOCK * _HALF)
+            tma.async_copy_global_to_shared(
+                a_desc, [a_row, k * _BLOCK], p.ready.index(s), p.a_bufs.index(2 * s)
+            )
+            tma.async_copy_global_to_shared(
+                a_desc, [a_row, k * _BLOCK + _HALF], p.ready.index(s), p.a_bufs.index(2 * s + 1)
+            )
+            tma.async_copy_global_to_shared(
+                b_desc, [b_row, k * _HALF], p.ready.index(s), p.b_bufs.index(s)
+            )
+        else:
+            mbarrier.expect(p.ready.index(s), 2 * _BLOCK * _BLOCK)
+            tma.async_copy_global_to_shared(
+                a_desc, [a_row, k * _BLOCK], p.ready.index(s), p.a_bufs.index(s)
+            )
+            tma.async_copy_global_to_shared(
+                b_desc, [b_row, k * _BLOCK], p.ready.index(s), p.b_bufs.index(s)
+            )
         it += 1
     return it
 
@@ -217,20 +268,107 @@ def _producer(p, WG: gl.constexpr):
 def _mma_steps(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales."""
+    if p.W4:
+        return _mma_steps_w4(p, it, a_scales, w_scales, k_steps, WG, acc_layout)
+    else:
+        return _mma_steps_w8(p, it, a_scales, w_scales, k_steps, WG, acc_layout)
+
+
+@gluon.jit
+def _mma_steps_w8(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     # The first scales only once the first slot is full: for Linear-2 that is after the
     # producer saw the row block released, so the intermediate's scales are written.
-    mbarrier.wait(p.ready.index(it % _STAGES), (it // _STAGES) & 1)
+    mbarrier.wait(p.ready.index(it % p.STAGES), (it // p.STAGES) & 1)
     sa = gl.load(a_scales)
     sw = gl.load(w_scales)
     for k in range(k_steps):
-        s = it % _STAGES
-        mbarrier.wait(p.ready.index(s), (it // _STAGES) & 1)
+        s = it % p.STAGES
+        mbarrier.wait(p.ready.index(s), (it // p.STAGES) & 1)
         a = p.a_bufs.index(s).slice(WG * _HALF, _HALF)
         b = p.b_bufs.index(s).permute((1, 0))
         raw = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
         nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
+        sa_next = gl.load(a_scales + nxt)
+        sw_next = gl.load(w_scales + nxt)
+        raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+        mbarrier.arrive(p.empty.index(s), count=1)
+        acc += raw * (sa * sw)[:, None]
+        sa = sa_next
+        sw = sw_next
+        it += 1
+    return acc, it
+
+
+@gluon.jit
+def _converter(p, C: gl.constexpr):
+    """W4: converter C of W4_CONVERTERS turns every W4_CONVERTERS-th slot's packed weights
+    into its two FP8 halves, in ring order (the tile list's steps), each published to the
+    tensor cores through the slot's "converted" barrier."""
+    one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    # 32 rows x 64 bytes at a time, a 16-byte chunk per thread: few live registers.
+    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    it = 0
+    j = 0
+    running = True
+    while running:
+        slot = j % _TILE_SLOTS
+        mbarrier.wait(p.tile_ready.index(slot), (j // _TILE_SLOTS) & 1)
+        idx = gl.max(p.tile_ids.index(slot).load(one_wg), axis=0)
+        mbarrier.arrive(p.tile_empty.index(slot), count=1)
+        j += 1
+        running = idx < p.n_tiles
+        if running:
+            kind = gl.load(p.tiles_ptr + idx * 4)
+            k_steps = gl.where(kind == 0, 2 * (p.H // _BLOCK), p.I // _BLOCK)
+            # This converter's steps: the ring counter's residue C (the tile starts at `it`).
+            first = (C - it % _W4_CONVERTERS + _W4_CONVERTERS) % _W4_CONVERTERS
+            it0 = it
+            for k in range(first, k_steps, _W4_CONVERTERS):
+                it = it0 + k
+                s = it % p.STAGES
+                mbarrier.wait(p.ready.index(s), (it // p.STAGES) & 1)
+                for part in gl.static_range(4):
+                    packed = p.b_bufs.index(s).slice(part * _QUARTER, _QUARTER).load(rows)
+                    lo, hi = gl.inline_asm_elementwise(
+                        _INT4_TO_FP8,
+                        "=r,=r,r",
+                        [packed],
+                        dtype=(gl.int8, gl.int8),
+                        is_pure=True,
+                        pack=4,
+                    )
+                    lo_dst = p.c_bufs.index(2 * s).slice(part * _QUARTER, _QUARTER)
+                    lo_dst.store(lo.to(gl.float8e4nv, bitcast=True))
+                    hi_dst = p.c_bufs.index(2 * s + 1).slice(part * _QUARTER, _QUARTER)
+                    hi_dst.store(hi.to(gl.float8e4nv, bitcast=True))
+                fence_async_shared()
+                # Every warp stored its rows before one thread arrives.
+                gl.thread_barrier()
+                mbarrier.arrive(p.converted.index(s), count=1)
+            it = it0 + k_steps
+
+
+@gluon.jit
+def _mma_steps_w4(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
+    zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
+    acc = zero
+    # "converted" implies "ready": the first scales are read after the first slot is full,
+    # as in _mma_steps_w8.
+    mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
+    sa = gl.load(a_scales)
+    sw = gl.load(w_scales)
+    for k in range(k_steps):
+        s = it % p.STAGES
+        mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
+        a_lo = p.a_bufs.index(2 * s).slice(WG * _HALF, _HALF)
+        a_hi = p.a_bufs.index(2 * s + 1).slice(WG * _HALF, _HALF)
+        raw = warpgroup_mma(
+            a_lo, p.c_bufs.index(2 * s).permute((1, 0)), zero, use_acc=False, is_async=True
+        )
+        raw = warpgroup_mma(a_hi, p.c_bufs.index(2 * s + 1).permute((1, 0)), raw, is_async=True)
+        nxt = gl.minimum(k + 1, k_steps - 1)
         sa_next = gl.load(a_scales + nxt)
         sw_next = gl.load(w_scales + nxt)
         raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
@@ -359,26 +497,40 @@ def _fused_moe_ws(
     I,  # noqa: E741
     max_spin,
     TRACE: gl.constexpr,
+    W4: gl.constexpr,
 ):
-    block: gl.constexpr = x_desc.block_type.shape
-    a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [_STAGES] + block, x_desc.layout)
-    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [_STAGES] + block, w1_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
+    STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
+    a_block: gl.constexpr = x_desc.block_type.shape
+    b_block: gl.constexpr = w1_desc.block_type.shape
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if W4:
+        a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [2 * STAGES] + a_block, x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES] + b_block, w1_desc.layout)
+        c_bufs = gl.allocate_shared_memory(gl.float8e4nv, [2 * STAGES] + a_block, x_desc.layout)
+        converted = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(converted.index(i), count=1)  # the converter's
+    else:
+        a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES] + a_block, x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES] + b_block, w1_desc.layout)
+        c_bufs = b_bufs
+        converted = ready
     tile_ids = gl.allocate_shared_memory(
         gl.int32, [_TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )
     tile_ready = gl.allocate_shared_memory(gl.int64, [_TILE_SLOTS, 1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [_TILE_SLOTS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(_STAGES):
+    for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per math warpgroup
     for i in gl.static_range(_TILE_SLOTS):
         mbarrier.init(tile_ready.index(i), count=1)
-        mbarrier.init(tile_empty.index(i), count=2)
+        # read by both math warpgroups (and W4's converter) before the producer reuses it
+        mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
     p = Shared(
         (x_desc, w1_desc, h_desc, w2_desc),
-        (a_bufs, b_bufs, ready, empty),
+        (a_bufs, b_bufs, c_bufs, ready, empty, converted),
         (tile_ids, tile_ready, tile_empty),
         (
             tiles_ptr,
@@ -394,24 +546,56 @@ def _fused_moe_ws(
         ),
         (n_tiles, H, I, max_spin),
         TRACE,
+        W4,
+        STAGES,
     )
-    gl.warp_specialize(
-        [(_math, (p, 0)), (_math, (p, 1)), (_producer, (p, 0))],
-        _WORKER_WARPS,
-        [_MATH_REGS, _PRODUCER_REGS],
-    )
+    if W4:
+        gl.warp_specialize(
+            [
+                (_math, (p, 0)),
+                (_math, (p, 1)),
+                (_converter, (p, 0)),
+                (_converter, (p, 1)),
+                (_producer, (p, 0)),
+            ],
+            _W4_WORKER_WARPS,
+            _W4_REGS,
+        )
+    else:
+        gl.warp_specialize(
+            [(_math, (p, 0)), (_math, (p, 1)), (_producer, (p, 0))],
+            _WORKER_WARPS,
+            [_MATH_REGS, _PRODUCER_REGS],
+        )
 
 
-def descriptors(x, w1, h, w2, H: int, I: int):  # noqa: E741
-    """Gluon TMA descriptors of 128 x 128 FP8 blocks; weights as 2-D (experts * rows, K)."""
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK], gl.float8e4nv)
+def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8"):  # noqa: E741
+    """Gluon TMA descriptors, weights as 2-D (experts * rows, K or K/2 packed bytes): W8A8
+    128 x 128 FP8 blocks; W4A8 128 x 64 (activation halves, packed weight bytes)."""
+    w4 = _is_w4(precision)
+    width = HALF if w4 else BLOCK
+    fp8 = gl.NVMMASharedLayout.get_default_for([BLOCK, width], gl.float8e4nv)
+    packed = gl.NVMMASharedLayout.get_default_for([BLOCK, width], gl.uint8) if w4 else fp8
+    per_byte = 2 if w4 else 1  # K channels per stored weight byte
     experts = w1.shape[0]
     return (
-        TensorDescriptor(x, [x.shape[0], H], [H, 1], [BLOCK, BLOCK], layout),
-        TensorDescriptor(w1, [experts * 2 * I, H], [H, 1], [BLOCK, BLOCK], layout),
-        TensorDescriptor(h, [h.shape[0], I], [I, 1], [BLOCK, BLOCK], layout),
-        TensorDescriptor(w2, [experts * H, I], [I, 1], [BLOCK, BLOCK], layout),
+        TensorDescriptor(x, [x.shape[0], H], [H, 1], [BLOCK, width], fp8),
+        TensorDescriptor(
+            w1, [experts * 2 * I, H // per_byte], [H // per_byte, 1], [BLOCK, width], packed
+        ),
+        TensorDescriptor(h, [h.shape[0], I], [I, 1], [BLOCK, width], fp8),
+        TensorDescriptor(
+            w2, [experts * H, I // per_byte], [I // per_byte, 1], [BLOCK, width], packed
+        ),
     )
+
+
+def _is_w4(precision: str) -> bool:
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"the warp-specialized kernel runs {' and '.join(PRECISIONS)}, not {precision!r}"
+        )
+    return precision == "w4a8"
 
 
 def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, max_spin):  # noqa: E741
@@ -435,26 +619,51 @@ def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, ma
     )
 
 
-def launch(*, num_programs: int, trace=None, **kw) -> None:
+def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> None:
     """Enqueue one launch (megamoe.launch checks the inputs and picks this kernel); a
     `trace` buffer builds the TRACE variant."""
     _fused_moe_ws[(num_programs,)](
         *args(trace=trace if trace is not None else kw["row_dst"], **kw),
         TRACE=trace is not None,
+        W4=_is_w4(precision),
         num_warps=NUM_WARPS,
-        maxnreg=MAX_REGS,
+        maxnreg=max_regs(precision),
     )
 
 
-def compile_for_sm90(trace: bool = False):
+def max_regs(precision: str) -> int:
+    """Registers per thread at launch (setmaxnreg re-balances them per partition)."""
+    return W4_MAX_REGS if _is_w4(precision) else MAX_REGS
+
+
+def partition_regs(precision: str) -> tuple[int, ...]:
+    """setmaxnreg of the worker partitions: math warpgroup 1, (W4: the converter,) the producer."""
+    return W4_REGS if _is_w4(precision) else (MATH_REGS, PRODUCER_REGS)
+
+
+def warps(precision: str) -> int:
+    """Warps per CTA that run code, every partition (W4A8's CTA is padded to 16)."""
+    return NUM_WARPS + sum(W4_WORKER_WARPS if _is_w4(precision) else WORKER_WARPS)
+
+
+def stages(precision: str) -> int:
+    """Operand ring slots of a precision's build."""
+    return W4_STAGES if _is_w4(precision) else STAGES
+
+
+def compile_for_sm90(trace: bool = False, precision: str = "w8a8"):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
+    w4 = _is_w4(precision)
     fp8 = torch.empty(BLOCK, BLOCK, dtype=torch.float8_e4m3fn)
-    w = fp8.view(1, BLOCK, BLOCK)
+    weight_dtype = torch.uint8 if w4 else fp8.dtype
+    weight_k = BLOCK // 2 if w4 else BLOCK
+    w1 = torch.empty(1, 2 * BLOCK, weight_k, dtype=weight_dtype)
+    w2 = torch.empty(1, BLOCK, weight_k, dtype=weight_dtype)
     i32 = torch.empty(4, dtype=torch.int32)
     f32 = torch.empty(4, dtype=torch.float32)
     i64 = torch.empty(4, dtype=torch.int64)
@@ -469,18 +678,16 @@ def compile_for_sm90(trace: bool = False):
         out=torch.empty(4, dtype=torch.bfloat16),
         row_dst=i64,
         trace=i64,
-        descs=descriptors(
-            fp8, torch.empty(1, 2 * BLOCK, BLOCK, dtype=fp8.dtype), fp8, w, BLOCK, BLOCK
-        ),
+        descs=descriptors(fp8, w1, fp8, w2, BLOCK, BLOCK, precision),
         H=BLOCK,
         I=BLOCK,
         max_spin=2,
     )
     names = list(_fused_moe_ws.arg_names)
-    # The values stop before the trailing constexpr, TRACE.
+    # The values stop before the trailing constexprs, TRACE and W4.
     signature = {name: mangle_type(v) for name, v in zip(names, values, strict=False)}
-    signature["TRACE"] = "constexpr"
-    constants = {(names.index("TRACE"),): trace}
+    signature["TRACE"] = signature["W4"] = "constexpr"
+    constants = {(names.index("TRACE"),): trace, (names.index("W4"),): w4}
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
         i for i, v in enumerate(values) if isinstance(v, torch.Tensor) or names[i] in ("H", "I")
@@ -490,5 +697,5 @@ def compile_for_sm90(trace: bool = False):
     return triton.compile(
         source,
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": NUM_WARPS, "maxnreg": MAX_REGS},
+        options={"num_warps": NUM_WARPS, "maxnreg": max_regs(precision)},
     )

@@ -7,7 +7,9 @@ measured. A point whose measure raises is recorded as failed and the sweep goes 
 
 A finished sweep also grows in place: when the config differs from the one it was written
 with only by added variants (a new baseline), a rerun keeps every recorded point and
-measures only the new variants' points.
+measures only the new variants' points. And it is refreshed in place: when the experiment
+says which points a config difference concerns (`refresh`, e.g. the record of the kernel
+that ran one precision), a rerun measures those points again and keeps the others.
 
 A kernel stuck on the GPU cannot be interrupted from Python, so the watchdog does not try:
 when a point runs past `point_timeout_s` it records that point as "timeout" in the partial
@@ -26,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from xstage_bench import log
 from xstage_bench.environment import finish as finish_environment
@@ -181,6 +184,18 @@ def added_variants(previous: dict, config: dict) -> list[str]:
     return [v for v in after if v not in before]
 
 
+class Refresh(NamedTuple):
+    """What a config difference makes stale: why, and which points (by their point dict)."""
+
+    reason: str
+    stale: Callable[[dict], bool]
+
+
+# refresh(previous config, config) -> Refresh when the configs differ only in what it
+# covers, else None (then a finished file is measured again in full).
+RefreshRule = Callable[[dict, dict], Refresh | None]
+
+
 def _without_variants(config: dict) -> dict:
     """The config less what may grow, at the top and in its sections (the experiment's own
     section repeats the variants)."""
@@ -191,7 +206,9 @@ def _without_variants(config: dict) -> dict:
     }
 
 
-def _check_resumable(previous: dict, partial: Path, header: dict, ids: list[str]) -> None:
+def _check_resumable(
+    previous: dict, partial: Path, header: dict, ids: list[str], refresh: RefreshRule | None
+) -> None:
     """A partial file from another sweep must not be mixed into this one."""
     for key in ("experiment", "backend", "dataset", "study"):
         if previous.get(key) != header.get(key):
@@ -200,7 +217,10 @@ def _check_resumable(previous: dict, partial: Path, header: dict, ids: list[str]
                 f"{key}={header.get(key)!r}; remove the file to start over"
             )
     config = json.loads(json.dumps(header["config"]))
-    if previous["config"] != config and not added_variants(previous["config"], config):
+    compatible = added_variants(previous["config"], config) or (
+        refresh is not None and refresh(previous["config"], config) is not None
+    )
+    if previous["config"] != config and not compatible:
         raise RawResultError(
             f"{partial}: was written with a different config; remove the file to start over"
         )
@@ -220,10 +240,13 @@ def _finished(out: Path) -> dict | None:
         return None
 
 
-def _resumed_environment(first: dict, now: dict) -> dict:
-    """Keep the environment of the run that started the sweep; list every resumption."""
+def _resumed_environment(first: dict, now: dict, remeasured: str | None = None) -> dict:
+    """Keep the environment of the run that started the sweep; list every resumption (and
+    what it measured again, for a refresh)."""
     env = dict(first)
     resume = {k: now.get(k) for k in ("host", "started_at", "git")}
+    if remeasured:
+        resume["remeasured"] = remeasured
     env["resumes"] = [*first.get("resumes", []), resume]
     return env
 
@@ -256,6 +279,7 @@ def run_sweep(
     retry_failed: bool = False,
     progress: Callable[[str], None] | None = None,
     checkpoint_every_s: float = CHECKPOINT_EVERY_S,
+    refresh: RefreshRule | None = None,
 ) -> dict:
     """Measure every point not yet recorded, write the raw document to `out`, return it.
 
@@ -263,7 +287,9 @@ def run_sweep(
     an exception it raises becomes a failed record ("Type: message"). KeyboardInterrupt and
     SystemExit propagate (the partial file keeps every finished point). A finished `out`
     whose config lacks only some of this config's variants is grown: its records are kept
-    and only the added variants' points measured (added_variants). With `retry_failed`
+    and only the added variants' points measured (added_variants); one whose config differs
+    as `refresh` allows has the points it names measured again, the others kept. With
+    `retry_failed`
     (or XSTAGE_RETRY_FAILED=1), points recorded with a status other than ok are measured
     again, from the partial file or, when there is none, from a finished `out` of the same
     sweep; its ok points are kept as they are. `progress` receives one
@@ -289,17 +315,25 @@ def run_sweep(
     records: dict[str, dict] = {}
     finished = _finished(out) if not partial.exists() else None
     grown = added_variants(finished["config"], config) if finished else []
-    source = (
-        partial if partial.exists() else (out if finished and (retry_failed or grown) else None)
-    )
+    stale = refresh(finished["config"], config) if finished and refresh and not grown else None
+    reuse = finished and (retry_failed or grown or stale)
+    source = partial if partial.exists() else (out if reuse else None)
     if source is not None:
         previous = finished if source == out else read_raw(source)  # out was read above
-        _check_resumable(previous, source, header, ids)
-        records = {r["id"]: r for r in previous["records"]}
-        header["environment"] = _resumed_environment(previous["environment"], environment)
+        _check_resumable(previous, source, header, ids, refresh)
+        kept = [r for r in previous["records"] if not (stale and stale.stale(r["point"]))]
+        records = {r["id"]: r for r in kept}
+        remeasured = (
+            f"{stale.reason}: {len(previous['records']) - len(kept)} point(s)" if stale else None
+        )
+        header["environment"] = _resumed_environment(
+            previous["environment"], environment, remeasured
+        )
         say(f"[{label}] resuming from {source}: {len(records)}/{len(ids)} points recorded")
         if grown:
             say(f"[{label}] the config adds variant(s) {', '.join(grown)}: measuring only theirs")
+        if stale:
+            say(f"[{label}] {remeasured} measured again, the others kept")
         if retry_failed:
             again = sum(r["status"] != OK for r in records.values())
             say(f"[{label}] retrying {again} point(s) recorded not ok ({RETRY_ENV})")

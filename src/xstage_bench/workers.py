@@ -237,9 +237,18 @@ def exit_cleanly() -> None:
     os._exit(0)
 
 
-def drive(state: Lockstep, job: dict, points: list[dict], *, experiment: str, config: dict):
+def drive(
+    state: Lockstep,
+    job: dict,
+    points: list[dict],
+    *,
+    experiment: str,
+    config: dict,
+    refresh: sweep.RefreshRule | None = None,
+):
     """Rank 0: run the sweep over `points` into job["out"], broadcasting each point so that
-    every rank executes it (`state.execute`), then release the others (None)."""
+    every rank executes it (`state.execute`), then release the others (None). `refresh`:
+    as run_sweep's."""
     from xstage_bench import environment, faults
 
     out = Path(job["out"])
@@ -268,6 +277,7 @@ def drive(state: Lockstep, job: dict, points: list[dict], *, experiment: str, co
             environment=env,
             config=config,
             point_timeout_s=job["point_timeout_s"],
+            refresh=refresh,
         )
     finally:
         state.command(None)

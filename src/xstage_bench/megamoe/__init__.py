@@ -2,7 +2,7 @@
 
 The kernel itself is xstage_kernels.megamoe (kernels/xstage_kernels/megamoe.py).
 
-quant      block-scaled FP8 and half-split packed INT4 formats (numpy spec, torch versions)
+quant      block-scaled FP8 and word-split packed INT4 formats (numpy spec, torch versions)
 routing    top-k expert choice (balanced, skewed) and the padded expert-major dispatch layout
 schedule   the tile lists: expert waves and interleaved, with the dependency check
 reference  the plain torch reference (dequantized, fp32)

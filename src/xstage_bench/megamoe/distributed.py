@@ -64,7 +64,7 @@ from xstage_bench.megamoe.problem import (
     useful_flops,
 )
 from xstage_bench.megamoe.reference import HomeTokens
-from xstage_bench.megamoe.runner import raw_config
+from xstage_bench.megamoe.runner import kernel_refresh, raw_config
 from xstage_bench.protocol import Measured, PointFailed, wrong
 from xstage_kernels import megamoe as kernel
 
@@ -358,7 +358,14 @@ def _worker(rank: int, job: dict) -> None:
         if rank == 0:
             moe = job["megamoe"]
             points = expand_schedules(grid.megamoe_points(moe, job["world_size"]), moe["schedules"])
-            workers.drive(state, job, points, experiment="megamoe", config=job["raw_config"])
+            workers.drive(
+                state,
+                job,
+                points,
+                experiment="megamoe",
+                config=job["raw_config"],
+                refresh=kernel_refresh,
+            )
         else:
             state.follow(state.execute)
     finally:

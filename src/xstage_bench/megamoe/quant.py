@@ -6,10 +6,13 @@ weight blocks and their scales but stores 4-bit integers in [-8, 7], two per byt
 kernel expands them to FP8 (exactly: every such integer is an e4m3 value) before the FP8
 MMA, since Hopper has no 4-bit Tensor Cores.
 
-INT4 packing is "half-split" within each 128-channel block: byte j (0 <= j < 64) of block
-b holds channel 128b + j in its low nibble and channel 128b + 64 + j in its high nibble.
-The kernel then multiplies the low nibbles by the first 64 activation channels of the
-block and the high nibbles by the last 64, with no shuffle of registers.
+INT4 packing is "word-split" within each 128-channel block: the block's 64 bytes are 16
+little-endian 32-bit words, and word w holds channels 4w..4w+3 of the block's first half
+in its low 16 bits (nibble i: channel 4w + i) and channels 64 + 4w..64 + 4w + 3 of its
+second half in its high 16 bits (nibble 4 + i). Why: the fused kernel converts a word's
+halves by two table lookups whose outputs are already four consecutive channels of the
+first and of the second 64-channel half (kernels/xstage_kernels/int4_fp8.py), so it
+multiplies them by the block's two 64-channel activation halves with no shuffle of bytes.
 
 The numpy functions are the specification (the CPU tests check them); the torch functions
 are what the runner and the reference use on the GPU and must agree with them.
@@ -79,14 +82,19 @@ def block_scales_expand_np(scales: np.ndarray) -> np.ndarray:
     return np.repeat(np.repeat(scales, SCALE_BLOCK, axis=0), SCALE_BLOCK, axis=1)
 
 
+# A block's channels as (half, word, byte of the half-word, nibble): byte 2 half + b of
+# word w holds channels 64 half + 4w + 2b (low nibble) and + 1 (high nibble).
+_WORD_SPLIT = (2, 16, 2, 2)
+
+
 def pack_int4_np(w: np.ndarray) -> np.ndarray:
-    """(N, K) integers in [-8, 7] -> (N, K/2) uint8, half-split within 128-channel blocks."""
+    """(N, K) integers in [-8, 7] -> (N, K/2) uint8, word-split within 128-channel blocks."""
     n, k = _blocks_of(w, SCALE_BLOCK)
     if w.min() < INT4_MIN or w.max() > INT4_MAX:
         raise ValueError(f"int4 weights must lie in [{INT4_MIN}, {INT4_MAX}]")
-    halves = w.astype(np.int64).reshape(n, k // SCALE_BLOCK, 2, SCALE_BLOCK // 2) & 0xF
-    packed = halves[:, :, 0, :] | (halves[:, :, 1, :] << 4)
-    return packed.reshape(n, k // 2).astype(np.uint8)
+    nibbles = w.astype(np.int64).reshape(n, k // SCALE_BLOCK, *_WORD_SPLIT) & 0xF
+    half_bytes = nibbles[..., 0] | (nibbles[..., 1] << 4)  # (n, blocks, half, word, byte)
+    return half_bytes.transpose(0, 1, 3, 2, 4).reshape(n, k // 2).astype(np.uint8)
 
 
 def unpack_int4_np(packed: np.ndarray) -> np.ndarray:
@@ -94,10 +102,10 @@ def unpack_int4_np(packed: np.ndarray) -> np.ndarray:
     n, half = packed.shape
     if half % (SCALE_BLOCK // 2):
         raise ValueError(f"packed rows must hold whole 128-channel blocks, got {half} bytes")
-    b = packed.astype(np.int16).reshape(n, half // 64, 1, 64)
+    b = packed.astype(np.int16).reshape(n, half // 64, 16, 2, 2).transpose(0, 1, 3, 2, 4)
     lo = ((b & 0xF) ^ 8) - 8  # sign-extend a nibble
     hi = ((b >> 4) ^ 8) - 8
-    return np.concatenate([lo, hi], axis=2).reshape(n, 2 * half).astype(np.int8)
+    return np.stack([lo, hi], axis=-1).reshape(n, 2 * half).astype(np.int8)
 
 
 def _blocks_of(x: np.ndarray, block: int) -> tuple[int, int]:
@@ -150,13 +158,13 @@ def quantize_weight(w):
 
 
 def pack_int4(w):
-    """torch: (..., N, K) int8 in [-8, 7] -> (..., N, K/2) uint8, half-split (see above)."""
+    """torch: (..., N, K) int8 in [-8, 7] -> (..., N, K/2) uint8, word-split (see above)."""
     import torch
 
     *lead, n, k = w.shape
-    halves = (w.to(torch.int16) & 0xF).reshape(*lead, n, k // SCALE_BLOCK, 2, SCALE_BLOCK // 2)
-    packed = halves[..., 0, :] | (halves[..., 1, :] << 4)
-    return packed.reshape(*lead, n, k // 2).to(torch.uint8)
+    nibbles = (w.to(torch.int16) & 0xF).reshape(*lead, n, k // SCALE_BLOCK, *_WORD_SPLIT)
+    half_bytes = nibbles[..., 0] | (nibbles[..., 1] << 4)
+    return half_bytes.transpose(-3, -2).reshape(*lead, n, k // 2).to(torch.uint8)
 
 
 def unpack_int4(packed):
@@ -164,10 +172,10 @@ def unpack_int4(packed):
     import torch
 
     *lead, n, half = packed.shape
-    b = packed.to(torch.int16).reshape(*lead, n, half // 64, 1, 64)
+    b = packed.to(torch.int16).reshape(*lead, n, half // 64, 16, 2, 2).transpose(-3, -2)
     lo = ((b & 0xF) ^ 8) - 8
     hi = ((b >> 4) ^ 8) - 8
-    return torch.cat([lo, hi], dim=-2).reshape(*lead, n, 2 * half).to(torch.int8)
+    return torch.stack([lo, hi], dim=-1).reshape(*lead, n, 2 * half).to(torch.int8)
 
 
 def dequantize_weight(w, scales, precision: str):

@@ -31,6 +31,7 @@ per-program timeline of rank 0.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ from pathlib import Path
 from xstage_bench import grid, timing
 from xstage_bench.environment import capture_measured
 from xstage_bench.megamoe import reference
-from xstage_bench.megamoe.baselines import VARIANTS, flashinfer, unfused
+from xstage_bench.megamoe.baselines import BASELINES, VARIANTS, flashinfer, unfused
 from xstage_bench.megamoe.measurer import MoEMeasurer
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
 from xstage_bench.megamoe.points import (
@@ -48,8 +49,12 @@ from xstage_bench.megamoe.points import (
     expand_points,
     trace_points,
 )
+from xstage_bench.megamoe.quant import PRECISIONS
 from xstage_bench.megamoe.summary import print_summary
-from xstage_bench.sweep import run_sweep
+from xstage_bench.sweep import Refresh, run_sweep
+
+# Variants that do not run our kernel (gemm_ceiling: cuBLAS on the same GEMMs).
+BASELINE_VARIANTS = (*BASELINES, "gemm_ceiling")
 
 
 def default_devices(config: dict, world_size: int | None = None, device_type: str = "cuda") -> list:
@@ -69,19 +74,66 @@ def default_devices(config: dict, world_size: int | None = None, device_type: st
     return [torch.device("cuda", i) for i in range(world_size)]
 
 
-def w8a8_kernel_record(kernel, device_type: str) -> dict:
-    """Which kernel ran W8A8 (megamoe.launch picks the warp-specialized one on a GPU)."""
-    if device_type != "cuda" or kernel.w8a8_kernel() == "tl":
-        return {"kernel": "tl", "source": "kernels/xstage_kernels/megamoe.py"}
+TL_KERNEL = {"kernel": "tl", "source": "kernels/xstage_kernels/megamoe.py"}
+WS_SOURCE = (
+    "kernels/xstage_kernels/megamoe_ws.py (Gluon, warp-specialized: one TMA producer warp, "
+    "two math warpgroups of 64 rows)"
+)
+
+
+def kernels_that_ran(kernel, device_type: str) -> dict:
+    """Per precision, which kernel ran it (megamoe.launch picks the warp-specialized one for
+    W8A8 and W4A8 on a GPU). A precision's record changes only when its kernel does, so a
+    finished sweep re-measures only that precision's points (kernel_refresh)."""
+    ran = {p: TL_KERNEL for p in PRECISIONS}
+    if device_type != "cuda" or kernel.fp8_kernel() == "tl":
+        return ran
     from xstage_kernels import megamoe_ws
 
-    return {
+    ran["w8a8"] = {
         "kernel": "ws",
-        "source": "kernels/xstage_kernels/megamoe_ws.py (Gluon, warp-specialized: one TMA "
-        "producer warp, two math warpgroups of 64 rows)",
-        "stages": megamoe_ws.STAGES,
-        "num_warps": megamoe_ws.WARPS,
+        "source": WS_SOURCE,
+        "stages": megamoe_ws.stages("w8a8"),
+        "num_warps": megamoe_ws.warps("w8a8"),
     }
+    ran["w4a8"] = {
+        "kernel": "ws",
+        "source": f"{WS_SOURCE}; converter warpgroups turn the packed weights into FP8 "
+        "in shared memory",
+        "stages": megamoe_ws.stages("w4a8"),
+        "num_warps": megamoe_ws.warps("w4a8"),
+        "converters": megamoe_ws.W4_CONVERTERS,
+        "weight_packing": "word-split (quant.py)",
+    }
+    return ran
+
+
+def _kernel_parts(config: dict) -> tuple[dict, dict]:
+    """(the raw config less which kernel ran each precision, those records). Raw files
+    written before `ran` existed name only W8A8's kernel (key w8a8); the others ran tl."""
+    config = json.loads(json.dumps(config))
+    kernel = config.get("kernel", {})
+    ran = kernel.pop("ran", None)
+    if ran is None:
+        ran = {p: TL_KERNEL for p in PRECISIONS} | {"w8a8": kernel.pop("w8a8", TL_KERNEL)}
+    return config, ran
+
+
+def kernel_refresh(previous: dict, config: dict) -> Refresh | None:
+    """sweep.run_sweep's refresh rule: when two raw configs differ only in the kernel that
+    ran some precisions, our kernel's points at those precisions are stale (the baselines'
+    points and the other precisions' are kept)."""
+    rest_before, ran_before = _kernel_parts(previous)
+    rest_after, ran_after = _kernel_parts(config)
+    changed = sorted(p for p in PRECISIONS if ran_before.get(p) != ran_after.get(p))
+    if rest_before != rest_after or not changed:
+        return None
+    return Refresh(
+        f"our kernel at {', '.join(changed)} (the kernel that ran it changed)",
+        lambda point: (
+            point.get("variant") not in BASELINE_VARIANTS and point["precision"] in changed
+        ),
+    )
 
 
 def raw_config(
@@ -102,7 +154,7 @@ def raw_config(
             "num_stages": kernel.NUM_STAGES,
             "tma_loads": ["w8a8"],
             "max_spin": kernel.MAX_SPIN,
-            "w8a8": w8a8_kernel_record(kernel, device_type),
+            "ran": kernels_that_ran(kernel, device_type),
         },
         "check": {
             "tokens_per_rank": check_tokens,
@@ -214,6 +266,7 @@ def run_megamoe(
             environment=env,
             config=cfg,
             point_timeout_s=POINT_TIMEOUT_S,
+            refresh=kernel_refresh,
         )
     finally:
         measurer.close()
@@ -231,6 +284,7 @@ def run_megamoe(
         environment=capture_measured(device_type),
         config=cfg,
         point_timeout_s=POINT_TIMEOUT_S,
+        refresh=kernel_refresh,
     )
 
 
