@@ -5,7 +5,7 @@ fields), built the way Hopper GEMMs keep their tensor cores busy.
 Why a second kernel: in plain `tl` the per-K-step block-scale promotion (each step's MMA
 result scaled and added to an fp32 accumulator) joins both warpgroups at a CTA barrier
 every step, and the tensor cores idle while they promote (ncu on one H200: 36% busy, 44%
-of stalls at CTA barriers). Here each CTA has three partitions:
+of stalls at CTA barriers). Here each CTA has three partitions (W4A8: five):
 
 - a producer warp takes tiles from the rank's list (the same atomic counter, so the same
   list order), hands each tile's index to the math warpgroups through a small
@@ -23,7 +23,13 @@ packed weights into two FP8 halves in shared memory (int4_fp8.py's table lookup,
 loads and stores), fence them for the tensor cores and arrive on the slot's "converted"
 barrier, which the math warpgroups wait on instead of "ready"; a step's two halves are
 two chained MMAs (first channels, then last). The converters run up to the ring's depth
-ahead of the MMAs. Registers are re-balanced for the extra warpgroups (W4_REGS).
+ahead of the MMAs. Registers are re-balanced for the extra warpgroups (W4_REGS). What bounds
+W4A8 is the conversion (16K table lookups per step, `prmt` at half the logic rate), not the
+MMAs: one H200, 16384 tokens, taking the lookup out (wrong values, timing only) lifted one
+converter from 607 to 826 TFLOP/s (W8A8: 977). Tried and measured there, 2026-11-30: the math
+warpgroups converting their own halves one step ahead (575), one converter (607), two (646),
+two with 5 slots (648), a single 128B-swizzled converted block and one MMA per step (605-633),
+the half-split packing's extra byte gather (2 more `prmt` a word: 574 / 632).
 
 A Linear-1 tile runs gate's K steps then up's over the same rows, applies SwiGLU, quantizes
 its rows (one FP8 scale per row for these 128 channels) into the intermediate, fences
@@ -33,10 +39,11 @@ kernel). A Linear-2 tile stores each row straight into its home rank's combine b
 with 16-byte stores (peer memory over NVLink: the X-Stage).
 
 Measured (2x H200 reference, 84 configurations, 2026-11-30): W8A8 median 601 TFLOP/s per GPU,
-824 at 16384 tokens (the tl kernel: 461 and 597). The SwiGLU/quantization epilogue is on
-the critical path (both warpgroups run it at once while the tensor cores idle), hence one
-division per element there: taking the divisions out of it alone gave +6% (DeepSeek-V4
-Flash) to +14% (DiT-MoE) on one H200.
+824 at 16384 tokens (the tl kernel: 461 and 597); W4A8 median 467, 620 at 16384 tokens (the
+tl kernel: 197), 1.26x W8A8's time (geomean; medians 1.22x at 1024 tokens, 1.38x at 16384).
+The SwiGLU/quantization epilogue is on the critical path (both warpgroups run it at once
+while the tensor cores idle), hence one division per element there: taking the divisions
+out of it alone gave +6% (DeepSeek-V4 Flash) to +14% (DiT-MoE) on one H200.
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -302,21 +309,29 @@ def _mma_steps_w8(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layo
 
 
 @gluon.jit
+def _take_tile(p, j):
+    """The producer's j-th tile index (n_tiles or more: no more tiles), read from the tile ring
+    by a 4-warp partition (a math or a converter warpgroup)."""
+    one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    slot = j % _TILE_SLOTS
+    mbarrier.wait(p.tile_ready.index(slot), (j // _TILE_SLOTS) & 1)
+    idx = gl.max(p.tile_ids.index(slot).load(one_wg), axis=0)
+    mbarrier.arrive(p.tile_empty.index(slot), count=1)
+    return idx
+
+
+@gluon.jit
 def _converter(p, C: gl.constexpr):
     """W4: converter C of W4_CONVERTERS turns every W4_CONVERTERS-th slot's packed weights
     into its two FP8 halves, in ring order (the tile list's steps), each published to the
     tensor cores through the slot's "converted" barrier."""
-    one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     # 32 rows x 64 bytes at a time, a 16-byte chunk per thread: few live registers.
     rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     it = 0
     j = 0
     running = True
     while running:
-        slot = j % _TILE_SLOTS
-        mbarrier.wait(p.tile_ready.index(slot), (j // _TILE_SLOTS) & 1)
-        idx = gl.max(p.tile_ids.index(slot).load(one_wg), axis=0)
-        mbarrier.arrive(p.tile_empty.index(slot), count=1)
+        idx = _take_tile(p, j)
         j += 1
         running = idx < p.n_tiles
         if running:
@@ -388,7 +403,6 @@ def _math(p, WG: gl.constexpr):
     # Row-major layouts for the epilogue: 16-byte stores of FP8 (h) and bf16 (out) rows.
     h_store: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     out_store: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     rows_acc = gl.arange(0, _HALF, layout=gl.SliceLayout(1, acc_layout))
     rows_h = gl.arange(0, _HALF, layout=gl.SliceLayout(1, h_store))
     cols_h = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, h_store))
@@ -400,10 +414,7 @@ def _math(p, WG: gl.constexpr):
     j = 0
     running = True
     while running:
-        slot = j % _TILE_SLOTS
-        mbarrier.wait(p.tile_ready.index(slot), (j // _TILE_SLOTS) & 1)
-        idx = gl.max(p.tile_ids.index(slot).load(one_wg), axis=0)
-        mbarrier.arrive(p.tile_empty.index(slot), count=1)
+        idx = _take_tile(p, j)
         j += 1
         running = idx < p.n_tiles
         if running:
