@@ -192,29 +192,32 @@ def test_the_fp8_kernel_is_chosen_by_environment_and_named_per_precision(monkeyp
 
 @needs_triton
 def test_a_kernel_change_at_one_precision_makes_only_its_points_of_our_kernel_stale(monkeypatch):
-    """The committed reference sweep (written before per-precision records) against this
-    code's raw config: W4A8 now runs the warp-specialized kernel, W8A8's record is
-    unchanged, so a rerun measures our kernel's W4A8 points (and traces) again, nothing else."""
+    """The committed reference sweep's config against the same with one precision's kernel
+    changed, and against the format written before per-precision records (only W8A8's kernel
+    named, under kernel.w8a8): only our kernel's points at the changed precision are stale."""
     from pathlib import Path
 
-    from xstage_bench.megamoe.runner import kernel_refresh, kernels_that_ran
+    from xstage_bench.megamoe.runner import TL_KERNEL, kernel_refresh, kernels_that_ran
     from xstage_kernels import megamoe
 
     monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
     raw = Path(__file__).parents[1] / "results" / "ref-h200x2" / "raw" / "megamoe.json"
-    previous = json.loads(raw.read_text())["config"]
-    if "ran" in previous["kernel"]:
-        pytest.skip("the reference sweep already names the kernel per precision")
-    config = json.loads(json.dumps(previous))
-    config["kernel"].pop("w8a8")
+    config = json.loads(raw.read_text())["config"]
     config["kernel"]["ran"] = kernels_that_ran(megamoe, "cuda")
-    refresh = kernel_refresh(previous, config)
-    assert refresh is not None and "w4a8" in refresh.reason and "w8a8" not in refresh.reason
+    changed = json.loads(json.dumps(config))
+    changed["kernel"]["ran"]["w4a8"]["stages"] += 1
+    older = json.loads(json.dumps(config))  # W4A8 ran tl then
+    older["kernel"]["w8a8"] = older["kernel"].pop("ran")["w8a8"]
     point = {"precision": "w4a8", "shape": "s"}
-    assert refresh.stale(point) and refresh.stale({**point, "variant": "interleaved"})
-    assert not refresh.stale({**point, "precision": "w8a8"})
-    for baseline in ("unfused", "deepgemm", "flashinfer", "gemm_ceiling"):
-        assert not refresh.stale({**point, "variant": baseline})
+    for previous in (changed, older):
+        refresh = kernel_refresh(previous, config)
+        assert refresh is not None and "w4a8" in refresh.reason and "w8a8" not in refresh.reason
+        assert refresh.stale(point) and refresh.stale({**point, "variant": "interleaved"})
+        assert not refresh.stale({**point, "precision": "w8a8"})
+        for baseline in ("unfused", "deepgemm", "flashinfer", "gemm_ceiling"):
+            assert not refresh.stale({**point, "variant": baseline})
+    older["kernel"]["w8a8"] = TL_KERNEL  # W8A8 on tl then as well: both stale
+    assert "w4a8, w8a8" in kernel_refresh(older, config).reason
     # Nothing changed, or something besides the kernel: no refresh (a full rerun).
     assert kernel_refresh(config, config) is None
-    assert kernel_refresh(previous, {**config, "world_size": 4}) is None
+    assert kernel_refresh(changed, {**config, "world_size": 4}) is None

@@ -274,28 +274,19 @@ def _producer(p, WG: gl.constexpr):
 @gluon.jit
 def _mma_steps(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
-    step's product promoted by its activation (per row) and weight (per block) scales."""
-    if p.W4:
-        return _mma_steps_w4(p, it, a_scales, w_scales, k_steps, WG, acc_layout)
-    else:
-        return _mma_steps_w8(p, it, a_scales, w_scales, k_steps, WG, acc_layout)
-
-
-@gluon.jit
-def _mma_steps_w8(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
+    step's product promoted by its activation (per row) and weight (per block) scales. A
+    slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready")."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     # The first scales only once the first slot is full: for Linear-2 that is after the
     # producer saw the row block released, so the intermediate's scales are written.
-    mbarrier.wait(p.ready.index(it % p.STAGES), (it // p.STAGES) & 1)
+    mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
     sa = gl.load(a_scales)
     sw = gl.load(w_scales)
     for k in range(k_steps):
         s = it % p.STAGES
-        mbarrier.wait(p.ready.index(s), (it // p.STAGES) & 1)
-        a = p.a_bufs.index(s).slice(WG * _HALF, _HALF)
-        b = p.b_bufs.index(s).permute((1, 0))
-        raw = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+        mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
+        raw = _issue_mma(p, s, zero, WG)
         nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
         sa_next = gl.load(a_scales + nxt)
         sw_next = gl.load(w_scales + nxt)
@@ -306,6 +297,23 @@ def _mma_steps_w8(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layo
         sw = sw_next
         it += 1
     return acc, it
+
+
+@gluon.jit
+def _issue_mma(p, s, zero, WG: gl.constexpr):
+    """Slot s's asynchronous MMA for this warpgroup's rows (W4A8: the two halves, chained)."""
+    if p.W4:
+        a_lo = p.a_bufs.index(2 * s).slice(WG * _HALF, _HALF)
+        a_hi = p.a_bufs.index(2 * s + 1).slice(WG * _HALF, _HALF)
+        raw = warpgroup_mma(
+            a_lo, p.c_bufs.index(2 * s).permute((1, 0)), zero, use_acc=False, is_async=True
+        )
+        raw = warpgroup_mma(a_hi, p.c_bufs.index(2 * s + 1).permute((1, 0)), raw, is_async=True)
+    else:
+        a = p.a_bufs.index(s).slice(WG * _HALF, _HALF)
+        b = p.b_bufs.index(s).permute((1, 0))
+        raw = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+    return raw
 
 
 @gluon.jit
@@ -363,36 +371,6 @@ def _converter(p, C: gl.constexpr):
                 gl.thread_barrier()
                 mbarrier.arrive(p.converted.index(s), count=1)
             it = it0 + k_steps
-
-
-@gluon.jit
-def _mma_steps_w4(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
-    zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
-    acc = zero
-    # "converted" implies "ready": the first scales are read after the first slot is full,
-    # as in _mma_steps_w8.
-    mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
-    sa = gl.load(a_scales)
-    sw = gl.load(w_scales)
-    for k in range(k_steps):
-        s = it % p.STAGES
-        mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-        a_lo = p.a_bufs.index(2 * s).slice(WG * _HALF, _HALF)
-        a_hi = p.a_bufs.index(2 * s + 1).slice(WG * _HALF, _HALF)
-        raw = warpgroup_mma(
-            a_lo, p.c_bufs.index(2 * s).permute((1, 0)), zero, use_acc=False, is_async=True
-        )
-        raw = warpgroup_mma(a_hi, p.c_bufs.index(2 * s + 1).permute((1, 0)), raw, is_async=True)
-        nxt = gl.minimum(k + 1, k_steps - 1)
-        sa_next = gl.load(a_scales + nxt)
-        sw_next = gl.load(w_scales + nxt)
-        raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
-        mbarrier.arrive(p.empty.index(s), count=1)
-        acc += raw * (sa * sw)[:, None]
-        sa = sa_next
-        sw = sw_next
-        it += 1
-    return acc, it
 
 
 @gluon.jit
