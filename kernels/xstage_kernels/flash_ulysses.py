@@ -15,11 +15,17 @@ output) this is a plain store; with P destinations, whose addresses are peer mem
 into this process, each tile's stores go straight over NVLink into the rank that owns its
 tokens, and the program moves on to its next work while they drain (the X-Stage). The same
 code path serves both, so "alone" and "fused" differ only in where the stores land.
+
+On a GPU, where S is a multiple of 128 and q, k, v are contiguous (the TMA path), the same
+contract runs flash_ws.py instead: a producer warp and two math warpgroups (warp
+specialization, Gluon), which `tl` cannot express. XSTAGE_ATTENTION_KERNEL=tl keeps this
+kernel there too (A/B comparisons); `launch_config` says which kernel a call runs.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import triton
 import triton.language as tl
@@ -33,6 +39,8 @@ from xstage_kernels.tma import available as tma_available
 DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
 POINTER_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
 LOG2E = 1.4426950408889634
+KERNEL_ENV = "XSTAGE_ATTENTION_KERNEL"
+KERNELS = ("ws", "tl")
 
 
 @triton.jit
@@ -176,7 +184,21 @@ def flash_attention_routed(
             f"destinations for seq_len={seq_len}, dest_ptrs has {dest_ptrs.numel()}"
         )
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E
-    cfg = launch_config(q, k, v, config)
+    cfg = launch_config(q, k, v, config, dest_strides)
+    if cfg["kernel"] == "ws":
+        from xstage_kernels import flash_ws
+
+        flash_ws.launch(
+            q,
+            k,
+            v,
+            dest_ptrs,
+            dest_strides=dest_strides,
+            rows_per_dest=rows_per_dest,
+            head_offset=head_offset,
+            qk_scale=scale,
+        )
+        return
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     descs = _descriptors(q, k, v, block_m, block_n) if cfg["tma"] else (q, k, v)
     grid = (triton.cdiv(seq_len, block_m), batch * local_heads)
@@ -205,10 +227,27 @@ def flash_attention_routed(
     )
 
 
-def launch_config(q, k, v, config: dict | None = None) -> dict:
-    """The block shape, pipelining and load path (tma) a call with these inputs uses."""
+def launch_config(q, k, v, config: dict | None = None, dest_strides=(8, 8, 8)) -> dict:
+    """The kernel (ws: flash_ws.py; tl: this file's), block shape, pipelining and load path
+    (tma) a call with these inputs uses. A `config` (block sizes) asks for the tl kernel."""
     tma = _use_tma(q, k, v, {**DEFAULT_CONFIG, **(config or {})})
-    return {**(DEFAULT_CONFIG if tma else POINTER_CONFIG), **(config or {}), "tma": tma}
+    if tma and not config and q.device.type == "cuda" and attention_kernel() == "ws":
+        # (imported only here: a Gluon kernel must not be defined under the interpreter)
+        from xstage_kernels import flash_ws
+
+        if flash_ws.supports(q, k, v, dest_strides, q.shape[-1]):
+            block = {"BLOCK_M": flash_ws.BLOCK_M, "BLOCK_N": flash_ws.BLOCK_N}
+            return {"kernel": "ws", **block, "tma": True}
+    cfg = {**(DEFAULT_CONFIG if tma else POINTER_CONFIG), **(config or {}), "tma": tma}
+    return {"kernel": "tl", **cfg}
+
+
+def attention_kernel() -> str:
+    """'ws' (flash_ws.py where it applies, the default) or 'tl', from the environment."""
+    choice = os.environ.get(KERNEL_ENV, "ws")
+    if choice not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV}={choice!r}: expected one of {', '.join(KERNELS)}")
+    return choice
 
 
 def _use_tma(q, k, v, cfg: dict) -> bool:

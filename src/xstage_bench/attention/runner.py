@@ -30,9 +30,50 @@ from pathlib import Path
 from xstage_bench import timing, workers
 from xstage_bench.grid import attention_points
 from xstage_bench.protocol import Measured, PointFailed, wrong
+from xstage_bench.sweep import Refresh
 
 DTYPE = "bfloat16"
 CPU_TRITON_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16}  # small tiles: the interpreter is slow
+TL_KERNEL = {"kernel": "tl", "source": "kernels/xstage_kernels/flash_ulysses.py"}
+
+
+def kernels_that_ran(device_type: str) -> dict:
+    """Which kernel ran our backend ('triton'); each record's extra.triton_config says it per
+    point. A backend's entry changes only when its kernel does, so a finished sweep measures
+    only that backend's points again (kernel_refresh)."""
+    from xstage_kernels import flash_ulysses
+
+    if device_type != "cuda" or flash_ulysses.attention_kernel() == "tl":
+        return {"triton": TL_KERNEL}
+    return {
+        "triton": {
+            "kernel": "ws",
+            "source": "kernels/xstage_kernels/flash_ws.py (Gluon, warp-specialized: one TMA "
+            "producer warp, two math warpgroups of 64 query rows)",
+            "where": "S a multiple of 128, contiguous q/k/v, head_dim 64 or 128; "
+            "else kernels/xstage_kernels/flash_ulysses.py",
+        }
+    }
+
+
+def kernel_refresh(previous: dict, config: dict) -> Refresh | None:
+    """sweep.run_sweep's refresh rule: when two raw configs differ only in the kernel that
+    ran some backends, those backends' points are stale. Raw files written before `kernels`
+    existed ran the tl kernel."""
+
+    def parts(cfg: dict) -> tuple[dict, dict]:
+        cfg = json.loads(json.dumps(cfg))
+        return cfg, cfg.pop("kernels", {"triton": TL_KERNEL})
+
+    rest_before, before = parts(previous)
+    rest_after, after = parts(config)
+    changed = sorted(b for b in {*before, *after} if before.get(b) != after.get(b))
+    if rest_before != rest_after or not changed:
+        return None
+    return Refresh(
+        f"{', '.join(changed)} (the kernel that ran it changed)",
+        lambda point: point["backend"] in changed,
+    )
 
 
 def sweep_config(
@@ -236,7 +277,14 @@ def _worker(rank: int, job: dict) -> None:
     try:
         if rank == 0:
             points = ordered_points(job["config"]["attention"], job["world_size"])
-            workers.drive(state, job, points, experiment="attention", config=job["config"])
+            workers.drive(
+                state,
+                job,
+                points,
+                experiment="attention",
+                config=job["raw_config"],
+                refresh=kernel_refresh,
+            )
         else:
             state.follow(state.execute)
     finally:
@@ -264,6 +312,7 @@ def launch(
     """
     job = {
         "config": config,
+        "raw_config": {**config, "kernels": kernels_that_ran(device_type)},
         "dataset": dataset,
         "world_size": world_size,
         "dtype": DTYPE if device_type == "cuda" else "float16",
