@@ -14,56 +14,32 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+import sm90
 
 HAVE_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="torch and triton not installed")
-SM90_SHARED_BYTES = 227 * 1024
-
-# Compiled in a child: a Gluon kernel must not be defined while TRITON_INTERPRET is set,
-# which the interpreter tests of this session set and unset.
-_COMPILE = """
-import json, re, sys
-from xstage_kernels import megamoe_ws
-k = megamoe_ws.compile_for_sm90(trace=sys.argv[1] == "1", precision=sys.argv[2])
-ptx = k.asm["ptx"]
-count = lambda pattern: len(re.findall(pattern, ptx))
-print(json.dumps({
-    "shared": k.metadata.shared,
-    "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\\S+\\s+(\\d+)", ptx))),
-    "wgmma": count(r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k32\\.f32\\.e4m3\\.e4m3"),
-    "wgmma_wait": count(r"wgmma\\.wait_group"),
-    "mbarrier_arrive": count(r"mbarrier\\.arrive"),
-    "expect_tx": count(r"mbarrier\\.arrive\\.expect_tx"),
-    "tma_loads": count(r"cp\\.async\\.bulk\\.tensor"),
-    "vector_stores": count(r"st\\.global(\\.v4\\.b32|\\.v4\\.u32)"),
-    "proxy_fence": count(r"fence\\.proxy\\.async\\.global"),
-    "shared_fence": count(r"fence\\.proxy\\.async\\.shared::cta"),
-    "prmt": count(r"prmt\\.b32"),
-    "shared_v4_loads": count(r"ld\\.shared\\.v4"),
-    "release_add": count(r"atom\\.global\\.gpu\\.release\\.add"),
-    "atomic_max": count(r"atom\\.global\\.gpu\\.\\w+\\.max\\.s64"),
-    "cta_barriers": count(r"(?<![\\w.])bar\\.sync\\s+0;|barrier\\.sync\\s+0;"),
-}))
-"""
+PATTERNS = {
+    "wgmma": r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3",
+    "wgmma_wait": r"wgmma\.wait_group",
+    "mbarrier_arrive": r"mbarrier\.arrive",
+    "expect_tx": r"mbarrier\.arrive\.expect_tx",
+    "tma_loads": r"cp\.async\.bulk\.tensor",
+    "vector_stores": r"st\.global(\.v4\.b32|\.v4\.u32)",
+    "proxy_fence": r"fence\.proxy\.async\.global",
+    "shared_fence": r"fence\.proxy\.async\.shared::cta",
+    "prmt": r"prmt\.b32",
+    "shared_v4_loads": r"ld\.shared\.v4",
+    "release_add": r"atom\.global\.gpu\.release\.add",
+    "atomic_max": r"atom\.global\.gpu\.\w+\.max\.s64",
+    "cta_barriers": r"(?<![\w.])bar\.sync\s+0;|barrier\.sync\s+0;",
+}
 
 
 def _compiled(trace: bool, precision: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-c", _COMPILE, "1" if trace else "0", precision],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    call = f"kernels.compile_for_sm90(trace={trace}, precision={precision!r})"
+    return sm90.compiled("megamoe_ws", call, PATTERNS)
 
 
 @needs_triton
@@ -73,13 +49,12 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(trace, precision):
     from xstage_kernels import megamoe_ws
 
     got = _compiled(trace, precision)
-    assert got["shared"] <= SM90_SHARED_BYTES
+    assert got["shared"] <= sm90.SHARED_BYTES
     # The operand ring alone: per slot two 128 x 128 FP8 blocks (W8A8), or the activation
     # block, the packed weights and their converted FP8 block (W4A8).
     slot = (2 if precision == "w8a8" else 2.5) * megamoe_ws.BLOCK**2
     assert got["shared"] >= megamoe_ws.stages(precision) * slot
-    regs = {int(n) for n in got["setmaxnreg"]}
-    assert set(megamoe_ws.partition_regs(precision)) <= regs
+    assert set(megamoe_ws.partition_regs(precision)) <= set(got["setmaxnreg"])
     # Four K sub-steps of 32 per 128-channel step, in each math warpgroup's loop.
     assert got["wgmma"] > 0 and got["wgmma"] % 4 == 0
     assert got["wgmma_wait"] > 0

@@ -1,0 +1,78 @@
+"""The warp-specialized attention kernel (kernels/xstage_kernels/flash_ws.py) without a GPU.
+
+Gluon has no interpreter, so its numbers are checked on a GPU only (every attention point
+is compared with torch's SDPA, poisoned output, before it is timed). Here: it compiles for
+sm_90 with the structure its docstring promises (partitions with their own register
+budgets, bf16 wgmma for both products, TMA loads, per-slot mbarriers, 16-byte epilogue
+stores, no CTA-wide barrier once the partitions run); which kernel a call picks; and the
+refresh rule that re-measures only the backend whose kernel changed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import sm90
+
+HAVE_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
+needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="torch and triton not installed")
+PATTERNS = {
+    "wgmma": r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16",
+    "tma_loads": r"cp\.async\.bulk\.tensor",
+    "expect_tx": r"mbarrier\.arrive\.expect_tx",
+    "vector_stores": r"st\.global\.v4",
+    "cta_barriers": r"bar\.sync\s+\d+;",
+}
+
+
+@needs_triton
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_compiles_for_sm90_with_warp_specialized_partitions(head_dim):
+    from xstage_kernels import flash_ws
+
+    got = sm90.compiled("flash_ws", f"kernels.compile_for_sm90({head_dim})", PATTERNS)
+    assert got["shared"] <= sm90.SHARED_BYTES
+    # the Q tile and STAGES slots of a K and a V block, bf16
+    assert got["shared"] >= 2 * head_dim * (
+        flash_ws.BLOCK_M + 2 * flash_ws.STAGES * flash_ws.BLOCK_N
+    )
+    assert {flash_ws.MATH_REGS, flash_ws.PRODUCER_REGS} <= set(got["setmaxnreg"])
+    # per math warpgroup and K/V block: Q K^T over head_dim, P V over BLOCK_N, k16 each
+    assert got["wgmma"] == 2 * (head_dim + flash_ws.BLOCK_N) // 16
+    # Q once, K and V per slot; a 128-byte swizzled box is at most 128 bytes wide
+    boxes = -(-2 * head_dim // 128)
+    assert got["expect_tx"] == 3 and got["tma_loads"] == 3 * boxes
+    assert got["vector_stores"] > 0
+    assert got["cta_barriers"] == 0  # only warpgroup barriers (bar.sync id, 128)
+
+
+@needs_triton
+def test_a_call_picks_the_gluon_kernel_only_where_it_applies(monkeypatch):
+    import torch
+
+    from xstage_kernels import flash_ulysses
+
+    monkeypatch.delenv(flash_ulysses.KERNEL_ENV, raising=False)
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    # A CPU tensor runs tl (the interpreter); so does an explicit block config.
+    assert flash_ulysses.launch_config(q, q, q)["kernel"] == "tl"
+    assert flash_ulysses.launch_config(q, q, q, {"BLOCK_M": 16})["kernel"] == "tl"
+    monkeypatch.setenv(flash_ulysses.KERNEL_ENV, "cutlass")
+    with pytest.raises(ValueError, match="XSTAGE_ATTENTION_KERNEL='cutlass'"):
+        flash_ulysses.attention_kernel()
+
+
+def test_a_kernel_change_of_one_backend_makes_only_its_points_stale():
+    from xstage_bench.attention.runner import TL_KERNEL, kernel_refresh
+
+    older = {"attention": {"backends": ["fa3", "triton"]}, "timing": {}, "world_size": "auto"}
+    ws = {"kernel": "ws", "source": "kernels/xstage_kernels/flash_ws.py"}
+    config = {**older, "kernels": {"triton": ws}}
+    for previous in (older, {**older, "kernels": {"triton": TL_KERNEL}}):
+        refresh = kernel_refresh(previous, config)
+        assert refresh is not None and refresh.reason.startswith("triton")
+        assert refresh.stale({"backend": "triton", "mode": "fused"})
+        assert not refresh.stale({"backend": "fa3", "mode": "fused"})
+    assert kernel_refresh(config, config) is None
+    assert kernel_refresh(older, {**config, "world_size": 4}) is None
