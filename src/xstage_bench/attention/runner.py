@@ -52,6 +52,8 @@ def kernels_that_ran(device_type: str) -> dict:
             "producer warp, two math warpgroups of 64 query rows)",
             "where": "S a multiple of 128, contiguous q/k/v, head_dim 64 or 128; "
             "else kernels/xstage_kernels/flash_ulysses.py",
+            "launch": "a call with the last call's arguments reuses its compiled kernel and "
+            "TMA descriptors",
         }
     }
 
