@@ -297,7 +297,7 @@ def launch(q, k, v, dest_ptrs, *, dest_strides, rows_per_dest, head_offset, qk_s
         _last["kernel"][_last["grid"]](*_last["args"])
         return
     batch, seq_len, local_heads, _ = q.shape
-    grid = (seq_len // BLOCK_M, batch * local_heads)
+    grid = (seq_len // BLOCK_M, batch * local_heads, 1)  # a compiled kernel takes all three
     args = (
         q,
         *descriptors(q, k, v),
