@@ -196,6 +196,27 @@ class Refresh(NamedTuple):
 RefreshRule = Callable[[dict, dict], Refresh | None]
 
 
+def records_refresh(
+    previous: dict,
+    config: dict,
+    split: Callable[[dict], tuple[dict, dict]],
+    stale: Callable[[dict, list[str]], bool],
+    prefix: str = "",
+) -> Refresh | None:
+    """The common part of a refresh rule over per-key records (the kernel that ran each
+    precision or backend): `split(config)` gives (the config less the records, the records
+    by key); when only records differ, `stale(point, changed keys)` names the points."""
+    rest_before, before = split(json.loads(json.dumps(previous)))
+    rest_after, after = split(json.loads(json.dumps(config)))
+    changed = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+    if rest_before != rest_after or not changed:
+        return None
+    return Refresh(
+        f"{prefix}{', '.join(changed)} (the kernel that ran it changed)",
+        lambda point: stale(point, changed),
+    )
+
+
 def _without_variants(config: dict) -> dict:
     """The config less what may grow, at the top and in its sections (the experiment's own
     section repeats the variants)."""

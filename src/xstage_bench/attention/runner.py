@@ -30,7 +30,7 @@ from pathlib import Path
 from xstage_bench import timing, workers
 from xstage_bench.grid import attention_points
 from xstage_bench.protocol import Measured, PointFailed, wrong
-from xstage_bench.sweep import Refresh
+from xstage_bench.sweep import Refresh, records_refresh
 
 DTYPE = "bfloat16"
 CPU_TRITON_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16}  # small tiles: the interpreter is slow
@@ -62,19 +62,11 @@ def kernel_refresh(previous: dict, config: dict) -> Refresh | None:
     """sweep.run_sweep's refresh rule: when two raw configs differ only in the kernel that
     ran some backends, those backends' points are stale. Raw files written before `kernels`
     existed ran the tl kernel."""
-
-    def parts(cfg: dict) -> tuple[dict, dict]:
-        cfg = json.loads(json.dumps(cfg))
-        return cfg, cfg.pop("kernels", {"triton": TL_KERNEL})
-
-    rest_before, before = parts(previous)
-    rest_after, after = parts(config)
-    changed = sorted(b for b in {*before, *after} if before.get(b) != after.get(b))
-    if rest_before != rest_after or not changed:
-        return None
-    return Refresh(
-        f"{', '.join(changed)} (the kernel that ran it changed)",
-        lambda point: point["backend"] in changed,
+    return records_refresh(
+        previous,
+        config,
+        lambda cfg: (cfg, cfg.pop("kernels", {"triton": TL_KERNEL})),
+        lambda point, changed: point["backend"] in changed,
     )
 
 

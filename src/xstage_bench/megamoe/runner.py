@@ -31,7 +31,6 @@ per-program timeline of rank 0.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,7 +50,7 @@ from xstage_bench.megamoe.points import (
 )
 from xstage_bench.megamoe.quant import PRECISIONS
 from xstage_bench.megamoe.summary import print_summary
-from xstage_bench.sweep import Refresh, run_sweep
+from xstage_bench.sweep import Refresh, records_refresh, run_sweep
 
 # Variants that do not run our kernel (gemm_ceiling: cuBLAS on the same GEMMs).
 BASELINE_VARIANTS = (*BASELINES, "gemm_ceiling")
@@ -111,7 +110,6 @@ def kernels_that_ran(kernel, device_type: str) -> dict:
 def _kernel_parts(config: dict) -> tuple[dict, dict]:
     """(the raw config less which kernel ran each precision, those records). Raw files
     written before `ran` existed name only W8A8's kernel (key w8a8); the others ran tl."""
-    config = json.loads(json.dumps(config))
     kernel = config.get("kernel", {})
     ran = kernel.pop("ran", None)
     if ran is None:
@@ -123,16 +121,14 @@ def kernel_refresh(previous: dict, config: dict) -> Refresh | None:
     """sweep.run_sweep's refresh rule: when two raw configs differ only in the kernel that
     ran some precisions, our kernel's points at those precisions are stale (the baselines'
     points and the other precisions' are kept)."""
-    rest_before, ran_before = _kernel_parts(previous)
-    rest_after, ran_after = _kernel_parts(config)
-    changed = sorted(p for p in PRECISIONS if ran_before.get(p) != ran_after.get(p))
-    if rest_before != rest_after or not changed:
-        return None
-    return Refresh(
-        f"our kernel at {', '.join(changed)} (the kernel that ran it changed)",
-        lambda point: (
+    return records_refresh(
+        previous,
+        config,
+        _kernel_parts,
+        lambda point, changed: (
             point.get("variant") not in BASELINE_VARIANTS and point["precision"] in changed
         ),
+        prefix="our kernel at ",
     )
 
 
