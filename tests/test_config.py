@@ -46,7 +46,9 @@ def test_full_config_ulysses_sweep(full_config):
             lambda c: c["microbench"]["studies"]["drain"].update(K=[0]),
             "microbench.studies.drain.K[0]",
         ),
-        (lambda c: c.update(world_size=1), "world_size"),
+        (lambda c: c.update(world_size=0), "world_size"),
+        (lambda c: c.update(world_size=1, store_paths=["peer"]), "store_paths"),
+        (lambda c: c.update(store_paths=["nvlink"]), "store_paths"),
         (lambda c: c["datasets"].update(measured="sim-oops"), "datasets.measured"),
         (lambda c: c["timing"].update(max_reps=4, min_reps=5), "timing.max_reps"),
         (lambda c: c.pop("attention"), "(top level)"),
@@ -139,7 +141,7 @@ def test_values_that_would_hang_or_exhaust_memory_name_their_key(full_config, mu
 def test_world_size_zero_says_which_values_are_allowed(full_config):
     bad = copy.deepcopy(full_config)
     bad["world_size"] = 0
-    with pytest.raises(ConfigError, match=r"'world_size': must be \"auto\" or an integer from 2"):
+    with pytest.raises(ConfigError, match=r"'world_size': must be \"auto\" or an integer from 1"):
         validate_config(bad)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from xstage_bench.config import load_config
+from xstage_bench import timing
 from xstage_bench.results import ok_record
 from xstage_bench.timing import (
     BUDGET,
@@ -243,3 +244,35 @@ def test_fixed_count_fits_the_budget_and_takes_the_agreed_count():
     seen = []
     samples = measure_fixed(run_once, policy(budget_s=0.001), agree=lambda n: seen.append(n) or 7)
     assert seen == [5] and len(samples) == 7
+
+
+def test_paired_rounds_alternate_and_pair_samples():
+    order = []
+    times = {"a": iter(range(100, 200)), "b": iter(range(300, 400))}
+
+    def arm(name):
+        def run():
+            order.append(name)
+            return float(next(times[name]))
+
+        return run
+
+    policy = timing.TimingPolicy(
+        warmup=1, min_reps=4, max_reps=4, target_rel_iqr=1e-9, budget_s=100.0, flush_l2=False
+    )
+    out = timing.measure_paired({"a": arm("a"), "b": arm("b")}, policy)
+    # warm-up round (a b), then a b, b a, a b, b a
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+    assert out["a"] == [101.0, 102.0, 103.0, 104.0] and out["b"] == [301.0, 302.0, 303.0, 304.0]
+    assert out["a"].stop_reason == timing.MAX_REPS and out["a"].rounds == [0, 1, 2, 3]
+    assert timing.paired_extra(["a", "b"], "b", out["b"])["position"] == [1, 0, 1, 0]
+
+
+def test_paired_stops_when_every_arm_is_stable():
+    steady = lambda: 5.0  # noqa: E731
+    noisy = iter([1.0, 9.0] * 50)
+    policy = timing.TimingPolicy(
+        warmup=0, min_reps=3, max_reps=20, target_rel_iqr=0.05, budget_s=100.0, flush_l2=False
+    )
+    out = timing.measure_paired({"s": steady, "n": lambda: next(noisy)}, policy)
+    assert len(out["s"]) == 20 and out["s"].stop_reason == timing.MAX_REPS

@@ -19,7 +19,10 @@ def _probe(args: argparse.Namespace) -> int:
     gpus = probe_gpus()
     print(f"GPUs: {gpus.count} {sorted(set(gpus.names))}")
     if gpus.can_measure:
-        print(f"can measure: yes (dataset '{dataset_name(gpus.names)}')")
+        paths = ", ".join(gpus.paths)
+        print(f"can measure: yes (dataset '{dataset_name(gpus.names)}', store paths: {paths})")
+        if gpus.reason:
+            print(f"  no peer path: {gpus.reason}")
     else:
         print(f"can measure: no ({gpus.reason})")
     return 0

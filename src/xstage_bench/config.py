@@ -37,7 +37,10 @@ def _alternative(schema: dict) -> str:
         return json.dumps(schema["const"])
     if "enum" in schema:
         return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
-    words = f"an {schema['type']}" if schema.get("type") == "integer" else f"a {schema.get('type')}"
+    kind = schema.get("type")
+    if kind == "array" and "enum" in schema.get("items", {}):
+        return "a list of " + ", ".join(json.dumps(v) for v in schema["items"]["enum"])
+    words = f"an {kind}" if str(kind)[:1] in "aeiou" else f"a {kind}"
     if "minimum" in schema and "maximum" in schema:
         return f"{words} from {schema['minimum']} to {schema['maximum']}"
     if "minimum" in schema:
@@ -159,8 +162,21 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def checked_store_paths(config: dict, world_size: int) -> list[str]:
+    """The config's `store_paths` resolved for `world_size` GPUs (storepath.resolve), a
+    path this run cannot measure named as a ConfigError."""
+    from xstage_bench import storepath
+
+    try:
+        return storepath.resolve(config.get("store_paths", storepath.AUTO), world_size)
+    except storepath.StorePathError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _check_world_size(config: dict, P: int) -> None:
-    """What must divide over P ranks, checked before any job is planned."""
+    """What must divide over P ranks, and the paths P GPUs can measure, checked before any
+    job is planned."""
+    checked_store_paths(config, P)
     for i, shape in enumerate(config["megamoe"]["shapes"]):
         if shape["E"] % P:
             raise ConfigError(

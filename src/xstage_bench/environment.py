@@ -102,7 +102,10 @@ def gpu_inventory() -> dict:
         if a != b
     }
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    from xstage_bench.storepath import host_link
+
     return {
+        "host_links": [host_link(i) for i in range(len(gpus))],
         "gpus": gpus,
         "driver": driver.splitlines()[0] if driver else None,
         "cuda": torch.version.cuda,

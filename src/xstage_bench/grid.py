@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from xstage_bench import storepath
 from xstage_bench.megamoe.routing import NATURAL, fraction_label
 
 MICROBENCH_AXES = (
@@ -38,12 +39,19 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def microbench_points(microbench: dict, study: str) -> list[dict]:
-    """Cartesian product of a study's axes over the defaults; V is rounded to K·B."""
+def microbench_points(
+    microbench: dict, study: str, paths: tuple[str, ...] | list[str] = (storepath.PEER,)
+) -> list[dict]:
+    """Cartesian product of a study's axes over the defaults; V is rounded to K·B. A
+    `dest` of `remote` becomes one point per store path in `paths` (the measured paths of
+    this run; a simulated dataset's profile describes the peer path); every point names
+    its `path` (`local` for the local control)."""
     spec = microbench["studies"][study]
     kind = spec["kind"]
     axes = {**{k: [v] for k, v in microbench["defaults"].items()}}
     axes.update({k: v for k, v in spec.items() if k in MICROBENCH_AXES})
+    if "dest" in axes:
+        axes["dest"] = storepath.destinations(axes["dest"], paths)
     axes.setdefault("gap_us", [0.0])
     if kind != "ceiling":
         axes.pop("method", None)
@@ -58,6 +66,8 @@ def microbench_points(microbench: dict, study: str) -> list[dict]:
         p["gap_us"] = float(p["gap_us"])
         # The id names the requested values, so it stays stable if rounding changes.
         p["id"] = f"{study}/" + "/".join(f"{a}={_fmt(p[a])}" for a in names)
+        if "dest" in p:
+            p["path"] = storepath.path_of(p["dest"])
         if kind != "ceiling":
             p["B"] = producer_bytes(p["V"], p["K"])
             p["V"] = p["B"] * p["K"]

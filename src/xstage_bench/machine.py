@@ -11,9 +11,15 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from xstage_bench.storepath import HOST, PEER
+
 
 @dataclass(frozen=True)
 class GpuProbe:
+    """The GPUs nvidia-smi lists, whether every pair has peer access, and why a path is
+    out of reach. One GPU measures the host store path; the peer path needs two GPUs
+    with peer access."""
+
     names: list[str] = field(default_factory=list)
     peer_access: bool = False
     reason: str = ""
@@ -24,7 +30,14 @@ class GpuProbe:
 
     @property
     def can_measure(self) -> bool:
-        return self.count >= 2 and self.peer_access
+        return self.count >= 1
+
+    @property
+    def paths(self) -> list[str]:
+        """The store paths this machine can measure (storepath.PATHS)."""
+        if not self.can_measure:
+            return []
+        return [PEER, HOST] if self.count >= 2 and self.peer_access else [HOST]
 
 
 def _nvidia_smi_names() -> tuple[list[str], str]:
@@ -67,8 +80,10 @@ def _peer_access(count: int) -> tuple[bool, str]:
 
 def probe_gpus() -> GpuProbe:
     names, reason = _nvidia_smi_names()
+    if not names:
+        return GpuProbe(names, False, reason)
     if len(names) < 2:
-        return GpuProbe(names, False, reason or f"only {len(names)} GPU visible; 2 are needed")
+        return GpuProbe(names, False, "one GPU: the peer path needs a second GPU")
     peer, reason = _peer_access(len(names))
     return GpuProbe(names, peer, reason)
 

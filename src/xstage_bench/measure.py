@@ -33,7 +33,7 @@ def experiment_config(config: dict, experiment: str) -> dict:
     section = {"megamoe_per_gpu": "megamoe", "megamoe_emulated": "megamoe"}.get(
         experiment, experiment
     )
-    keys = ("world_size", "gpu_ids", "timing", section)
+    keys = ("world_size", "gpu_ids", "store_paths", "timing", section)
     return {k: config[k] for k in keys if k in config}
 
 

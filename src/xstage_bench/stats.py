@@ -55,3 +55,50 @@ def summarize_all(samples: dict[str, Sequence[float]]) -> dict[str, dict]:
 def geomean(values: Sequence[float]) -> float:
     """Geometric mean (of ratios or speedups; every value must be positive)."""
     return float(np.exp(np.mean(np.log(np.asarray(values, dtype=float)))))
+
+
+# A ratio's verdict: its CI excludes 1 (faster or slower), or it does not (tie).
+FASTER, SLOWER, TIE = "faster", "slower", "tie"
+
+
+def ratio_ci(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    *,
+    paired: bool,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict:
+    """The ratio of two medians with a bootstrap CI and a verdict.
+
+    paired: the samples come in rounds (timing.measure_paired), sample i of each from
+    round i; rounds are resampled together, so drift common to both arms cancels. Else
+    each side is resampled on its own (samples taken at different times). The verdict
+    says whether the CI lies above 1 (`faster`: the denominator takes less time, for a
+    ratio of times numerator/denominator), below 1 (`slower`) or spans it (`tie`).
+    """
+    a = np.asarray(numerator, dtype=float)
+    b = np.asarray(denominator, dtype=float)
+    if a.size == 0 or b.size == 0:
+        raise ValueError("a ratio needs samples on both sides")
+    if paired and a.size != b.size:
+        raise ValueError(f"paired samples must match in count, got {a.size} and {b.size}")
+    rng = np.random.default_rng(seed)
+    if paired:
+        idx = rng.integers(0, a.size, size=(BOOTSTRAP_RESAMPLES, a.size))
+        boot = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
+    else:
+        ia = rng.integers(0, a.size, size=(BOOTSTRAP_RESAMPLES, a.size))
+        ib = rng.integers(0, b.size, size=(BOOTSTRAP_RESAMPLES, b.size))
+        boot = np.median(a[ia], axis=1) / np.median(b[ib], axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = float(np.quantile(boot, alpha)), float(np.quantile(boot, 1.0 - alpha))
+    verdict = FASTER if low > 1.0 else SLOWER if high < 1.0 else TIE
+    return {
+        "ratio": float(np.median(a) / np.median(b)),
+        "ci_low": low,
+        "ci_high": high,
+        "verdict": verdict,
+        "paired": paired,
+        "n": int(min(a.size, b.size)),
+    }

@@ -11,7 +11,7 @@ on machines without torch (CI) and fails only when a CUDA timer is actually aske
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -123,6 +123,74 @@ def measure(
         else:
             continue
         return Samples(samples, stop_reason=reason, warmup=policy.warmup, elapsed_s=elapsed)
+
+
+def paired_order(arms: Sequence[str], round_index: int) -> list[str]:
+    """The order the arms run in one round: as given in even rounds, reversed in odd ones
+    (A B, B A, A B, ...), so that neither arm always runs right after the other."""
+    return list(arms) if round_index % 2 == 0 else list(reversed(arms))
+
+
+def measure_paired(
+    run_onces: Mapping[str, Callable[[], float]],
+    policy: TimingPolicy,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Samples]:
+    """Time several arms (what a ratio compares) in rounds, interleaved in time.
+
+    Each round runs every arm once, in `paired_order`, so sample i of every arm comes from
+    round i and a ratio of two arms is a ratio of samples taken seconds apart, under the
+    same clocks and heat. Warm-up is `policy.warmup` rounds. Stops when every arm is
+    stable (n >= min_reps and each relative IQR <= target: STABLE), at max_reps rounds
+    (MAX_REPS), or when n >= min_reps and `budget_s` per arm has passed (BUDGET). Every
+    arm's Samples carry the same stop reason and `rounds` (the round of each sample).
+    """
+    arms = list(run_onces)
+    if not arms:
+        raise ValueError("measure_paired needs at least one arm")
+    for r in range(policy.warmup):
+        for arm in paired_order(arms, r):
+            run_onces[arm]()
+    samples: dict[str, list[float]] = {arm: [] for arm in arms}
+    start = clock()
+    budget = policy.budget_s * len(arms)
+    while True:
+        n = len(samples[arms[0]])
+        for arm in paired_order(arms, n):
+            value = float(run_onces[arm]())
+            if not np.isfinite(value) or value < 0:
+                raise TimingError(f"{arm}: run_once returned {value!r}, not a finite time")
+            samples[arm].append(value)
+        n += 1
+        elapsed = clock() - start
+        stable = all(relative_iqr(v) <= policy.target_rel_iqr for v in samples.values())
+        if n >= policy.min_reps and stable:
+            reason = STABLE
+        elif n >= policy.max_reps:
+            reason = MAX_REPS
+        elif n >= policy.min_reps and elapsed >= budget:
+            reason = BUDGET
+        else:
+            continue
+        out = {}
+        for arm, values in samples.items():
+            out[arm] = Samples(values, stop_reason=reason, warmup=policy.warmup, elapsed_s=elapsed)
+            out[arm].rounds = list(range(n))
+        return out
+
+
+def paired_extra(arms: Sequence[str], arm: str, samples: Samples) -> dict:
+    """What a record of one arm says about its pairing (raw records keep it in extra):
+    the arms measured with it, and that its sample i ran in round i, with the order."""
+    return {
+        "arms": list(arms),
+        "arm": arm,
+        "rounds": len(samples),
+        "order": "round i runs the arms as listed when i is even, reversed when odd; "
+        "sample i of every arm is from round i",
+        "position": [paired_order(arms, i).index(arm) for i in range(len(samples))],
+    }
 
 
 def measure_fixed(

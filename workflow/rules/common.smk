@@ -6,8 +6,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench import layout, products, provenance
-from xstage_bench.config import ConfigError, resolve_extends, validate_config
+from xstage_bench import layout, products, provenance, storepath
+from xstage_bench.config import ConfigError, checked_store_paths, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
 from xstage_bench.runlock import RunLockBusy, hold_run_lock
@@ -64,6 +64,23 @@ elif config.get("gpu_ids"):
 else:
     WORLD_SIZE = GPUS.count if PROBE and MEASURING else 2
 GPU_IDS = config.get("gpu_ids") or list(range(WORLD_SIZE))
+
+
+def store_paths():
+    """The store paths this run measures (storepath.py): the config's, resolved for the GPUs
+    it measures on; `auto` leaves out the peer path where the GPUs lack peer access."""
+    if PROBE and MEASURING and config.get("store_paths", "auto") == "auto" and not GPUS.peer_access:
+        return [storepath.HOST]
+    if PROBE and MEASURING and storepath.PEER in config.get("store_paths", []) and not GPUS.peer_access:
+        raise ConfigError(f"config key 'store_paths' asks for 'peer', but {GPUS.reason}")
+    return checked_store_paths(config, WORLD_SIZE)
+
+
+try:
+    # Resolved once here, so every measuring job (and its rerun check) sees the same list.
+    config["store_paths"] = store_paths()
+except ConfigError as e:
+    sys.exit(f"Invalid configuration: {e}")
 # Measuring rules run `python -m xstage_bench.measure` (see that module for why not a
 # `script:`): this interpreter, or the rule's conda environment's with --use-conda.
 USE_CONDA = any("conda" in str(m).lower() for m in workflow.deployment_settings.deployment_method)
@@ -144,7 +161,8 @@ def measurement_verdict():
     if not MEASURING:
         return f"No measurement was made on this machine: {GPUS.reason}. Rendering the " \
                f"reference and simulated datasets only."
-    return f"Measuring dataset '{MEASURED}' on {GPUS.count} x {GPUS.names[0]} " \
+    return f"Measuring dataset '{MEASURED}' on {GPUS.count} x {GPUS.names[0]}, store " \
+           f"paths {', '.join(config['store_paths'])} " \
            f"(experiments: {', '.join(config['measured_experiments'])})."
 
 
