@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from xstage_bench.config import load_config
 from xstage_bench import timing
+from xstage_bench.config import load_config
 from xstage_bench.results import ok_record
 from xstage_bench.timing import (
     BUDGET,
