@@ -176,3 +176,18 @@ def test_a_smoke_dataset_is_compared_with_the_smoke_runs_sibling(root, tmp_path)
     assert counterparts.SIM_B200.sources(smoke) is None
     shutil.copytree(root / "sim-b200", tmp_path / "sim-b200-smoke")
     assert counterparts.SIM_B200.sources(smoke) is not None
+
+
+def test_a_cpu_test_dataset_answers_no_claim_and_says_so(root, tmp_path):
+    from xstage_bench.results import read_raw, write_raw
+
+    ds = tmp_path / "cpu-test"
+    shutil.copytree(root / "h200x2-fixture", ds)
+    for path in (ds / "raw").rglob("*.json"):
+        doc = read_raw(path)
+        doc["environment"]["device_type"] = "cpu"
+        write_raw(path, doc)
+    table = claims.build(ds)
+    assert set(table.frame["verdict"]) == {verdicts.NOT_MEASURED}
+    assert table.frame["why"].str.contains("CPU test").all()
+    assert "CPU test of the harness" in table.label

@@ -18,6 +18,11 @@ def is_simulated(dataset_dir: Path, backend: str | None) -> bool:
     return layout.is_simulated_dataset(dataset_dir.name) or backend == "sim"
 
 
+def is_cpu_test(environment: dict | None) -> bool:
+    """A measuring rule's CPU run (measure_device: cpu): a test of the harness."""
+    return (environment or {}).get("device_type", "cuda") != "cuda"
+
+
 def dataset_label(dataset_dir: Path, backend: str | None, environment: dict | None) -> str:
     """'sim-h200 (simulated, profile H200 (seed))' or 'h200x2: 2x NVIDIA H200'."""
     name = dataset_dir.name
@@ -25,6 +30,8 @@ def dataset_label(dataset_dir: Path, backend: str | None, environment: dict | No
     if is_simulated(dataset_dir, backend):
         profile = (environment.get("hardware_profile") or {}).get("name")
         return f"{name} (simulated" + (f", profile {profile})" if profile else ")")
+    if is_cpu_test(environment):
+        return f"{name}: a CPU test of the harness (gloo, Triton interpreter), not a measurement"
     gpus = Counter(g["name"] for g in environment.get("gpus", []))
     if not gpus:
         return f"{name}: measured (GPU not recorded)"

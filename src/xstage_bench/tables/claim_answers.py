@@ -50,6 +50,11 @@ class Sources:
         return None
 
     @property
+    def cpu_test(self) -> bool:
+        """Written by a CPU test of the measuring rules: it answers no claim."""
+        return labels.is_cpu_test(self.environment())
+
+    @property
     def simulated(self) -> bool:
         return labels.is_simulated(self.dataset_dir, self.backend)
 

@@ -59,7 +59,11 @@ def rows(dataset_dir: Path) -> tuple[Sources, pd.DataFrame]:
     others = [(c, c.sources(dataset_dir)) for c in COUNTERPARTS]
     out = []
     for claim in paper.CLAIMS:
-        found = answers[claim.id](src)
+        found = (
+            NotMeasured("a CPU test of the harness (measure_device: cpu), not a measurement")
+            if src.cpu_test
+            else answers[claim.id](src)
+        )
         verdict = verdicts.judge(claim, found, setting)
         row = {
             "claim": claim.id,
