@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from xstage_bench import stats, storepath
-from xstage_bench.analysis.frames import records_frame
 
 CLOCKS = ("sender", "completion")
 SETTING = ("path", "backend", "world_size", "ranks", "emulated")
@@ -105,6 +104,7 @@ def serial_over_fused(doc: dict) -> pd.DataFrame:
         row["setting"] = setting_label(
             pair["path"], pair["ranks"], pair["emulated"], pair["world_size"]
         )
+        row["paired"] = False
         for clock in CLOCKS:
             serial = pair["serial"].get(f"{clock}_us")
             fused = pair["fused"].get(f"{clock}_us")
@@ -122,7 +122,7 @@ def serial_over_fused(doc: dict) -> pd.DataFrame:
                     f"verdict_{clock}": ci["verdict"],
                 }
             )
-            row["paired"] = paired
+            row["paired"] = row["paired"] or paired
         rows.append(row)
     if not rows:
         return pd.DataFrame(columns=[*SETTING, "setting", *SHAPE])
@@ -199,8 +199,3 @@ def headlines(doc: dict, clock: str = "sender") -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
-
-
-def frame_with_settings(doc: dict) -> pd.DataFrame:
-    """records_frame with path, ranks and emulated (the figure's rows)."""
-    return with_ranks(records_frame(doc))
