@@ -708,3 +708,25 @@ def test_paired_timing_drops_a_failing_arm_and_times_the_rest_again(one_rank):
     # warm-up round a b c, then round 0 a b(fails); again without b: warm-up a c, rounds
     # a c, c a, a c
     assert ran == ["a", "b", "c", "a", "b", "a", "c", "a", "c", "c", "a", "a", "c"]
+
+
+def test_a_groups_records_carry_the_clocks_around_the_whole_group(one_rank):
+    """Lockstep.measure_group samples the clocks once before the group's checks and once
+    after its paired rounds: every record of the group carries those two samples."""
+
+    class Sampler:
+        def __init__(self):
+            self.taken = 0
+
+        def sample(self):
+            self.taken += 1
+            return {"available": False, "reason": f"sample {self.taken}"}
+
+    one_rank.sampler = Sampler()
+    group = [_host_point("triton", m, 2) for m in MODES]
+    records = one_rank.execute({"group": group})
+    assert one_rank.sampler.taken == 2
+    for record in records.values():
+        clocks = record["clocks"]
+        assert (clocks["before"]["reason"], clocks["after"]["reason"]) == ("sample 1", "sample 2")
+        assert record["throttled"] is None  # unknown, never False, without NVML
