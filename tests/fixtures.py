@@ -467,6 +467,59 @@ def write_attention(ds: Path) -> Path:
     return _write(ds, layout.ATTENTION_RAW, "attention", records)
 
 
+def write_attention_paths(
+    ds: Path,
+    gains: dict[tuple[str, int], float],
+    *,
+    paired: bool = True,
+    world_size: int = 2,
+    rounds: int = 12,
+    seed: int = 11,
+) -> Path:
+    """Attention records on both store paths (peer on 2 GPUs; host at P = 2 and 8), fa3
+    and triton, S = 8K and 16K: serial = fused x gains[(path, P)] with a drift common to
+    each round (the GPU's clock), so a paired ratio is tight and an unpaired one is wide.
+    `paired`: the records of one (path, P, S) carry one extra.paired group, as the runner
+    writes them; else no pairing (as in files written before it)."""
+    from xstage_bench import timing
+
+    rng = np.random.default_rng(seed)
+    attention = {**ATTENTION, "seq_lens": [8192, 16384], "host_world_sizes": [2, 8]}
+    paths = ["host"] if world_size == 1 else ["peer", "host"]
+    points = grid.attention_points(attention, world_size, paths)
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:
+        size = p.get("emulated_world_size", p["world_size"])
+        groups.setdefault((p["path"], size, p["heads"], p["seq_len"]), []).append(p)
+    records = []
+    for n, ((path, size, _, seq), members) in enumerate(groups.items()):
+        drift = 1 + 0.05 * rng.standard_normal(rounds)  # common to every arm of a round
+        arms = [f"{p['backend']}/{p['mode']}" for p in members]
+        for p in members:
+            fused = 100.0 * (seq / 8192) ** 2
+            time = {
+                "alone": fused * 0.95,
+                "fused": fused,
+                "serial": fused * gains[(path, size)],
+            }[p["mode"]]
+            noise = 1 + 0.002 * rng.standard_normal(rounds)
+            sender = list(time * drift * noise)
+            extra = {"tflops": 500.0}
+            if paired:
+                samples = timing.Samples(sender, stop_reason="stable", warmup=0, elapsed_s=1.0)
+                arm = f"{p['backend']}/{p['mode']}"
+                extra["paired"] = {**timing.paired_extra(arms, arm, samples), "group": f"g{n}"}
+            else:
+                rng.shuffle(sender)  # taken at other times: no round matches another's
+            completion = [t * 1.02 for t in sender]
+            records.append(
+                ok_record(
+                    p["id"], p, {"sender_us": sender, "completion_us": completion}, extra=extra
+                )
+            )
+    return _write(ds, layout.ATTENTION_RAW, "attention", records)
+
+
 def make_dataset(
     root: Path,
     name: str = "sim-fixture",

@@ -3,7 +3,9 @@ data is simulated or which GPUs measured it, counts failed points, and refuses m
 malformed inputs with an error naming the file."""
 
 import json
+from pathlib import Path
 
+import matplotlib.pyplot
 import pytest
 from fixtures import SIMULATED_HOLDING, make_dataset, write_megamoe, write_microbench, write_model
 
@@ -11,6 +13,7 @@ from xstage_bench import layout, products
 from xstage_bench.analysis.labels import fmt_bytes
 from xstage_bench.analysis.load import NoDataError
 from xstage_bench.analysis.megamoe import trace_series
+from xstage_bench.figures import common
 from xstage_bench.figures.common import save_figure
 from xstage_bench.grid import producer_bytes
 from xstage_bench.render import FIGURES, TABLES, render_product
@@ -270,7 +273,7 @@ def test_ulysses_backend_without_an_ok_point_gets_a_panel_saying_why(tmp_path):
     path.write_text(json.dumps(doc))
     fig = FIGURES["fig-ulysses"](ds)
     titles = [ax.get_title() for ax in fig.axes]
-    assert "triton: not measured" in titles
+    assert "triton: not measured\npeer path, P=2" in titles
     assert any(
         "unsupported: triton: not importable" in t.get_text().replace("\n", " ")
         for ax in fig.axes
@@ -360,3 +363,47 @@ def test_store_span_cdf_draws_one_distribution_per_run(sim_dataset):
     cdf, detail = fig.axes[:2]
     assert len(cdf.get_lines()) == 3
     assert len(detail.collections) == 3
+
+
+REPORT_WIDTH_PX = 1280  # the widest the report shows a figure (report_summary's CSS)
+CSS_PX_PER_PT = 96 / 72
+
+
+def smallest_text_pt_at_report_width(fig) -> float:
+    """The smallest text of a figure, in points, as the report shows it: the PNG (DPI px
+    per inch) scaled down to the report's width when wider."""
+    fig.canvas.draw()
+    width_px = fig.get_size_inches()[0] * common.DPI
+    scale = min(1.0, REPORT_WIDTH_PX / width_px)
+    sizes = [
+        t.get_fontsize()
+        for t in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_fontsize"))
+        if t.get_visible() and t.get_text().strip()
+    ]
+    return min(sizes) * common.DPI / 72 / CSS_PX_PER_PT * scale
+
+
+def test_ulysses_is_readable_at_page_width_on_both_paths(tmp_path):
+    """Issue 27: the old fig-ulysses was 12 panels across 2765 px. Now one row per setting,
+    one column per backend: the committed reference and a two-path dataset both show every
+    text at 8 pt or more at the report's width, each panel naming its path and P."""
+    from fixtures import write_attention_paths
+
+    ds = tmp_path / "h200x2-paths"
+    write_attention_paths(ds, {("peer", 2): 1.1, ("host", 2): 1.3, ("host", 8): 0.9})
+    reference = Path(__file__).resolve().parents[1] / "results" / "ref-h200x2"
+    for dataset, settings in (
+        (reference, ["peer path, P=2", "peer path, P=8 emulated on 2 GPUs"]),
+        (ds, ["peer path, P=2", "host path, P=2", "host path, P=8 emulated on 1 GPU"]),
+    ):
+        fig = FIGURES["fig-ulysses"](dataset)
+        assert smallest_text_pt_at_report_width(fig) >= 8.0
+        titles = [ax.get_title() for ax in fig.axes]
+        for backend in ("fa3", "triton"):
+            for setting in settings:
+                assert f"{backend}\n{setting}" in titles
+        # alone, serial and fused are three lines of their own colours in every panel
+        panel = next(ax for ax in fig.axes if ax.get_title() == f"fa3\n{settings[-1]}")
+        colours = {line.get_color() for line in panel.get_lines()}
+        assert {"tab:green", "tab:red", "tab:blue"} <= colours
+        matplotlib.pyplot.close(fig)

@@ -87,12 +87,23 @@ def test_megamoe_both_process_models_check_and_time_every_point(cpu_run):
 
 
 def test_attention_runs_ours_and_records_a_missing_backend(cpu_run):
+    """Both store paths (store_paths: auto on two ranks), each group's modes paired."""
     _, raw, _ = cpu_run
-    got = statuses(read_raw(raw / "attention.json"))
+    doc = read_raw(raw / "attention.json")
+    got = statuses(doc)
     assert {k: v for k, v in got.items() if k.startswith("triton/")} == {
-        f"triton/{m}/H=2/S=128/P=2": "ok" for m in ("alone", "serial", "fused")
+        f"triton/{m}/H=2/S=128/P=2{path}": "ok"
+        for m in ("alone", "serial", "fused")
+        for path in ("", "/path=host")
     }
     assert {v for k, v in got.items() if k.startswith("fa3/")} == {"unsupported"}
+    assert doc["config"]["store_paths"] == ["peer", "host"]
+    groups = {
+        r["point"]["path"]: r["extra"]["paired"]["group"]
+        for r in doc["records"]
+        if r["status"] == "ok"
+    }
+    assert len(set(groups.values())) == 2
 
 
 def test_what_needs_a_gpu_is_recorded_with_the_reason(cpu_run):

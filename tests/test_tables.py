@@ -2,6 +2,7 @@
 and its numbers are the right ones on hand-made inputs."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -270,10 +271,128 @@ def test_ulysses_speedups_and_paper_columns(sim_dataset):
     frame = ulysses_table.build(sim_dataset).frame
     row = frame[(frame["backend"] == "fa3") & (frame["seq_len"] == 8192)].iloc[0]
     assert row["speedup_sender"] == pytest.approx(row["serial_sender_us"] / row["fused_sender_us"])
-    assert row["paper_speedup"] == paper.FA3_ULYSSES_SPEEDUP[8192]
-    assert row["paper_serial_us"] == paper.FA3_ULYSSES_US[8192][0]
-    triton = frame[frame["backend"] == "triton"]
-    assert triton["paper_speedup"].isna().all()
+    assert row["setting"] == "peer path, P=2"  # files without paths: the peer path
+    # the paper's 8-GPU table sits beside our P = 8 rows only: one setting per row
+    assert frame["paper_speedup"].isna().all() and (frame["ranks"] == 2).all()
+
+
+GAINS = {("peer", 2): 1.10, ("peer", 8): 1.0, ("host", 2): 1.30, ("host", 8): 0.9}
+
+
+def test_ulysses_paired_cis_and_verdicts(tmp_path):
+    """Records timed in paired rounds get paired CIs: the drift common to a round cancels,
+    so a 10% gain is 'faster', no gain a 'tie', a 10% loss 'slower'; the headlines count
+    them and give the geomean with a CI."""
+    from fixtures import write_attention_paths
+
+    from xstage_bench import stats
+
+    ds = tmp_path / "h200x2-paths"
+    write_attention_paths(ds, GAINS)
+    table = ulysses_table.build(ds)
+    frame = table.frame
+    assert frame["paired"].all()
+    assert set(frame["setting"]) == {
+        "peer path, P=2",
+        "host path, P=2",
+        "host path, P=8 emulated on 1 GPU",
+    }
+    verdicts = frame.groupby("setting")["verdict_sender"].agg(set).to_dict()
+    assert verdicts == {
+        "peer path, P=2": {"faster"},
+        "host path, P=2": {"faster"},
+        "host path, P=8 emulated on 1 GPU": {"slower"},
+    }
+    for _, row in frame.iterrows():
+        assert (
+            row["speedup_sender_ci_low"] <= row["speedup_sender"] <= row["speedup_sender_ci_high"]
+        )
+    # the CI is stats.ratio_ci's, paired; unpaired it would be far wider (the drift)
+    doc = json.loads((ds / layout.ATTENTION_RAW).read_text())
+    rec = {r["id"]: r["samples"]["sender_us"] for r in doc["records"]}
+    serial, fused = (rec[f"fa3/{m}/H=24/S=8192/P=2/path=host"] for m in ("serial", "fused"))
+    row = frame[(frame["setting"] == "host path, P=2") & (frame["backend"] == "fa3")].iloc[0]
+    paired, unpaired = (stats.ratio_ci(serial, fused, paired=p) for p in (True, False))
+    assert row["speedup_sender_ci_low"] == pytest.approx(paired["ci_low"])
+    assert paired["ci_high"] - paired["ci_low"] < (unpaired["ci_high"] - unpaired["ci_low"]) / 3
+    heads = dict(table.sections)[ulysses_table.HEADLINE_TITLE].set_index(["setting", "backend"])
+    host2 = heads.loc[("host path, P=2", "fa3")]
+    assert (host2["faster"], host2["slower"], host2["tie"]) == (2, 0, 0)
+    assert host2["geomean_ci_low"] < host2["geomean"] < host2["geomean_ci_high"]
+    assert host2["geomean"] == pytest.approx(1.30, rel=0.01)
+    assert bool(host2["paired"])
+    notes = " ".join(n for n in table.notes if n)
+    assert "fa3, host path, P=8 emulated on 1 GPU: max" in notes
+    assert "fused faster 0, slower 2, tie 0 of 2" in notes
+    assert "host path: one GPU plays rank 0" in notes
+
+
+def test_ulysses_unpaired_records_get_unpaired_cis(tmp_path):
+    """Records without a shared pairing (older files, other runs) are compared unpaired,
+    and the table says so."""
+    from fixtures import write_attention_paths
+
+    ds = tmp_path / "h200x1-unpaired"
+    write_attention_paths(ds, GAINS, paired=False, world_size=1)
+    table = ulysses_table.build(ds)
+    frame = table.frame
+    assert not frame["paired"].any()
+    assert set(frame["setting"]) == {
+        "host path, P=2 emulated on 1 GPU",
+        "host path, P=8 emulated on 1 GPU",
+    }
+    from xstage_bench import stats
+
+    # the CI is stats.ratio_ci's with each side resampled on its own
+
+    doc = json.loads((ds / layout.ATTENTION_RAW).read_text())
+    rec = {r["id"]: r["samples"]["sender_us"] for r in doc["records"]}
+    pid = "triton/{}/H=24/S=16384/P=1/path=host/emulated-P=2"
+    serial, fused = (rec[pid.format(m)] for m in ("serial", "fused"))
+    row = frame[
+        (frame["setting"] == "host path, P=2 emulated on 1 GPU")
+        & (frame["backend"] == "triton")
+        & (frame["seq_len"] == 16384)
+    ].iloc[0]
+    assert row["speedup_sender_ci_high"] == pytest.approx(
+        stats.ratio_ci(serial, fused, paired=False)["ci_high"]
+    )
+    assert any("paired where the records were timed together" in n for n in table.notes if n)
+
+
+def test_ulysses_pairs_only_records_of_one_timing(tmp_path):
+    """A serial and a fused record from two timings (say a resumed run) are not paired."""
+    from fixtures import write_attention_paths
+
+    ds = tmp_path / "h200x2-resumed"
+    path = write_attention_paths(ds, GAINS)
+    doc = json.loads(path.read_text())
+    for r in doc["records"]:
+        if r["id"] == "fa3/fused/H=24/S=8192/P=2":
+            r["extra"]["paired"]["group"] = "another-run"
+    path.write_text(json.dumps(doc))
+    frame = ulysses_table.build(ds).frame.set_index(["setting", "backend", "seq_len"])
+    assert not frame.loc[("peer path, P=2", "fa3", 8192), "paired"]
+    assert frame.loc[("peer path, P=2", "fa3", 16384), "paired"]
+
+
+def test_ulysses_renders_the_committed_reference():
+    """ref-h200x2 (unpaired: measured before paired rounds): every setting's rows with
+    unpaired CIs and verdicts, and the headlines with their CIs."""
+    ds = Path(__file__).resolve().parents[1] / "results" / "ref-h200x2"
+    table = ulysses_table.build(ds)
+    frame = table.frame
+    assert len(frame) == 60 and not frame["paired"].any()
+    assert set(frame["setting"]) == {"peer path, P=2", "peer path, P=8 emulated on 2 GPUs"}
+    assert set(frame["verdict_sender"]) <= {"faster", "slower", "tie"}
+    best = frame.loc[frame["speedup_sender"].idxmax()]
+    assert (best["backend"], best["ranks"], best["seq_len"]) == ("fa3", 8, 8192)
+    assert best["speedup_sender"] == pytest.approx(1.813, abs=5e-4)
+    heads = dict(table.sections)[ulysses_table.HEADLINE_TITLE]
+    assert len(heads) == 6
+    assert (heads["faster"] + heads["slower"] + heads["tie"] == heads["configurations"]).all()
+    assert (heads["geomean_ci_low"] < heads["geomean"]).all()
+    assert (heads["geomean"] < heads["geomean_ci_high"]).all()
 
 
 def test_burst_gap_params_rows(tmp_path):
@@ -393,11 +512,12 @@ def test_ulysses_puts_an_emulated_world_size_beside_the_real_one(tmp_path):
     assert set(zip(frame["ranks"], frame["emulated"], strict=True)) == {(2, False), (8, True)}
     emulated = frame[frame["emulated"]]
     assert emulated["speedup_sender"].tolist() == pytest.approx([1.4] * len(emulated))
+    assert set(emulated["setting"]) == {"peer path, P=8 emulated on 2 GPUs"}
     # The paper's 8-GPU numbers sit beside the emulated P = 8 rows only.
     fa3 = frame[frame["backend"] == "fa3"]
     assert fa3[~fa3["emulated"]]["paper_speedup"].isna().all()
     assert fa3[fa3["emulated"]]["paper_speedup"].notna().any()
-    assert any("P=8 (emulated) 1.400x" in n for n in table.notes if n)
+    assert any("fa3, peer path, P=8 emulated on 2 GPUs: max 1.400x" in n for n in table.notes if n)
     figure = ulysses_figure.plot(ds)
     titles = [ax.get_title() for ax in figure.axes]
     assert any("P=8 emulated on 2 GPUs" in t for t in titles)

@@ -3,7 +3,9 @@
 `CudaFabric` is the measurement: NCCL for collectives, gloo for control, CUDA VMM peer
 windows (peer.py) and a device-side cross-rank barrier. `HostFabric` is its CPU stand-in
 (gloo for everything, shared-memory windows, host clocks, the Triton interpreter), so
-the CPU tests run the same multi-process code end to end.
+the CPU tests run the same multi-process code end to end. `SoloFabric` is one rank of
+either working alone, as on the host path (this GPU and host memory, no other rank): its
+barrier is a system-scope fence on the GPU.
 """
 
 from __future__ import annotations
@@ -12,8 +14,16 @@ import time
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
-from xstage_bench.peer import CudaPeerWindow, DeviceBarrier, FdExchange, HostPeerWindow
+from xstage_bench.peer import (
+    CudaPeerWindow,
+    DeviceBarrier,
+    FdExchange,
+    HostPeerWindow,
+    _fence_system,
+)
 
 
 class WaitTimeout(TimeoutError):
@@ -124,6 +134,69 @@ class HostFabric:
 
     def wait(self, event=None) -> None:
         return None
+
+    def close(self) -> None:
+        return None
+
+
+@triton.jit
+def _system_fence(done_ptr):
+    # fence.sc.sys: every earlier write of this GPU (the host-bound stores and copies of
+    # the kernels before us in the stream) is ordered before anything after it, at system
+    # scope, so the host sees them once this kernel has run.
+    tl.store(done_ptr, _fence_system())
+
+
+class SystemFence:
+    """A one-thread kernel on the current stream that fences at system scope."""
+
+    def __init__(self, device: torch.device):
+        self._done = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        _system_fence[(1,)](self._done, num_warps=1)
+
+
+class SoloFabric:
+    """One rank of a fabric working alone: no other rank takes part in its work.
+
+    The host path's fabric (attention/host.py): the GPU plays rank 0 of a P-GPU node and
+    host memory stands in for the other owners, so there is no rank to wait for. Its
+    `barrier`, the end of the completion clock, is therefore a system-scope fence on the
+    GPU (`SystemFence`: everything enqueued before it is ordered before it for the host;
+    with one rank the cross-rank barrier reduces to this) and nothing on the CPU stand-in;
+    `host_barrier` is nothing. Clocks and the bounded wait are the parent fabric's.
+    """
+
+    rank, world_size = 0, 1
+    group = ctrl = None
+
+    def __init__(self, parent):
+        self.parent = parent
+        self.device, self.device_type = parent.device, parent.device_type
+        self.wait_timeout_s = getattr(parent, "wait_timeout_s", None)
+        self._fence = SystemFence(parent.device) if parent.device_type == "cuda" else None
+
+    def host_barrier(self) -> None:
+        return None
+
+    def barrier(self) -> None:
+        if self._fence is not None:
+            self._fence()
+
+    def stamp(self):
+        return self.parent.stamp()
+
+    def elapsed_us(self, a, b) -> float:
+        return self.parent.elapsed_us(a, b)
+
+    def wait(self, event=None) -> None:
+        self.parent.wait(event)
+
+    def window(self, nbytes: int):
+        raise TypeError(
+            "a rank working alone has no peer windows; host memory comes from storepath"
+        )
 
     def close(self) -> None:
         return None

@@ -105,11 +105,62 @@ def megamoe_points(megamoe: dict, world_size: int) -> list[dict]:
     return points
 
 
-def attention_points(attention: dict, world_size: int) -> list[dict]:
-    """One point per (backend, mode, heads, S) at the physical world size, and again at
-    each of `attention.emulated_world_sizes` (two GPUs playing two ranks of a larger
-    node, attention/emulation.py); heads and S must divide over the ranks."""
+DEFAULT_HOST_WORLD_SIZES = (2, 8)
+
+
+def attention_points(
+    attention: dict, world_size: int, paths: tuple[str, ...] | list[str] = (storepath.PEER,)
+) -> list[dict]:
+    """One point per (backend, mode, heads, S) on each store path in `paths` (the measured
+    paths of this run; a simulated dataset describes the peer path). Every point names
+    its `path`.
+
+    - peer: at the physical world size, and again at each `attention.emulated_world_sizes`
+      (two GPUs playing ranks 0 and P-1 of a larger node, attention/emulation.py); ids
+      `backend/mode/H=../S=../P=<GPUs>[/emulated-P=..]`, as before paths existed.
+    - host: at each `attention.host_world_sizes` P, one GPU playing rank 0 of a P-GPU node
+      with host memory as the other P-1 owners (attention/host.py); ids add `/path=host`
+      and, where P is not the GPU count, `/emulated-P=P` (`emulated_world_size`).
+
+    Heads and S must divide over every P.
+    """
     points = []
+    if storepath.PEER in paths:
+        points += _peer_attention_points(attention, world_size)
+    if storepath.HOST in paths:
+        points += _host_attention_points(attention, world_size)
+    return points
+
+
+def _attention_point(attention: dict, backend, mode, heads, seq, world_size, path) -> dict:
+    return {
+        "backend": backend,
+        "mode": mode,
+        "heads": heads,
+        "seq_len": seq,
+        "head_dim": attention["head_dim"],
+        "batch": attention["batch"],
+        "world_size": world_size,
+        "path": path,
+    }
+
+
+def _check_divides(attention: dict, size: int, key: str) -> None:
+    for heads in attention["heads"]:
+        if heads % size:
+            raise ValueError(
+                f"attention heads={heads} do not divide over world_size={size} ranks ({key})"
+            )
+    for seq in attention["seq_lens"]:
+        if seq % size:
+            raise ValueError(f"attention seq_len={seq} does not divide over {size} ranks ({key})")
+
+
+def _peer_attention_points(attention: dict, world_size: int) -> list[dict]:
+    if world_size < 2:
+        raise ValueError(
+            f"the peer path of attention needs 2 or more GPUs; this run has {world_size}"
+        )
     emulated = attention.get("emulated_world_sizes", [])
     if emulated and world_size != 2:
         raise ValueError(
@@ -121,11 +172,9 @@ def attention_points(attention: dict, world_size: int) -> list[dict]:
             raise ValueError(
                 f"attention.emulated_world_sizes: {size} is below the {world_size} GPUs here"
             )
-        for heads in attention["heads"]:
-            if heads % size:
-                raise ValueError(
-                    f"attention heads={heads} do not divide over world_size={size} ranks"
-                )
+        key = "world_size" if size == world_size else "attention.emulated_world_sizes"
+        _check_divides(attention, size, key)
+    points = []
     for size, backend, mode, heads, seq in itertools.product(
         (world_size, *(s for s in emulated if s != world_size)),
         attention["backends"],
@@ -133,18 +182,33 @@ def attention_points(attention: dict, world_size: int) -> list[dict]:
         attention["heads"],
         attention["seq_lens"],
     ):
-        if seq % size:
-            raise ValueError(f"attention seq_len={seq} does not divide over {size} ranks")
-        p = {
-            "backend": backend,
-            "mode": mode,
-            "heads": heads,
-            "seq_len": seq,
-            "head_dim": attention["head_dim"],
-            "batch": attention["batch"],
-            "world_size": world_size,
-        }
+        p = _attention_point(attention, backend, mode, heads, seq, world_size, storepath.PEER)
         p["id"] = f"{backend}/{mode}/H={heads}/S={seq}/P={world_size}"
+        if size != world_size:
+            p["emulated_world_size"] = size
+            p["id"] += f"/emulated-P={size}"
+        points.append(p)
+    return points
+
+
+def _host_attention_points(attention: dict, world_size: int) -> list[dict]:
+    sizes = list(attention.get("host_world_sizes", DEFAULT_HOST_WORLD_SIZES))
+    for size in sizes:
+        if size < 2:
+            raise ValueError(
+                f"attention.host_world_sizes: {size} leaves nothing to send (P must be >= 2)"
+            )
+        _check_divides(attention, size, "attention.host_world_sizes")
+    points = []
+    for size, backend, mode, heads, seq in itertools.product(
+        sizes,
+        attention["backends"],
+        attention["modes"],
+        attention["heads"],
+        attention["seq_lens"],
+    ):
+        p = _attention_point(attention, backend, mode, heads, seq, world_size, storepath.HOST)
+        p["id"] = f"{backend}/{mode}/H={heads}/S={seq}/P={world_size}/path=host"
         if size != world_size:
             p["emulated_world_size"] = size
             p["id"] += f"/emulated-P={size}"

@@ -301,6 +301,7 @@ def run_sweep(
     progress: Callable[[str], None] | None = None,
     checkpoint_every_s: float = CHECKPOINT_EVERY_S,
     refresh: RefreshRule | None = None,
+    plan: Callable[[list[dict]], None] | None = None,
 ) -> dict:
     """Measure every point not yet recorded, write the raw document to `out`, return it.
 
@@ -317,7 +318,9 @@ def run_sweep(
     line per point (default: printed to stderr). Repeated point ids raise ValueError; a
     corrupt or foreign partial file raises RawResultError naming it. The partial file is
     rewritten at most every `checkpoint_every_s` and whenever the sweep stops, so a killed
-    process loses at most that much work.
+    process loses at most that much work. `plan(points)`, if given, is told the points
+    this run will measure, in order, before the first (an experiment that measures several
+    points together, workers.drive's groups, measures only those of this run).
     """
     out = Path(out)
     ids = _point_ids(points)
@@ -364,6 +367,8 @@ def run_sweep(
         for p in points
         if p["id"] not in records or (retry_failed and records[p["id"]]["status"] != OK)
     ]
+    if plan is not None:
+        plan(todo)
     state = _SweepState(header, ids, records, partial)
     state.write_partial()  # fail fast on a bad header, before any GPU time is spent
     watchdog = _Watchdog(state, point_timeout_s, label) if point_timeout_s else None

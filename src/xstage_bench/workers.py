@@ -4,12 +4,20 @@ survive a rank that hangs or dies.
 An experiment provides a module-level `worker(rank, job)` (spawned, so it must be
 importable) that calls `join`, runs its points (rank 0 drives `sweep.run_sweep` and
 broadcasts each point through a `Lockstep`; the others follow), and ends with `leave`.
-`launch` starts the ranks and, when an attempt ends early, records the point it died in
-and resumes the sweep in fresh processes.
+`launch` starts the ranks (one is a world too: a single GPU, groups of one) and, when an
+attempt ends early, records the point it died in and resumes the sweep in fresh processes.
+
+Points that a ratio compares can be measured together (`drive(group_of=...)`): when the
+first point of a group is asked, rank 0 broadcasts the group's points of this run, every
+rank checks them all (`Lockstep.measure_group`), then times those that passed in paired
+rounds (`Lockstep.timed_paired`, timing.measure_paired's protocol); the group's other
+records are handed to the sweep from a cache as it asks for them. A run that stops inside
+a group measures the group's unrecorded points again, together; pairs never span runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +42,9 @@ SAFE_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 RESTART_EXIT_CODE = 76  # a worker's fabric is unusable (a barrier timed out): start afresh
+# Control messages besides points: one timed repetition of an arm, the end of a timing,
+# and, while rank 0 works alone (Lockstep.solo), a keep-alive and the end of it.
+REP, END, IDLE, SOLO_END = "rep", "end", "idle", "solo-end"
 
 _log = log.get(__name__)
 
@@ -64,6 +75,25 @@ class Timed:
     others: list[list[float]]
 
 
+class ArmFailed(RuntimeError):
+    """One arm of a paired timing failed (on some rank); the others can go on without it."""
+
+    def __init__(self, arm: str, error: str):
+        super().__init__(f"{arm}: {error}")
+        self.arm, self.error = arm, error
+
+
+class _GroupClocks:
+    """The clock samples taken around a whole group, replayed for each of its records
+    (protocol.measure_point samples once before its check and once after its timing)."""
+
+    def __init__(self, before, after):
+        self._samples = [before, after]
+
+    def sample(self):
+        return self._samples.pop(0) if len(self._samples) > 1 else self._samples[0]
+
+
 def _clock_sampler(fabric):
     if fabric.device_type != "cuda":
         return None
@@ -79,6 +109,28 @@ class Lockstep:
         self.fabric = fabric
         self.broken = False  # a bounded wait timed out: this fabric cannot be trusted
         self.sampler = _clock_sampler(fabric) if fabric.rank == 0 else None
+        self._solo = False
+
+    @contextlib.contextmanager
+    def solo(self):
+        """Rank 0 works alone inside this block: no other rank takes part in its checks
+        and timings (the host path: this GPU and host memory). Its collectives become
+        local (`gather` returns its own value, `rep_max` its own times) and each sends
+        the other ranks, waiting in `wait_solo`, one IDLE, so that none of their waits
+        outlasts the collective timeout however long rank 0 works."""
+        if self.fabric.rank != 0:
+            raise RuntimeError("only rank 0 works alone; the others wait_solo()")
+        self._solo = True
+        try:
+            yield
+        finally:
+            self._solo = False
+            self.command(SOLO_END)
+
+    def wait_solo(self) -> None:
+        """Ranks > 0: wait while rank 0 works alone."""
+        while self.command() == IDLE:
+            pass
 
     def measure_point(self, point: dict, check, measure) -> dict | None:
         """protocol.measure_point in lockstep: every rank runs `check` and `measure` (their
@@ -95,13 +147,16 @@ class Lockstep:
     def command(self, message=None):
         import torch.distributed as dist
 
-        box = [message]
+        box = [IDLE if self._solo else message]
         dist.broadcast_object_list(box, src=0, group=self.fabric.ctrl)
-        return box[0]
+        return message if self._solo else box[0]
 
     def gather(self, value) -> list:
         import torch.distributed as dist
 
+        if self._solo:
+            self.command()
+            return [value]
         out = [None] * self.fabric.world_size
         dist.all_gather_object(out, value, group=self.fabric.ctrl)
         return out
@@ -136,6 +191,11 @@ class Lockstep:
             self.broken = self.broken or isinstance(e, WaitTimeout)
             values = (0.0,) * width
             error = f"rank {self.fabric.rank}: {type(e).__name__}: {e}"
+        if self._solo:
+            self.command()
+            if error:
+                raise RuntimeError(error)
+            return tuple(float(x) for x in values)
         t = torch.tensor([*values, float(error is not None)], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.fabric.ctrl)
         if t[-1] > 0:
@@ -175,6 +235,106 @@ class Lockstep:
             self.command("end")
         rest = [list(col) for col in zip(*others[-len(samples) :], strict=True)]
         return Timed(samples, rest)
+
+    def timed_paired(
+        self, reps: dict[str, Callable[[], tuple[float, ...]]], width: int, policy
+    ) -> dict[str, Timed | str] | None:
+        """Time the arms `reps` (name -> one repetition -> `width` times) together, in
+        rounds (timing.measure_paired over the first of their times): rank 0 broadcasts
+        each repetition's arm, every rank runs it, each time is the maximum over ranks.
+
+        Rank 0 gets {arm: Timed} for the arms timed to the end and {arm: error} for any
+        that failed; an arm that fails is dropped and the others are timed again from
+        round 0 without it (their rounds must stay one set), unless the fabric broke,
+        which ends them all. The other ranks get None.
+        """
+        from xstage_bench import timing
+
+        if self.fabric.rank != 0:
+            while (message := self.command()) != END:
+                try:
+                    self.rep_max(reps[message[1]], width)
+                except RuntimeError:
+                    pass  # rank 0 records the failure
+            return None
+        results: dict[str, Timed | str] = {}
+        arms = list(reps)
+        try:
+            while arms:
+                rows: dict[str, list[tuple[float, ...]]] = {arm: [] for arm in arms}
+
+                def run_once_of(arm: str, rows=rows) -> Callable[[], float]:
+                    def run_once() -> float:
+                        self.command((REP, arm))
+                        try:
+                            first, *rest = self.rep_max(reps[arm], width)
+                        except RuntimeError as e:
+                            raise ArmFailed(arm, str(e)) from e
+                        rows[arm].append(tuple(rest))
+                        return first
+
+                    return run_once
+
+                try:
+                    samples = timing.measure_paired({a: run_once_of(a) for a in arms}, policy)
+                except ArmFailed as failed:
+                    results[failed.arm] = failed.error
+                    arms.remove(failed.arm)
+                    if self.broken:
+                        results.update({a: f"not timed: {failed}" for a in arms})
+                        arms = []
+                    continue
+                except Exception as e:  # a time that is not a time (TimingError), ...
+                    results.update({a: f"{type(e).__name__}: {e}" for a in arms})
+                    break
+                for arm, got in samples.items():
+                    kept = rows[arm][-len(got) :]  # the warm-up rounds came first
+                    results[arm] = Timed(got, [list(c) for c in zip(*kept, strict=True)])
+                break
+        finally:
+            self.command(END)
+        return results
+
+    def measure_group(
+        self,
+        points: list[dict],
+        check: Callable[[dict], dict | None],
+        time_passed: Callable[[list[tuple[dict, dict | None]]], dict | None],
+    ) -> dict[str, dict] | None:
+        """Check every point of a group, then time those that passed together: on every
+        rank (their collectives); rank 0 returns each point's record by id, the others
+        None. `check(point)` gives the record's facts or raises PointFailed (then the
+        point is recorded so and never timed); `time_passed([(point, facts), ...])` gives
+        rank 0 {id: protocol.Measured or PointFailed}. Every check runs before any timing.
+        The clocks are sampled around the whole group: its records carry the same two
+        samples (protocol.measure_point builds each record)."""
+        before = self.sampler.sample() if self.sampler is not None else None
+        outcomes: dict[str, object] = {}
+        passed = []
+        for point in points:
+            try:
+                passed.append((point, check(point)))
+            except PointFailed as failed:
+                outcomes[point["id"]] = failed
+        timed = time_passed(passed) if passed else {}
+        if self.fabric.rank != 0:
+            return None
+        outcomes.update(timed)
+        after = self.sampler.sample() if self.sampler is not None else None
+        records = {}
+        for point in points:
+            outcome = outcomes[point["id"]]
+
+            def replay(outcome=outcome):
+                if isinstance(outcome, PointFailed):
+                    raise outcome
+                return outcome
+
+            clocks = _GroupClocks(before, after) if self.sampler is not None else None
+            records[point["id"]] = protocol.measure_point(
+                point, lambda: None, lambda _, replay=replay: replay(), sampler=clocks
+            )
+        return records
 
     def follow(self, execute: Callable[[object], object]) -> None:
         """Ranks > 0: execute what rank 0 broadcasts until it sends None."""
@@ -245,24 +405,45 @@ def drive(
     experiment: str,
     config: dict,
     refresh: sweep.RefreshRule | None = None,
+    group_of: Callable[[dict], Hashable] | None = None,
 ):
     """Rank 0: run the sweep over `points` into job["out"], broadcasting each point so that
     every rank executes it (`state.execute`), then release the others (None). `refresh`:
-    as run_sweep's."""
+    as run_sweep's.
+
+    With `group_of`, the points of this run with one key are measured together: the first
+    one asked broadcasts {"group": [points]} and `state.execute` returns every record of
+    the group by id; the sweep gets the others from a cache (see the module doc)."""
     from xstage_bench import environment, faults
 
     out = Path(job["out"])
     marker = running_marker(out)
     env = environment.capture_measured(job["device_type"])
     env["process_model"] = "one process per GPU (torch.distributed)"
+    groups: dict[Hashable, list[dict]] = {}
+    cache: dict[str, dict] = {}
+
+    def plan(todo: list[dict]) -> None:
+        for point in todo:
+            groups.setdefault(group_of(point), []).append(point)
 
     def measure(point: dict) -> dict:
+        if point["id"] in cache:
+            return cache.pop(point["id"])
         if state.broken:  # a barrier timed out earlier: this fabric cannot be trusted
             raise SystemExit(RESTART_EXIT_CODE)
         marker.write_text(json.dumps(point))
         faults.apply_before_measure(point["id"])
-        state.command(point)
-        record = state.execute(point)
+        if group_of is None:
+            state.command(point)
+            record = state.execute(point)
+        else:
+            group = groups.pop(group_of(point), None) or [point]
+            message = {"group": group}
+            state.command(message)
+            records = state.execute(message)
+            record = records.pop(point["id"])
+            cache.update(records)
         marker.unlink(missing_ok=True)
         return record
 
@@ -278,6 +459,7 @@ def drive(
             config=config,
             point_timeout_s=job["point_timeout_s"],
             refresh=refresh,
+            plan=plan if group_of is not None else None,
         )
     finally:
         state.command(None)

@@ -1,4 +1,8 @@
-# Stage 3b: Ulysses attention, alone / serial (attention then All-to-All) / fused.
+# Stage 3b: Ulysses attention, alone / serial (attention then All-to-All) / fused, on every
+# measured store path (config["store_paths"]): peer (P GPUs, or two emulating a P-GPU node)
+# and host (one GPU as rank 0 of a P-GPU node, host memory the other owners; one GPU
+# measures only this). The modes and backends of one setting and shape are timed in paired
+# rounds (attention/runner.py).
 
 
 rule attention_measure:

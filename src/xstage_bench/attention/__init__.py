@@ -5,7 +5,9 @@ Our Triton kernel itself is xstage_kernels.flash_ulysses (kernels/xstage_kernels
 layout    which rank owns which (token, head) after the All-to-All; the yunchang reshapes
 backends  FA3, FA4 and ours behind one interface; the SDPA reference
 modes     alone / serial / fused, the correctness check, one timed repetition
-runner    one process per GPU, the resumable sweep, the command line
+emulation two GPUs playing ranks 0 and P-1 of a P-GPU node (the peer path)
+host      one GPU playing rank 0 of a P-GPU node, host memory the other owners (host path)
+runner    one process per GPU, the resumable sweep with paired rounds, the command line
 
 Peer windows and the device barrier are in xstage_bench.peer, the fabric they make up in
 xstage_bench.fabric, the process plumbing in xstage_bench.workers (MegaMoE uses them too).

@@ -13,7 +13,10 @@ cross-rank barrier). Each repetition starts behind a cross-rank barrier, so the 
 clocks start together, and its samples are the maximum over ranks.
 
 The modes run on a `fabric.CudaFabric` (the measurement) or, in the CPU tests, a
-`fabric.HostFabric`: the collective group, peer windows, the barrier and the clock.
+`fabric.HostFabric`: the collective group, peer windows, the barrier and the clock. The
+same functions serve the host path (host.HostWorkspace on a fabric.SoloFabric: one GPU,
+host memory as the far end, the barrier a system-scope fence) and the emulated world sizes
+(emulation.EmulatedWorkspace): a workspace says where rows land and how to read them back.
 """
 
 from __future__ import annotations
@@ -74,24 +77,10 @@ class Workspace:
 
     def _peer_out_view(self, final_bytes: int) -> None:
         """This rank's heads of one (1, S, H, D) tensor spanning every rank's chunk."""
-        lay, window = self.layout, self.window
-        if not window.contiguous:
-            self.target.peer_out_reason = "this window's chunks are not one address range"
-        elif lay.batch != 1:
-            self.target.peer_out_reason = (
-                f"batch={lay.batch}: rank chunks hold (B, S/P, H, D), "
-                "so tokens are one strided axis only at batch 1"
-            )
-        elif window.chunk_bytes != final_bytes:
-            self.target.peer_out_reason = (
-                f"each rank's share ({final_bytes} bytes) is not a multiple of the mapping "
-                f"granularity, so the chunks are padded to {window.chunk_bytes} bytes"
-            )
-        else:
-            s, h, d = lay.seq_len, lay.heads, lay.head_dim
-            full = window.view(self.dtype, (1, s, h, d), (s * h * d, h * d, d, 1))
-            first = lay.head_offset(self.fabric.rank)
-            self.target.peer_out = full[:, :, first : first + lay.local_heads, :]
+        first = self.layout.head_offset(self.fabric.rank)
+        self.target.peer_out, self.target.peer_out_reason = spanning_out_view(
+            self.window, self.layout, self.dtype, first, final_bytes
+        )
 
     def poison(self) -> None:
         self.out.fill_(float("nan"))
@@ -115,6 +104,29 @@ class Workspace:
 
     def close(self) -> None:
         self.window.close()
+
+
+def spanning_out_view(window, layout: UlyssesLayout, dtype, first_head: int, share_bytes: int):
+    """(view, "") or (None, why not): heads first_head .. first_head + H/P - 1 of one
+    (1, S, H, D) tensor over the window's chunks in order, chunk v holding owner v's
+    (1, S/P, H, D) rows, so that an unmodified kernel given it as `out` stores each row
+    in its owner's chunk. Needs one address range, batch 1 (tokens one strided axis) and
+    chunks of exactly `share_bytes` (no padding between owners)."""
+    if not window.contiguous:
+        return None, "this window's chunks are not one address range"
+    if layout.batch != 1:
+        return None, (
+            f"batch={layout.batch}: rank chunks hold (B, S/P, H, D), "
+            "so tokens are one strided axis only at batch 1"
+        )
+    if window.chunk_bytes != share_bytes:
+        return None, (
+            f"each rank's share ({share_bytes} bytes) is not a multiple of the mapping "
+            f"granularity, so the chunks are padded to {window.chunk_bytes} bytes"
+        )
+    s, h, d = layout.seq_len, layout.heads, layout.head_dim
+    full = window.view(dtype, (1, s, h, d), (s * h * d, h * d, d, 1))
+    return full[:, :, first_head : first_head + layout.local_heads, :], ""
 
 
 def fill_inputs(ws, seed: int) -> None:
