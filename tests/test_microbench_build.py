@@ -572,3 +572,103 @@ def test_cpu_run_plans_every_path_and_records_why_nothing_was_measured(tmp_path)
     assert {r["status"] for r in doc["records"]} == {"failed"}
     assert all("burst benchmark cannot start" in r["error"] for r in doc["records"])
     assert doc["config"]["store_paths"] == ["host"]
+
+
+# --- the bench's host destinations, on numpy memory standing in for pinned memory ------
+
+
+class NumpyHostBuffer:
+    """storepath.PinnedHostBuffer's interface over numpy memory (the CPU tests)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self._memory = np.zeros(nbytes, dtype=np.uint8)
+        self.ptr = self._memory.ctypes.data
+
+    def array(self):
+        return self._memory
+
+    def fill(self, byte: int) -> None:
+        self._memory[:] = byte
+
+    def words(self, n: int):
+        return self._memory[: 4 * n].view("<u4").copy()
+
+    def close(self) -> None:
+        self._memory = None
+
+
+def one_gpu_bench(monkeypatch, buffer_bytes: int, replay):
+    """A BurstBench of one GPU whose host buffers are numpy memory and whose launches are
+    `replay(plan, dest index, tag_base, slot_base) -> words` written into them."""
+    from xstage_bench import storepath
+    from xstage_bench.microbench.bench import BurstBench
+
+    monkeypatch.setattr(storepath, "PinnedHostBuffer", NumpyHostBuffer)
+    bench = object.__new__(BurstBench)  # no CuPy: only the host-memory half is used
+    bench.gpu_ids, bench.sender, bench.peers = [0], 0, []
+    bench.buffer_bytes, bench._buffers = buffer_bytes, {}
+    bench._sync_all = lambda: None
+
+    def run_train(plan, *, tag_base, slot_base, gap_iters):
+        for d, (_, dest) in enumerate(bench.destinations(plan.dest, plan.n_dst)):
+            written = replay(plan, d, tag_base, slot_base)
+            memory = dest.buf.array().view("<u4")
+            touched = written != launch.POISON_WORD
+            memory[: written.size][touched] = written[touched]
+
+    bench.run_train = run_train
+    return bench
+
+
+def test_check_train_on_host_destinations_poisons_and_reads_back_on_the_host(monkeypatch):
+    nbytes = 1 << 20
+    bench = one_gpu_bench(
+        monkeypatch, nbytes, lambda p, d, tag, base: simulate_launch(p, d, tag, base, nbytes)
+    )
+    plan = launch.plan_train(
+        point(dest="host", peers=2, K=6, V=6 * 4096), bursts=5, warmup_bursts=1, world_size=1
+    )
+    # stale data from an earlier point must not pass for this launch's stores
+    for _, dest in bench.destinations("host", 2):
+        dest.buf.fill(0x11)
+    assert bench.check_train(plan, gap_iters=0, tag_base=7) is None
+    dests = bench.destinations("host", 2)
+    assert [type(dest).__name__ for _, dest in dests] == ["HostDestination"] * 2
+    assert len({dest.ptr for _, dest in dests}) == 2  # one buffer per destination index
+    # the guard band past the footprint was poisoned; beyond what the check reads, untouched
+    memory = dests[0][1].buf.array()
+    footprint = plan.producers_of(0) * plan.B
+    assert (memory[footprint : footprint + launch.GUARD_BYTES] == 0xFF).all()
+    assert (memory[footprint + launch.GUARD_BYTES :] == 0x11).all()
+
+
+def test_check_train_names_the_host_destination_a_store_missed(monkeypatch):
+    nbytes = 1 << 20
+
+    def lossy(p, d, tag, base):
+        words = simulate_launch(p, d, tag, base, nbytes)
+        if d == 1:
+            words[3] = launch.POISON_WORD  # a store that never arrived
+        return words
+
+    bench = one_gpu_bench(monkeypatch, nbytes, lossy)
+    plan = launch.plan_train(
+        point(dest="host", peers=2, K=6, V=6 * 4096), bursts=5, warmup_bursts=1, world_size=1
+    )
+    wrong = bench.check_train(plan, gap_iters=0, tag_base=7)
+    assert wrong.startswith("host destination 1 (host memory): 1 of")
+    assert "never written" in wrong
+
+
+def test_host_ceiling_destination_is_checked_on_the_host():
+    from xstage_bench.microbench.bench import HostDestination
+
+    dest = HostDestination(NumpyHostBuffer(1 << 16))
+    dest.poison()
+    assert dest.pattern_errors(1 << 16, tag=3) == (1 << 16) // 4
+    words = np.arange((1 << 16) // 4, dtype=np.uint32) ^ np.uint32(launch.mix(3))
+    dest.buf.array()[:] = words.view(np.uint8)
+    assert dest.pattern_errors(1 << 16, tag=3) == 0
+    dest.buf.array()[100] ^= 1
+    assert dest.pattern_errors(1 << 16, tag=3) == 1
