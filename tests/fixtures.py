@@ -36,6 +36,11 @@ WINDOW_Q = 16 * 1024  # the per-producer window variant's q, bytes
 CEILINGS = {"sm_store": 366.0, "copy_engine": 392.0}  # peer ceilings in the model file, GB/s
 LINE_RATE = 450.0
 LOCAL_SCALE = 10.0  # the local path: 10x the rate and the capacity
+# The host path (pinned host memory over PCIe): its own R and Q, the same issuer (T0).
+HOST_TRUTH = {**TRUTH, "R_GBps": 52.0, "Q_bytes": 1.0 * MIB}
+HOST_CEILINGS = {"sm_store": 52.5, "copy_engine": 55.0}
+HOST_LINE_RATE = 63.0
+PATH_TRUTH = {"peer": TRUTH, "host": HOST_TRUTH}
 GPU = "NVIDIA H200"
 
 # The axes a microbench point takes when its study does not set them (as config.yaml).
@@ -52,14 +57,14 @@ MICROBENCH = {
     "bursts": 8,
     "warmup_bursts": 2,
     "launches": 2,
-    "defaults": MICROBENCH_DEFAULTS,
+    "defaults": {**MICROBENCH_DEFAULTS, "dest": "remote"},  # one point per store path
     "studies": {
         "gap_sweep": {
             "kind": "periodic",
             "K": [132],
             "V": [1 * MIB, 4 * MIB],
             "gap_us": [0, 5, 10, 20],
-            "dest": ["peer", "local"],
+            "dest": ["remote", "local"],
         },
         "gap_sweep_barrier": {
             "kind": "periodic",
@@ -79,7 +84,7 @@ MICROBENCH = {
             "kind": "isolated",
             "K": [66, 132],
             "V": [256 * 1024, 1 * MIB, 4 * MIB, 8 * MIB],
-            "dest": ["peer", "local"],
+            "dest": ["remote", "local"],
         },
     },
 }
@@ -103,7 +108,7 @@ ATTENTION = {
 WORLD_SIZE = 2
 
 
-def environment(simulated: bool) -> dict:
+def environment(simulated: bool, paths: tuple[str, ...] = ("peer",)) -> dict:
     env = {
         "host": "synthetic-test-fixture",
         "python": "3.11",
@@ -116,7 +121,11 @@ def environment(simulated: bool) -> dict:
     if simulated:
         env["hardware_profile"] = {"name": "synthetic profile"}
     else:
-        env["gpus"] = [{"index": i, "name": GPU, "sm_count": 132} for i in range(2)]
+        gpus = 2 if "peer" in paths else 1
+        env["gpus"] = [{"index": i, "name": GPU, "sm_count": 132} for i in range(gpus)]
+        if "host" in paths:
+            link = {"kind": "pcie", "gen": 5, "width": 16, "line_rate_GBps": HOST_LINE_RATE}
+            env["host_links"] = [{"gpu": GPU, **link}] * gpus
     return env
 
 
@@ -125,14 +134,20 @@ def _noisy(value: float, rng: np.random.Generator, n: int = 5) -> list[float]:
 
 
 def _write(
-    ds: Path, rel: str, experiment: str, records: list[dict], *, study: str | None = None
+    ds: Path,
+    rel: str,
+    experiment: str,
+    records: list[dict],
+    *,
+    study: str | None = None,
+    paths: tuple[str, ...] = ("peer",),
 ) -> Path:
     backend = "sim" if layout.is_simulated_dataset(ds.name) else "cuda"
     doc = raw_document(
         experiment=experiment,
         backend=backend,
         dataset=ds.name,
-        environment=environment(backend == "sim"),
+        environment=environment(backend == "sim", paths),
         config={},
         records=records,
         study=study,
@@ -149,14 +164,18 @@ def _t0(K: int, V: float) -> float:
 
 
 def _path(dest: str) -> tuple[float, float]:
+    truth = PATH_TRUTH.get(dest, TRUTH)
     scale = LOCAL_SCALE if dest == "local" else 1.0
-    return laws.gbps_to_bytes_per_us(TRUTH["R_GBps"]) * scale, TRUTH["Q_bytes"] * scale
+    return laws.gbps_to_bytes_per_us(truth["R_GBps"]) * scale, truth["Q_bytes"] * scale
 
 
-def write_microbench(ds: Path, study: str, *, fail_last: bool = False) -> Path:
-    """One study of MICROBENCH from the laws; fail_last turns the last point into a timeout."""
+def write_microbench(
+    ds: Path, study: str, *, fail_last: bool = False, paths: tuple[str, ...] = ("peer",)
+) -> Path:
+    """One study of MICROBENCH from the laws, its remote points on each of `paths` (peer:
+    TRUTH, host: HOST_TRUTH); fail_last turns the last point into a timeout."""
     rng = np.random.default_rng(len(study))
-    points = grid.microbench_points(MICROBENCH, study)
+    points = grid.microbench_points(MICROBENCH, study, paths)
     records = []
     for p in points:
         T0 = _t0(p["K"], p["V"])
@@ -169,7 +188,7 @@ def write_microbench(ds: Path, study: str, *, fail_last: bool = False) -> Path:
                 "period_us": _noisy(float(laws.period(T0, p["gap_us"], p["V"], R)), rng),
             }
             if p["sync"] == "barrier":  # aligned producers: the aggregate rate is measured
-                samples["issue_rate_GBps"] = _noisy(TRUTH["R_GBps"], rng, 2)
+                samples["issue_rate_GBps"] = _noisy(R / 1e3, rng, 2)
         else:
             t_iss = float(laws.isolated_issue_time(T0, p["V"], Q, R))
             samples = {
@@ -180,7 +199,7 @@ def write_microbench(ds: Path, study: str, *, fail_last: bool = False) -> Path:
     if fail_last:
         last = points[-1]
         records[-1] = failed_record(last["id"], last, "kernel timed out", status="timeout")
-    return _write(ds, layout.microbench_raw(study), "microbench", records, study=study)
+    return _write(ds, layout.microbench_raw(study), "microbench", records, study=study, paths=paths)
 
 
 def _param(value: float | None) -> dict:
@@ -197,7 +216,8 @@ def _validation_row(p: dict, metric: str, measured: float, predicted: float, **f
         "K": p["K"],
         "V": p["V"],
         "gap_us": p["gap_us"],
-        "dest": "peer",
+        "dest": p["dest"],
+        "path": p["path"],
         "sync": p["sync"],
         "aligned": p["sync"] == "barrier",
         "metric": metric,
@@ -219,14 +239,15 @@ def _summary(rows: list[dict]) -> dict:
     }
 
 
-def write_model(ds: Path, *, checks_pass: bool = True) -> Path:
-    """A model/burst_gap.json as the fitter writes it, with the TRUTH parameters, fitted to
-    the aligned gap sweep (a third held out); the free gap sweep is validated apart."""
+def _model_block(path: str, checks_pass: bool) -> dict:
+    """One store path's fit as the fitter writes it, with that path's true parameters,
+    fitted to the aligned gap sweep (a third held out); the free one is validated apart."""
+    truth = PATH_TRUTH[path]
     validation = []
-    R, _ = _path("peer")
+    R, _ = _path(path)
     for study, in_fit in (("gap_sweep_barrier", True), ("gap_sweep", False)):
-        for i, p in enumerate(grid.microbench_points(MICROBENCH, study)):
-            if p["dest"] != "peer":
+        for i, p in enumerate(grid.microbench_points(MICROBENCH, study, (path,))):
+            if p["dest"] != path:
                 continue
             T0 = _t0(p["K"], p["V"])
             flags = {"in_fit_set": in_fit, "held_out": i % 3 == 0 or not in_fit}
@@ -236,22 +257,24 @@ def write_model(ds: Path, *, checks_pass: bool = True) -> Path:
             predicted = float(laws.period(T0, p["gap_us"], p["V"], R))
             validation.append(_validation_row(p, "period_us", predicted * 1.02, predicted, **flags))
     fit_held = [v for v in validation if v["in_fit_set"] and v["held_out"]]
-    model = {
-        "dataset": ds.name,
-        "backend": "sim" if layout.is_simulated_dataset(ds.name) else "cuda",
-        "sources": [f"results/{ds.name}/{layout.microbench_raw(s)}" for s in MICROBENCH["studies"]],
-        "params": {name: _param(v) for name, v in TRUTH.items()},
+    if path == "peer":
+        ceilings = {"peer_GBps": CEILINGS, "nvlink_line_rate_GBps": LINE_RATE}
+    else:
+        ceilings = {"host_GBps": HOST_CEILINGS, "host_line_rate_GBps": HOST_LINE_RATE}
+    return {
+        "path": path,
+        "params": {name: _param(v) for name, v in truth.items()},
         "per_K": [
             {
                 "K": K,
-                "R_GBps": _param(TRUTH["R_GBps"]),
-                "Q_bytes": _param(TRUTH["Q_bytes"] * K / 132),
+                "R_GBps": _param(truth["R_GBps"]),
+                "Q_bytes": _param(truth["Q_bytes"] * K / 132),
                 "T0_us": _param(_t0(K, 4 * MIB)),
             }
             for K in (66, 132)
         ],
         "fit_set": {"zero_gap": "aligned", "periodic": "aligned", "isolated": "all"},
-        "ceilings": {"peer_GBps": CEILINGS, "nvlink_line_rate_GBps": LINE_RATE},
+        "ceilings": {"path": path, **ceilings},
         "validation": validation,
         "validation_summary": _summary(fit_held),
         "validation_summary_free": _summary([v for v in validation if not v["in_fit_set"]]),
@@ -262,10 +285,10 @@ def write_model(ds: Path, *, checks_pass: bool = True) -> Path:
         "variants": {
             "per_producer_Q": {
                 "params": {
-                    "R_GBps": _param(TRUTH["R_GBps"]),
-                    "q_bytes": _param(WINDOW_Q),
-                    "t0_fixed_us": _param(TRUTH["t0_fixed_us"]),
-                    "issue_rate_per_sm_GBps": _param(TRUTH["issue_rate_per_sm_GBps"]),
+                    "R_GBps": _param(truth["R_GBps"]),
+                    "q_bytes": _param(WINDOW_Q * truth["Q_bytes"] / TRUTH["Q_bytes"]),
+                    "t0_fixed_us": _param(truth["t0_fixed_us"]),
+                    "issue_rate_per_sm_GBps": _param(truth["issue_rate_per_sm_GBps"]),
                 },
                 "validation_summary": _summary(fit_held),
             }
@@ -276,6 +299,21 @@ def write_model(ds: Path, *, checks_pass: bool = True) -> Path:
             "per_producer_Q_fits_better": {"passed": False, "detail": "the shared Q fits better"},
         },
     }
+
+
+def write_model(ds: Path, *, checks_pass: bool = True, paths: tuple[str, ...] = ("peer",)) -> Path:
+    """A model/burst_gap.json as the fitter writes it, one fit per store path in `paths`
+    (the first at the top level, as model/document.py lays it out)."""
+    blocks = {path: _model_block(path, checks_pass) for path in paths}
+    model = {
+        "dataset": ds.name,
+        "backend": "sim" if layout.is_simulated_dataset(ds.name) else "cuda",
+        "sources": [f"results/{ds.name}/{layout.microbench_raw(s)}" for s in MICROBENCH["studies"]],
+        "paths": list(paths),
+        **blocks[paths[0]],
+    }
+    if len(paths) > 1:
+        model["other_paths"] = {path: blocks[path] for path in paths[1:]}
     path = ds / layout.MODEL_JSON
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(model))
@@ -527,14 +565,15 @@ def make_dataset(
     megamoe: bool = True,
     attention: bool = True,
     model: bool = True,
+    paths: tuple[str, ...] = ("peer",),
 ) -> Path:
-    """A complete synthetic dataset (every product renders from it); the gap_sweep's last
-    point is a failed (timeout) record."""
+    """A complete synthetic dataset (every product renders from it), its microbenchmarks
+    on each store path of `paths`; the gap_sweep's last point is a failed (timeout) record."""
     ds = root / name
     for study in MICROBENCH["studies"]:
-        write_microbench(ds, study, fail_last=study == "gap_sweep")
+        write_microbench(ds, study, fail_last=study == "gap_sweep", paths=paths)
     if model:
-        write_model(ds)
+        write_model(ds, paths=paths)
     if megamoe:
         write_megamoe(ds)
         write_megamoe_trace(ds)

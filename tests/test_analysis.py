@@ -60,3 +60,34 @@ def test_a_malformed_model_is_never_written(tmp_path):
     assert not out.exists()
     write_model(out, _reference_model())
     assert read_model(out) == _reference_model()
+
+
+def test_fitted_reads_each_store_path_and_old_files_as_the_peer_path(tmp_path):
+    from fixtures import HOST_LINE_RATE, HOST_TRUTH, write_model
+
+    from xstage_bench.analysis import fitted
+    from xstage_bench.analysis.load import model_doc
+    from xstage_bench.hardware import load_profile
+
+    ds = tmp_path / "h200x2-paths"
+    write_model(ds, paths=("peer", "host"))
+    model = model_doc(ds)
+    assert fitted.paths(model) == ["peer", "host"]
+    host = fitted.for_path(model, "host")
+    assert fitted.path_of(host) == "host" and host["dataset"] == ds.name
+    assert fitted.drain_rate(host) == pytest.approx(HOST_TRUTH["R_GBps"] * 1e3)
+    assert fitted.drain_rate(model) == pytest.approx(365e3)  # the top level: the peer path
+    assert fitted.ceilings(host)["host link line rate (spec)"] == HOST_LINE_RATE
+    assert "sm-store host memory ceiling" in fitted.ceilings(host)
+    # a profile refit to the top level's path, taken to the host path's T0, R and Q
+    profile = fitted.path_profile(load_profile(ROOT / "tests/data/h200-seed.yaml"), model, "host")
+    assert profile.drain_rate_GBps == HOST_TRUTH["R_GBps"]
+    assert profile.capacity_bytes == HOST_TRUTH["Q_bytes"] and profile.name.endswith("host path")
+    # results/ref-h200x2 predates paths: one fit, the peer path's, its ceilings as before
+    ref = model_doc(ROOT / "results" / "ref-h200x2")
+    assert fitted.paths(ref) == ["peer"] and fitted.for_path(ref, "peer") is ref
+    assert set(fitted.ceilings(ref)) == {
+        "sm-store peer ceiling",
+        "copy-engine peer ceiling",
+        "NVLink line rate (spec)",
+    }

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import matplotlib.pyplot
 import pytest
-from fixtures import SIMULATED_HOLDING, make_dataset, write_megamoe, write_microbench, write_model
+from fixtures import (
+    HOST_CEILINGS,
+    HOST_LINE_RATE,
+    HOST_TRUTH,
+    SIMULATED_HOLDING,
+    make_dataset,
+    write_megamoe,
+    write_microbench,
+    write_model,
+)
 
 from xstage_bench import layout, products
 from xstage_bench.analysis.labels import fmt_bytes
@@ -199,8 +208,8 @@ def test_backpressure_map_reads_the_aligned_sweep_when_there_is_one(tmp_path):
     fig = FIGURES["fig-backpressure-map"](ds)
     assert "(gap_sweep_barrier)" in fig.get_suptitle()
     assert [ax.get_title() for ax in fig.axes[:2]] == [
-        "K=132, measured",
-        "K=132, model: steady-train law",
+        "peer GPU (NVLink), K=132, measured",
+        "peer GPU (NVLink), K=132, model: steady-train law",
     ]
     (ds / layout.microbench_raw("gap_sweep_barrier")).unlink()
     fig = FIGURES["fig-backpressure-map"](ds)
@@ -229,7 +238,10 @@ def test_isolated_draws_both_capacity_fits_per_K(sim_dataset):
     from fixtures import WINDOW_Q
 
     fig = FIGURES["fig-isolated"](sim_dataset)
-    assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["K=66", "K=132"]
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == [
+        "peer GPU (NVLink), K=66",
+        "peer GPU (NVLink), K=132",
+    ]
     for ax, K in zip(fig.axes, (66, 132), strict=True):
         styles = {line.get_linestyle() for line in ax.get_lines()}
         assert {"--", "-."} <= styles
@@ -407,3 +419,90 @@ def test_ulysses_is_readable_at_page_width_on_both_paths(tmp_path):
         colours = {line.get_color() for line in panel.get_lines()}
         assert {"tab:green", "tab:red", "tab:blue"} <= colours
         matplotlib.pyplot.close(fig)
+
+
+# ---- two store paths -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_path_dataset(tmp_path_factory):
+    """Microbenchmarks and fits on the peer path and the host path (R = 52 GB/s)."""
+    root = tmp_path_factory.mktemp("paths")
+    return make_dataset(root, "h200x2-paths", megamoe=False, attention=False, paths=PATHS)
+
+
+PATHS = ("peer", "host")
+PEER_FAR, HOST_FAR = "peer GPU (NVLink)", "host memory"
+
+
+def _levels(ax) -> set[float]:
+    return {round(line.get_ydata()[0], 6) for line in ax.get_lines() if len(line.get_ydata()) == 2}
+
+
+def test_drain_has_a_row_per_path_with_that_paths_references(two_path_dataset):
+    fig = FIGURES["fig-drain"](two_path_dataset)
+    assert len(fig.axes) == 4
+    host_rate = _panel(fig, HOST_FAR, "aggregate issue rate")
+    assert {HOST_CEILINGS["sm_store"], HOST_CEILINGS["copy_engine"], HOST_LINE_RATE} <= _levels(
+        host_rate
+    )
+    assert HOST_TRUTH["R_GBps"] in _levels(host_rate)
+    assert 366.0 not in _levels(host_rate)  # the peer's SM-store ceiling stays on its row
+    assert 366.0 in _levels(_panel(fig, PEER_FAR, "aggregate issue rate"))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "host: fitted R 52 GB/s" in labels and "peer: fitted R 365 GB/s" in labels
+    assert "host: sm-store host memory ceiling 52 GB/s" in labels
+    assert "host: host link line rate (spec) 63 GB/s" in labels
+
+
+def test_isolated_has_a_row_per_path_with_its_capacity(two_path_dataset):
+    fig = FIGURES["fig-isolated"](two_path_dataset)
+    titles = [ax.get_title().split(":")[0] for ax in fig.axes]
+    assert titles == [f"{far}, K={K}" for far in (PEER_FAR, HOST_FAR) for K in (66, 132)]
+    host = _panel(fig, HOST_FAR, "K=132")
+    verticals = {
+        line.get_xdata()[0]
+        for line in host.get_lines()
+        if line.get_xdata()[0] == line.get_xdata()[-1]
+    }
+    assert HOST_TRUTH["Q_bytes"] in verticals and 2 * (1 << 20) not in verticals
+    assert any(line.get_linestyle() == ":" for line in host.get_lines())  # the local control
+
+
+def test_issue_vs_gap_has_rows_per_path_and_sync_with_each_paths_model(two_path_dataset):
+    fig = FIGURES["fig-issue-vs-gap"](two_path_dataset)
+    assert len(fig.axes) == 8  # (peer, host) x (free, aligned) x two definitions
+    expected = {
+        far: sorted(132 * producer_bytes(V, 132) / (R * 1e3) for V in (1 << 20, 4 << 20))
+        for far, R in ((PEER_FAR, 365.0), (HOST_FAR, HOST_TRUTH["R_GBps"]))
+    }
+    for far, starts in expected.items():
+        assert _dashed_starts(_panel(fig, far, "aligned", "slowest producer")) == pytest.approx(
+            starts, rel=1e-9
+        )
+        assert _dashed_starts(_panel(fig, far, "free-running", "slowest producer")) == []
+    notes = " ".join(texts(fig))
+    assert f"{HOST_FAR}: model lines" in notes and f"{PEER_FAR}: model lines" in notes
+
+
+def test_backpressure_map_and_model_validation_per_path(two_path_dataset):
+    fig = FIGURES["fig-backpressure-map"](two_path_dataset)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert titles == [
+        f"{far}, K=132, {what}"
+        for far in (PEER_FAR, HOST_FAR)
+        for what in ("measured", "model: steady-train law")
+    ]
+    fig = FIGURES["fig-model-validation"](two_path_dataset)
+    assert [ax.get_title().split(":")[0] for ax in fig.axes[::3]] == [PEER_FAR, HOST_FAR]
+    notes = " ".join(texts(fig))
+    assert f"{HOST_FAR}: fit set, held out" in notes and f"{PEER_FAR}: fit set" in notes
+
+
+def test_a_host_only_dataset_renders_every_microbench_figure_labelled_host(tmp_path):
+    ds = make_dataset(tmp_path, "h200x1-host", megamoe=False, attention=False, paths=("host",))
+    for name in ("fig-drain", "fig-isolated", "fig-issue-vs-gap", "fig-backpressure-map"):
+        fig = FIGURES[name](ds)
+        titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        assert titles and all(t.startswith(HOST_FAR) for t in titles), (name, titles)
+        assert "1x NVIDIA H200" in fig.get_suptitle()

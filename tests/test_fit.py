@@ -327,7 +327,7 @@ def test_R_off_the_ceiling_or_above_the_line_rate_fails_its_check(tmp_path):
     assert off == pytest.approx(-0.5, abs=0.02)
     assert ceiling["passed"] is False and f"{off:+.1%}" in ceiling["detail"]
     line = result["checks"]["r_within_line_rate"]
-    assert line["passed"] is False and "above the 300 GB/s line rate" in line["detail"]
+    assert line["passed"] is False and "above the 300 GB/s NVLink line rate" in line["detail"]
 
 
 def test_heldout_target_says_by_how_much_and_where_it_fails():
@@ -386,3 +386,131 @@ def test_a_failing_fit_names_the_files(tmp_path, monkeypatch):
     with pytest.raises(fit.FitError, match=r"fitting .*drain\.json, .*isolated\.json: ValueError"):
         fit_dir(tmp_path, paths, n_bootstrap=2)
     assert not (tmp_path / "model" / "burst_gap.json").exists()
+
+
+# ---- store paths ---------------------------------------------------------------------
+
+HOST_LINK = {"kind": "pcie", "gpu": "NVIDIA H200", "gen": 5, "width": 16, "line_rate_GBps": 63.0}
+
+
+def host_profile(tmp) -> Path:
+    """A SYNTHETIC host path: the H200 seed with R = 52 GB/s (as seen for SM stores into
+    pinned host memory over PCIe Gen5 x16) and a capacity of 1 MiB."""
+    path = tmp / "host.yaml"
+    base = load_profile(H200).as_dict()
+    path.write_text(yaml.safe_dump({**base, "drain_rate_GBps": 52.0, "capacity_bytes": 1 << 20}))
+    return path
+
+
+def as_host_path(path: str) -> None:
+    """Rewrite a simulated (peer-path) raw file as host-path records: the remote points'
+    dest and path become 'host' (ids too), local controls are dropped (the peer set has
+    them), and the environment names a PCIe Gen5 x16 host link."""
+    doc = read_raw(path)
+    records = []
+    for r in doc["records"]:
+        if r["point"].get("dest") == "local":
+            continue
+        point = {**r["point"], "dest": "host", "path": "host"}
+        rid = r["id"].replace("dest=peer", "dest=host")
+        records.append({**r, "id": rid, "point": {**point, "id": rid}})
+    doc["records"] = records
+    doc["environment"]["host_links"] = [HOST_LINK]
+    write_raw(path, doc)
+
+
+def two_paths(tmp, studies=("drain", "gap_sweep", "isolated", "ceilings")) -> list[str]:
+    peer = simulate(tmp / "peer", REDUCED, H200, list(studies))
+    host = simulate(tmp / "host", REDUCED, str(host_profile(tmp)), list(studies))
+    for path in host:
+        as_host_path(path)
+    return peer + host
+
+
+def test_each_store_path_is_fitted_on_its_own_records(tmp_path):
+    result = fit_dir(tmp_path, two_paths(tmp_path), H200, n_bootstrap=30)
+    assert result["path"] == "peer" and result["paths"] == ["peer", "host"]
+    peer, host = result, result["other_paths"]["host"]
+    assert peer["params"]["R_GBps"]["value"] == pytest.approx(365.0, rel=0.02)
+    R = host["params"]["R_GBps"]
+    assert R["value"] == pytest.approx(52.0, rel=0.02) and R["ci_low"] <= 52.0 <= R["ci_high"]
+    assert host["params"]["Q_bytes"]["value"] == pytest.approx(1 << 20, rel=0.05)
+    # T0 is the issuer's: the same on both paths
+    assert host["params"]["t0_fixed_us"]["value"] == pytest.approx(
+        peer["params"]["t0_fixed_us"]["value"], rel=0.05
+    )
+    assert {k["K"]: round(k["R_GBps"]["value"]) for k in host["per_K"]} == {33: 52, 132: 52}
+    # every validation row and count belongs to its path; local controls are the peer set's
+    assert {r["path"] for r in host["validation"]} == {r["dest"] for r in host["validation"]}
+    assert {r["path"] for r in host["validation"]} == {"host"}
+    assert {r["path"] for r in peer["validation"]} == {"peer"}
+    assert host["records"]["used"] == peer["records"]["used"] == 4 + 15 + 20
+    assert host["records"]["other_paths"] == peer["records"]["used"] + 1  # + the peer ceiling
+    # each path's R against its own ceiling and line rate
+    assert host["ceilings"]["host_GBps"]["sm_store"] == pytest.approx(52.0, rel=0.02)
+    assert host["ceilings"]["host_line_rate_GBps"] == 63.0
+    assert host["ceilings"]["line_rate_source"].endswith("pcie gen 5 x16 (specification)")
+    checks_ = host["checks"]
+    assert checks_["r_matches_sm_store_ceiling"]["passed"] is True
+    assert "SM-store ceiling to host memory" in checks_["r_matches_sm_store_ceiling"]["detail"]
+    assert checks_["r_within_line_rate"]["passed"] is True
+    assert "63 GB/s host link line rate" in checks_["r_within_line_rate"]["detail"]
+    assert peer["checks"]["r_within_line_rate"]["detail"].count("450 GB/s NVLink") == 1
+    # the file validates and its host fit reads back in a one-path model's shape
+    from xstage_bench.model.document import path_fit, read_model
+
+    written = read_model(tmp_path / "model" / "burst_gap.json")
+    assert path_fit(written, "host")["params"] == host["params"]
+    assert path_fit(written, "host")["dataset"] == "sim-test"
+    # the refit profile is the top level's (the peer path)
+    assert load_profile(tmp_path / "model" / "profile.yaml").drain_rate_GBps == pytest.approx(
+        365.0, rel=0.02
+    )
+
+
+def test_a_host_only_dataset_gives_one_complete_fit_named_host(tmp_path):
+    paths = simulate(tmp_path, REDUCED, str(host_profile(tmp_path)))
+    for path in paths:
+        as_host_path(path)
+    result = fit_dir(tmp_path, paths, H200, n_bootstrap=20)
+    assert result["path"] == "host" and result["paths"] == ["host"]
+    assert "other_paths" not in result
+    assert result["params"]["R_GBps"]["value"] == pytest.approx(52.0, rel=0.02)
+    assert result["checks"]["r_matches_sm_store_ceiling"]["passed"] is True
+    assert result["validation_summary"]["median_abs_rel_error"] < 0.02
+    text = (tmp_path / "model" / "profile.yaml").read_text()
+    assert "Store path 'host' (host memory)" in text
+    profile = load_profile(tmp_path / "model" / "profile.yaml")
+    assert profile.drain_rate_GBps == pytest.approx(52.0, rel=0.02)
+    assert profile.name == "sim-test (fitted, host path)"
+
+
+def test_a_host_path_without_a_recorded_host_link_leaves_its_line_rate_unchecked(tmp_path):
+    paths = simulate(tmp_path, REDUCED, str(host_profile(tmp_path)), ["drain", "isolated"])
+    for path in paths:
+        as_host_path(path)
+        doc = read_raw(path)
+        del doc["environment"]["host_links"]  # as in files written before the host path
+        write_raw(path, doc)
+    check = fit_dir(tmp_path, paths, H200, n_bootstrap=5)["checks"]["r_within_line_rate"]
+    assert check["passed"] is None and "host_links[0].line_rate_GBps" in check["detail"]
+
+
+def test_the_committed_reference_still_reads_and_fits_as_the_peer_path(tmp_path):
+    """results/ref-h200x2 predates store paths: its model file is the peer path's fit, and
+    its raw files (records without `path`) refit to the same R."""
+    from xstage_bench.model.document import fitted_paths, path_fit, primary_path, read_model
+
+    ref = ROOT / "results" / "ref-h200x2"
+    model = read_model(ref / "model" / "burst_gap.json")
+    assert primary_path(model) == "peer" and fitted_paths(model) == ["peer"]
+    assert path_fit(model, "peer") is model
+    with pytest.raises(ValueError, match="no fit for store path 'host'"):
+        path_fit(model, "host")
+    raw = sorted(str(p) for p in (ref / "raw" / "microbench").glob("*.json"))
+    result = fit_dir(tmp_path, raw, H200, n_bootstrap=2)
+    assert result["paths"] == ["peer"] and "other_paths" not in result
+    assert result["params"]["R_GBps"]["value"] == pytest.approx(
+        model["params"]["R_GBps"]["value"], rel=1e-6
+    )
+    assert result["records"]["used"] == model["records"]["used"]

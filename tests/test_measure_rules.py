@@ -109,7 +109,9 @@ def test_attention_runs_ours_and_records_a_missing_backend(cpu_run):
 def test_what_needs_a_gpu_is_recorded_with_the_reason(cpu_run):
     _, raw, _ = cpu_run
     micro = read_raw(raw / "microbench" / "gap_sweep.json")
-    assert len(micro["records"]) == 2  # the study's points, planned
+    assert len(micro["records"]) == 4  # the study's points, planned on both store paths
+    assert {r["point"]["path"] for r in micro["records"]} == {"peer", "host"}
+    assert micro["config"]["store_paths"] == ["peer", "host"]
     assert {r["status"] for r in micro["records"]} == {"failed"}
     assert all("burst benchmark cannot start" in r["error"] for r in micro["records"])
     for name in ("megamoe_trace.json", "megamoe_emulated.json"):

@@ -171,6 +171,62 @@ def test_isolated_idle_drains_the_largest_burst():
     assert p.idle_us == pytest.approx(launch.isolated_idle_us(p.K * p.B))
 
 
+def test_plan_host_has_one_buffer_per_destination_index_on_one_gpu():
+    p = launch.plan_train(point(dest="host", peers=2), bursts=6, warmup_bursts=2, world_size=1)
+    assert p.dest == "host" and p.n_dst == 2  # host memory is not limited by the GPU count
+    assert p.producers_of(0) + p.producers_of(1) == p.K
+
+
+def test_plan_refuses_the_peer_path_on_one_gpu_and_says_what_one_gpu_measures():
+    with pytest.raises(PointUnsupported, match=r"world_size=1 \(no peer GPU\).*dest 'host'"):
+        launch.plan_train(point(), bursts=6, warmup_bursts=2, world_size=1)
+    with pytest.raises(PointUnsupported, match="dest must be one of"):
+        launch.plan_train(point(dest="nvme"), bursts=6, warmup_bursts=2, world_size=2)
+
+
+def test_isolated_idle_is_sized_from_the_path():
+    V = 32 << 20
+    host = launch.plan_train(
+        point(kind="isolated", V=V, dest="host"), bursts=6, warmup_bursts=2, world_size=1
+    )
+    peer = launch.plan_train(point(kind="isolated", V=V), bursts=6, warmup_bursts=2, world_size=2)
+    # 3 V at 40 GB/s on the host path (its SM stores drain at ~52), 300 GB/s on the peer path
+    assert host.idle_us == pytest.approx(3 * host.K * host.B / 40e3)
+    assert peer.idle_us == pytest.approx(3 * peer.K * peer.B / 300e3)
+    assert launch.ISOLATED_IDLE_RATE_GBps["host"] < 52.0 < launch.ISOLATED_IDLE_RATE_GBps["peer"]
+    assert launch.isolated_idle_rule("host") == "max(200, 3 V / 40 GB/s) us"
+
+
+def test_destinations_of_a_one_gpu_bench():
+    """Sender GPU 3 alone: host buffers (one per index) and local ones; no peer."""
+    host = launch.destination_specs("host", 2, 3, [])
+    assert [(s.on_host, s.role, s.index) for s in host] == [
+        (True, "host_dest", 0),
+        (True, "host_dest", 1),
+    ]
+    assert host[1].label("host", 1) == "host destination 1 (host memory)"
+    local = launch.destination_specs("local", 2, 3, [])
+    assert [(s.device, s.role, s.index) for s in local] == [(3, "local", 0), (3, "local", 1)]
+    with pytest.raises(PointUnsupported, match="needs a peer GPU.*only the sender \\(GPU 3\\)"):
+        launch.destination_specs("peer", 1, 3, [])
+    peer = launch.destination_specs("peer", 2, 0, [1, 2])
+    assert [(s.device, s.role) for s in peer] == [(1, "dest"), (2, "dest")]
+    assert launch.ceiling_spec("host", 3, []) == launch.DestinationSpec(None, "ceiling_dst", 0)
+    assert launch.ceiling_spec("peer", 0, [1]).device == 1
+    assert launch.ceiling_spec("local", 0, [1]).device == 0
+
+
+def test_pattern_mismatches_checks_a_large_buffer_chunk_by_chunk():
+    words = np.arange(1000, dtype=np.uint32) ^ np.uint32(launch.mix(9))
+    assert launch.pattern_mismatches(words, 9, chunk_words=64) == (0, None)
+    words[[130, 131, 999]] = launch.POISON_WORD
+    assert launch.pattern_mismatches(words, 9, chunk_words=64) == (3, 130)
+    assert launch.pattern_mismatches(words, 8, chunk_words=64)[0] == 1000  # another tag
+    # a view that starts inside the buffer counts its words from there
+    tail = np.arange(500, 600, dtype=np.uint32) ^ np.uint32(launch.mix(9))
+    assert launch.pattern_mismatches(tail, 9, first_word=500, chunk_words=7) == (0, None)
+
+
 # --- the pattern ------------------------------------------------------------------------
 
 
@@ -328,27 +384,48 @@ def test_gap_calibration_fit_and_iterations():
         launch.fit_gap_calibration([0, 1000], [500.0, 400.0])
 
 
+def test_gap_calibration_reaches_hundreds_of_us_and_refuses_to_extrapolate():
+    # At H200's ~5 ns per FMA-loop iteration the calibration spans about 640 us, past the
+    # longest configured gap and past V/R of a 16 MiB burst on the host path (~320 us).
+    iters = launch.GAP_CALIBRATION_ITERS
+    cal = launch.fit_gap_calibration(iters, [284.0 + 4.96 * i for i in iters])
+    assert cal["longest_calibrated_us"] == pytest.approx(635, rel=0.01)
+    config = load_config(ROOT / "config.yaml")["microbench"]
+    longest_gap = max(max(s.get("gap_us", [0])) for s in config["studies"].values())
+    assert 16 * (1 << 20) / 52e3 < longest_gap <= cal["longest_calibrated_us"]
+    assert launch.gap_iterations(cal, longest_gap) == round((longest_gap * 1e3 - 284) / 4.96)
+    with pytest.raises(PointUnsupported, match="beyond the calibrated compute gaps"):
+        launch.gap_iterations(cal, 2 * cal["longest_calibrated_us"])
+    bent = [284.0 + 4.96 * i * (1.3 if i == max(iters) else 1.0) for i in iters]
+    with pytest.raises(launch.MicrobenchError, match="not linear"):
+        launch.fit_gap_calibration(iters, bent)
+
+
 # --- the runner, against a fake GPU -----------------------------------------------------
 
 
 class FakeBench:
     """BurstBench's interface with synthetic stamps: how the runner pools and records."""
 
-    gpu_ids = [0, 1]
     threads = 512
     buffer_bytes = 256 << 20
 
-    def __init__(self, wrong: str | None = None):
+    def __init__(self, wrong: str | None = None, gpu_ids=(0, 1)):
         self.wrong = wrong
+        self.gpu_ids = list(gpu_ids)
         self.launches = []
+        self.checked_dests = []
 
     def require_coresident(self, kernel, K, shared_bytes):
         return 264
 
     def gap_calibration(self, K):
-        return {"K": K, "threads": 512, **launch.fit_gap_calibration([0, 100], [100.0, 600.0])}
+        # 5 ns per iteration past 100 ns, calibrated up to 500 us
+        cal = launch.fit_gap_calibration([0, 20_000, 100_000], [100.0, 100_100.0, 500_100.0])
+        return {"K": K, "threads": 512, **cal}
 
     def check_train(self, plan, *, gap_iters, tag_base, kernel_tag_base=None):
+        self.checked_dests.append(plan.dest)
         if kernel_tag_base not in (None, tag_base):
             return "dest 0: every word holds another launch's tag"
         return self.wrong
@@ -427,3 +504,171 @@ def test_injected_faults_become_wrong_and_failed_records(monkeypatch, tmp_path):
     assert statuses == ["ok", "wrong", "failed", "ok"]
     assert "another launch's tag" in doc["records"][1]["error"]
     assert "injected fault" in doc["records"][2]["error"]
+
+
+def one_gpu_points(study: str) -> list[dict]:
+    mb = microbench_config()
+    return grid.microbench_points(mb, study, runner.run_paths({"store_paths": "auto"}, 1))
+
+
+def test_one_gpu_measures_host_and_local_points():
+    mb = microbench_config()
+    bench = FakeBench(gpu_ids=[0])
+    measure = runner.PointMeasurer(bench, mb, policy=None)
+    pts = one_gpu_points("gap_sweep")
+    assert {p["dest"] for p in pts} == {"host", "local"}
+    assert {p["path"] for p in pts} == {"host", "local"}
+    host = next(p for p in pts if p["dest"] == "host" and p["gap_us"] == 200.0)
+    record = measure(host)
+    assert record["status"] == "ok" and record["correct"] is True
+    assert record["extra"]["plan"]["dest"] == "host" and bench.checked_dests == ["host"]
+    # A peer point (a config naming dest: peer) on one GPU: unsupported, saying why.
+    peer = measure({**host, "dest": "peer", "path": "peer", "id": "peer-on-one-gpu"})
+    assert peer["status"] == "unsupported" and "no peer GPU" in peer["error"]
+
+
+def test_drain_probe_and_peer_ceiling_are_unsupported_on_the_host_path():
+    mb = microbench_config()
+    measure = runner.PointMeasurer(FakeBench(gpu_ids=[0]), mb, policy=None)
+    probes = one_gpu_points("drain_probe")
+    assert probes and {p["dest"] for p in probes} == {"host"}
+    record = measure(probes[0])
+    assert record["status"] == "unsupported"
+    assert "receiver is a kernel on the peer GPU" in record["error"]
+    ceiling = next(p for p in grid.microbench_points(mb, "ceilings") if p["dest"] == "peer")
+    record = measure(ceiling)
+    assert record["status"] == "unsupported" and "world_size=1" in record["error"]
+
+
+def test_raw_config_records_the_paths_and_their_constants():
+    config = load_config(ROOT / "config.yaml")
+    raw = runner.raw_config(config, "burst.cubin", [0], ["host"])
+    assert raw["store_paths"] == ["host"] and raw["world_size"] == 1
+    paths = raw["kernel"]["paths"]
+    assert sorted(paths) == ["host", "local"]
+    assert paths["host"]["isolated_idle_rate_GBps"] == 40.0
+    assert "pinned" in paths["host"]["destination"]
+    assert "receiver is a kernel" in paths["host"]["drain_probe"]
+    assert raw["kernel"]["gap_calibration_iters"] == list(launch.GAP_CALIBRATION_ITERS)
+    both = runner.raw_config(config, "burst.cubin", [0, 1], ["peer", "host"])["kernel"]["paths"]
+    assert both["peer"]["drain_probe"] == "measured"
+
+
+def test_run_paths_resolve_auto_and_refuse_peer_on_one_gpu():
+    assert runner.run_paths({}, 1) == ["host"]
+    assert runner.run_paths({"store_paths": "auto"}, 2) == ["peer", "host"]
+    assert runner.run_paths({"store_paths": ["host"]}, 2) == ["host"]
+    with pytest.raises(ValueError, match="store_paths"):
+        runner.run_paths({"store_paths": ["peer"]}, 1)
+
+
+def test_cpu_run_plans_every_path_and_records_why_nothing_was_measured(tmp_path):
+    config = load_config(ROOT / "config.yaml")
+    config.update(world_size=1, store_paths=["host"])
+    out = tmp_path / "drain.json"
+    runner.run_study(config, "ceilings", "cpu-test", out, None, device_type="cpu")
+    doc = results.read_raw(out)
+    assert {r["point"]["dest"] for r in doc["records"]} == {"host", "local"}
+    assert {r["status"] for r in doc["records"]} == {"failed"}
+    assert all("burst benchmark cannot start" in r["error"] for r in doc["records"])
+    assert doc["config"]["store_paths"] == ["host"]
+
+
+# --- the bench's host destinations, on numpy memory standing in for pinned memory ------
+
+
+class NumpyHostBuffer:
+    """storepath.PinnedHostBuffer's interface over numpy memory (the CPU tests)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self._memory = np.zeros(nbytes, dtype=np.uint8)
+        self.ptr = self._memory.ctypes.data
+
+    def array(self):
+        return self._memory
+
+    def fill(self, byte: int) -> None:
+        self._memory[:] = byte
+
+    def words(self, n: int):
+        return self._memory[: 4 * n].view("<u4").copy()
+
+    def close(self) -> None:
+        self._memory = None
+
+
+def one_gpu_bench(monkeypatch, buffer_bytes: int, replay):
+    """A BurstBench of one GPU whose host buffers are numpy memory and whose launches are
+    `replay(plan, dest index, tag_base, slot_base) -> words` written into them."""
+    from xstage_bench import storepath
+    from xstage_bench.microbench.bench import BurstBench
+
+    monkeypatch.setattr(storepath, "PinnedHostBuffer", NumpyHostBuffer)
+    bench = object.__new__(BurstBench)  # no CuPy: only the host-memory half is used
+    bench.gpu_ids, bench.sender, bench.peers = [0], 0, []
+    bench.buffer_bytes, bench._buffers = buffer_bytes, {}
+    bench._sync_all = lambda: None
+
+    def run_train(plan, *, tag_base, slot_base, gap_iters):
+        for d, (_, dest) in enumerate(bench.destinations(plan.dest, plan.n_dst)):
+            written = replay(plan, d, tag_base, slot_base)
+            memory = dest.buf.array().view("<u4")
+            touched = written != launch.POISON_WORD
+            memory[: written.size][touched] = written[touched]
+
+    bench.run_train = run_train
+    return bench
+
+
+def test_check_train_on_host_destinations_poisons_and_reads_back_on_the_host(monkeypatch):
+    nbytes = 1 << 20
+    bench = one_gpu_bench(
+        monkeypatch, nbytes, lambda p, d, tag, base: simulate_launch(p, d, tag, base, nbytes)
+    )
+    plan = launch.plan_train(
+        point(dest="host", peers=2, K=6, V=6 * 4096), bursts=5, warmup_bursts=1, world_size=1
+    )
+    # stale data from an earlier point must not pass for this launch's stores
+    for _, dest in bench.destinations("host", 2):
+        dest.buf.fill(0x11)
+    assert bench.check_train(plan, gap_iters=0, tag_base=7) is None
+    dests = bench.destinations("host", 2)
+    assert [type(dest).__name__ for _, dest in dests] == ["HostDestination"] * 2
+    assert len({dest.ptr for _, dest in dests}) == 2  # one buffer per destination index
+    # the guard band past the footprint was poisoned; beyond what the check reads, untouched
+    memory = dests[0][1].buf.array()
+    footprint = plan.producers_of(0) * plan.B
+    assert (memory[footprint : footprint + launch.GUARD_BYTES] == 0xFF).all()
+    assert (memory[footprint + launch.GUARD_BYTES :] == 0x11).all()
+
+
+def test_check_train_names_the_host_destination_a_store_missed(monkeypatch):
+    nbytes = 1 << 20
+
+    def lossy(p, d, tag, base):
+        words = simulate_launch(p, d, tag, base, nbytes)
+        if d == 1:
+            words[3] = launch.POISON_WORD  # a store that never arrived
+        return words
+
+    bench = one_gpu_bench(monkeypatch, nbytes, lossy)
+    plan = launch.plan_train(
+        point(dest="host", peers=2, K=6, V=6 * 4096), bursts=5, warmup_bursts=1, world_size=1
+    )
+    wrong = bench.check_train(plan, gap_iters=0, tag_base=7)
+    assert wrong.startswith("host destination 1 (host memory): 1 of")
+    assert "never written" in wrong
+
+
+def test_host_ceiling_destination_is_checked_on_the_host():
+    from xstage_bench.microbench.bench import HostDestination
+
+    dest = HostDestination(NumpyHostBuffer(1 << 16))
+    dest.poison()
+    assert dest.pattern_errors(1 << 16, tag=3) == (1 << 16) // 4
+    words = np.arange((1 << 16) // 4, dtype=np.uint32) ^ np.uint32(launch.mix(3))
+    dest.buf.array()[:] = words.view(np.uint8)
+    assert dest.pattern_errors(1 << 16, tag=3) == 0
+    dest.buf.array()[100] ^= 1
+    assert dest.pattern_errors(1 << 16, tag=3) == 1

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from fixtures import (
+    HOST_TRUTH,
     SIMULATED_HOLDING,
     make_dataset,
     megamoe_configs,
@@ -401,6 +402,7 @@ def test_burst_gap_params_rows(tmp_path):
     write_model(ds)
     frame = TABLES["tab-burst-gap-params"](ds).frame.set_index("scope")
     assert list(frame.index) == ["K=66", "K=132", "pooled", "paper B200"]
+    assert set(frame["path"]) == {"peer"} and set(frame["far_end"]) == {"peer GPU (NVLink)"}
     assert frame.loc["pooled", "R_GBps"] == pytest.approx(365.0)
     # Pooled T0 at B = 32 KiB: t0_fixed + B / issue_rate = 0.1 + 32768 / 60e3 us.
     assert frame.loc["pooled", "T0_us"] == pytest.approx(0.1 + 32768 / 60e3)
@@ -408,6 +410,34 @@ def test_burst_gap_params_rows(tmp_path):
     assert frame.loc["paper B200", "R_GBps"] == paper.B200_R_GBPS
     assert frame.loc["paper B200", "Q_MiB"] == pytest.approx(4.25)
     assert frame.loc["K=132", "Q_per_producer_KiB"] == pytest.approx(2 * 1024 / 132)
+
+
+def test_burst_gap_params_has_rows_per_path_and_K(tmp_path):
+    ds = tmp_path / "h200x2-bg"
+    write_microbench(ds, "drain", paths=("peer", "host"))
+    write_model(ds, paths=("peer", "host"))
+    frame = TABLES["tab-burst-gap-params"](ds).frame
+    assert list(zip(frame["path"], frame["scope"], strict=True)) == [
+        ("peer", "K=66"),
+        ("peer", "K=132"),
+        ("peer", "pooled"),
+        ("host", "K=66"),
+        ("host", "K=132"),
+        ("host", "pooled"),
+        ("peer", "paper B200"),
+    ]
+    rows = frame.set_index(["path", "scope"])
+    assert rows.loc[("host", "pooled"), "R_GBps"] == pytest.approx(HOST_TRUTH["R_GBps"])
+    assert rows.loc[("host", "pooled"), "far_end"] == "host memory"
+    assert rows.loc[("host", "K=132"), "Q_MiB"] == pytest.approx(1.0)
+    assert rows.loc[("peer", "pooled"), "R_GBps"] == pytest.approx(365.0)
+    # a one-path dataset names its path on every row
+    only = tmp_path / "h200x1-bg"
+    write_microbench(only, "drain", paths=("host",))
+    write_model(only, paths=("host",))
+    one = TABLES["tab-burst-gap-params"](only).frame
+    assert list(one["path"]) == ["host"] * 3 + ["peer"]  # and the paper's peer path
+    assert one.iloc[2]["R_GBps"] == pytest.approx(HOST_TRUTH["R_GBps"])
 
 
 def test_markdown_is_written_without_tabulate():

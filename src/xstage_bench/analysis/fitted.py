@@ -1,11 +1,37 @@
 """The fitted Burst-Gap model's parameters as numbers: values with CIs, T0 and R in the
-units the laws use, per-K capacities, the per-producer-window variant, the peer ceilings."""
+units the laws use, per-K capacities, the per-producer-window variant, the path's ceilings.
+
+A model file fits every store path it measured (model/document.py): `paths(model)` lists
+them and `for_path(model, path)` gives one path's fit, which every function here reads as
+it reads a whole file (a file's top level is its first path's fit, so code that ignores
+paths reads that one).
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from xstage_bench import storepath
+from xstage_bench.hardware import HardwareProfile
+from xstage_bench.model.document import (
+    ceiling_rates,
+    fitted_paths,
+    line_rate,
+    path_fit,
+    primary_path,
+)
 from xstage_bench.model.laws import BYTES_PER_US_PER_GBPS as GBPS_TO_BYTES_PER_US
+
+paths = fitted_paths  # every store path the model fits, the top level's first
+for_path = path_fit  # one path's fit, in the shape of a one-path model
+path_of = primary_path  # the path a (one-path) fit describes
+
+
+def path_label(path: str) -> str:
+    """'host memory' etc.: how a path's far end is named in figures and tables."""
+    return storepath.far_end(path)
 
 
 def param(model: dict, name: str) -> float | None:
@@ -64,13 +90,41 @@ def fitted_to_aligned(model: dict) -> bool:
     return (model.get("fit_set") or {}).get("periodic") == "aligned"
 
 
-def peer_ceilings(model: dict) -> dict[str, float]:
-    """Horizontal references for rates (GB/s): the run's peer ceilings and the line rate."""
-    ceilings = model.get("ceilings") or {}
+CEILING_NAME = {"sm_store": "sm-store", "copy_engine": "copy-engine"}
+LINE_NAME = {
+    storepath.PEER: "NVLink line rate (spec)",
+    storepath.HOST: "host link line rate (spec)",
+}
+
+
+def ceilings(model: dict) -> dict[str, float]:
+    """Horizontal references for rates (GB/s): the ceilings of the fit's path measured in
+    the same run, and the path's line rate; labelled with the path's far end."""
+    block = model.get("ceilings") or {}
+    path = block.get("path", path_of(model))
+    where = "peer" if path == storepath.PEER else path_label(path)
     refs = {
-        f"{method.replace('_', '-')} peer ceiling": float(v)
-        for method, v in (ceilings.get("peer_GBps") or {}).items()
+        f"{CEILING_NAME.get(method, method)} {where} ceiling": float(v)
+        for method, v in ceiling_rates(block, path).items()
     }
-    if ceilings.get("nvlink_line_rate_GBps"):
-        refs["NVLink line rate (spec)"] = float(ceilings["nvlink_line_rate_GBps"])
+    line = line_rate(block, path)
+    if line:
+        refs[LINE_NAME[path]] = line
     return refs
+
+
+PROFILE_KEYS = {  # hardware-profile key -> the fitted parameter it takes
+    "t0_fixed_us": "t0_fixed_us",
+    "issue_rate_per_sm_GBps": "issue_rate_per_sm_GBps",
+    "drain_rate_GBps": "R_GBps",
+    "capacity_bytes": "Q_bytes",
+}
+
+
+def path_profile(profile: HardwareProfile, model: dict, path: str) -> HardwareProfile:
+    """`profile` (e.g. the dataset's refit model/profile.yaml, which is the top level's
+    path) with T0, R and Q of `path`'s fit where that fit has them."""
+    fit = for_path(model, path)
+    values = {key: param(fit, name) for key, name in PROFILE_KEYS.items()}
+    name = profile.name if path == path_of(model) else f"{profile.name}, {path} path"
+    return replace(profile, name=name, **{k: v for k, v in values.items() if v is not None})

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from xstage_bench import storepath
 from xstage_bench.analysis.load import NoDataError
 
 
@@ -19,11 +20,14 @@ def records_frame(doc: dict) -> pd.DataFrame:
     """One row per record: point columns, status, and median/ci_low/ci_high per metric.
 
     Metric columns are '<metric>_median', '<metric>_ci_low', '<metric>_ci_high'; scalar
-    extras become 'extra_<key>'. Failed records keep their point columns and status.
+    extras become 'extra_<key>'. Failed records keep their point columns and status. Every
+    row has its store path ('path': peer, host or local; records older than paths are the
+    peer path's, storepath.point_path).
     """
     rows = []
     for record in doc["records"]:
         row = {k: v for k, v in record["point"].items() if k != "id" and is_scalar(v)}
+        row["path"] = storepath.point_path(record["point"])
         row.update(
             id=record["id"],
             status=record["status"],
@@ -82,3 +86,9 @@ def failure_note(df: pd.DataFrame, action: str = "not plotted") -> str | None:
         if throttled:
             parts.append(f"{throttled} point(s) flagged throttled")
     return "; ".join(parts) or None
+
+
+def remote_paths(df: pd.DataFrame) -> list[str]:
+    """The store paths (peer, host) that rows of `df` measured, in storepath.PATHS order."""
+    present = set(df["path"]) if "path" in df.columns else set()
+    return [p for p in storepath.PATHS if p in present]

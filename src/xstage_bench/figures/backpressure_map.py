@@ -6,7 +6,8 @@ gap_sweep; the title names the study. T0 is the fitted backpressure-free issue t
 each (K, V). Per K, the measured overhead sits beside the model's (the steady-train issue
 time with the fitted T0, R and the K's Q), on one colour scale; the white curve is the
 hiding gap G* = [V/R - T0]+, right of which the periodic law expects no overhead (only an
-isolated burst's stall beyond Q). Peer stores only.
+isolated burst's stall beyond Q). One pair of rows per store path (peer GPU, host memory)
+and K, each with its path's fit; the local control is not drawn.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
+from xstage_bench import storepath
 from xstage_bench.analysis import fitted, frames, labels, load
 from xstage_bench.figures import common
 from xstage_bench.model.laws import hiding_gap, issue_time, train_issue_time
@@ -63,7 +65,10 @@ def _annotate(ax, columns: np.ndarray, sizes: np.ndarray, cells: np.ndarray, nor
         for j, x in enumerate(columns):
             if np.isfinite(cells[i, j]):
                 color = "k" if norm(cells[i, j]) > 0.6 else "w"
-                label = f"{cells[i, j]:.1f}".replace("-0.0", "0.0")
+                value = cells[i, j]  # three digits at most: a cell is narrow
+                label = (f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}").replace(
+                    "-0.0", "0.0"
+                )
                 ax.text(x, V, label, ha="center", va="center", fontsize=CELL_FONT, color=color)
 
 
@@ -72,39 +77,52 @@ def plot(dataset_dir: Path) -> Figure:
     model = load.model_doc(dataset_dir)
     df = frames.records_frame(doc)
     ok = frames.ok_rows(df, dataset_dir, f"microbench/{study}.json", (METRIC,))
-    ok = ok[ok["dest"] == "peer"]
-    if ok.empty:
+    paths = frames.remote_paths(ok)
+    if not paths:
         raise load.NoDataError(
-            f"dataset '{dataset_dir.name}': microbench/{study}.json has no ok peer record"
+            f"dataset '{dataset_dir.name}': microbench/{study}.json has no ok peer or host record"
         )
-    if fitted.t0_us(model, 1, 1.0) is None:
+    # The overhead needs the path's fitted T0: a path without one is left out and named.
+    fits, unfitted = {}, []
+    for path in paths:
+        fit = fitted.for_path(model, path) if path in fitted.paths(model) else None
+        if fit is None or fitted.t0_us(fit, 1, 1.0) is None:
+            unfitted.append(path)
+        else:
+            fits[path] = fit
+    if not fits:
         raise load.NoDataError(
-            f"dataset '{dataset_dir.name}': {dataset_dir / 'model/burst_gap.json'} has no fitted "
-            "T0 (t0_fixed_us, issue_rate_per_sm_GBps), needed for the overhead"
+            f"dataset '{dataset_dir.name}': {dataset_dir / 'model/burst_gap.json'} has no "
+            f"fitted T0 (t0_fixed_us, issue_rate_per_sm_GBps) for the {', '.join(unfitted)} "
+            "path, needed for the overhead"
         )
-    R = fitted.drain_rate(model)
-    Ks = sorted(int(k) for k in ok["K"].unique())
     sync = "barrier" if study == "gap_sweep_barrier" else "free"
 
     grids = {}
-    for K in Ks:
-        rows = ok[ok["K"] == K].copy()
-        rows["overhead"] = rows[f"{METRIC}_median"] - fitted.t0_us(model, K, rows["V"])
-        grid = rows.pivot_table(index="V", columns="gap_us", values="overhead", aggfunc="first")
-        sizes, gaps = grid.index.to_numpy(float), grid.columns.to_numpy(float)
-        grids[K] = (sizes, gaps, grid.to_numpy(float), _predicted(model, K, sizes, gaps))
+    for path in fits:
+        fit = fits[path]
+        mine = ok[ok["path"] == path]
+        for K in sorted(int(k) for k in mine["K"].unique()):
+            rows = mine[mine["K"] == K].copy()
+            rows["overhead"] = rows[f"{METRIC}_median"] - fitted.t0_us(fit, K, rows["V"])
+            grid = rows.pivot_table(index="V", columns="gap_us", values="overhead", aggfunc="first")
+            sizes, gaps = grid.index.to_numpy(float), grid.columns.to_numpy(float)
+            grids[path, K] = (sizes, gaps, grid.to_numpy(float), _predicted(fit, K, sizes, gaps))
     values = [g[2] for g in grids.values()] + [g[3] for g in grids.values() if g[3] is not None]
     # A square-root scale, so that sub-microsecond overheads stay visible beside stalls of
     # tens of microseconds; overheads below zero (issue faster than the fitted T0) clip to 0.
     norm = PowerNorm(0.5, vmin=0.0, vmax=max(float(np.nanmax(v)) for v in values), clip=True)
 
-    # Measured above model, one pair of rows per K: wide panels, so every cell's number
-    # has room at a readable size.
+    # Measured above model, one pair of rows per (path, K): wide panels, so every cell's
+    # number has room at a readable size.
     fig, axes = common.new_figure(
-        2 * len(Ks), 1, width=10.5, height=2.2 + 0.35 * max(len(g[0]) for g in grids.values())
+        2 * len(grids), 1, width=10.5, height=2.2 + 0.35 * max(len(g[0]) for g in grids.values())
     )
-    for row_axes, K in zip(axes.reshape(len(Ks), 2), Ks, strict=True):
-        sizes, gaps, measured, predicted = grids[K]
+    no_R = []
+    for row_axes, (path, K) in zip(axes.reshape(len(grids), 2), grids, strict=True):
+        fit, far = fits[path], storepath.far_end(path)
+        R = fitted.drain_rate(fit)
+        sizes, gaps, measured, predicted = grids[path, K]
         # Gaps are swept unevenly (dense near 0), so each gap gets a column of equal width.
         columns = np.arange(gaps.size, dtype=float)
         panels = (("measured", measured), ("model: steady-train law", predicted))
@@ -112,7 +130,8 @@ def plot(dataset_dir: Path) -> Figure:
             if cells is None:
                 ax.set_axis_off()
                 ax.set_title(
-                    f"K={K}, {what}: omitted, R was not fitted", fontsize=common.PANEL_TITLE_FONT
+                    f"{far}, K={K}, {what}: omitted, R was not fitted",
+                    fontsize=common.PANEL_TITLE_FONT,
                 )
                 continue
             mesh = ax.pcolormesh(
@@ -126,7 +145,7 @@ def plot(dataset_dir: Path) -> Figure:
             _annotate(ax, columns, sizes, cells, norm)
             if R is not None:
                 V = np.geomspace(sizes.min(), sizes.max(), 200)
-                gstar = hiding_gap(T0=fitted.t0_us(model, K, V), V=V, R=R)
+                gstar = hiding_gap(T0=fitted.t0_us(fit, K, V), V=V, R=R)
                 inside = gstar <= gaps.max()
                 ax.plot(
                     np.interp(gstar[inside], gaps, columns),
@@ -139,17 +158,23 @@ def plot(dataset_dir: Path) -> Figure:
             common.byte_ticks(ax.yaxis, sizes)
             ax.set_xlabel("gap G (us), one column per measured gap")
             ax.set_ylabel("burst size V")
-            ax.set_title(f"K={K}, {what}", fontsize=common.PANEL_TITLE_FONT)
+            ax.set_title(f"{far}, K={K}, {what}", fontsize=common.PANEL_TITLE_FONT)
             fig.colorbar(mesh, ax=ax, label="t_iss - T0 (us)", fraction=0.04, pad=0.01)
+        if R is None:
+            no_R.append(far)
     notes = [
         f"{study}: {labels.SYNC_LABEL[sync]}"
         + ("" if sync == "barrier" else " (this dataset has no gap_sweep_barrier)"),
-        "T_iss = slowest producer's own store loop; T0, R, Q from model/burst_gap.json; "
-        "white curve: the hiding gap G* = [V/R - T0]+; blank cells: no ok measurement",
+        "T_iss = slowest producer's own store loop; T0, R, Q (each path's own) from "
+        "model/burst_gap.json; white curve: the hiding gap G* = [V/R - T0]+; blank cells: "
+        "no ok measurement",
         frames.failure_note(df),
     ]
-    if R is None:
-        notes.append("G* curve and model panel omitted: R was not fitted")
+    if unfitted:
+        omitted = ", ".join(storepath.far_end(p) for p in unfitted)
+        notes.append(f"{omitted} omitted: the model file has no fitted T0 for it")
+    if no_R:
+        notes.append(f"G* curve and model panel omitted for {', '.join(no_R)}: R was not fitted")
     return common.finish_figure(
         fig,
         f"Issue overhead over burst size and gap ({study})",

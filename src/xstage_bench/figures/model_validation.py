@@ -5,7 +5,9 @@ relative residual per study and sync mode, one panel per metric (the issue time
 t_iss_slowest and, for periodic records, the period), so a systematic miss (one study,
 one regime) is visible rather than averaged away. Colours tell apart the records the
 laws were fitted to, the held-out ones, and those validated apart and never fitted:
-free-running producers and drain probes. Model checks are listed under the figure.
+free-running producers and drain probes. One row of panels per store path the model
+fits (peer GPU, host memory), each with that path's validation; the model checks of every
+path are listed under the figure.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from xstage_bench import layout
+from xstage_bench import layout, storepath
 from xstage_bench.analysis import fitted, labels, load
 from xstage_bench.figures import common
 
@@ -64,7 +66,7 @@ def _check_notes(checks: dict) -> list[str]:
     return notes
 
 
-def _scatter(ax, val: pd.DataFrame) -> None:
+def _scatter(ax, val: pd.DataFrame, far: str) -> None:
     for category, (color, size) in CATEGORIES.items():
         for metric, marker in METRIC_MARKER.items():
             rows = val[(val["category"] == category) & (val["metric"] == metric)]
@@ -90,15 +92,15 @@ def _scatter(ax, val: pd.DataFrame) -> None:
     common.plain_log_ticks(ax.yaxis)
     ax.set_xlabel("measured (us)")
     ax.set_ylabel("predicted (us)")
-    ax.set_title("predicted vs measured\n(band: +-10%)", fontsize=common.PANEL_TITLE_FONT)
+    ax.set_title(f"{far}: predicted vs measured\n(band: +-10%)", fontsize=common.PANEL_TITLE_FONT)
 
 
-def _residuals(ax, val: pd.DataFrame, metric: str) -> None:
+def _residuals(ax, val: pd.DataFrame, metric: str, far: str) -> None:
     rows = val[val["metric"] == metric]
     if rows.empty:
         ax.set_axis_off()
         ax.set_title(
-            f"{METRIC_NAME.get(metric, metric)}: no validated record",
+            f"{far}: {METRIC_NAME.get(metric, metric)}: no validated record",
             fontsize=common.PANEL_TITLE_FONT,
         )
         return
@@ -137,21 +139,17 @@ def _residuals(ax, val: pd.DataFrame, metric: str) -> None:
     for label in ax.get_xticklabels():
         label.set(rotation=40, ha="right", rotation_mode="anchor")
     ax.set_title(
-        f"{METRIC_NAME.get(metric, metric)}: error per study and sync\n"
+        f"{far}: {METRIC_NAME.get(metric, metric)}: error per study and sync\n"
         f"(green: within {TARGET:.0%})",
         fontsize=common.PANEL_TITLE_FONT,
     )
 
 
-def plot(dataset_dir: Path) -> Figure:
-    model = load.model_doc(dataset_dir)
-    summary = model["validation_summary"]
+def _validation(model: dict) -> pd.DataFrame:
+    """One path's validated rows with their category, group and predicted/measured ratio."""
     val = pd.DataFrame(model["validation"])
     if val.empty:
-        reason = summary.get("reason", "no reason given")
-        raise load.NoDataError(
-            f"dataset '{dataset_dir.name}': {layout.MODEL_JSON} has no validation points ({reason})"
-        )
+        return val
     val = val[val["measured_us"].notna() & val["predicted_us"].notna()].copy()
     if "metric" not in val.columns:
         val["metric"] = "t_iss_slowest_us"
@@ -160,37 +158,67 @@ def plot(dataset_dir: Path) -> Figure:
     val["sync_mode"] = sync.fillna("")
     val["group"] = val["study"] + ", " + val["sync_mode"]
     val["ratio"] = val["predicted_us"] / val["measured_us"]
-    val = val[val["ratio"] > 0]
-    metrics = [m for m in METRIC_MARKER if (val["metric"] == m).any()]
+    return val[val["ratio"] > 0]
 
-    fig, axes = common.new_figure(1, 1 + len(metrics), width=5.0, height=5.4)
-    _scatter(axes[0, 0], val)
-    for ax, metric in zip(axes[0, 1:], metrics, strict=True):
-        _residuals(ax, val, metric)
 
-    handles = [
-        Line2D([], [], color=color, marker="o", linestyle="none", label=category)
-        for category, (color, _) in CATEGORIES.items()
-        if (val["category"] == category).any()
-    ]
-    handles += [
-        Line2D([], [], color="0.3", marker=marker, linestyle="none", label=METRIC_NAME[m])
-        for m, marker in METRIC_MARKER.items()
-        if m in metrics
-    ]
-    notes = [f"fit set, held out (shared Q): {_errors_text(summary)}"]
+def _path_notes(model: dict, prefix: str) -> list[str]:
+    summary = model["validation_summary"]
+    notes = [f"{prefix}fit set, held out (shared Q): {_errors_text(summary)}"]
     by_metric = model.get("validation_by_metric") or {}
     if by_metric:
         notes[0] += "; " + "; ".join(f"{m}: {_errors_text(s)}" for m, s in by_metric.items())
     window = (model.get("variants") or {}).get(fitted.WINDOW_VARIANT)
     if window:
         notes.append(
-            f"per-producer window variant, held out: {_errors_text(window['validation_summary'])}"
+            f"{prefix}per-producer window variant, held out: "
+            f"{_errors_text(window['validation_summary'])}"
         )
     free = model.get("validation_summary_free")
     if free and free.get("n"):
-        notes.append(f"free-running records (never fitted): {_errors_text(free)}")
-    notes += _check_notes(model["checks"])
+        notes.append(f"{prefix}free-running records (never fitted): {_errors_text(free)}")
+    return notes + [prefix + note for note in _check_notes(model["checks"])]
+
+
+def plot(dataset_dir: Path) -> Figure:
+    model = load.model_doc(dataset_dir)
+    paths = fitted.paths(model)
+    fits = {path: fitted.for_path(model, path) for path in paths}
+    vals = {path: _validation(fit) for path, fit in fits.items()}
+    drawn = [path for path in paths if not vals[path].empty]
+    if not drawn:
+        reason = "; ".join(
+            f"{path}: {fits[path]['validation_summary'].get('reason', 'no reason given')}"
+            for path in paths
+        )
+        raise load.NoDataError(
+            f"dataset '{dataset_dir.name}': {layout.MODEL_JSON} has no validation points ({reason})"
+        )
+    metrics = [m for m in METRIC_MARKER if any((vals[p]["metric"] == m).any() for p in drawn)]
+
+    fig, axes = common.new_figure(len(drawn), 1 + len(metrics), width=5.0, height=5.4)
+    for row_axes, path in zip(axes, drawn, strict=True):
+        far = storepath.far_end(path)
+        _scatter(row_axes[0], vals[path], far)
+        for ax, metric in zip(row_axes[1:], metrics, strict=True):
+            _residuals(ax, vals[path], metric, far)
+
+    every = pd.concat([vals[p] for p in drawn])
+    handles = [
+        Line2D([], [], color=color, marker="o", linestyle="none", label=category)
+        for category, (color, _) in CATEGORIES.items()
+        if (every["category"] == category).any()
+    ]
+    handles += [
+        Line2D([], [], color="0.3", marker=marker, linestyle="none", label=METRIC_NAME[m])
+        for m, marker in METRIC_MARKER.items()
+        if m in metrics
+    ]
+    notes = []
+    for path in paths:
+        prefix = f"{storepath.far_end(path)}: " if len(paths) > 1 else ""
+        notes += _path_notes(fits[path], prefix)
+        if path not in drawn:
+            notes.append(f"{prefix}no validation points, no panels")
     return common.finish_figure(
         fig,
         "Burst-Gap model: predicted vs measured",

@@ -1,10 +1,15 @@
 """Launch the remote-store kernels of kernels/microbench/burst.cu and read their stamps back.
 
 Two halves. The pure half (no GPU, tested on CPU): a grid point becomes a `TrainPlan`;
-kernel arguments are packed from a table that mirrors the kernels' C signatures; the
-pattern a launch must leave in a destination buffer is recomputed on the host; per-CTA
-%globaltimer stamps become the data contract's sample metrics. The GPU half, `BurstBench`,
-owns the CuPy module, the buffers and the peer mappings, and runs one launch at a time.
+which buffers a destination is made of (`destination_specs`: a peer GPU's, pinned host
+memory, or the sender's own for the local control); kernel arguments are packed from a
+table that mirrors the kernels' C signatures; the pattern a launch must leave in a
+destination buffer is recomputed on the host; per-CTA %globaltimer stamps become the data
+contract's sample metrics. The GPU half is bench.BurstBench.
+
+The kernels take every destination as a 64-bit address, so the host path needs no kernel
+of its own: pinned, mapped host memory (storepath.PinnedHostBuffer) is a valid device
+address under unified addressing, and the same stores go over the GPU's host link.
 
 Stamps are nanoseconds on the sending GPU's %globaltimer (32 ns resolution on H200);
 metrics are microseconds.
@@ -13,9 +18,8 @@ metrics are microseconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -24,12 +28,21 @@ ROTATE_BYTES = 256 << 20  # destination buffer; "rotate" walks it (> 4x the 60 M
 CEILING_GRID_PER_SM = 2  # bulk_store CTAs per SM for the SM-store ceiling
 TIMEOUT_NS = 1_000_000_000  # every in-kernel wait gives up after 1 s and sets the error flag
 ISOLATED_MIN_IDLE_US = 200.0
-ISOLATED_IDLE_RATE_GBps = 300.0  # idle >= 3 V at this rate, well under the path's ~365 GB/s
+# The idle before an isolated burst drains 3 V at a rate below the path's own, so the burst
+# meets an empty path: peer ~365 GB/s (NVLink4), host ~52 GB/s (PCIe Gen5 x16, SM stores).
+# The local control keeps the peer's idle (its path drains at TB/s).
+ISOLATED_IDLE_RATE_GBps = {"peer": 300.0, "host": 40.0, "local": 300.0}
 POISON_WORD = 0xFFFFFFFF  # destinations are filled with 0xFF bytes before the checked launch
 GUARD_BYTES = 64 << 10  # bytes past a launch's footprint that must still hold the poison
 MIX = 0x9E3779B1  # burst.cu: mix(tag) = tag * MIX (mod 2^32)
-GAP_CALIBRATION_ITERS = (0, 2000, 8000, 16000)  # up to ~80 us of FMA loop on H200
+# FMA-loop iterations the gap is calibrated at: up to ~640 us on H200 at K <= 132 (about
+# 5 ns per iteration), past the longest configured gap (500 us, beyond V/R of a 16 MiB burst
+# on the host path), so gaps are interpolated, not extrapolated.
+GAP_CALIBRATION_ITERS = (0, 2000, 8000, 32000, 128000)
 GAP_CALIBRATION_BURSTS = 8
+GAP_LINEARITY_TOLERANCE = 0.05  # calibrated gaps of >= 5 us must sit within 5% of the line
+GAP_LINEARITY_FLOOR_NS = 5000.0
+GAP_EXTRAPOLATION = 1.25  # a gap may exceed the longest calibrated one by at most 25%
 
 # burst.cu error bits (ERR_*); any of them fails the point with status "timeout".
 ERROR_BITS = {
@@ -39,6 +52,7 @@ ERROR_BITS = {
     8: "kernel rejected a launch argument",
 }
 GAP_MODES = {"compute": 0, "timer": 1}
+DESTS = ("peer", "host", "local")  # a point's dest: the two store paths and the local control
 SYNC_MODES = {"free": 0, "barrier": 1}
 WIDTHS = (4, 8, 16)
 
@@ -157,8 +171,8 @@ class TrainPlan:
     K: int
     B: int
     width: int
-    dest: str  # peer | local
-    n_dst: int  # destination buffers (peers; the local control mimics them with local ones)
+    dest: str  # peer | host | local
+    n_dst: int  # destination buffers: peers, host buffers, or local ones mimicking them
     n_slots: int  # 1: rewrite the same lines; > 1: rotate through the buffer
     slot_stride: int
     n_bursts: int
@@ -176,9 +190,28 @@ class TrainPlan:
         return asdict(self)
 
 
-def isolated_idle_us(V: int) -> float:
+def isolated_idle_us(V: int, dest: str = "peer") -> float:
     """Idle before an isolated burst: long enough to drain V at a rate below the path's."""
-    return max(ISOLATED_MIN_IDLE_US, 3.0 * V / (ISOLATED_IDLE_RATE_GBps * 1e3))
+    return max(ISOLATED_MIN_IDLE_US, 3.0 * V / (ISOLATED_IDLE_RATE_GBps[dest] * 1e3))
+
+
+def isolated_idle_rule(dest: str) -> str:
+    """The idle as the raw config records it."""
+    return f"max({ISOLATED_MIN_IDLE_US:g}, 3 V / {ISOLATED_IDLE_RATE_GBps[dest]:g} GB/s) us"
+
+
+def require_peer_gpus(peers: int, world_size: int) -> None:
+    """PointUnsupported where a peer destination needs more GPUs than this run has."""
+    if world_size < 2:
+        raise PointUnsupported(
+            f"dest 'peer' stores into another GPU's memory, but this run has world_size="
+            f"{world_size} (no peer GPU); one GPU measures the host path (dest 'host')"
+        )
+    if peers > world_size - 1:
+        raise PointUnsupported(
+            f"peers={peers} needs {peers + 1} GPUs, but this run has world_size={world_size} "
+            f"({world_size - 1} peer(s))"
+        )
 
 
 def plan_train(
@@ -194,13 +227,10 @@ def plan_train(
     if kind not in ("periodic", "isolated"):
         raise ValueError(f"point {point['id']}: kind {kind!r} is not a burst train")
     peers, dest, width = int(point["peers"]), point["dest"], int(point["width"])
-    if dest not in ("peer", "local"):
-        raise PointUnsupported(f"dest must be 'peer' or 'local', got {dest!r}")
-    if dest == "peer" and peers > world_size - 1:
-        raise PointUnsupported(
-            f"peers={peers} needs {peers + 1} GPUs, but this run has world_size={world_size} "
-            f"({world_size - 1} peer(s))"
-        )
+    if dest not in DESTS:
+        raise PointUnsupported(f"dest must be one of {DESTS}, got {dest!r}")
+    if dest == "peer":
+        require_peer_gpus(peers, world_size)
     if peers < 1:
         raise PointUnsupported(f"peers must be >= 1, got {peers}")
     if width not in WIDTHS:
@@ -246,7 +276,7 @@ def plan_train(
         sync=point["sync"],
         gap_mode=point["gap_mode"],
         gap_us=float(point["gap_us"]),
-        idle_us=isolated_idle_us(K * B) if kind == "isolated" else 0.0,
+        idle_us=isolated_idle_us(K * B, dest) if kind == "isolated" else 0.0,
     )
 
 
@@ -306,6 +336,75 @@ def compare_words(got: np.ndarray, expected: np.ndarray, label: str) -> str | No
         f"{label}: {bad.size} of {expected.size} words wrong; first at byte {4 * i}: "
         f"got {int(got[i]):#010x}{never}, expected {int(expected[i]):#010x}"
     )
+
+
+def pattern_mismatches(
+    words: np.ndarray, tag: int, *, first_word: int = 0, chunk_words: int = 1 << 22
+) -> tuple[int, int | None]:
+    """(words that differ from mix(tag) ^ word_index, the first such index) over a uint32
+    array whose element 0 is word `first_word` of the buffer.
+
+    Checked chunk by chunk, so a 512 MiB host destination (the ceilings) costs 16 MiB of
+    scratch memory, not a second 512 MiB image.
+    """
+    m = np.uint32(mix(tag))
+    bad, first = 0, None
+    for lo in range(0, words.size, chunk_words):
+        chunk = words[lo : lo + chunk_words]
+        want = np.arange(first_word + lo, first_word + lo + chunk.size, dtype=np.uint32) ^ m
+        wrong = np.flatnonzero(chunk != want)
+        if wrong.size and first is None:
+            first = lo + int(wrong[0])
+        bad += int(wrong.size)
+    return bad, first
+
+
+# --- destinations -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DestinationSpec:
+    """One destination buffer of a launch: where it lives and its cache key."""
+
+    device: int | None  # the GPU whose memory holds it; None: pinned host memory
+    role: str  # what it is for, so that uses never share a buffer
+    index: int
+
+    @property
+    def on_host(self) -> bool:
+        return self.device is None
+
+    def label(self, dest: str, d: int) -> str:
+        where = "host memory" if self.on_host else f"GPU {self.device}"
+        return f"{dest} destination {d} ({where})"
+
+
+def destination_specs(
+    dest: str, n_dst: int, sender: int, peers: Sequence[int]
+) -> list[DestinationSpec]:
+    """The buffers a launch with `n_dst` destinations stores into: destination d is peer
+    d's buffer (peer), host buffer d (host: one pinned buffer per destination index, as
+    many far ends as peers), or local buffer d on the sender (the local control)."""
+    if dest == "peer":
+        if n_dst > len(peers):
+            if not peers:
+                raise PointUnsupported(
+                    "dest 'peer' needs a peer GPU, and this run has only the sender "
+                    f"(GPU {sender}); one GPU measures the host path"
+                )
+            raise PointUnsupported(f"{n_dst} peers requested, {len(peers)} available")
+        return [DestinationSpec(peers[d], "dest", 0) for d in range(n_dst)]
+    if dest == "host":
+        return [DestinationSpec(None, "host_dest", d) for d in range(n_dst)]
+    if dest == "local":
+        return [DestinationSpec(sender, "local", d) for d in range(n_dst)]
+    raise PointUnsupported(f"dest must be one of {DESTS}, got {dest!r}")
+
+
+def ceiling_spec(dest: str, sender: int, peers: Sequence[int]) -> DestinationSpec:
+    """The destination of a ceiling: the first peer's memory, host memory or the sender's."""
+    spec = destination_specs(dest, 1, sender, peers)[0]
+    return DestinationSpec(spec.device, "ceiling_dst", 0)
 
 
 # --- stamps -> samples ------------------------------------------------------------------
@@ -406,416 +505,48 @@ def stamps_extra(start: np.ndarray, end: np.ndarray) -> dict:
 
 
 def fit_gap_calibration(iters: Sequence[int], ns: Sequence[float]) -> dict:
-    """Least-squares ns = fixed + per_iter * iters; a non-increasing fit is an error."""
-    per_iter, fixed = np.polyfit(np.asarray(iters, float), np.asarray(ns, float), 1)
+    """Least-squares ns = fixed + per_iter * iters.
+
+    A non-increasing fit is an error, and so is one that is not a line: every calibrated
+    gap of GAP_LINEARITY_FLOOR_NS or more must sit within GAP_LINEARITY_TOLERANCE of it
+    (the gaps of a sweep are read off this line, up to hundreds of microseconds).
+    """
+    x, y = np.asarray(iters, float), np.asarray(ns, float)
+    per_iter, fixed = np.polyfit(x, y, 1)
     if per_iter <= 0:
         raise MicrobenchError(f"gap calibration is not increasing in iterations: {list(ns)} ns")
+    long = y >= GAP_LINEARITY_FLOOR_NS
+    residual = np.abs(fixed + per_iter * x - y)[long] / y[long]
+    worst = float(residual.max()) if residual.size else 0.0
+    if worst > GAP_LINEARITY_TOLERANCE:
+        raise MicrobenchError(
+            f"gap calibration is not linear in iterations: a calibrated gap is {worst:.1%} "
+            f"off the fitted line (tolerance {GAP_LINEARITY_TOLERANCE:.0%}); "
+            f"iters {list(map(int, iters))}, ns {list(ns)}"
+        )
     return {
         "ns_per_iter": float(per_iter),
         "fixed_ns": float(fixed),
         "iters": [int(i) for i in iters],
-        "ns": [float(x) for x in ns],
+        "ns": [float(v) for v in ns],
+        "max_rel_residual": worst,
+        "longest_calibrated_us": float(y.max()) / 1e3,
     }
 
 
 def gap_iterations(calibration: Mapping, gap_us: float) -> int:
-    """FMA iterations whose calibrated duration is closest to gap_us (0 for no gap)."""
+    """FMA iterations whose calibrated duration is closest to gap_us (0 for no gap).
+
+    A gap beyond GAP_EXTRAPOLATION times the longest calibrated one is refused: the line is
+    known only where it was measured.
+    """
     if gap_us <= 0:
         return 0
+    longest = calibration.get("longest_calibrated_us", max(calibration["ns"]) / 1e3)
+    if gap_us > GAP_EXTRAPOLATION * longest:
+        raise PointUnsupported(
+            f"gap {gap_us:g} us is beyond the calibrated compute gaps (longest {longest:.0f} "
+            f"us; GAP_CALIBRATION_ITERS in microbench/launch.py reaches it)"
+        )
     iters = (gap_us * 1e3 - calibration["fixed_ns"]) / calibration["ns_per_iter"]
     return max(0, round(iters))
-
-
-# --- the GPU side -----------------------------------------------------------------------
-
-
-def _cupy():
-    try:
-        import cupy
-    except ImportError:
-        raise MicrobenchError("the microbenchmarks need CuPy (pip install cupy-cuda13x)") from None
-    return cupy
-
-
-class BurstBench:
-    """The loaded kernels, their buffers and peer mappings, for one sender GPU.
-
-    gpu_ids[0] sends; gpu_ids[1:] are its peers (destination d lives on gpu_ids[1 + d]).
-    The local control writes buffers on the sender with everything else identical.
-    """
-
-    def __init__(
-        self,
-        cubin: str | Path,
-        gpu_ids: Sequence[int],
-        *,
-        threads: int = THREADS,
-        buffer_bytes: int = ROTATE_BYTES,
-        timeout_ns: int = TIMEOUT_NS,
-    ):
-        cp = self.cp = _cupy()
-        if len(gpu_ids) < 2:
-            raise MicrobenchError(f"need at least 2 GPUs (a sender and a peer), got {gpu_ids}")
-        cubin = Path(cubin)
-        if not cubin.is_file():
-            raise MicrobenchError(f"cubin not found: {cubin} (build it with build.build_cubin)")
-        self.gpu_ids = list(gpu_ids)
-        self.sender, self.peers = self.gpu_ids[0], self.gpu_ids[1:]
-        self.threads, self.buffer_bytes, self.timeout_ns = threads, buffer_bytes, timeout_ns
-        self._enable_peer_access()
-        module = cp.RawModule(path=str(cubin))
-        self.kernels = {name: module.get_function(name) for name in KERNEL_PARAMS}
-        self.sm_count = cp.cuda.runtime.getDeviceProperties(self.sender)["multiProcessorCount"]
-        self._buffers: dict[tuple[int, str, int], object] = {}
-        self._calibrations: dict[int, dict] = {}
-        with cp.cuda.Device(self.sender):
-            self.counter = cp.zeros(1, cp.uint32)
-            self.err = cp.zeros(1, cp.uint32)
-            self.sink = cp.zeros(1, cp.float32)
-            self.ack = cp.zeros(1, cp.uint32)
-
-    def _enable_peer_access(self) -> None:
-        cp = self.cp
-        for a in self.gpu_ids:
-            for b in self.gpu_ids:
-                if a == b:
-                    continue
-                if not cp.cuda.runtime.deviceCanAccessPeer(a, b):
-                    raise MicrobenchError(f"GPU {a} cannot reach GPU {b}'s memory (no peer access)")
-                with cp.cuda.Device(a):
-                    try:
-                        cp.cuda.runtime.deviceEnablePeerAccess(b)
-                    except cp.cuda.runtime.CUDARuntimeError as e:
-                        if "AlreadyEnabled" not in str(e):
-                            raise
-
-    def _sync_all(self) -> None:
-        for g in self.gpu_ids:
-            self.cp.cuda.Device(g).synchronize()
-
-    def _check(self, err, label: str) -> None:
-        flags = int(err.get()[0])
-        if flags:
-            raise KernelTimeout(f"{label}: {describe_error(flags)}")
-
-    def buffer(self, device: int, role: str, index: int = 0, nbytes: int | None = None):
-        """A cached uint8 buffer on `device` (role names its use, so uses never share)."""
-        nbytes = nbytes or self.buffer_bytes
-        key = (device, role, index)
-        if key not in self._buffers:
-            with self.cp.cuda.Device(device):
-                self._buffers[key] = self.cp.empty(nbytes, self.cp.uint8)
-        buf = self._buffers[key]
-        if buf.nbytes < nbytes:
-            raise ValueError(f"buffer {key} holds {buf.nbytes} bytes, {nbytes} requested")
-        return buf
-
-    def destinations(self, dest: str, n_dst: int) -> list[tuple[int, object]]:
-        """(device, buffer) per destination: peers' buffers, or local buffers mimicking them."""
-        if dest == "peer":
-            if n_dst > len(self.peers):
-                raise PointUnsupported(f"{n_dst} peers requested, {len(self.peers)} available")
-            return [(self.peers[d], self.buffer(self.peers[d], "dest")) for d in range(n_dst)]
-        return [(self.sender, self.buffer(self.sender, "local", d)) for d in range(n_dst)]
-
-    def max_coresident(self, kernel: str, shared_bytes: int) -> int:
-        """How many CTAs of `kernel` can be resident at once on the sender (occupancy API)."""
-        cp = self.cp
-        with cp.cuda.Device(self.sender):
-            func = self.kernels[kernel].kernel.ptr
-            per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                func, self.threads, shared_bytes
-            )
-        return per_sm * self.sm_count
-
-    def require_coresident(self, kernel: str, K: int, shared_bytes: int) -> int:
-        limit = self.max_coresident(kernel, shared_bytes)
-        if K > limit:
-            raise PointUnsupported(
-                f"K={K} producers cannot all be resident at once (at most {limit} CTAs of "
-                f"{self.threads} threads on {self.sm_count} SMs): they would not form one burst"
-            )
-        return limit
-
-    # -- gap calibration --
-
-    def gap_calibration(self, K: int) -> dict:
-        """ns of compute gap per FMA-loop iteration, for K CTAs of `threads` (cached per K:
-        CTAs sharing an SM share its FMA pipes). Measured with burst_train itself, 16-byte
-        local bursts, as next start - own end: the gap exactly as the trains realize it."""
-        if K not in self._calibrations:
-            plan = TrainPlan(
-                kind="periodic",
-                K=K,
-                B=16,
-                width=16,
-                dest="local",
-                n_dst=1,
-                n_slots=1,
-                slot_stride=-(-K * 16 // 128) * 128,
-                n_bursts=GAP_CALIBRATION_BURSTS,
-                warmup=0,
-                sync="free",
-                gap_mode="compute",
-                gap_us=0.0,
-                idle_us=0.0,
-            )
-            ns = []
-            for iters in GAP_CALIBRATION_ITERS:
-                start, end = self.run_train(plan, tag_base=0, slot_base=0, gap_iters=iters)
-                ns.append(float(np.median(start[1:].astype(np.int64) - end[:-1])))
-            self._calibrations[K] = {
-                "K": K,
-                "threads": self.threads,
-                "method": "burst_train, 16-byte local bursts, median of next start - own end",
-                **fit_gap_calibration(GAP_CALIBRATION_ITERS, ns),
-            }
-        return self._calibrations[K]
-
-    # -- burst trains --
-
-    def run_train(self, plan: TrainPlan, *, tag_base: int, slot_base: int, gap_iters: int):
-        """One launch; returns (start, end) stamps, each [bursts, K] in ns."""
-        cp = self.cp
-        dests = self.destinations(plan.dest, plan.n_dst)
-        N, K = plan.n_bursts, plan.K
-        with cp.cuda.Device(self.sender):
-            dsts = cp.asarray([buf.data.ptr for _, buf in dests], dtype=cp.uint64)
-            stamps = cp.zeros(2 * N * K, cp.uint64)
-            self.counter.fill(0)
-            self.err.fill(0)
-            args = pack_args(
-                "burst_train",
-                {
-                    "dsts": dsts.data.ptr,
-                    "n_dst": plan.n_dst,
-                    "bytes_per_producer": plan.B,
-                    "slot_stride": plan.slot_stride,
-                    "n_slots": plan.n_slots,
-                    "slot_base": slot_base,
-                    "width": plan.width,
-                    "n_bursts": N,
-                    "tag_base": tag_base,
-                    "gap_mode": GAP_MODES[plan.gap_mode],
-                    "gap_iters": gap_iters,
-                    "gap_ns": round(plan.gap_us * 1e3),
-                    "idle_ns": round(plan.idle_us * 1e3),
-                    "sync": SYNC_MODES[plan.sync],
-                    "barrier_counter": self.counter.data.ptr,
-                    "timeout_ns": self.timeout_ns,
-                    "stamps": stamps.data.ptr,
-                    "err": self.err.data.ptr,
-                    "sink": self.sink.data.ptr,
-                },
-            )
-            self.kernels["burst_train"]((K,), (self.threads,), args, shared_mem=2 * N * 8)
-            self._sync_all()
-            self._check(self.err, "burst_train")
-            st = stamps.get().reshape(2, N, K)
-        check_stamps(st, "burst_train")
-        return st[0], st[1]
-
-    def _read_words(self, device: int, buf, nwords: int) -> np.ndarray:
-        with self.cp.cuda.Device(device):
-            return buf[: 4 * nwords].view(self.cp.uint32).get()
-
-    def _poison(self, dests) -> None:
-        for device, buf in dests:
-            with self.cp.cuda.Device(device):
-                buf.fill(0xFF)
-
-    def check_train(
-        self,
-        plan: TrainPlan,
-        *,
-        gap_iters: int,
-        tag_base: int,
-        kernel_tag_base: int | None = None,
-    ) -> str | None:
-        """Poison every destination, run one launch, and compare every destination with the
-        pattern it must hold; None when correct, else the first difference, named.
-        `kernel_tag_base` other than `tag_base` runs a deliberately wrong launch (faults)."""
-        dests = self.destinations(plan.dest, plan.n_dst)
-        self._poison(dests)
-        self._sync_all()
-        launched = tag_base if kernel_tag_base is None else kernel_tag_base
-        self.run_train(plan, tag_base=launched, slot_base=0, gap_iters=gap_iters)
-        last = last_burst_per_slot(plan.n_bursts, plan.n_slots, 0)
-        for d, (device, buf) in enumerate(dests):
-            want = expected_words(
-                producers=plan.producers_of(d),
-                B=plan.B,
-                slot_stride=plan.slot_stride,
-                last_burst=last,
-                tag_base=tag_base,
-                buffer_bytes=buf.nbytes,
-            )
-            wrong = compare_words(
-                self._read_words(device, buf, want.size),
-                want,
-                f"{plan.dest} destination {d} (GPU {device})",
-            )
-            if wrong:
-                return wrong
-        return None
-
-    # -- drain probe --
-
-    def run_probe(self, *, K: int, B: int, n_bursts: int, idle_us: float, tag_base: int):
-        """One drain-probe launch (sender and receiver); stamps [4, bursts, K] in ns."""
-        cp = self.cp
-        receiver = self.peers[0]
-        dest = self.buffer(receiver, "dest")
-        with cp.cuda.Device(receiver):
-            signal = self.buffer(receiver, "signal", nbytes=4096)[:4].view(cp.uint32)
-            recv_err = self.buffer(receiver, "recv_err", nbytes=4096)[:4].view(cp.uint32)
-            recv_ns = cp.zeros(n_bursts, cp.uint64)
-            signal.fill(0)
-            recv_err.fill(0)
-        with cp.cuda.Device(self.sender):
-            stamps = cp.zeros(4 * n_bursts * K, cp.uint64)
-            self.counter.fill(0)
-            self.err.fill(0)
-            self.ack.fill(0)
-        self._sync_all()
-        with cp.cuda.Device(receiver):
-            # Launched first, so it is polling before the sender's first signal.
-            self.kernels["drain_probe_recv"](
-                (1,),
-                (32,),
-                pack_args(
-                    "drain_probe_recv",
-                    {
-                        "signal": signal.data.ptr,
-                        "remote_ack": self.ack.data.ptr,
-                        "n_bursts": n_bursts,
-                        "producers": K,
-                        "timeout_ns": self.timeout_ns,
-                        "recv_ns": recv_ns.data.ptr,
-                        "err": recv_err.data.ptr,
-                    },
-                ),
-            )
-        with cp.cuda.Device(self.sender):
-            self.kernels["drain_probe_send"](
-                (K,),
-                (self.threads,),
-                pack_args(
-                    "drain_probe_send",
-                    {
-                        "dst": dest.data.ptr,
-                        "bytes_per_producer": B,
-                        "n_bursts": n_bursts,
-                        "tag_base": tag_base,
-                        "idle_ns": round(idle_us * 1e3),
-                        "barrier_counter": self.counter.data.ptr,
-                        "peer_signal": signal.data.ptr,
-                        "ack": self.ack.data.ptr,
-                        "timeout_ns": self.timeout_ns,
-                        "stamps": stamps.data.ptr,
-                        "err": self.err.data.ptr,
-                    },
-                ),
-                shared_mem=4 * n_bursts * 8,
-            )
-        self._sync_all()
-        with cp.cuda.Device(receiver):
-            self._check(recv_err, "drain_probe_recv")
-        with cp.cuda.Device(self.sender):
-            self._check(self.err, "drain_probe_send")
-            st = stamps.get().reshape(4, n_bursts, K)
-        check_stamps(st, "drain_probe_send")
-        return st
-
-    def check_probe(self, *, K: int, B: int, n_bursts: int, idle_us: float, tag_base: int):
-        receiver = self.peers[0]
-        dest = self.buffer(receiver, "dest")
-        self._poison([(receiver, dest)])
-        self._sync_all()
-        self.run_probe(K=K, B=B, n_bursts=n_bursts, idle_us=idle_us, tag_base=tag_base)
-        want = expected_words(
-            producers=K,
-            B=B,
-            slot_stride=K * B,
-            last_burst={0: n_bursts - 1},
-            tag_base=tag_base,
-            buffer_bytes=dest.nbytes,
-        )
-        return compare_words(
-            self._read_words(receiver, dest, want.size),
-            want,
-            f"drain-probe destination (GPU {receiver})",
-        )
-
-    # -- ceilings --
-
-    def _ceiling_dest(self, dest: str, nbytes: int) -> tuple[int, object]:
-        device = self.peers[0] if dest == "peer" else self.sender
-        return device, self.buffer(device, "ceiling_dst", nbytes=nbytes)
-
-    def _device_check(self, device: int, buf, nbytes: int, tag: int, label: str) -> str | None:
-        # 512 MiB is checked on the GPU that holds it (the same pattern formula as
-        # expected_words), not copied to the host.
-        cp = self.cp
-        with cp.cuda.Device(device):
-            got = buf[:nbytes].view(cp.uint32)
-            want = cp.arange(got.size, dtype=cp.uint32) ^ cp.uint32(mix(tag))
-            bad = int(cp.count_nonzero(got != want))
-        return None if bad == 0 else f"{label}: {bad} of {got.size} words wrong"
-
-    def bulk_store_fn(self, dest: str, nbytes: int, tag: int) -> tuple[Callable[[], None], dict]:
-        """A callable enqueuing the SM-store ceiling kernel on torch's current stream."""
-        cp = self.cp
-        _, buf = self._ceiling_dest(dest, nbytes)
-        grid = CEILING_GRID_PER_SM * self.sm_count
-        args = pack_args("bulk_store", {"dst": buf.data.ptr, "bytes": nbytes, "tag": tag})
-
-        def fn() -> None:
-            import torch
-
-            with (
-                cp.cuda.Device(self.sender),
-                cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream),
-            ):
-                self.kernels["bulk_store"]((grid,), (self.threads,), args)
-
-        return fn, {"grid": grid, "threads": self.threads}
-
-    def copy_engine_fn(self, dest: str, nbytes: int, tag: int) -> tuple[Callable[[], None], dict]:
-        """A callable enqueuing one copy-engine copy of a pattern-filled source buffer."""
-        cp = self.cp
-        device, dst = self._ceiling_dest(dest, nbytes)
-        src = self.buffer(self.sender, "ceiling_src", nbytes=nbytes)
-        grid = CEILING_GRID_PER_SM * self.sm_count
-        with cp.cuda.Device(self.sender):
-            fill = pack_args("bulk_store", {"dst": src.data.ptr, "bytes": nbytes, "tag": tag})
-            self.kernels["bulk_store"]((grid,), (self.threads,), fill)
-        self._sync_all()
-
-        def fn() -> None:
-            import torch
-
-            stream = torch.cuda.current_stream().cuda_stream
-            if device == self.sender:
-                cp.cuda.runtime.memcpyAsync(
-                    dst.data.ptr, src.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, stream
-                )
-            else:
-                cp.cuda.runtime.memcpyPeerAsync(
-                    dst.data.ptr, device, src.data.ptr, self.sender, nbytes, stream
-                )
-
-        how = "memcpyAsync (device to device)" if device == self.sender else "memcpyPeerAsync"
-        return fn, {"api": how}
-
-    def check_ceiling(self, fn: Callable[[], None], dest: str, nbytes: int, tag: int) -> str | None:
-        """Poison the destination, run `fn` once, check every word on the device."""
-        import torch
-
-        device, buf = self._ceiling_dest(dest, nbytes)
-        self._poison([(device, buf)])
-        self._sync_all()
-        with torch.cuda.device(self.sender):
-            fn()
-        self._sync_all()
-        return self._device_check(device, buf, nbytes, tag, f"ceiling destination (GPU {device})")

@@ -5,11 +5,16 @@
 
 Every point is checked before it is timed: its destinations are poisoned, one launch runs
 with a known pattern, and every byte it should write is compared on the host (a point that
-fails is recorded "wrong", not timed). Then `microbench.launches` launches are stamped in
-the kernel; steady bursts of all launches are pooled, warm-up bursts reported apart. The
-ceilings are timed with CUDA events through the timing module. Every point goes through
-protocol.measure_point (clocks, check, timing, record); the sweep is resumable
-(sweep.run_sweep).
+fails is recorded "wrong", not timed). The store paths of the run (config `store_paths`,
+resolved for its GPUs) decide the points: a study's `dest: remote` is one point per path,
+`peer` (another GPU) and `host` (pinned host memory over the host link); one GPU measures
+the host path and its local control. The drain probe's receiver is a kernel on the peer
+GPU, so host-path probes are recorded unsupported with that reason.
+
+After the check, `microbench.launches` launches are stamped in the kernel; steady bursts of
+all launches are pooled, warm-up bursts reported apart. The ceilings are timed with CUDA
+events through the timing module. Every point goes through protocol.measure_point (clocks,
+check, timing, record); the sweep is resumable (sweep.run_sweep).
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import faults, grid, log, timing
+from xstage_bench import faults, grid, log, storepath, timing
 from xstage_bench.clocks import ClockSampler
 from xstage_bench.config import load_config
 from xstage_bench.environment import capture_measured
 from xstage_bench.microbench import launch
-from xstage_bench.microbench.launch import BurstBench, MicrobenchError, PointUnsupported
+from xstage_bench.microbench.bench import BurstBench
+from xstage_bench.microbench.launch import MicrobenchError, PointUnsupported
 from xstage_bench.protocol import Measured, PointFailed, measure_point
 from xstage_bench.results import failed_record
 from xstage_bench.sweep import run_sweep
@@ -38,6 +44,20 @@ POINT_TIMEOUT_S = float(os.environ.get("XSTAGE_POINT_TIMEOUT_S", 120.0))
 # Per-CTA stamps of one launch are kept for these (study, gap) points only: enough to show
 # how producers drift apart, small enough to keep the raw files light.
 STAMPED_GAPS_US = {"gap_sweep": (0.0, 10.0)}
+DESTINATION = {
+    storepath.PEER: "the peer GPU's memory (CuPy buffer, peer access enabled)",
+    storepath.HOST: (
+        "pinned, mapped host memory (cudaHostAlloc portable|mapped, storepath.PinnedHostBuffer), "
+        "one buffer per destination index; the kernels store to its host pointer (UVA); "
+        "poisoned and read back on the host"
+    ),
+    storepath.LOCAL: "the sender's own memory (CuPy buffer): the local control",
+}
+HOST_PROBE_UNSUPPORTED = (
+    "the drain probe's receiver is a kernel on the peer GPU that acknowledges each burst; "
+    "host memory has no such receiver here (a CPU thread polling from Python would time its "
+    "own scheduling), so the host path's X-Stage is read from the isolated bursts instead"
+)
 HEADLINE = {  # the metric printed in a point's progress line
     "periodic": ("period_us", "issue_rate_GBps", "t_iss_slowest_us", "t_iss_window_us"),
     "isolated": ("t_iss_slowest_us", "t_iss_window_us"),
@@ -129,14 +149,17 @@ class PointMeasurer:
 
     def _check_probe(self, point: dict) -> dict:
         bench = self.bench
+        if point["dest"] == "host":
+            raise PointUnsupported(HOST_PROBE_UNSUPPORTED)
         if point["dest"] != "peer" or point["peers"] != 1 or point["width"] != 16:
             raise PointUnsupported(
                 "the drain probe measures one peer with 16-byte stores "
                 f"(got dest={point['dest']}, peers={point['peers']}, width={point['width']})"
             )
+        launch.require_peer_gpus(1, self.world_size)
         K, B = point["K"], point["B"]
         n_bursts = self.mb["bursts"]
-        idle_us = launch.isolated_idle_us(K * B)
+        idle_us = launch.isolated_idle_us(K * B, "peer")
         limit = bench.require_coresident("drain_probe_send", K, 4 * n_bursts * 8)
         run = {"K": K, "n_bursts": n_bursts, "idle_us": idle_us}
         wrong = bench.check_probe(B=B, tag_base=CHECK_TAG, **run)
@@ -175,15 +198,17 @@ class PointMeasurer:
     def _check_ceiling(self, point: dict) -> dict:
         bench = self.bench
         V, dest, method = int(point["V"]), point["dest"], point["method"]
-        if dest not in ("peer", "local"):
-            raise PointUnsupported(f"dest must be 'peer' or 'local', got {dest!r}")
+        if dest not in launch.DESTS:
+            raise PointUnsupported(f"dest must be one of {launch.DESTS}, got {dest!r}")
+        if dest == "peer":
+            launch.require_peer_gpus(1, self.world_size)
         tag = CHECK_TAG + 1
         if method == "sm_store":
             fn, info = bench.bulk_store_fn(dest, V, tag)
             info["what"] = "16-byte stores of a pattern from every SM, no loads"
         elif method == "copy_engine":
             fn, info = bench.copy_engine_fn(dest, V, tag)
-            info["what"] = "copy-engine copy of V bytes (a local copy also reads V)"
+            info["what"] = "copy-engine copy of V bytes from the sender (a local copy also reads V)"
         else:
             raise PointUnsupported(f"ceiling method must be sm_store or copy_engine: {method!r}")
         wrong = bench.check_ceiling(fn, dest, V, tag)
@@ -210,30 +235,58 @@ def _failing(step, *args):
 
 
 def default_gpu_ids(config: dict) -> list[int]:
+    """The GPUs a study runs on: the config's world size (or every visible GPU), from 0.
+    One GPU is enough: it measures the host path."""
     import cupy
 
     count = cupy.cuda.runtime.getDeviceCount()
     size = count if config.get("world_size", "auto") == "auto" else int(config["world_size"])
+    if size < 1:
+        raise MicrobenchError("no GPU visible: the microbenchmarks need at least one")
     if size > count:
         raise MicrobenchError(f"config world_size={size}, but only {count} GPU(s) are visible")
     return list(range(size))
 
 
-def raw_config(config: dict, cubin: str | Path, gpu_ids: Sequence[int]) -> dict:
-    """Everything that produced the file: the microbench and timing config and our constants."""
+def run_paths(config: dict, world_size: int) -> list[str]:
+    """The store paths this run measures: the Snakefile's resolved `store_paths`, or "auto"
+    resolved here for a runner started by hand (storepath.resolve names the config key)."""
+    return storepath.resolve(config.get("store_paths", storepath.AUTO), world_size)
+
+
+def path_constants(paths: Sequence[str]) -> dict:
+    """What the raw config records per measured path and for the local control."""
+    return {
+        dest: {
+            "isolated_idle_rate_GBps": launch.ISOLATED_IDLE_RATE_GBps[dest],
+            "isolated_idle_us": launch.isolated_idle_rule(dest),
+            "destination": DESTINATION[dest],
+            "drain_probe": "measured" if dest == storepath.PEER else HOST_PROBE_UNSUPPORTED,
+        }
+        for dest in (*paths, storepath.LOCAL)
+    }
+
+
+def raw_config(
+    config: dict, cubin: str | Path | None, gpu_ids: Sequence[int], paths: Sequence[str]
+) -> dict:
+    """Everything that produced the file: the microbench and timing config, the measured
+    store paths and our constants (per path where they differ)."""
     return {
         "microbench": config["microbench"],
         "timing": config["timing"],
         "world_size": len(gpu_ids),
         "gpu_ids": list(gpu_ids),
+        "store_paths": list(paths),
         "kernel": {
             "cubin": str(cubin),
             "threads_per_cta": launch.THREADS,
             "destination_buffer_bytes": launch.ROTATE_BYTES,
             "timeout_ns": launch.TIMEOUT_NS,
-            "isolated_idle_us": f"max({launch.ISOLATED_MIN_IDLE_US:g}, 3 V / "
-            f"{launch.ISOLATED_IDLE_RATE_GBps:g} GB/s)",
             "ceiling_ctas_per_sm": launch.CEILING_GRID_PER_SM,
+            "gap_calibration_iters": list(launch.GAP_CALIBRATION_ITERS),
+            "gap_extrapolation": launch.GAP_EXTRAPOLATION,
+            "paths": path_constants(paths),
         },
     }
 
@@ -248,7 +301,7 @@ def run_study(
     device_type: str = "cuda",
 ) -> None:
     """Measure every point of `study` and write results/<dataset>/raw/microbench/<study>.json
-    (or `out`) through the resumable sweep.
+    (or `out`) through the resumable sweep, over the run's store paths.
 
     device_type="cpu" (CI's test of the rule) plans the same points and tries to start the
     benchmark; with no GPU that fails, and every point is recorded failed with the reason.
@@ -256,30 +309,37 @@ def run_study(
     if study not in config["microbench"]["studies"]:
         known = ", ".join(config["microbench"]["studies"])
         raise ValueError(f"unknown microbench study {study!r} (config has: {known})")
-    points = grid.microbench_points(config["microbench"], study)
     env = capture_measured(device_type)
+    bench = None
     if device_type == "cuda":
         gpu_ids = gpu_ids if gpu_ids is not None else default_gpu_ids(config)
+        paths = run_paths(config, len(gpu_ids))
+        bench = BurstBench(cubin, gpu_ids)
         measure = PointMeasurer(
-            BurstBench(cubin, gpu_ids),
-            config["microbench"],
-            timing.TimingPolicy.from_config(config["timing"]),
+            bench, config["microbench"], timing.TimingPolicy.from_config(config["timing"])
         )
     else:
-        gpu_ids = gpu_ids or [0, 1]
+        world_size = config.get("world_size", "auto")
+        gpu_ids = gpu_ids or list(range(2 if world_size == "auto" else int(world_size)))
+        paths = run_paths(config, len(gpu_ids))
         measure = _cpu_measurer(cubin, gpu_ids)
-    run_sweep(
-        points,
-        measure,
-        Path(out),
-        experiment="microbench",
-        backend="cuda",
-        dataset=dataset,
-        environment=env,
-        config=raw_config(config, cubin, gpu_ids),
-        study=study,
-        point_timeout_s=POINT_TIMEOUT_S,
-    )
+    points = grid.microbench_points(config["microbench"], study, paths)
+    try:
+        run_sweep(
+            points,
+            measure,
+            Path(out),
+            experiment="microbench",
+            backend="cuda",
+            dataset=dataset,
+            environment=env,
+            config=raw_config(config, cubin, gpu_ids, paths),
+            study=study,
+            point_timeout_s=POINT_TIMEOUT_S,
+        )
+    finally:
+        if bench is not None:
+            bench.close()
 
 
 def _cpu_measurer(cubin: str | Path | None, gpu_ids: list[int]):

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from xstage_bench import storepath
+from xstage_bench.model.document import ceiling_rates, line_rate
 from xstage_bench.model.records import ISOLATED_KINDS, Recs, plateau
 from xstage_bench.stats import bootstrap_median_ci
 
@@ -19,7 +21,13 @@ SPLIT_CI_FLOOR = 0.01  # a K/B split's R interval is at least +-1% (clock and ti
 PLATEAU_TOLERANCE = 0.05  # issue time may vary 5% over the plateau gaps,
 PLATEAU_FLOOR_US = 0.064  # or two ticks of the 32 ns %globaltimer, whichever is larger
 ONE_Q_TOLERANCE = 0.10  # per-K Q within 10% of each other count as one Q
-CEILING_TOLERANCE = 0.10  # R within 10% of the SM-store peer ceiling
+CEILING_TOLERANCE = 0.10  # R within 10% of the SM-store ceiling of its path
+LINE_NAME = {storepath.PEER: "NVLink", storepath.HOST: "host link"}
+NO_LINE_RATE = {
+    storepath.PEER: "no line rate (the fit had no base profile)",
+    storepath.HOST: "no host link line rate in the raw files' environment "
+    "(host_links[0].line_rate_GBps; files older than the host path have none)",
+}
 TARGET_MEDIAN_ERROR = 0.05  # the held-out median |relative error| the model should reach
 STALL_MARGIN = 1.2  # the steady-train law must exceed the isolated law by 20% to count
 STALL_CARRIED = 0.8  # the store loop carries the stall if it takes 80% of the predicted time
@@ -211,42 +219,57 @@ def per_producer_Q_fits_better(rows: list[dict]) -> dict:
 
 
 def r_matches_ceiling(R: dict, ceilings: dict) -> dict:
-    """Is the fitted R within CEILING_TOLERANCE of the SM-store peer ceiling of the same run?"""
-    peer = ceilings.get("peer_GBps", {})
-    sm_store = peer.get("sm_store")
+    """Is the fitted R within CEILING_TOLERANCE of the SM-store ceiling of its path, measured
+    in the same run? `ceilings` is one path's block (fit._ceilings; files older than paths
+    hold the peer's)."""
+    path = ceilings.get("path", storepath.PEER)
+    rates = ceiling_rates(ceilings, path)
+    sm_store = rates.get("sm_store")
+    far = storepath.far_end(path)
     if R.get("value") is None or sm_store is None:
-        missing = "no fitted R" if R.get("value") is None else "no SM-store peer ceiling record"
+        missing = (
+            "no fitted R" if R.get("value") is None else f"no SM-store ceiling record to {far}"
+        )
         return _check(None, f"not evaluated: {missing}")
     off = R["value"] / sm_store - 1
-    others = ", ".join(f"{m} {v:.0f}" for m, v in peer.items() if m != "sm_store")
-    line = ceilings.get("nvlink_line_rate_GBps")
+    others = ", ".join(f"{m} {v:.0f}" for m, v in rates.items() if m != "sm_store")
+    line = line_rate(ceilings, path)
     detail = (
         f"R = {R['value']:.0f} GB/s (95% CI {R['ci_low'] or float('nan'):.0f}-"
-        f"{R['ci_high'] or float('nan'):.0f}) vs SM-store peer ceiling {sm_store:.0f} GB/s: "
+        f"{R['ci_high'] or float('nan'):.0f}) vs the SM-store ceiling to {far}, "
+        f"{sm_store:.0f} GB/s: "
         f"{off:+.1%} (tolerance {CEILING_TOLERANCE:.0%})"
     )
     if others:
-        detail += f"; other peer ceilings: {others} GB/s"
+        detail += f"; other {path} ceilings: {others} GB/s"
     if line:
-        detail += f"; NVLink line rate {line:.0f} GB/s"
+        detail += f"; {LINE_NAME[path]} line rate {line:.0f} GB/s"
     return _check(abs(off) <= CEILING_TOLERANCE, detail)
 
 
-def r_within_line_rate(R: dict, per_K: list[dict], line_rate: float | None) -> dict:
-    """No drain rate, pooled or per K, may exceed the link's line rate."""
-    if line_rate is None:
-        return _check(None, "not evaluated: no line rate (the fit had no base profile)")
+def r_within_line_rate(
+    R: dict, per_K: list[dict], line_rate_GBps: float | None, path: str = storepath.PEER
+) -> dict:
+    """No drain rate, pooled or per K, may exceed the line rate of its path's link."""
+    if line_rate_GBps is None:
+        return _check(None, f"not evaluated: {NO_LINE_RATE[path]}")
     values = [("pooled", R.get("value"))] + [(f"K={k['K']}", k["R_GBps"]["value"]) for k in per_K]
     values = [(name, v) for name, v in values if v is not None]
     if not values:
         return _check(None, "not evaluated: no fitted R")
-    above = [f"{name}: {v:.0f}" for name, v in values if v > line_rate]
+    above = [f"{name}: {v:.0f}" for name, v in values if v > line_rate_GBps]
     listing = ", ".join(f"{name}: {v:.0f}" for name, v in values)
+    link = LINE_NAME[path]
     if above:
         return _check(
-            False, f"R above the {line_rate:.0f} GB/s line rate (impossible): " + ", ".join(above)
+            False,
+            f"R above the {line_rate_GBps:.0f} GB/s {link} line rate (impossible): "
+            + ", ".join(above),
         )
-    return _check(True, f"every R at or below the {line_rate:.0f} GB/s line rate: {listing} GB/s")
+    return _check(
+        True,
+        f"every R at or below the {line_rate_GBps:.0f} GB/s {link} line rate: {listing} GB/s",
+    )
 
 
 def _group_line(name: str, g: dict) -> str:

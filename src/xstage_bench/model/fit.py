@@ -25,7 +25,15 @@ Q, Q's needs T0 and R), so they alternate a few rounds from a robust start. Conf
 intervals come from a seeded bootstrap over records and over each record's samples.
 A held-out fifth of the fitted records (by id hash) checks the laws' predictions.
 
-model/burst_gap.json holds, beside what every reader needs (params, per_K, validation,
+Every store path the records measured (peer, host) is fitted on its own, from its own
+records: its T0, R and Q with CIs, its validation and its checks (R against that path's
+SM-store ceiling of the same run and against its line rate: NVLink's from the base profile
+for the peer path, the host link's from the raw files' environment for the host path).
+The local control is never fitted. model/document.py says how one file holds the paths:
+the top level is the peer path's fit where there is one (else the host path's), the
+others sit in `other_paths`; the refit hardware profile is the top level's.
+
+Each path's fit holds, beside what every reader needs (params, per_K, validation,
 validation_summary, checks):
 - fit_set: per role (zero_gap, periodic, isolated, and period, which is validated only),
   whether aligned records or all were fitted; fit.validated_apart says what never is;
@@ -41,8 +49,9 @@ validation_summary, checks):
   rows too) beside it to show where the laws miss systematically;
 - variants.per_producer_Q: params (q_bytes per producer, R, t0_fixed, issue rate, with
   CIs) and the same summaries for the window variant;
-- ceilings: the peer ceilings of the same run (median GB/s per method) and the NVLink line
-  rate of the base profile (a specification, not a measurement);
+- ceilings: the path's ceilings of the same run (`<path>_GBps`: median GB/s per method)
+  and its line rate (nvlink_line_rate_GBps from the base profile, or host_line_rate_GBps
+  from the environment's host link; a specification, not a measurement);
 - checks (see checks.py): split_consistency, t0_plateau_flat, stall_in_store_loop,
   one_Q_explains_isolated, per_producer_Q_fits_better, r_matches_sm_store_ceiling,
   r_within_line_rate, heldout_error_within_target.
@@ -58,21 +67,24 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
+from xstage_bench import storepath
 from xstage_bench.config import ConfigError
 from xstage_bench.hardware import load_profile
 from xstage_bench.model import checks, laws
-from xstage_bench.model.document import write_model
+from xstage_bench.model.document import LINE_RATE_KEY, write_model
 from xstage_bench.model.records import (
     ISOLATED_KINDS,
     NOT_FITTED_KINDS,
-    REFERENCE_STORES,
     ROLES,
     FitData,
     Loaded,
     Recs,
     concat,
     load,
+    paths_in,
     plateau,
+    read_docs,
+    reference_stores,
 )
 from xstage_bench.results import RawResultError, atomic_write_text
 
@@ -382,7 +394,7 @@ def _rel(pred: np.ndarray | None, j: int, measured: float) -> tuple[float | None
     return float(pred[j]), float((pred[j] - measured) / measured)
 
 
-def _rows(recs: Recs, metric: str, shared: Params, window: Params, in_fit: bool) -> list:
+def _rows(recs: Recs, metric: str, shared: Params, window: Params, in_fit: bool, path: str) -> list:
     pred = predict(shared, recs, metric)
     if pred is None:
         return []  # no shared-Q prediction: nothing to validate (e.g. no Q, isolated law)
@@ -400,7 +412,8 @@ def _rows(recs: Recs, metric: str, shared: Params, window: Params, in_fit: bool)
                 "K": int(recs.K[j]),
                 "V": int(recs.V[j]),
                 "gap_us": float(recs.G[j]),
-                "dest": "peer",
+                "dest": path,
+                "path": path,
                 "sync": "barrier" if recs.aligned[j] else recs.sync[j],
                 "aligned": bool(recs.aligned[j]),
                 "metric": metric,
@@ -471,7 +484,7 @@ def validate(loaded: Loaded) -> tuple[list[dict], Params]:
     rows: list[dict] = []
     for data, in_fit in ((loaded.fit, True), (loaded.apart, False)):
         for recs, metric in ((data.periodic, T_ISS), (data.isolated, T_ISS), (data.period, PERIOD)):
-            rows += _rows(recs, metric, shared, window, in_fit)
+            rows += _rows(recs, metric, shared, window, in_fit, loaded.path)
     return rows, shared
 
 
@@ -501,9 +514,16 @@ def _no_rows_reason(shared: Params) -> str:
 
 
 def _profile_yaml(
-    p: Params, dataset: str, sources: list[str], base_path: str | None, sm_count: int | None
+    p: Params,
+    dataset: str,
+    sources: list[str],
+    base_path: str | None,
+    sm_count: int | None,
+    path: str = storepath.PEER,
 ) -> str:
-    """A hardware profile with the fitted parameters; what was not fitted says so."""
+    """A hardware profile with the fitted parameters of one store path; what was not
+    fitted says so. A host-path profile keeps the base profile's NVLink line rate (the
+    simulator's peer link): its drain path is host memory, and its header says so."""
     fitted = {
         "t0_fixed_us": None if p.t0_fixed is None else round(p.t0_fixed, 4),
         "issue_rate_per_sm_GBps": None if p.issue_rate is None else round(p.issue_rate / 1e3, 2),
@@ -512,7 +532,10 @@ def _profile_yaml(
     }
     base = load_profile(base_path).as_dict() if base_path else {}
     names = ", ".join(Path(s).name for s in sources)
-    prof = {"name": f"{dataset} (fitted)", "source": f"fit of {dataset}: {names}"}
+    name = f"{dataset} (fitted)" if path == storepath.PEER else f"{dataset} (fitted, {path} path)"
+    prof = {"name": name, "source": f"fit of {dataset}: {names}"}
+    if path != storepath.PEER:
+        prof["source"] += f" (store path '{path}': {storepath.far_end(path)})"
     if base_path:
         prof.update({k: v for k, v in base.items() if k not in ("name", "source")})
     elif sm_count:
@@ -529,6 +552,11 @@ def _profile_yaml(
         else:
             notes.append(f"# {key}: not fitted ({p.reasons.get(_reason_key(key), '')})")
     header = [f"# Hardware profile refitted from dataset '{dataset}' by xstage_bench.model.fit."]
+    if path != storepath.PEER:
+        header.append(
+            f"# Store path '{path}' ({storepath.far_end(path)}): T0, R and Q are that path's; "
+            "nvlink_line_rate_GBps is the base profile's."
+        )
     if not base_path:
         header.append("# No base profile: keys the fit does not give are absent.")
     return "\n".join(header + notes) + "\n" + yaml.safe_dump(prof, sort_keys=False)
@@ -568,35 +596,75 @@ def fit_files(
     n_bootstrap: int = N_BOOTSTRAP,
     seed: int = 0,
 ) -> dict:
-    """Fit T0, R, Q from raw microbench files; write model/burst_gap.json and profile.yaml.
+    """Fit T0, R, Q per store path from raw microbench files; write model/burst_gap.json
+    (every path, document.py) and profile.yaml (the top-level path's).
 
     A file that cannot be read raises RawResultError naming it; a fit that fails on the
     numbers raises FitError naming the files it was fitting.
     """
-    loaded = load(raw_paths)
+    docs = read_docs(raw_paths)
+    paths = paths_in(docs)
+    loaded = {path: load(docs, path) for path in paths}
     try:
-        result, pooled = _fit(loaded, raw_paths, dataset, base_profile, n_bootstrap, seed)
+        fits = {path: _fit_path(loaded[path], base_profile, n_bootstrap, seed) for path in paths}
     except (ConfigError, RawResultError):
         raise
     except (ValueError, ArithmeticError) as e:
         files = ", ".join(str(p) for p in raw_paths)
         raise FitError(f"fitting {files}: {type(e).__name__}: {e}") from e
+    primary = paths[0]
+    result = {
+        "dataset": dataset,
+        "backend": loaded[primary].backend,
+        "sources": [str(p) for p in raw_paths],
+        "paths": paths,
+        **fits[primary][0],
+    }
+    if len(paths) > 1:
+        result["other_paths"] = {path: fits[path][0] for path in paths[1:]}
     write_model(out_json, result)
     atomic_write_text(
         out_profile,
-        _profile_yaml(pooled, dataset, result["sources"], base_profile, loaded.sm_count),
+        _profile_yaml(
+            fits[primary][1],
+            dataset,
+            result["sources"],
+            base_profile,
+            loaded[primary].sm_count,
+            primary,
+        ),
     )
     return result
 
 
-def _fit(
-    loaded: Loaded,
-    raw_paths: list[str],
-    dataset: str,
-    base_profile: str | None,
-    n_bootstrap: int,
-    seed: int,
+def _ceilings(loaded: Loaded, base_profile: str | None) -> dict:
+    """The path's ceilings of the same run and its line rate (a specification)."""
+    path = loaded.path
+    if path == storepath.PEER:
+        line = load_profile(base_profile).nvlink_line_rate_GBps if base_profile else None
+        source = f"{base_profile} (specification)" if base_profile else None
+    else:
+        link = loaded.host_link or {}
+        line = link.get("line_rate_GBps")
+        source = (
+            f"raw environment host_links[0]: {link.get('kind')} gen {link.get('gen')} "
+            f"x{link.get('width')} (specification)"
+            if line is not None
+            else None
+        )
+    return {
+        "path": path,
+        f"{path}_GBps": {m: c["median_GBps"] for m, c in loaded.ceilings.items()},
+        "n_samples": {m: c["n"] for m, c in loaded.ceilings.items()},
+        LINE_RATE_KEY[path]: line,
+        "line_rate_source": source,
+    }
+
+
+def _fit_path(
+    loaded: Loaded, base_profile: str | None, n_bootstrap: int, seed: int
 ) -> tuple[dict, Params]:
+    """One store path's fit: the block document.py puts at the top level or in other_paths."""
     data = loaded.fit
     pooled = fit_chain(data)
     window = fit_chain(data, window=True)
@@ -609,17 +677,10 @@ def _fit(
     window_summaries = summaries(validation, "rel_error_window")
     if not validation:
         shared_summaries["validation_summary"]["reason"] = _no_rows_reason(train_shared)
-    line_rate = load_profile(base_profile).nvlink_line_rate_GBps if base_profile else None
-    ceilings = {
-        "peer_GBps": {m: c["median_GBps"] for m, c in loaded.ceilings.items()},
-        "n_samples": {m: c["n"] for m, c in loaded.ceilings.items()},
-        "nvlink_line_rate_GBps": line_rate,
-        "line_rate_source": f"{base_profile} (specification)" if base_profile else None,
-    }
-    result = {
-        "dataset": dataset,
-        "backend": loaded.backend,
-        "sources": [str(p) for p in raw_paths],
+    ceilings = _ceilings(loaded, base_profile)
+    line_rate = ceilings[LINE_RATE_KEY[loaded.path]]
+    block = {
+        "path": loaded.path,
         "params": params,
         "per_K": per_K,
         "T0_reference_B_bytes": T0_REFERENCE_B,
@@ -628,7 +689,7 @@ def _fit(
             "n_bootstrap": n_bootstrap,
             "seed": seed,
             "holdout_percent": HOLDOUT_PERCENT,
-            "reference_stores": REFERENCE_STORES,
+            "reference_stores": reference_stores(loaded.path),
             "validated_apart": {
                 "kinds": list(NOT_FITTED_KINDS),
                 "sync": "free, where a role has aligned records (see fit_set)",
@@ -649,10 +710,12 @@ def _fit(
             "one_Q_explains_isolated": checks.one_Q(per_K),
             "per_producer_Q_fits_better": checks.per_producer_Q_fits_better(validation),
             "r_matches_sm_store_ceiling": checks.r_matches_ceiling(params["R_GBps"], ceilings),
-            "r_within_line_rate": checks.r_within_line_rate(params["R_GBps"], per_K, line_rate),
+            "r_within_line_rate": checks.r_within_line_rate(
+                params["R_GBps"], per_K, line_rate, loaded.path
+            ),
             "heldout_error_within_target": checks.heldout_error_within_target(
                 shared_summaries, window_summaries, loaded.fit_set
             ),
         },
     }
-    return result, pooled
+    return block, pooled

@@ -16,9 +16,12 @@ Zero-gap periods, which give R, come from the aggregate issue rate where a recor
 not depend on how the producers are aligned) and from the per-producer period otherwise
 (the simulator writes only period_us).
 
-Only peer records of the reference store configuration (16-byte stores, rewriting the
-same lines, one peer) enter the fit; local and other records stay for the figures.
-The peer ceilings measured in the same run are collected for the R check.
+Each store path is fitted on its own (`load(raw_paths, path)`): only that path's records
+of the reference store configuration (16-byte stores, rewriting the same lines, one far
+end) enter its fit; local-control, other-path and other-store records stay for the
+figures. Records written before paths existed are the peer path (storepath.point_path).
+The ceilings of the path measured in the same run are collected for the R check, and for
+the host path the host link's line rate from the raw files' environment.
 """
 
 from __future__ import annotations
@@ -27,9 +30,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xstage_bench import storepath
 from xstage_bench.results import FAILED_STATUSES, RawResultError, read_raw
 
 REFERENCE_STORES = {"dest": "peer", "width": 16, "pattern": "same", "peers": 1}
+BURST_KINDS = ("periodic", "isolated", "drain_probe")
+
+
+def reference_stores(path: str) -> dict:
+    """The store configuration a path's fit uses: REFERENCE_STORES with the path as dest."""
+    return {**REFERENCE_STORES, "dest": path}
+
+
 ROLES = ("zero_gap", "periodic", "isolated")  # what the parameters are fitted to
 NOT_FITTED_KINDS = ("drain_probe",)  # validated apart (see the module docstring)
 ISOLATED_KINDS = ("isolated", "drain_probe")  # one burst on an empty path: the isolated law
@@ -149,11 +161,14 @@ class Loaded:
     backend: str
     counts: dict
     sm_count: int | None  # from the raw files' environment, for a profile without a base
-    ceilings: dict  # peer ceilings of the same run: method -> {median_GBps, n}
+    ceilings: dict  # the path's ceilings of the same run: method -> {median_GBps, n}
+    path: str = storepath.PEER
+    host_link: dict | None = None  # environment host_links[0] (kind, gen, width, line rate)
 
 
-def _is_reference(point: dict) -> bool:
-    return all(point.get(k, v) == v for k, v in REFERENCE_STORES.items())
+def _is_reference(point: dict, path: str) -> bool:
+    stores = reference_stores(path)
+    return all(point.get(k, v) == v for k, v in stores.items())
 
 
 def _split(recs: Recs, aligned_only: bool) -> tuple[Recs, Recs]:
@@ -166,22 +181,27 @@ def _split(recs: Recs, aligned_only: bool) -> tuple[Recs, Recs]:
 
 def _sort(
     r: dict,
+    path: str,
     counts: dict,
     periodic: list[dict],
     isolated: list[dict],
     ceilings: dict[str, list[float]],
 ) -> None:
-    """Count one record, or put it in the periodic or isolated list it is fitted from."""
+    """Count one record, or put it in the periodic or isolated list `path` is fitted from."""
     point = r["point"]
-    if r["status"] != "ok":
+    where = storepath.point_path(point)
+    if where not in (path, storepath.LOCAL):
+        counts["other_paths"] += 1
+    elif r["status"] != "ok":
         counts["failed"][r["status"]] += 1
     elif point["kind"] == "ceiling":
-        counts["ceiling"] += 1
-        if point.get("dest") == "peer" and r["samples"].get("bandwidth_GBps"):
-            ceilings.setdefault(point["method"], []).extend(r["samples"]["bandwidth_GBps"])
-    elif point.get("dest", "peer") != "peer":
+        if where == path:
+            counts["ceiling"] += 1
+            if r["samples"].get("bandwidth_GBps"):
+                ceilings.setdefault(point["method"], []).extend(r["samples"]["bandwidth_GBps"])
+    elif where == storepath.LOCAL:
         counts["local"] += 1
-    elif not _is_reference(point):
+    elif not _is_reference(point, path):
         counts["other_stores"] += 1
     else:
         if not r["samples"].get("t_iss_slowest_us"):
@@ -191,24 +211,56 @@ def _sort(
         (periodic if point["kind"] == "periodic" else isolated).append(r)
 
 
-def load(raw_paths: list[str]) -> Loaded:
-    """Read raw microbench files; sort their records into the fit's roles and count the rest."""
-    backends: dict[str, str] = {}
+def read_docs(raw_paths: list[str]) -> dict[str, dict]:
+    """The raw microbench files, validated; files of two backends are never fitted together."""
+    docs = {}
+    for path in raw_paths:
+        doc = read_raw(path)
+        if doc["experiment"] != "microbench":
+            raise ValueError(f"{path}: experiment '{doc['experiment']}' is not microbench")
+        docs[str(path)] = doc
+    backends = {name: doc["backend"] for name, doc in docs.items()}
+    if len(set(backends.values())) > 1:
+        raise ValueError(f"raw files from different backends cannot be fitted together: {backends}")
+    return docs
+
+
+def paths_in(docs: dict[str, dict]) -> list[str]:
+    """The store paths the files measured (bursts or ceilings, ok or not), peer first;
+    [peer] where they name none (a fit then says what is missing)."""
+    found = {
+        storepath.point_path(r["point"])
+        for doc in docs.values()
+        for r in doc["records"]
+        if r["point"].get("kind") in (*BURST_KINDS, "ceiling")
+    }
+    return [p for p in storepath.PATHS if p in found] or [storepath.PEER]
+
+
+def _host_link(docs: dict[str, dict]) -> dict | None:
+    for doc in docs.values():
+        links = doc["environment"].get("host_links") or []
+        if links and links[0]:
+            return links[0]
+    return None
+
+
+def load(raw_paths: list[str] | dict[str, dict], path: str = storepath.PEER) -> Loaded:
+    """Read raw microbench files (or the documents read_docs gave); sort the records of
+    `path` into the fit's roles and count the rest."""
+    docs = raw_paths if isinstance(raw_paths, dict) else read_docs(raw_paths)
     counts = {
         "used": 0,
         "aligned": 0,
         "local": 0,
         "other_stores": 0,
+        "other_paths": 0,
         "ceiling": 0,
         "failed": dict.fromkeys(FAILED_STATUSES, 0),
     }
     periodic, isolated, sm_count = [], [], None
     ceilings: dict[str, list[float]] = {}
-    for path in raw_paths:
-        doc = read_raw(path)
-        if doc["experiment"] != "microbench":
-            raise ValueError(f"{path}: experiment '{doc['experiment']}' is not microbench")
-        backends[str(path)] = doc["backend"]
+    for name, doc in docs.items():
         env = doc["environment"]
         sm_count = (
             sm_count
@@ -217,11 +269,9 @@ def load(raw_paths: list[str]) -> Loaded:
         )
         for r in doc["records"]:
             try:
-                _sort(r, counts, periodic, isolated, ceilings)
+                _sort(r, path, counts, periodic, isolated, ceilings)
             except (KeyError, TypeError, ValueError) as e:
-                raise RawResultError(f"{path}: record '{r['id']}': {type(e).__name__}: {e}") from e
-    if len(set(backends.values())) > 1:
-        raise ValueError(f"raw files from different backends cannot be fitted together: {backends}")
+                raise RawResultError(f"{name}: record '{r['id']}': {type(e).__name__}: {e}") from e
     zero_gap = [
         r
         for r in periodic
@@ -258,11 +308,13 @@ def load(raw_paths: list[str]) -> Loaded:
         apart=FitData(**apart),
         fit_set=fit_set,
         zero_gap_sources=sources,
-        backend=next(iter(backends.values()), "none"),
+        backend=next(iter(docs.values()))["backend"] if docs else "none",
         counts=counts,
         sm_count=sm_count,
         ceilings={
             method: {"median_GBps": float(np.median(v)), "n": len(v)}
             for method, v in sorted(ceilings.items())
         },
+        path=path,
+        host_link=_host_link(docs),
     )
