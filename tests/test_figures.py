@@ -352,9 +352,9 @@ def test_store_span_cdf_draws_one_distribution_per_run(sim_dataset):
     fig = FIGURES["fig-store-span-cdf"](sim_dataset)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert [label.split(":")[0] for label in labels] == [
-        "expert waves",
-        "interleaved",
-        "local-store control",
+        "peer, expert waves",
+        "peer, interleaved",
+        "peer, local-store control",
     ]
     assert "medians 3.50 us" in labels[2]
     cdf, detail = fig.axes[:2]

@@ -88,8 +88,12 @@ def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path)
     write_megamoe(ds, speedups, baselines=True)
     table = megamoe.build(ds)
     titles = [title for title, _ in table.sections]
-    assert titles == ["Our best schedule against the baselines", "Per configuration"]
-    summary, per_config = (frame for _, frame in table.sections)
+    assert titles == [
+        "Per configuration: speedups with CIs and verdicts",
+        "Our best schedule against the baselines",
+        "Our best schedule against the baselines, per configuration",
+    ]
+    summary, per_config = (frame for _, frame in table.sections[1:])
 
     def overall(name):
         return summary[(summary["comparison"] == name) & (summary["group"] == "overall")].iloc[0]
@@ -113,7 +117,8 @@ def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path)
     out = tmp_path / "tab-megamoe.csv"
     write_table(table, out)
     markdown = out.with_suffix(".md").read_text()
-    assert "## Per configuration" in markdown and "ours/DeepGEMM" in markdown
+    assert "## Our best schedule against the baselines, per configuration" in markdown
+    assert "ours/DeepGEMM" in markdown
 
 
 def test_megamoe_flashinfer_beside_the_other_baselines_per_configuration_and_precision(
@@ -131,7 +136,7 @@ def test_megamoe_flashinfer_beside_the_other_baselines_per_configuration_and_pre
     ratios = sorted(wide["ours_over_flashinfer"].dropna())
     assert ratios == pytest.approx(sorted(best[w8a8] / 90))
     table = megamoe.build(ds)
-    summary, per_config = (frame for _, frame in table.sections)
+    summary, per_config = (frame for _, frame in table.sections[1:])
     rows = summary[summary["comparison"] == "ours/FlashInfer SM90 FP8 (time)"]
     overall = rows[rows["group"] == "overall"].iloc[0]
     assert overall["n"] == 4
@@ -150,7 +155,7 @@ def test_megamoe_flashinfer_without_an_ok_record_says_why_and_is_absent_when_unm
     ds = tmp_path / "h200x2-moe"
     write_megamoe(ds, [1.25] * 8, baselines=True, flashinfer="unsupported")
     table = megamoe.build(ds)
-    summary, per_config = (frame for _, frame in table.sections)
+    summary, per_config = (frame for _, frame in table.sections[1:])
     row = summary[summary["comparison"] == "ours/FlashInfer SM90 FP8 (time)"].iloc[0]
     assert row["n"] == 0
     assert per_config["FlashInfer us"].isna().all()
@@ -158,7 +163,7 @@ def test_megamoe_flashinfer_without_an_ok_record_says_why_and_is_absent_when_unm
     plain = tmp_path / "h200x2-plain"
     write_megamoe(plain, [1.25] * 8, baselines=True)
     table = megamoe.build(plain)
-    summary, per_config = (frame for _, frame in table.sections)
+    summary, per_config = (frame for _, frame in table.sections[1:])
     assert not summary["comparison"].str.contains("FlashInfer").any()
     assert not any("FlashInfer" in c for c in per_config.columns)
     assert not any("FlashInfer" in n for n in table.notes if n)
@@ -168,7 +173,9 @@ def test_megamoe_without_ok_baselines_has_no_baseline_section(tmp_path):
     ds = tmp_path / "sim-moe"
     write_megamoe(ds)  # ours only, plus one unsupported DeepGEMM record (as the simulator)
     table = megamoe.build(ds)
-    assert table.sections == []
+    assert [title for title, _ in table.sections] == [
+        "Per configuration: speedups with CIs and verdicts"
+    ]
     assert any("1 point failed (unsupported: 1)" in n for n in table.notes if n)
 
 
@@ -361,7 +368,7 @@ def test_megamoe_unfused_paths_and_gemm_ceiling_sections(tmp_path):
     fp8 = "ours/unfused FP8 grouped, per-token x per-channel scales (time)"
     assert overall.loc[fp8, "geomean"] == pytest.approx(80 / 160)
     assert overall.loc["ours/unfused bf16 grouped (time)", "geomean"] == pytest.approx(80 / 200)
-    per_config = sections["Per configuration"]
+    per_config = sections["Our best schedule against the baselines, per configuration"]
     assert per_config["unfused FP8 grouped us"].tolist() == [160.0] * 8
     ceiling = sections["Our kernel beside the GEMM ceiling, per configuration"]
     assert len(ceiling) == 8
