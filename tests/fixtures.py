@@ -444,12 +444,13 @@ def write_megamoe_host(ds: Path, *, paired: bool = True) -> Path:
     return _write(ds, layout.MEGAMOE_RAW, "megamoe", records)
 
 
-def write_megamoe_trace_host(ds: Path) -> Path:
+def write_megamoe_trace_host(ds: Path, *, peer_too: bool = False) -> Path:
     """The host path's trace of one configuration at f = 0.25: both schedules (store
     spans 9 and 3.7 us) and the f = 0 control (0.3 us below interleaved), which the host
-    path writes as its share 0 rather than as a variant."""
+    path writes as its share 0 rather than as a variant. peer_too: after
+    write_megamoe_trace's peer records (as records before paths: no `path`)."""
     config = {**grid.megamoe_points(MEGAMOE, 1)[0], "path": "host"}
-    records = []
+    records = read_json(write_megamoe_trace(ds))["records"] if peer_too else []
     for name, f in (("expert_wave", 0.25), ("interleaved", 0.25), ("expert_wave", 0.0)):
         control = f == 0.0
         timeline, spans = _timeline(8, wave=name == "expert_wave" and not control)

@@ -115,6 +115,13 @@ def path_title(path: str) -> str:
     return f"{path} path ({storepath.far_end(path)})"
 
 
+def paths_text(paths) -> str:
+    """'store paths: peer (peer GPU (NVLink)), host (host memory)' for a title."""
+    paths = ordered_paths(paths)
+    word = "store path" if len(paths) == 1 else "store paths"
+    return f"{word}: " + ", ".join(f"{p} ({storepath.far_end(p)})" for p in paths)
+
+
 def ordered_paths(paths) -> list[str]:
     """Paths in storepath's order (peer, host), any other after them."""
     known = [p for p in storepath.PATHS if p in set(paths)]

@@ -11,8 +11,10 @@ schedules cancels) or, for samples taken at different times, each side on its ow
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -25,7 +27,7 @@ NOISY_HALF_WIDTH = 0.03
 CONFIDENCE = 0.95
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RatioSamples:
     """The two sides of a ratio of medians (numerator / denominator: for a speedup, the
     baseline's time over the candidate's) and whether sample i of both is from round i."""
@@ -49,6 +51,14 @@ class RatioSamples:
         and `noisy` (the CI reaches further than NOISY_HALF_WIDTH from the ratio)."""
         found = stats.ratio_ci(self.numerator, self.denominator, paired=self.paired)
         return {**found, "noisy": is_noisy(found["ratio"], found["ci_low"], found["ci_high"])}
+
+    @cached_property
+    def boot(self) -> np.ndarray:
+        """stats.BOOTSTRAP_RESAMPLES replicates of the ratio, seeded by the samples
+        themselves: the same for every headline the configuration is part of, and
+        computed once."""
+        seed = zlib.crc32(self.numerator.tobytes() + self.denominator.tobytes())
+        return self.replicates(stats.BOOTSTRAP_RESAMPLES, np.random.default_rng(seed))
 
     def replicates(self, resamples: int, rng: np.random.Generator) -> np.ndarray:
         """`resamples` bootstrap replicates of the ratio of medians, resampled as
@@ -82,11 +92,7 @@ HEADLINES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 
 def headline_ci(
-    points: Sequence[RatioSamples],
-    stat: str,
-    *,
-    resamples: int = stats.BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
+    points: Sequence[RatioSamples], stat: str, *, seed: int = 0
 ) -> tuple[float, float, float]:
     """(value, ci_low, ci_high) of a headline ('geomean' or 'median') of the points'
     ratios: the value over their ratios of medians, the CI by the two-level bootstrap
@@ -99,7 +105,8 @@ def headline_ci(
     rng = np.random.default_rng(seed)
     # One column of within-configuration replicates per configuration, then per
     # replicate a resample of the configurations, each contributing its own replicate.
-    within = np.stack([p.replicates(resamples, rng) for p in points], axis=1)
+    within = np.stack([p.boot for p in points], axis=1)
+    resamples = within.shape[0]
     chosen = rng.integers(0, len(points), size=(resamples, len(points)))
     replicate = np.arange(resamples)[:, None]
     values = reduce(within[replicate, chosen])

@@ -125,7 +125,8 @@ def plot(dataset_dir: Path) -> Figure:
             )
     return common.finish_figure(
         fig,
-        "MegaMoE with compute emulated: interleaved over expert-wave speedup, per store path",
+        "MegaMoE with compute emulated: interleaved over expert-wave speedup,\n"
+        + megamoe.paths_text(paths),
         labels.doc_label(dataset_dir, doc) + " (emulated compute)",
         notes,
         legend,

@@ -128,10 +128,8 @@ def plot(dataset_dir: Path) -> Figure:
     ]
     return common.finish_figure(
         fig,
-        "MegaMoE lead map: interleaved vs expert-wave speedup by share f and Linear-1 lead, "
-        "per store path ("
-        + ", ".join(megamoe.path_title(p) for p in megamoe.ordered_paths(leads["path"]))
-        + ")",
+        "MegaMoE lead map: interleaved vs expert-wave speedup\nby share f and Linear-1 lead, "
+        + megamoe.paths_text(leads["path"]),
         labels.doc_label(dataset_dir, doc),
         notes,
         legend,

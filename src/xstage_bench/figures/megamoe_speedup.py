@@ -92,9 +92,7 @@ def plot(dataset_dir: Path) -> Figure:
         )
     return common.finish_figure(
         fig,
-        "MegaMoE: interleaved vs expert-wave schedule, per store path ("
-        + ", ".join(megamoe.path_title(p) for p in paths)
-        + ")",
+        "MegaMoE: interleaved vs expert-wave schedule, " + megamoe.paths_text(paths),
         labels.doc_label(dataset_dir, doc),
         notes,
         handles,

@@ -100,9 +100,7 @@ def plot(dataset_dir: Path) -> Figure:
     far = " / ".join(storepath.far_end(p) for p in per_path)
     return common.finish_figure(
         fig,
-        "MegaMoE per-program timeline, per store path ("
-        + ", ".join(megamoe.path_title(p) for p in per_path)
-        + ")",
+        "MegaMoE per-program timeline, " + megamoe.paths_text(per_path),
         labels.doc_label(dataset_dir, doc),
         [frames.failure_note(frames.records_frame(doc))],
         legend=[

@@ -93,9 +93,7 @@ def plot(dataset_dir: Path) -> Figure:
     notes.append(frames.failure_note(frames.records_frame(doc)))
     return common.finish_figure(
         fig,
-        "MegaMoE per-tile far-end store span, per store path ("
-        + ", ".join(megamoe.path_title(p) for p in per_path)
-        + ")",
+        "MegaMoE per-tile far-end store span, " + megamoe.paths_text(per_path),
         labels.doc_label(dataset_dir, doc),
         notes,
         legend=handles,

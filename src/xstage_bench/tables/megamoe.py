@@ -236,9 +236,7 @@ def build(dataset_dir: Path) -> Table:
         )
     return Table(
         frame,
-        "MegaMoE interleaved vs expert-wave speedup, per store path ("
-        + ", ".join(storepath.far_end(p) for p in paths)
-        + ")",
+        "MegaMoE interleaved vs expert-wave speedup, " + megamoe.paths_text(paths),
         labels.doc_label(dataset_dir, doc),
         notes,
         sections,

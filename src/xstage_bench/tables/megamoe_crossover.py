@@ -116,7 +116,8 @@ def build(dataset_dir: Path) -> Table:
             )
     return Table(
         pd.DataFrame(frame),
-        "MegaMoE with compute emulated: schedules over compute rate and share f, per store path",
+        "MegaMoE with compute emulated: schedules over compute rate and share f, "
+        + megamoe.paths_text(paths),
         labels.doc_label(dataset_dir, doc) + " (emulated compute)",
         notes,
     )

@@ -136,7 +136,7 @@ def build(dataset_dir: Path) -> Table:
     return Table(
         frame,
         f"MegaMoE lead map: interleaved vs expert-wave speedup by share f and lead "
-        f"({metric.name}), per store path",
+        f"({metric.name}), {megamoe.paths_text(paths)}",
         labels.doc_label(dataset_dir, doc),
         notes,
         [
