@@ -392,6 +392,9 @@ def test_megamoe_unfused_paths_and_gemm_ceiling_sections(tmp_path):
     assert by_precision.loc["w8a8", "fraction of ceiling median"] == pytest.approx(0.5)
     assert by_precision.loc["w4a8 time / w8a8 time", "geomean"] == pytest.approx(1.0)
     assert any("cuBLAS on the same two GEMMs" in n for n in table.notes if n)
+    # issue 26, item 5: kernel TFLOP/s is over kernel_us, the raw config's tflops over time_us
+    assert any("over the kernel time (kernel_us, extra tflops_kernel" in n for n in table.notes)
+    assert ceiling["kernel TFLOP/s"].tolist() == [700.0] * 8  # the records' tflops_kernel
 
 
 def test_ulysses_puts_an_emulated_world_size_beside_the_real_one(tmp_path):
