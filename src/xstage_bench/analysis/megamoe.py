@@ -513,7 +513,15 @@ def emulated_speedups(doc: dict) -> pd.DataFrame:
         return pd.DataFrame(
             columns=[*EMULATED_KEYS, "speedup", "speedup_ci_low", "speedup_ci_high"]
         )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    # per path and shape (in the order measured), by rate, then share: a table per rate
+    order = {k: list(dict.fromkeys(frame[k])) for k in ("shape", "remote_fraction")}
+    order["path"] = ordered_paths(frame["path"])
+    rank = {f"_{k}": frame[k].map({v: i for i, v in enumerate(o)}) for k, o in order.items()}
+    frame = frame.assign(**rank).sort_values(
+        ["_path", "_shape", "emulated_tflops", "_remote_fraction"], kind="stable"
+    )
+    return frame.drop(columns=list(rank)).reset_index(drop=True)
 
 
 def emulated_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame]:
