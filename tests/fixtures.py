@@ -374,6 +374,150 @@ def write_megamoe(
     return _write(ds, layout.MEGAMOE_RAW, "megamoe", records)
 
 
+# The host path on one GPU (issue 25, item 3): host shares f (0: the local control), the
+# lead map's leads (the main grid's interleaved arm asks for MAIN_LEAD) and what each
+# lead leaves of the expert waves' backpressure. Known by construction: kernel time
+# under expert waves 80 (1 + 0.5 f) us, interleaved 80 (1 + 0.5 f LEAD_LOSS[lead]) us;
+# the layer adds 20 us (barrier and reduction) to both.
+HOST_FRACTIONS = (0.0, 0.25, 0.5)
+MAIN_LEAD = 256
+SWEPT_LEADS = (0, 1024, 4096, "auto")
+AUTO_LEAD_ROWS = 512  # what the model's auto resolves to (not a swept lead)
+LEAD_LOSS = {0: 0.8, 256: 0.6, 512: 0.5, 1024: 0.4, 4096: 0.7}
+HOST_ROUNDS = 9
+LAYER_EXTRA_US = 20.0
+
+
+def host_config_id(config: dict, f: float) -> str:
+    return f"{config['id']}/path=host/f={f:g}"
+
+
+def host_kernel_us(f: float, lead: int | None) -> float:
+    """Kernel time of expert waves (lead None) or of interleaving with `lead` rows."""
+    return 80.0 * (1 + 0.5 * f * (1.0 if lead is None else LEAD_LOSS[lead]))
+
+
+def host_configs() -> list[tuple[dict, float]]:
+    """(configuration at world size 1, host share) of the host fixture's main grid."""
+    return [
+        ({**c, "path": "host", "remote_fraction": f}, f)
+        for c in grid.megamoe_points(MEGAMOE, 1)
+        for f in HOST_FRACTIONS
+    ]
+
+
+def in_lead_map(config: dict) -> bool:
+    """The lead map: w8a8, balanced routing, every shape and share."""
+    return config["precision"] == "w8a8" and config["routing"] == "balanced"
+
+
+def noisy_host_config(config: dict, f: float) -> bool:
+    """One configuration whose rounds are noisy on their own (not a drift both share)."""
+    return (
+        config["shape"] == MEGAMOE["shapes"][0]["name"]
+        and config["precision"] == "w4a8"
+        and (config["routing"] == "skewed" and f == 0.5)
+    )
+
+
+def throttled_host_config(config: dict, f: float) -> bool:
+    """The configuration whose interleaved record is flagged throttled: the largest f of
+    the second shape, w4a8 balanced (its speedup is among the largest)."""
+    return (
+        config["shape"] == MEGAMOE["shapes"][1]["name"]
+        and config["precision"] == "w4a8"
+        and config["routing"] == "balanced"
+        and f == HOST_FRACTIONS[-1]
+    )
+
+
+def write_megamoe_host(ds: Path, *, paired: bool = True) -> Path:
+    """The host path's MegaMoE sweep on one GPU, as wt-moe's runner records it: per
+    configuration and host share the two schedules timed in HOST_ROUNDS paired rounds
+    (each round drifts both arms by the same few percent, so only a paired CI is narrow),
+    and, for the lead map's configurations, interleaved arms per swept lead in the same
+    rounds. paired=False writes the same samples without extra.paired."""
+    rng = np.random.default_rng(25)
+    records = []
+    for config, f in host_configs():
+        cid = host_config_id(config, f)
+        arms = {"expert_wave": (None, None), "interleaved": (MAIN_LEAD, MAIN_LEAD)}
+        if in_lead_map(config):
+            for lead in SWEPT_LEADS:
+                resolved = AUTO_LEAD_ROWS if lead == "auto" else lead
+                arms[f"interleaved/lead={lead}"] = (lead, resolved)
+        ids = [f"{cid}/{name}" for name in arms]
+        drift = 1 + 0.04 * rng.standard_normal(HOST_ROUNDS)
+        own = 0.08 if noisy_host_config(config, f) else 0.0005
+        for (name, (requested, resolved)), record_id in zip(arms.items(), ids, strict=True):
+            kernel = (
+                host_kernel_us(f, resolved) * drift * (1 + own * rng.standard_normal(HOST_ROUNDS))
+            )
+            samples = {"time_us": kernel + LAYER_EXTRA_US, "kernel_us": kernel}
+            point = {**config, "id": record_id, "schedule": name.split("/")[0]}
+            if requested is not None:
+                point.update(lead_rows=resolved, lead_rows_requested=requested)
+            if "lead=" in name:
+                point["lead_sweep"] = True
+            extra = {
+                "tflops": 1e3 / float(np.median(samples["time_us"])),
+                "tflops_kernel": 1e3 / float(np.median(kernel)),
+                "host_bytes": int(f * (1 << 24)),
+                "remote_bytes": int(f * (1 << 24)),
+                "stop_reason": "rounds",
+            }
+            if paired:
+                extra["paired"] = {
+                    "arms": ids,
+                    "arm": record_id,
+                    "rounds": HOST_ROUNDS,
+                    "order": "round i runs the arms as listed when i is even, reversed when odd",
+                    "position": [
+                        (ids if i % 2 == 0 else ids[::-1]).index(record_id)
+                        for i in range(HOST_ROUNDS)
+                    ],
+                }
+            throttled = name == "interleaved" and throttled_host_config(config, f)
+            records.append(ok_record(record_id, point, samples, extra=extra, throttled=throttled))
+    return _write(ds, layout.MEGAMOE_RAW, "megamoe", records)
+
+
+def write_megamoe_trace_host(ds: Path, *, peer_too: bool = False) -> Path:
+    """The host path's trace of one configuration at f = 0.25: both schedules (store
+    spans 9 and 3.7 us) and the f = 0 control (0.3 us below interleaved), which the host
+    path writes as its share 0 rather than as a variant. peer_too: after
+    write_megamoe_trace's peer records (as records before paths: no `path`)."""
+    config = {**grid.megamoe_points(MEGAMOE, 1)[0], "path": "host"}
+    records = read_json(write_megamoe_trace(ds))["records"] if peer_too else []
+    for name, f in (("expert_wave", 0.25), ("interleaved", 0.25), ("expert_wave", 0.0)):
+        control = f == 0.0
+        timeline, spans = _timeline(8, wave=name == "expert_wave" and not control)
+        if control:
+            spans = [s - 0.3 for s in _timeline(8, wave=False)[1]]
+        point = {**config, "remote_fraction": f, "schedule": name}
+        if name == "interleaved":
+            point.update(lead_rows=MAIN_LEAD, lead_rows_requested=MAIN_LEAD)
+        record_id = f"{host_config_id(config, f)}/{name}"
+        records.append(
+            ok_record(record_id, point, {"store_span_us": spans}, extra={"timeline": timeline})
+        )
+    return _write(ds, layout.MEGAMOE_TRACE_RAW, "megamoe_trace", records)
+
+
+def add_path_drain_rate(ds: Path, path: str, r_gbps: float) -> None:
+    """Give the dataset's model a per-path part with its own R."""
+    model_path = ds / layout.MODEL_JSON
+    model = json.loads(model_path.read_text())
+    block = _model_block(path, True)
+    block["params"]["R_GBps"] = _param(r_gbps)
+    if path == model.get("path", "peer"):
+        model["params"]["R_GBps"] = _param(r_gbps)
+    else:
+        model["paths"] = [*model.get("paths", [model.get("path", "peer")]), path]
+        model.setdefault("other_paths", {})[path] = block
+    model_path.write_text(json.dumps(model))
+
+
 def _flashinfer_record(config: dict, ok: bool) -> dict:
     point = {**config, "variant": "flashinfer", "schedule": "flashinfer"}
     record_id = f"{config['id']}/flashinfer"
@@ -414,13 +558,25 @@ EMULATED_RATES = (500.0, 2000.0, 4500.0)
 EMULATED_FRACTIONS = (0.0, "natural", 0.875)
 
 
-def write_megamoe_emulated(ds: Path) -> Path:
+HOST_EMULATED_FRACTIONS = (0.0, 0.25, 1.0)
+
+
+def write_megamoe_emulated(ds: Path, paths: tuple[str, ...] = ("peer",)) -> Path:
     """The emulated sweep of one shape: compute time 1e6/X us; expert waves lose
     0.3 f X/4500 of it to backpressure, interleaving 0.05 f (the local control, f = 0,
-    loses nothing); waits and spans in the extras."""
+    loses nothing); waits and spans in the extras. The peer path as records before paths
+    wrote it (no `path`), the host path over HOST_EMULATED_FRACTIONS with `path=host`."""
     shape = MEGAMOE["shapes"][0]
     records = []
-    for fraction in EMULATED_FRACTIONS:
+    for path in paths:
+        records += _emulated_records(shape, path)
+    return _write(ds, layout.MEGAMOE_EMULATED_RAW, "megamoe_emulated", records)
+
+
+def _emulated_records(shape: dict, path: str) -> list[dict]:
+    records = []
+    host = path == "host"
+    for fraction in HOST_EMULATED_FRACTIONS if host else EMULATED_FRACTIONS:
         f = 0.5 if fraction == "natural" else fraction
         for rate in EMULATED_RATES:
             compute = 1e6 / rate
@@ -442,13 +598,16 @@ def write_megamoe_emulated(ds: Path) -> Path:
                     "schedule": sched,
                 }
                 rid = f"{shape['name']}/T=4096/P=2/X={rate:g}/f={label}/{sched}"
+                if host:
+                    point["path"] = "host"
+                    rid = f"{shape['name']}/T=4096/P=2/X={rate:g}/path=host/f={label}/{sched}"
                 extra = {
                     "wait_us_p90": 0.1,
                     "store_span_us_median": 3.0 + 5.0 * f,
                     "equivalent_tflops": 0.5 * 1e6 / t,  # half the nominal rate, and less
                 }
                 records.append(ok_record(rid, point, {"time_us": [t] * 3}, extra=extra))
-    return _write(ds, layout.MEGAMOE_EMULATED_RAW, "megamoe_emulated", records)
+    return records
 
 
 def read_json(path: Path) -> dict:

@@ -108,8 +108,10 @@ def test_process_model_table_summarizes_the_two_runs(tmp_path):
     out = ds / "tables" / "tab-process-model.csv"
     render_product("tab-process-model", ds, out)
     row = out.read_text().splitlines()
-    assert row[0].startswith("points,geomean_ratio,median_ratio,min_ratio,max_ratio,agree")
-    points, _, _, low, high, agree = row[1].split(",")[:6]
+    assert row[0].startswith("metric,points,geomean_ratio,median_ratio,min_ratio,max_ratio,agree")
+    assert len(row) == 2  # the fixture's records have the layer time only
+    metric, points, _, _, low, high, agree = row[1].split(",")[:7]
+    assert metric == "layer time (kernel + barrier + reduction)"
     records = read_json(ds / layout.MEGAMOE_RAW)["records"]
     ours = sum(1 for r in records if "variant" not in r["point"])
     assert int(points) == ours - 1  # one point failed in the per-GPU run
@@ -118,6 +120,9 @@ def test_process_model_table_summarizes_the_two_runs(tmp_path):
     md = out.with_suffix(".md").read_text()
     assert "one process per GPU" in md and "not ok in one run, left out" in md
     assert "git sha" in md  # the fixture's per-GPU run carries another sha
+    # every per-point ratio has its CI and a verdict: the scaled point is told apart
+    assert "| ratio | ci_low | ci_high | verdict | agree |" in md
+    assert md.count("| single faster |") == 1
 
 
 def test_process_model_table_without_a_per_gpu_run_names_the_missing_file(tmp_path):

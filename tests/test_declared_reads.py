@@ -49,7 +49,10 @@ def declared(product: products.Product, dataset: Path) -> set[Path]:
     return paths
 
 
-RENDERED = sorted(set(products.PRODUCTS) - {"tab-process-model"})
+# the process model and the lead map need datasets of their own (tests below)
+RENDERED = sorted(
+    set(products.PRODUCTS) - {"tab-process-model", "fig-megamoe-lead", "tab-megamoe-lead"}
+)
 
 
 @pytest.mark.parametrize("name", RENDERED)
@@ -62,6 +65,19 @@ def test_a_renderer_opens_only_what_its_product_declares(name, dataset, tmp_path
     read = {p.relative_to(dataset) for p in opened if dataset in p.parents}
     assert read, f"{name} opened nothing of the dataset"
     assert read <= declared(products.PRODUCTS[name], dataset)
+
+
+@pytest.mark.parametrize("name", ["fig-megamoe-lead", "tab-megamoe-lead"])
+def test_the_lead_map_opens_only_what_it_declares(name, tmp_path):
+    from fixtures import write_megamoe_host
+
+    ds = tmp_path / "h200x1"
+    write_megamoe_host(ds)
+    ds = ds.resolve()
+    out = tmp_path / ("x.pdf" if name.startswith("fig-") else "x.csv")
+    opened = files_opened(lambda: render_product(name, ds, out))
+    read = {p.relative_to(ds) for p in opened if ds in p.parents}
+    assert read == declared(products.PRODUCTS[name], ds)
 
 
 def test_the_process_model_table_declares_both_runs(tmp_path):

@@ -4,11 +4,21 @@ from a synthetic measured dataset (tests/fixtures.py) whose speedups are known."
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
-from fixtures import EMULATED_FRACTIONS, EMULATED_RATES, make_dataset, write_megamoe_emulated
+from fixtures import (
+    EMULATED_FRACTIONS,
+    EMULATED_RATES,
+    HOST_EMULATED_FRACTIONS,
+    add_path_drain_rate,
+    make_dataset,
+    write_megamoe_emulated,
+)
 
+from xstage_bench import paper
 from xstage_bench.analysis import megamoe
+from xstage_bench.figures import megamoe_crossover as megamoe_crossover_figure
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.emulated import emulated_points
 from xstage_bench.render import render_product
@@ -95,3 +105,70 @@ def test_the_simulator_predicts_beside_the_measurement(measured, tmp_path):
     frame = pd.read_csv(table)
     assert frame["sim_speedup"].notna().all()
     assert "median |error|" in table.with_suffix(".md").read_text()
+
+
+@pytest.fixture(scope="module")
+def both_paths(tmp_path_factory):
+    """The emulated sweep on the peer path (records before paths) and the host path, the
+    model fitted per path (host R = 52 GB/s, peer R = 365 GB/s)."""
+    ds = make_dataset(tmp_path_factory.mktemp("data"), "h200x2-paths", attention=False)
+    write_megamoe_emulated(ds, paths=("peer", "host"))
+    add_path_drain_rate(ds, "host", 52.0)
+    add_path_drain_rate(ds, "peer", 365.0)
+    return ds
+
+
+def test_crossover_has_a_row_per_path_marked_at_the_paths_own_r(both_paths):
+    fig = megamoe_crossover_figure.plot(both_paths)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title().split(", ", 1)[1] for ax in panels] == [
+        "peer path (peer GPU (NVLink))",
+        "host path (host memory)",
+    ]
+    for ax, r in zip(panels, (365.0, 52.0), strict=True):
+        marks = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
+        assert marks == pytest.approx([paper.PAPER_FLOP_PER_BYTE * r * 1e9 / 1e12])
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "host, host share: f = 0.25" in labels
+
+
+def test_crossover_lines_never_go_back_along_x(both_paths):
+    """Issue 27, item 8: one line per share, its points sorted by the achieved rate."""
+    fig = megamoe_crossover_figure.plot(both_paths)
+    lines = [
+        line
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_marker() == "o"  # the data lines (1.0 and the marks have none)
+    ]
+    assert len(lines) == len(EMULATED_FRACTIONS) + len(HOST_EMULATED_FRACTIONS)
+    for line in lines:
+        x = np.asarray(line.get_xdata(), dtype=float)
+        assert (np.diff(x) >= 0).all()
+
+
+def test_crossover_table_is_per_path_and_leaves_the_simulator_out_of_two_paths(
+    both_paths, tmp_path
+):
+    shutil.copy(ROOT / "config" / "hardware" / "h200.yaml", both_paths / "model" / "profile.yaml")
+    table = tmp_path / "tab-megamoe-crossover.csv"
+    render_product("tab-megamoe-crossover", both_paths, table)
+    frame = pd.read_csv(table)
+    assert frame.groupby("path").size().to_dict() == {
+        "host": len(EMULATED_RATES) * len(HOST_EMULATED_FRACTIONS),
+        "peer": len(EMULATED_RATES) * len(EMULATED_FRACTIONS),
+    }
+    assert "sim_speedup" not in frame.columns
+    markdown = table.with_suffix(".md").read_text()
+    assert "host path: the paper's compute-to-drain ratio corresponds to X = 326" in markdown
+    assert "R = 52 GB/s" in markdown and "several paths" in markdown
+
+
+def test_a_model_fitted_per_path_gives_each_path_its_own_r():
+    top = {"params": {"R_GBps": {"value": 350.0}}}
+    assert megamoe.path_drain_rate_GBps(top, "peer") == 350.0  # before paths: one fit
+    per_path = {**top, "paths": {"host": {"params": {"R_GBps": {"value": 52.0}}}}}
+    assert megamoe.path_drain_rate_GBps(per_path, "host") == 52.0
+    assert megamoe.path_drain_rate_GBps(per_path, "peer") is None  # not fitted for it
+    listed = {**top, "per_path": [{"path": "host", "R_GBps": {"value": 51.0}}]}
+    assert megamoe.path_drain_rate_GBps(listed, "host") == 51.0

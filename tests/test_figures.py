@@ -8,12 +8,15 @@ from pathlib import Path
 import matplotlib.pyplot
 import pytest
 from fixtures import (
+    AUTO_LEAD_ROWS,
     HOST_CEILINGS,
     HOST_LINE_RATE,
     HOST_TRUTH,
     SIMULATED_HOLDING,
     make_dataset,
     write_megamoe,
+    write_megamoe_host,
+    write_megamoe_trace_host,
     write_microbench,
     write_model,
 )
@@ -367,9 +370,9 @@ def test_store_span_cdf_draws_one_distribution_per_run(sim_dataset):
     fig = FIGURES["fig-store-span-cdf"](sim_dataset)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert [label.split(":")[0] for label in labels] == [
-        "expert waves",
-        "interleaved",
-        "local-store control",
+        "peer, expert waves",
+        "peer, interleaved",
+        "peer, local-store control",
     ]
     assert "medians 3.50 us" in labels[2]
     cdf, detail = fig.axes[:2]
@@ -506,3 +509,79 @@ def test_a_host_only_dataset_renders_every_microbench_figure_labelled_host(tmp_p
         titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
         assert titles and all(t.startswith(HOST_FAR) for t in titles), (name, titles)
         assert "1x NVIDIA H200" in fig.get_suptitle()
+
+
+# ------------------------------------------------------------ MegaMoE per store path
+
+
+@pytest.fixture(scope="module")
+def host_dataset(tmp_path_factory):
+    """One GPU, the host path (fixtures.write_megamoe_host), its trace beside the peer
+    path's (records without a path)."""
+    ds = tmp_path_factory.mktemp("data") / "h200x1-host"
+    write_megamoe_host(ds)
+    write_megamoe_trace_host(ds, peer_too=True)
+    return ds
+
+
+def test_trace_series_reads_the_host_paths_control_as_its_share_zero():
+    assert trace_series({"schedule": "expert_wave", "remote_fraction": 0.0}) == "local_control"
+    assert trace_series({"schedule": "expert_wave", "remote_fraction": 0.25}) == "expert_wave"
+
+
+def test_megamoe_speedup_has_a_bars_panel_per_host_share_naming_the_path(host_dataset):
+    fig = FIGURES["fig-megamoe-speedup"](host_dataset)
+    assert "host (host memory)" in fig.get_suptitle()
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert [t.split(":")[0] for t in titles] == [
+        f"host path (host memory), host share f = {f}" for f in ("0 (local control)", "0.25", "0.5")
+    ]
+    assert "interleaved faster in 8, slower in 0, tie in 0" in titles[1]
+    assert "1 noisy" in titles[2]  # fixtures.noisy_host_config, hatched
+    bars = fig.axes[2].patches
+    assert sum(bar.get_hatch() == "///" for bar in bars) == 1
+    assert len(fig.axes) == 3 + 3  # three shares' bars, one row of group panels
+
+
+def test_megamoe_lead_figure_draws_a_line_per_lead_and_marks_auto(host_dataset):
+    fig = FIGURES["fig-megamoe-lead"](host_dataset)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 2  # the two shapes of the map (w8a8, balanced)
+    assert all(ax.get_title().startswith("host path:") for ax in panels)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:4] == ["lead 0 rows", "lead 256 rows", "lead 1024 rows", "lead 4096 rows"]
+    assert labels[4].startswith("auto")
+    chosen = {t.get_text() for t in panels[0].texts if t.get_text().isdigit()}
+    assert chosen == {str(AUTO_LEAD_ROWS)}
+    assert "kernel time" in panels[0].get_ylabel()
+
+
+def test_megamoe_lead_figure_needs_the_lead_sweep(tmp_path):
+    ds = tmp_path / "sim-moe"
+    write_megamoe(ds)
+    with pytest.raises(NoDataError, match="lead-sweep"):
+        FIGURES["fig-megamoe-lead"](ds)
+
+
+def test_timeline_draws_the_first_configuration_of_each_path(host_dataset):
+    fig = FIGURES["fig-megamoe-timeline"](host_dataset)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert [t.split(":")[0] for t in titles] == ["peer path"] * 2 + ["host path"] * 2
+    assert "host share f = 0.25; interleaved" in titles[3]
+    assert "peer (peer GPU (NVLink)), host (host memory)" in fig.get_suptitle()
+
+
+def test_store_span_cdf_has_a_row_per_path_and_the_host_control_on_its_configuration(
+    host_dataset,
+):
+    fig = FIGURES["fig-store-span-cdf"](host_dataset)
+    peer_cdf, peer_detail, host_cdf, host_detail = fig.axes[:4]
+    assert peer_cdf.get_title().startswith("peer path") and "host memory" in host_cdf.get_xlabel()
+    assert [t.get_text() for t in host_detail.get_yticklabels()] == [
+        "dit-moe-g-16e2a\nw4a8, balanced, T=1024, f=0.25"
+    ]
+    # expert waves, interleaved and the f = 0 control, all on the one row
+    rows = [tuple(c.get_offsets()[:, 1]) for c in host_detail.collections]
+    assert rows == [(0.0,), (0.0,), (0.0,)]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "host, local-store control: medians 3.50 us" in labels

@@ -55,6 +55,7 @@ def gives(experiments, studies=()):
 def test_a_simulated_dataset_gets_every_product_but_the_gpu_only_ones():
     got = {n for n, p in PRODUCTS.items() if SIMULATED_HOLDING.gives(p)}
     gpu_only = {"tab-process-model", "fig-megamoe-crossover", "tab-megamoe-crossover"}
+    gpu_only |= {"fig-megamoe-lead", "tab-megamoe-lead"}  # the simulator sweeps no leads
     assert got == set(PRODUCTS) - gpu_only
 
 
@@ -95,3 +96,24 @@ def test_what_is_on_disk(tmp_path):
     (tmp_path / layout.MEGAMOE_TRACE_RAW).write_text("{}")  # a trace alone: not the sweep
     (tmp_path / layout.ATTENTION_RAW).write_text("{}")
     assert Holding.on_disk(tmp_path) == Holding.of({"microbench", "attention"}, ["drain"])
+
+
+def test_the_lead_map_is_given_only_where_the_sweep_has_lead_arms(tmp_path):
+    from fixtures import write_megamoe, write_megamoe_host
+
+    lead_products = {"fig-megamoe-lead", "tab-megamoe-lead"}
+    assert lead_products.isdisjoint(gives({"megamoe"}))
+    has = Holding.of({"megamoe"}, (), {products.LEAD_SWEEP})
+    assert lead_products <= {n for n, p in PRODUCTS.items() if has.gives(p)}
+    # on disk: read from raw/megamoe.json's records
+    plain, swept = tmp_path / "h200x2", tmp_path / "h200x1"
+    write_megamoe(plain)
+    write_megamoe_host(swept)
+    assert Holding.on_disk(plain).contents == frozenset()
+    assert Holding.on_disk(swept).contents == {products.LEAD_SWEEP}
+    assert all(Holding.on_disk(swept).gives(PRODUCTS[n]) for n in lead_products)
+    # a run that measures megamoe with a lead sweep in its config makes it
+    config = {"megamoe": {products.LEAD_SWEEP_KEY: {"shapes": ["glm-5.2"]}}}
+    assert products.contents_of_config(config, ["megamoe"]) == {products.LEAD_SWEEP}
+    assert products.contents_of_config(config, ["attention"]) == frozenset()
+    assert products.contents_of_config({"megamoe": {}}, ["megamoe"]) == frozenset()

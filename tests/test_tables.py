@@ -8,20 +8,34 @@ import numpy as np
 import pandas as pd
 import pytest
 from fixtures import (
+    AUTO_LEAD_ROWS,
+    HOST_FRACTIONS,
     HOST_TRUTH,
+    MAIN_LEAD,
+    ROOT,
     SIMULATED_HOLDING,
+    add_path_drain_rate,
+    host_config_id,
+    host_configs,
+    host_kernel_us,
     make_dataset,
     megamoe_configs,
+    noisy_host_config,
     write_megamoe,
+    write_megamoe_emulated,
+    write_megamoe_host,
+    write_megamoe_trace_host,
     write_microbench,
     write_model,
 )
 
 from xstage_bench import layout, paper, products
+from xstage_bench.analysis import megamoe as analysis_megamoe
 from xstage_bench.analysis.load import NoDataError
 from xstage_bench.render import TABLES, render_product
-from xstage_bench.results import RawResultError, ok_record, raw_document, write_raw
+from xstage_bench.results import RawResultError, ok_record, raw_document, read_raw, write_raw
 from xstage_bench.tables import claim_answers, claims, megamoe, noise
+from xstage_bench.tables import megamoe_lead as megamoe_lead_table
 from xstage_bench.tables import ulysses as ulysses_table
 from xstage_bench.tables.common import Table, to_markdown, write_table
 
@@ -90,8 +104,12 @@ def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path)
     write_megamoe(ds, speedups, baselines=True)
     table = megamoe.build(ds)
     titles = [title for title, _ in table.sections]
-    assert titles == ["Our best schedule against the baselines", "Per configuration"]
-    summary, per_config = (frame for _, frame in table.sections)
+    assert titles == [
+        "Per configuration: speedups with CIs and verdicts",
+        "Our best schedule against the baselines",
+        "Our best schedule against the baselines, per configuration",
+    ]
+    summary, per_config = (frame for _, frame in table.sections[1:])
 
     def overall(name):
         return summary[(summary["comparison"] == name) & (summary["group"] == "overall")].iloc[0]
@@ -115,7 +133,8 @@ def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path)
     out = tmp_path / "tab-megamoe.csv"
     write_table(table, out)
     markdown = out.with_suffix(".md").read_text()
-    assert "## Per configuration" in markdown and "ours/DeepGEMM" in markdown
+    assert "## Our best schedule against the baselines, per configuration" in markdown
+    assert "ours/DeepGEMM" in markdown
 
 
 def test_megamoe_flashinfer_beside_the_other_baselines_per_configuration_and_precision(
@@ -133,7 +152,7 @@ def test_megamoe_flashinfer_beside_the_other_baselines_per_configuration_and_pre
     ratios = sorted(wide["ours_over_flashinfer"].dropna())
     assert ratios == pytest.approx(sorted(best[w8a8] / 90))
     table = megamoe.build(ds)
-    summary, per_config = (frame for _, frame in table.sections)
+    summary, per_config = (frame for _, frame in table.sections[1:])
     rows = summary[summary["comparison"] == "ours/FlashInfer SM90 FP8 (time)"]
     overall = rows[rows["group"] == "overall"].iloc[0]
     assert overall["n"] == 4
@@ -152,7 +171,7 @@ def test_megamoe_flashinfer_without_an_ok_record_says_why_and_is_absent_when_unm
     ds = tmp_path / "h200x2-moe"
     write_megamoe(ds, [1.25] * 8, baselines=True, flashinfer="unsupported")
     table = megamoe.build(ds)
-    summary, per_config = (frame for _, frame in table.sections)
+    summary, per_config = (frame for _, frame in table.sections[1:])
     row = summary[summary["comparison"] == "ours/FlashInfer SM90 FP8 (time)"].iloc[0]
     assert row["n"] == 0
     assert per_config["FlashInfer us"].isna().all()
@@ -160,7 +179,7 @@ def test_megamoe_flashinfer_without_an_ok_record_says_why_and_is_absent_when_unm
     plain = tmp_path / "h200x2-plain"
     write_megamoe(plain, [1.25] * 8, baselines=True)
     table = megamoe.build(plain)
-    summary, per_config = (frame for _, frame in table.sections)
+    summary, per_config = (frame for _, frame in table.sections[1:])
     assert not summary["comparison"].str.contains("FlashInfer").any()
     assert not any("FlashInfer" in c for c in per_config.columns)
     assert not any("FlashInfer" in n for n in table.notes if n)
@@ -170,7 +189,9 @@ def test_megamoe_without_ok_baselines_has_no_baseline_section(tmp_path):
     ds = tmp_path / "sim-moe"
     write_megamoe(ds)  # ours only, plus one unsupported DeepGEMM record (as the simulator)
     table = megamoe.build(ds)
-    assert table.sections == []
+    assert [title for title, _ in table.sections] == [
+        "Per configuration: speedups with CIs and verdicts"
+    ]
     assert any("1 point failed (unsupported: 1)" in n for n in table.notes if n)
 
 
@@ -510,7 +531,7 @@ def test_megamoe_unfused_paths_and_gemm_ceiling_sections(tmp_path):
     fp8 = "ours/unfused FP8 grouped, per-token x per-channel scales (time)"
     assert overall.loc[fp8, "geomean"] == pytest.approx(80 / 160)
     assert overall.loc["ours/unfused bf16 grouped (time)", "geomean"] == pytest.approx(80 / 200)
-    per_config = sections["Per configuration"]
+    per_config = sections["Our best schedule against the baselines, per configuration"]
     assert per_config["unfused FP8 grouped us"].tolist() == [160.0] * 8
     ceiling = sections["Our kernel beside the GEMM ceiling, per configuration"]
     assert len(ceiling) == 8
@@ -520,6 +541,9 @@ def test_megamoe_unfused_paths_and_gemm_ceiling_sections(tmp_path):
     assert by_precision.loc["w8a8", "fraction of ceiling median"] == pytest.approx(0.5)
     assert by_precision.loc["w4a8 time / w8a8 time", "geomean"] == pytest.approx(1.0)
     assert any("cuBLAS on the same two GEMMs" in n for n in table.notes if n)
+    # issue 26, item 5: kernel TFLOP/s is over kernel_us, the raw config's tflops over time_us
+    assert any("over the kernel time (kernel_us, extra tflops_kernel" in n for n in table.notes)
+    assert ceiling["kernel TFLOP/s"].tolist() == [700.0] * 8  # the records' tflops_kernel
 
 
 def test_ulysses_puts_an_emulated_world_size_beside_the_real_one(tmp_path):
@@ -551,3 +575,175 @@ def test_ulysses_puts_an_emulated_world_size_beside_the_real_one(tmp_path):
     figure = ulysses_figure.plot(ds)
     titles = [ax.get_title() for ax in figure.axes]
     assert any("P=8 emulated on 2 GPUs" in t for t in titles)
+
+
+# ------------------------------------------------ MegaMoE per store path, CIs and metrics
+
+
+@pytest.fixture(scope="module")
+def host_dataset(tmp_path_factory):
+    """One GPU, the host path: paired rounds, a lead map, one noisy configuration and
+    one throttled record (fixtures.write_megamoe_host)."""
+    ds = tmp_path_factory.mktemp("data") / "h200x1-host"
+    for study in ("drain", "isolated"):
+        write_microbench(ds, study)
+    write_model(ds)
+    add_path_drain_rate(ds, "host", 52.0)
+    write_megamoe_host(ds)
+    write_megamoe_trace_host(ds)
+    write_megamoe_emulated(ds, paths=("host",))
+    return ds
+
+
+def _rows(frame, **where):
+    for key, value in where.items():
+        frame = frame[frame[key] == value]
+    return frame
+
+
+def test_megamoe_host_path_has_one_headline_per_share_with_cis(host_dataset):
+    table = megamoe.build(host_dataset)
+    frame = table.frame
+    assert set(frame["path"]) == {"host"}
+    assert "host (host memory)" in table.title
+    kernel = _rows(frame, metric="kernel time", group="overall")
+    assert kernel["value"].tolist() == [
+        "host share f = 0 (local control)",
+        "host share f = 0.25",
+        "host share f = 0.5",
+    ]
+    for f, (_, row) in zip(HOST_FRACTIONS, kernel.iterrows(), strict=True):
+        truth = host_kernel_us(f, None) / host_kernel_us(f, MAIN_LEAD)
+        assert row["n"] == 8
+        assert row["geomean"] == pytest.approx(truth, rel=0.01)
+        assert row["geomean_ci_low"] <= row["geomean"] <= row["geomean_ci_high"]
+        assert row["median_ci_low"] <= row["median"] <= row["median_ci_high"]
+        assert row["wins"] + row["losses"] + row["ties"] == 8
+    control, quarter = kernel.iloc[0], kernel.iloc[1]
+    assert control["ties"] == 8 and np.isnan(control["paper_geomean"])
+    assert quarter["wins"] == 8 and quarter["paper_geomean"] == paper.MEGAMOE_GEOMEAN
+    assert any("host share" in n and "local control" in n for n in table.notes)
+
+
+def test_megamoe_metric_names_say_which_time_each_speedup_is_of(host_dataset):
+    """Issue 26, item 5: 'layer time' is time_us (kernel + barrier + reduction), 'kernel
+    time' is kernel_us, in the headline, the per-configuration section and the notes,
+    computed here from the raw samples without the package."""
+    doc = json.loads((host_dataset / layout.MEGAMOE_RAW).read_text())
+    medians = {
+        (r["id"], metric): float(np.median(r["samples"][metric]))
+        for r in doc["records"]
+        for metric in ("time_us", "kernel_us")
+    }
+    table = megamoe.build(host_dataset)
+    per_config = dict(table.sections)["Per configuration: speedups with CIs and verdicts"]
+    first = host_configs()[1]  # the first configuration at f = 0.25
+    cid = host_config_id(*first)
+    for metric, name in (("time_us", "layer time"), ("kernel_us", "kernel time")):
+        want = medians[(f"{cid}/expert_wave", metric)] / medians[(f"{cid}/interleaved", metric)]
+        assert per_config[f"{name} speedup"].iloc[1] == pytest.approx(want)
+    layer = per_config["layer time speedup"].iloc[1]
+    assert layer < per_config["kernel time speedup"].iloc[1]  # the layer adds 20 us to both
+    metrics = set(table.frame["metric"])
+    assert metrics == {"layer time (kernel + barrier + reduction)", "kernel time"}
+    assert any(
+        n.startswith("'layer time (kernel + barrier + reduction)' = time_us") for n in table.notes
+    )
+    assert any(n.startswith("'kernel time' = kernel_us") for n in table.notes)
+
+
+def test_megamoe_with_layer_time_only_names_it(tmp_path):
+    ds = tmp_path / "sim-moe"
+    write_megamoe(ds)  # the simulator's records: time_us only
+    frame = megamoe.build(ds).frame
+    assert set(frame["metric"]) == {"layer time (kernel + barrier + reduction)"}
+
+
+def test_megamoe_paired_rounds_narrow_each_configurations_ci(tmp_path):
+    widths = {}
+    for paired in (True, False):
+        ds = tmp_path / f"h200x1-{paired}"
+        write_megamoe_host(ds, paired=paired)
+        speedups, _ = analysis_megamoe.megamoe_speedups(read_raw(ds / layout.MEGAMOE_RAW))
+        assert speedups["paired"].all() == paired
+        widths[paired] = speedups["kernel_speedup_ci_high"] - speedups["kernel_speedup_ci_low"]
+    assert (widths[True] < widths[False]).mean() > 0.9
+
+
+def test_megamoe_noisy_points_and_extremes_show_their_own_ci(host_dataset):
+    table = megamoe.build(host_dataset)
+    per_config = dict(table.sections)["Per configuration: speedups with CIs and verdicts"]
+    noisy = [noisy_host_config(c, f) for c, f in host_configs()]
+    assert per_config["kernel time noisy"].tolist() == noisy
+    row = _rows(table.frame, metric="kernel time", group="overall", value="host share f = 0.5")
+    row = row.iloc[0]
+    assert row["noisy"] == 1
+    at_half = per_config[[f == 0.5 for _, f in host_configs()]]
+    low = at_half.loc[at_half["kernel time speedup"].idxmin()]
+    assert (row["min"], row["min_ci_low"], row["min_ci_high"], row["min_noisy"]) == (
+        low["kernel time speedup"],
+        low["kernel time CI low"],
+        low["kernel time CI high"],
+        low["kernel time noisy"],
+    )
+
+
+def test_megamoe_throttled_points_are_counted_and_a_headline_leaves_them_out(host_dataset):
+    frame = megamoe.build(host_dataset).frame
+    half = _rows(frame, metric="kernel time", value="host share f = 0.5")
+    overall = _rows(half, group="overall").iloc[0]
+    cool = _rows(half, group="overall, throttled points left out").iloc[0]
+    assert (overall["n"], overall["throttled"]) == (8, 1)
+    assert (cool["n"], cool["throttled"]) == (7, 0)
+    assert cool["geomean"] != overall["geomean"]
+    # no flagged point at f = 0.25: one headline only
+    quarter = _rows(frame, metric="kernel time", value="host share f = 0.25")
+    assert _rows(quarter, group="overall, throttled points left out").empty
+
+
+def test_megamoe_lead_table_finds_the_best_lead_and_how_far_auto_is(host_dataset):
+    table = megamoe_lead_table.build(host_dataset)
+    frame = table.frame
+    assert "kernel time" in table.title and "host (host memory)" in table.title
+    assert len(frame) == 2 * len(HOST_FRACTIONS)  # two shapes in the map, each share
+    assert {f"speedup lead={lead}" for lead in ("0", "256", "1024", "4096", "auto")} <= set(
+        frame.columns
+    )
+    loaded = frame[frame["f"] != "0"]
+    assert (loaded["best_lead"] == 1024).all()
+    assert (loaded["auto_lead_rows"] == AUTO_LEAD_ROWS).all()
+    for _, row in loaded.iterrows():
+        f = float(row["f"])
+        # auto's speedup over the best's is the best lead's time over auto's
+        truth = host_kernel_us(f, 1024) / host_kernel_us(f, AUTO_LEAD_ROWS)
+        assert row["auto_over_best"] == pytest.approx(truth, rel=0.005)
+        assert row["auto_vs_best"] == "best swept lead faster"
+        assert row["best_ci_low"] <= row["best_speedup"] <= row["best_ci_high"]
+    assert (frame[frame["f"] == "0"]["auto_vs_best"] == "tie").all()
+    sections = dict(table.sections)
+    per_lead = sections["Per lead: both metrics with CIs and verdicts"]
+    assert len(per_lead) == len(frame) * 5 and per_lead["paired"].all()
+    summary = sections["Per path and f: the best swept lead and the model's auto"]
+    assert summary.set_index("f").loc["0.5", "best swept lead (times best)"] == "1024 (2)"
+
+
+def test_megamoe_lead_table_without_a_lead_sweep_is_no_data(tmp_path):
+    ds = tmp_path / "sim-moe"
+    write_megamoe(ds)
+    with pytest.raises(NoDataError, match="has no lead-sweep arm"):
+        megamoe_lead_table.build(ds)
+
+
+def test_megamoe_products_of_the_committed_reference_still_render(tmp_path):
+    """ref-h200x2 predates paths and paired rounds: its points read as the peer path,
+    unpaired, and its MegaMoE table and crossover figure render (the other MegaMoE
+    products read the same way from the fixtures' records without a path)."""
+    ref = ROOT / "results" / "ref-h200x2"
+    doc = read_raw(ref / layout.MEGAMOE_RAW)
+    speedups, _ = analysis_megamoe.megamoe_speedups(doc)
+    assert set(speedups["path"]) == {"peer"} and not speedups["paired"].any()
+    assert len(analysis_megamoe.natural_routing(speedups)) == paper.MEGAMOE_CONFIGS
+    assert not products.Holding.on_disk(ref).gives(products.PRODUCTS["tab-megamoe-lead"])
+    render_product("tab-megamoe", ref, tmp_path / "tab-megamoe.csv")
+    render_product("fig-megamoe-crossover", ref, tmp_path / "fig-megamoe-crossover.pdf")
+    assert "peer (peer GPU (NVLink))" in (tmp_path / "tab-megamoe.md").read_text()

@@ -7,12 +7,19 @@ beside this one (`counterpart_reads`). From this one declaration come the Snakem
 and their inputs (figures.smk, common.smk), which products a dataset gets (`Holding`),
 and the renderer of each product (render.py: the module named after it, `renderer`).
 tests/test_declared_reads.py checks each renderer opens only what its product declares.
+
+A few products need more than a file: a part of one that not every run measures (the
+MegaMoE lead map, `LEAD_SWEEP`). A product names such contents in `needs`; a dataset
+holds them when its file on disk has them (`contents_on_disk`) or when this run's config
+asks for them (`contents_of_config`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from xstage_bench import layout
@@ -29,6 +36,10 @@ from xstage_bench.layout import (
 
 MICROBENCH = "microbench"
 MODEL_FILES = (MODEL_JSON, MODEL_PROFILE)  # one rule fits both from the microbench studies
+# raw/megamoe.json's lead map: extra interleaved arms per swept lead (`lead_sweep: true`
+# on their points), measured where the config's megamoe section has `lead_sweep`.
+LEAD_SWEEP = "megamoe:lead_sweep"
+LEAD_SWEEP_KEY = "lead_sweep"
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,8 @@ class Product:
     optional: tuple[str, ...] = ()  # reads the product uses when the dataset has them
     # reads of each dataset shown beside this one (tables.counterparts.datasets_read)
     counterpart_reads: tuple[str, ...] = ()
+    # contents of its reads it needs beyond the files themselves (LEAD_SWEEP)
+    needs: tuple[str, ...] = ()
 
     @property
     def is_figure(self) -> bool:
@@ -108,6 +121,7 @@ FIGURES = (
         (MEGAMOE_EMULATED_RAW, MODEL_JSON),
         optional=(MODEL_JSON,),
     ),
+    Product("fig-megamoe-lead", (MEGAMOE_RAW,), needs=(LEAD_SWEEP,)),
 )
 
 _CLAIMS_READS = (MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, MEGAMOE_EMULATED_RAW, ATTENTION_RAW)
@@ -129,6 +143,7 @@ TABLES = (
         counterpart_reads=(ALL_RAW, MODEL_JSON),
     ),
     Product("tab-noise", (ALL_RAW,)),
+    Product("tab-megamoe-lead", (MEGAMOE_RAW,), needs=(LEAD_SWEEP,)),
 )
 
 PRODUCTS = {p.name: p for p in FIGURES + TABLES}
@@ -144,17 +159,54 @@ def made_from(read: str) -> str:
     raise ValueError(f"read '{read}' is made by no experiment (layout.EXPERIMENT_FILES)")
 
 
+@lru_cache(maxsize=64)
+def _has_lead_sweep(path: str, mtime_ns: int, size: int) -> bool:
+    """Whether a MegaMoE raw file holds lead-sweep records (cached per file version: the
+    DAG asks once per product input)."""
+    try:
+        records = json.loads(Path(path).read_text()).get("records") or []
+    except (OSError, ValueError):
+        return False  # unreadable: the products that read it say why when they render
+    return any((r.get("point") or {}).get("lead_sweep") for r in records)
+
+
+def contents_on_disk(dataset_dir: Path) -> frozenset[str]:
+    """The contents (LEAD_SWEEP) the dataset's raw files on disk hold."""
+    path = Path(dataset_dir) / MEGAMOE_RAW
+    if not path.exists():
+        return frozenset()
+    stat = path.stat()
+    return (
+        frozenset({LEAD_SWEEP})
+        if _has_lead_sweep(str(path), stat.st_mtime_ns, stat.st_size)
+        else frozenset()
+    )
+
+
+def contents_of_config(config: Mapping, experiments: Iterable[str]) -> frozenset[str]:
+    """The contents a run of `config` makes when it measures `experiments`: the lead map
+    where it measures megamoe with a `megamoe.lead_sweep` section."""
+    megamoe = config.get("megamoe") or {}
+    if "megamoe" in set(experiments) and megamoe.get(LEAD_SWEEP_KEY):
+        return frozenset({LEAD_SWEEP})
+    return frozenset()
+
+
 @dataclass(frozen=True)
 class Holding:
-    """What a dataset holds (or a run will make): its experiments and microbench studies.
-    Which products it gets, and their inputs, follow from the products' reads."""
+    """What a dataset holds (or a run will make): its experiments, microbench studies and
+    the contents of its files some products need (`Product.needs`). Which products it
+    gets, and their inputs, follow from the products' reads and needs."""
 
     experiments: frozenset[str]
     studies: tuple[str, ...]
+    contents: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
-    def of(cls, experiments: Iterable[str], studies: Iterable[str]) -> Holding:
-        return cls(frozenset(experiments), tuple(studies))
+    def of(
+        cls, experiments: Iterable[str], studies: Iterable[str], contents: Iterable[str] = ()
+    ) -> Holding:
+        return cls(frozenset(experiments), tuple(studies), frozenset(contents))
 
     @classmethod
     def on_disk(cls, dataset_dir: Path) -> Holding:
@@ -167,7 +219,7 @@ class Holding:
             for experiment, files in layout.EXPERIMENT_FILES.items()
             if (dataset_dir / files[0]).exists()
         }
-        return cls.of(held, studies)
+        return cls.of(held, studies, contents_on_disk(dataset_dir))
 
     def has(self, read: str) -> bool:
         if read == ALL_RAW:
@@ -195,9 +247,12 @@ class Holding:
         return paths
 
     def gives(self, product: Product) -> bool:
-        """A product is made when the dataset has every read it needs, and one at least."""
-        return all(self.has(r) for r in product.required) and any(
-            self.has(r) for r in product.reads
+        """A product is made when the dataset has every read it needs, and one at least,
+        and every content it needs."""
+        return (
+            all(self.has(r) for r in product.required)
+            and any(self.has(r) for r in product.reads)
+            and all(c in self.contents for c in product.needs)
         )
 
 

@@ -190,9 +190,21 @@ def dataset_studies(dataset):
     return layout.studies_on_disk(RESULTS / dataset)
 
 
+def dataset_contents(dataset):
+    """The contents of a dataset's files that some products need (products.LEAD_SWEEP):
+    what this run's config makes where it measures them, else what the files on disk hold."""
+    if dataset in SIMULATED:
+        return frozenset()
+    if dataset == MEASURED and "megamoe" in config["measured_experiments"]:
+        return products.contents_of_config(config, config["measured_experiments"])
+    return products.contents_on_disk(RESULTS / dataset)
+
+
 def holding(dataset):
     """What a dataset holds or this run makes of it; its products follow (products.py)."""
-    return products.Holding.of(dataset_experiments(dataset), dataset_studies(dataset))
+    return products.Holding.of(
+        dataset_experiments(dataset), dataset_studies(dataset), dataset_contents(dataset)
+    )
 
 
 def dataset_paths(dataset, reads):

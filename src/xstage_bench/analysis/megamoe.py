@@ -1,23 +1,60 @@
-"""MegaMoE sweeps as frames: configurations, schedule speedups, the baselines beside ours,
-the compute-emulated sweep, and where the emulated sweep reaches the paper's load."""
+"""MegaMoE sweeps as frames: configurations per store path, schedule speedups with their
+CIs in both metrics, the baselines beside ours, the compute-emulated sweep, and where the
+emulated sweep reaches the paper's load on each path.
+
+Records older than store paths are the peer path (storepath.point_path); records older
+than paired rounds are unpaired (their CIs resample each schedule's samples on its own).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from xstage_bench import layout, paper
+from xstage_bench import layout, paper, storepath
 from xstage_bench.analysis import fitted
 from xstage_bench.analysis.frames import is_scalar, records_frame
 from xstage_bench.analysis.load import NoDataError, optional_model_doc, raw_doc
+from xstage_bench.analysis.speedup_ci import RatioSamples
 from xstage_bench.megamoe.baselines import BASELINES
-from xstage_bench.megamoe.routing import LOCAL_CONTROL, fraction_label
+from xstage_bench.megamoe.routing import LOCAL_CONTROL, NATURAL, fraction_label
 from xstage_bench.megamoe.schedule import COMPARED, INTERLEAVED, WAVE
 
+
+@dataclass(frozen=True)
+class Metric:
+    """One timed quantity of a MegaMoE record, named once for raw config, tables and
+    figures: its samples' key, its name, what it includes, the prefix of its frame
+    columns (`<prefix>speedup`, `<prefix>wave_us`, ...) and the extra holding useful
+    TFLOP/s over it."""
+
+    sample: str
+    name: str
+    parts: str
+    prefix: str
+    tflops: str
+
+    @property
+    def label(self) -> str:
+        """'layer time (kernel + barrier + reduction)' or 'kernel time'."""
+        return f"{self.name} ({self.parts})" if self.parts else self.name
+
+    def column(self, what: str) -> str:
+        return f"{self.prefix}{what}"
+
+
+# time_us: GPU events around the fused kernel, the barrier after it and the GPU's top-k
+# weighted reduction; kernel_us: the fused kernel alone (raw config "definitions").
+LAYER = Metric("time_us", "layer time", "kernel + barrier + reduction", "", "tflops")
+KERNEL = Metric("kernel_us", "kernel time", "", "kernel_", "tflops_kernel")
+METRICS = (LAYER, KERNEL)
+
 MEGAMOE_CONFIG_COLUMNS = (
+    "path",
     "shape",
     "precision",
     "routing",
@@ -26,30 +63,84 @@ MEGAMOE_CONFIG_COLUMNS = (
     "remote_fraction",
 )
 MEGAMOE_GROUPS = ("shape", "precision", "routing", "remote_fraction")
+# Point fields that are no part of a configuration: which run of it a record is.
+RUN_FIELDS = ("id", "schedule", "variant", "lead_rows", "lead_rows_requested", "lead_sweep")
 
 
 def megamoe_config_key(point: dict) -> tuple:
-    """What identifies a MegaMoE configuration: the point without schedule and variant."""
-    return tuple(
-        sorted((k, str(v)) for k, v in point.items() if k not in ("id", "schedule", "variant"))
-    )
+    """What identifies a MegaMoE configuration: the point without its run fields (schedule,
+    variant, lead), its path named (records older than paths: peer)."""
+    fields = {k: v for k, v in point.items() if k not in RUN_FIELDS}
+    fields["path"] = storepath.point_path(point)
+    return tuple(sorted((k, str(v)) for k, v in fields.items()))
 
 
 def trace_series(point: dict) -> str | None:
     """Which run of a traced configuration a record is: expert_wave, interleaved or
-    local_control (written either as the schedule or, beside a schedule, as the variant)."""
+    local_control (written as the schedule, beside a schedule as the variant, or, on the
+    host path, as the share f = 0: no row stored into host memory)."""
     if LOCAL_CONTROL in (point.get("schedule"), point.get("variant")):
+        return LOCAL_CONTROL
+    if "remote_fraction" in point and fraction_label(point["remote_fraction"]) == "0":
         return LOCAL_CONTROL
     return point.get("schedule")
 
 
 def megamoe_config_name(point: dict) -> str:
-    """'glm-5.2, w8a8, skewed, tokens_per_rank=1024, world_size=2'."""
+    """'glm-5.2, w8a8, skewed, tokens_per_rank=1024, world_size=2' (the path is a column
+    of its own, or the section's)."""
     return ", ".join(
         str(point[k]) if k in MEGAMOE_GROUPS else f"{k}={point[k]}"
         for k in MEGAMOE_CONFIG_COLUMNS
-        if k in point
+        if k in point and k != "path"
     )
+
+
+def share_word(path: str) -> str:
+    """What f is on a path: the host share (rows stored into host memory) or the remote
+    fraction (rows stored into the peer GPU)."""
+    return "host share" if path == storepath.HOST else "remote fraction"
+
+
+def fraction_text(path: str, fraction: str) -> str:
+    """How one f of a path reads: 'natural routing', 'host share f = 0 (local control)'."""
+    if fraction == NATURAL:
+        return "natural routing"
+    control = " (local control)" if fraction == "0" else ""
+    return f"{share_word(path)} f = {fraction}{control}"
+
+
+def path_title(path: str) -> str:
+    """'peer path (peer GPU (NVLink))': how a panel, section or row names its path."""
+    return f"{path} path ({storepath.far_end(path)})"
+
+
+def paths_text(paths) -> str:
+    """'store paths: peer (peer GPU (NVLink)), host (host memory)' for a title."""
+    paths = ordered_paths(paths)
+    word = "store path" if len(paths) == 1 else "store paths"
+    return f"{word}: " + ", ".join(f"{p} ({storepath.far_end(p)})" for p in paths)
+
+
+def ordered_paths(paths) -> list[str]:
+    """Paths in storepath's order (peer, host), any other after them."""
+    known = [p for p in storepath.PATHS if p in set(paths)]
+    return known + sorted(set(paths) - set(known))
+
+
+def with_paths(df: pd.DataFrame) -> pd.DataFrame:
+    """A records frame with `path` on every row ('peer' where the record predates paths)."""
+    if df.empty:
+        return df
+    path = df["path"] if "path" in df.columns else pd.Series(np.nan, index=df.index)
+    return df.assign(path=path.where(path.notna(), storepath.PEER))
+
+
+def main_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """A records frame without the lead sweep's extra interleaved arms."""
+    if df.empty or "lead_sweep" not in df.columns:
+        return df
+    return df[~df["lead_sweep"].eq(True)]
 
 
 def remote_fraction_labels(df: pd.DataFrame) -> pd.DataFrame:
@@ -68,7 +159,25 @@ def natural_routing(speedups: pd.DataFrame) -> pd.DataFrame:
     """The configurations with routing's own remote fraction (all, where none is set)."""
     if "remote_fraction" not in speedups.columns:
         return speedups
-    return speedups[speedups["remote_fraction"] == "natural"]
+    return speedups[speedups["remote_fraction"] == NATURAL]
+
+
+def headline_sets(speedups: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(path, what, configurations) of each headline: per path, natural routing where the
+    path has it (the paper's setting), else one headline per share f (the host path: f = 0
+    is the local control, each other share its own load)."""
+    sets = []
+    for path in ordered_paths(speedups["path"]):
+        part = speedups[speedups["path"] == path]
+        fractions = set(part["remote_fraction"])
+        if NATURAL in fractions:
+            what = "all" if fractions == {NATURAL} else "natural routing"
+            sets.append((path, what, part[part["remote_fraction"] == NATURAL]))
+            continue
+        for fraction in sorted(fractions, key=float):
+            rows = part[part["remote_fraction"] == fraction]
+            sets.append((path, fraction_text(path, fraction), rows))
+    return sets
 
 
 def megamoe_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
@@ -84,32 +193,113 @@ def megamoe_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     return doc, speedups, incomplete
 
 
-def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per configuration: expert_wave / interleaved time for our kernel (variant absent or
-    'ours'). Returns (complete configurations, configurations lacking an ok schedule)."""
-    df = remote_fraction_labels(records_frame(doc))
-    if df.empty:
-        return df, df
-    if "variant" in df.columns:
-        df = df[df["variant"].isna() | (df["variant"] == "ours")]
-    keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
-    ok = df[(df["status"] == "ok") & df["schedule"].isin(COMPARED)]
-    if ok.empty or "time_us_median" not in ok.columns:
-        times = pd.DataFrame(columns=[*keys, *COMPARED]).set_index(keys)
-    else:
-        times = ok.pivot_table(
-            index=keys, columns="schedule", values="time_us_median", aggfunc="first"
+def is_ours(point: dict) -> bool:
+    return point.get("variant") in (None, "ours")
+
+
+def config_fields(point: dict) -> dict:
+    """A point's configuration columns: its path named, its remote fraction labelled."""
+    fields = {k: point[k] for k in MEGAMOE_CONFIG_COLUMNS if k in point}
+    fields["path"] = storepath.point_path(point)
+    fields["remote_fraction"] = fraction_label(point.get("remote_fraction"))
+    return fields
+
+
+def in_same_rounds(a: dict, b: dict) -> bool:
+    """Were two records timed in the same paired rounds (extra.paired, each naming the
+    other among its arms)? Records older than paired rounds were not."""
+    pa = (a.get("extra") or {}).get("paired") or {}
+    pb = (b.get("extra") or {}).get("paired") or {}
+    return b["id"] in pa.get("arms", ()) and a["id"] in pb.get("arms", ())
+
+
+def ratio_columns(base: dict, candidate: dict) -> dict:
+    """base time over candidate time (a speedup of `candidate`) in every metric both
+    records have samples of: medians, ratio, its CI and verdict (stats.ratio_ci, paired
+    where the two were timed in the same rounds), `noisy`, and the samples themselves
+    (`<prefix>samples`, for headline CIs); `paired`, `n` and `throttled` (either record
+    flagged) of the pair."""
+    paired = in_same_rounds(base, candidate)
+    row: dict = {
+        "paired": paired,
+        "throttled": bool(base.get("throttled") or candidate.get("throttled")),
+    }
+    for metric in METRICS:
+        a = (base.get("samples") or {}).get(metric.sample)
+        b = (candidate.get("samples") or {}).get(metric.sample)
+        if not a or not b:
+            continue
+        samples = RatioSamples.of(a, b, paired)
+        found = samples.ci()
+        row.update(
+            {
+                metric.column("wave_us"): float(np.median(samples.numerator)),
+                metric.column("interleaved_us"): float(np.median(samples.denominator)),
+                metric.column("speedup"): found["ratio"],
+                metric.column("speedup_ci_low"): found["ci_low"],
+                metric.column("speedup_ci_high"): found["ci_high"],
+                metric.column("verdict"): found["verdict"],
+                metric.column("noisy"): found["noisy"],
+                metric.column("samples"): samples,
+            }
         )
-    for schedule in COMPARED:
-        if schedule not in times.columns:
-            times[schedule] = np.nan
-    times = times.rename(columns={WAVE: "wave_us", INTERLEAVED: "interleaved_us"})
-    times["speedup"] = times["wave_us"] / times["interleaved_us"]
-    configs = df[keys].drop_duplicates().set_index(keys).index
-    times = times.reindex(configs)
-    complete = times[times["speedup"].notna()].reset_index()
-    incomplete = times[times["speedup"].isna()].reset_index()
-    return complete[[*keys, "wave_us", "interleaved_us", "speedup"]], incomplete[keys]
+        row.setdefault("n", found["n"])
+    return row
+
+
+def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per configuration of the main grid (lead-sweep arms apart): expert-wave time over
+    interleaved time for our kernel (variant absent or 'ours'), in every metric the
+    records have (METRICS: `speedup` is the layer time's, `kernel_speedup` the kernel
+    time's), each with its CI, verdict and `noisy` flag. Returns (complete
+    configurations, configurations lacking an ok schedule)."""
+    runs: dict[tuple, dict[str, dict]] = {}
+    fields: dict[tuple, dict] = {}
+    for record in doc["records"]:
+        point = record["point"]
+        if not is_ours(point) or point.get("lead_sweep") or point.get("schedule") not in COMPARED:
+            continue
+        key = megamoe_config_key(point)
+        fields.setdefault(key, config_fields(point))
+        if record["status"] == "ok" and (record.get("samples") or {}).get(LAYER.sample):
+            runs.setdefault(key, {})[point["schedule"]] = record
+    keys = [c for c in MEGAMOE_CONFIG_COLUMNS if any(c in f for f in fields.values())]
+    complete, incomplete = [], []
+    for key, config in fields.items():
+        found = runs.get(key, {})
+        if set(found) != set(COMPARED):
+            incomplete.append(config)
+            continue
+        wave, interleaved = found[WAVE], found[INTERLEAVED]
+        complete.append(
+            {
+                **config,
+                "wave_id": wave["id"],
+                "interleaved_id": interleaved["id"],
+                **ratio_columns(wave, interleaved),
+            }
+        )
+    return (
+        _ordered(pd.DataFrame(complete), keys),
+        pd.DataFrame(incomplete, columns=keys).reindex(columns=keys),
+    )
+
+
+def _ordered(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Configuration keys first, in MEGAMOE_CONFIG_COLUMNS' order, then the rest."""
+    if frame.empty:
+        return pd.DataFrame(columns=[*keys, "speedup"])
+    return frame[[*keys, *(c for c in frame.columns if c not in keys)]]
+
+
+def metrics_of(speedups: pd.DataFrame) -> list[Metric]:
+    """The metrics some configuration of `speedups` has a speedup in (the simulator times
+    the layer only; sweeps before kernel_us was recorded have no kernel time)."""
+    return [
+        m
+        for m in METRICS
+        if m.column("speedup") in speedups.columns and speedups[m.column("speedup")].notna().any()
+    ]
 
 
 BASELINE_COLUMNS = (
@@ -138,7 +328,7 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     (DeepGEMM) time. FlashInfer has one time per configuration (its own schedule), at
     natural routing only. Empty when the dataset holds no ok baseline record (the
     simulator writes none)."""
-    df = remote_fraction_labels(records_frame(doc))
+    df = main_grid(with_paths(remote_fraction_labels(records_frame(doc))))
     if df.empty or "variant" not in df.columns:
         return pd.DataFrame(columns=[*MEGAMOE_CONFIG_COLUMNS, *BASELINE_COLUMNS])
     keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
@@ -223,7 +413,7 @@ def _keyed(rows: list[dict], keys: list[str]) -> pd.DataFrame:
     'natural' where the records have none)."""
     frame = pd.DataFrame(rows)
     frame = frame.reindex(columns=[*frame.columns, *(k for k in keys if k not in frame)])
-    return remote_fraction_labels(frame).set_index(keys)
+    return with_paths(remote_fraction_labels(frame)).set_index(keys)
 
 
 def unfused_path_times(doc: dict, keys: list[str]) -> pd.DataFrame:
@@ -262,10 +452,11 @@ def kernel_vs_ceiling(doc: dict) -> pd.DataFrame:
         {**point, "ceiling_tflops": extra["tflops"], "roofline_us": extra["roofline_us"]}
         for point, extra in _config_rows(doc, "gemm_ceiling")
     ]
-    df = remote_fraction_labels(records_frame(doc))
+    df = with_paths(remote_fraction_labels(records_frame(doc)))
     if not ceilings or df.empty or "kernel_us_median" not in df.columns:
         return pd.DataFrame(columns=[*MEGAMOE_CONFIG_COLUMNS, *CEILING_COLUMNS])
     keys = [c for c in MEGAMOE_CONFIG_COLUMNS if c in df.columns]
+    df = main_grid(df)
     ours = df[
         (df["variant"].isna() | (df["variant"] == "ours"))
         & (df["status"] == "ok")
@@ -274,7 +465,7 @@ def kernel_vs_ceiling(doc: dict) -> pd.DataFrame:
     best = ours.sort_values("kernel_us_median").groupby(keys, sort=False).first()
     ceiling = _keyed(ceilings, keys)
     out = pd.DataFrame(index=ceiling.index)
-    out["kernel_tflops"] = best["extra_tflops_kernel"].reindex(out.index)
+    out["kernel_tflops"] = best[f"extra_{KERNEL.tflops}"].reindex(out.index)
     out["ceiling_tflops"] = ceiling["ceiling_tflops"]
     out["fraction_of_ceiling"] = out["kernel_tflops"] / out["ceiling_tflops"]
     out["kernel_us"] = best["kernel_us_median"].reindex(out.index)
@@ -284,39 +475,53 @@ def kernel_vs_ceiling(doc: dict) -> pd.DataFrame:
     return out.reset_index()[[*keys, *CEILING_COLUMNS]]
 
 
+EMULATED_KEYS = (
+    "path",
+    "shape",
+    "tokens_per_rank",
+    "world_size",
+    "emulated_tflops",
+    "remote_fraction",
+)
+
+
 def emulated_speedups(doc: dict) -> pd.DataFrame:
-    """Per (shape, X, f) of the emulated sweep: expert-wave over interleaved time, with the
-    ratio's extremes over the two medians' CIs, and both schedules' wait and span stats."""
-    df = remote_fraction_labels(records_frame(doc))
-    keys = ["shape", "tokens_per_rank", "world_size", "emulated_tflops", "remote_fraction"]
-    if df.empty or not {"time_us_median", *keys} <= set(df.columns):
-        return pd.DataFrame(columns=[*keys, "speedup", "speedup_low", "speedup_high"])
-    ok = df[df["status"] == "ok"]
-    wide = ok.pivot_table(
-        index=keys,
-        columns="schedule",
-        values=["time_us_median", "time_us_ci_low", "time_us_ci_high"],
-        aggfunc="first",
-        sort=False,
-    )
-    if any(("time_us_median", s) not in wide.columns for s in COMPARED):
-        return pd.DataFrame(columns=[*keys, "speedup", "speedup_low", "speedup_high"])
-    out = pd.DataFrame(index=wide.index)
-    if "extra_equivalent_tflops" in ok.columns:
-        achieved = ok.pivot_table(
-            index=keys,
-            columns="schedule",
-            values="extra_equivalent_tflops",
-            aggfunc="first",
-            sort=False,
+    """Per (path, shape, X, f) of the emulated sweep: expert-wave over interleaved time in
+    each metric the records have (ratio_columns: medians, ratio, CI, verdict, noisy), and
+    the rate the expert-wave run achieved (`wave_equivalent_tflops`) where recorded. On
+    the host path f is the host share; 0 is the local control on every path."""
+    runs: dict[tuple, dict[str, dict]] = {}
+    for record in doc["records"]:
+        point = record["point"]
+        if record["status"] != "ok" or point.get("schedule") not in COMPARED:
+            continue
+        if not (record.get("samples") or {}).get(LAYER.sample):
+            continue
+        fields = {**point, **config_fields(point)}
+        key = tuple(fields.get(k) for k in EMULATED_KEYS)
+        runs.setdefault(key, {})[point["schedule"]] = record
+    rows = []
+    for key, found in runs.items():
+        if set(found) != set(COMPARED):
+            continue
+        row = dict(zip(EMULATED_KEYS, key, strict=True))
+        achieved = (found[WAVE].get("extra") or {}).get("equivalent_tflops")
+        if achieved is not None:
+            row["wave_equivalent_tflops"] = float(achieved)
+        rows.append({**row, **ratio_columns(found[WAVE], found[INTERLEAVED])})
+    if not rows:
+        return pd.DataFrame(
+            columns=[*EMULATED_KEYS, "speedup", "speedup_ci_low", "speedup_ci_high"]
         )
-        out["wave_equivalent_tflops"] = achieved.get(WAVE)
-    out["wave_us"] = wide[("time_us_median", WAVE)]
-    out["interleaved_us"] = wide[("time_us_median", INTERLEAVED)]
-    out["speedup"] = out["wave_us"] / out["interleaved_us"]
-    out["speedup_low"] = wide[("time_us_ci_low", WAVE)] / wide[("time_us_ci_high", INTERLEAVED)]
-    out["speedup_high"] = wide[("time_us_ci_high", WAVE)] / wide[("time_us_ci_low", INTERLEAVED)]
-    return out[out["speedup"].notna()].reset_index()
+    frame = pd.DataFrame(rows)
+    # per path and shape (in the order measured), by rate, then share: a table per rate
+    order = {k: list(dict.fromkeys(frame[k])) for k in ("shape", "remote_fraction")}
+    order["path"] = ordered_paths(frame["path"])
+    rank = {f"_{k}": frame[k].map({v: i for i, v in enumerate(o)}) for k, o in order.items()}
+    frame = frame.assign(**rank).sort_values(
+        ["_path", "_shape", "emulated_tflops", "_remote_fraction"], kind="stable"
+    )
+    return frame.drop(columns=list(rank)).reset_index(drop=True)
 
 
 def emulated_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame]:
@@ -332,10 +537,24 @@ def emulated_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame]:
     return doc, speedups
 
 
-def crossover_rate_tflops(dataset_dir: Path) -> tuple[float, str] | None:
-    """(X at the paper's compute-to-drain ratio, the R it used) from the dataset's model."""
+def path_drain_rate_GBps(model: dict, path: str) -> float | None:
+    """The drain rate R fitted for `path` (model.document.path_fit: the top-level fit, or
+    the path's part of `other_paths`); None where the model did not fit that path."""
+    from xstage_bench.model.document import ModelFileError, path_fit
+
+    try:
+        return fitted.param(path_fit(model, path), "R_GBps")
+    except ModelFileError:
+        return None
+
+
+def crossover_rate_tflops(
+    dataset_dir: Path, path: str = storepath.PEER
+) -> tuple[float, str] | None:
+    """(X at the paper's compute-to-drain ratio, the R it used) for `path`, from the
+    dataset's model; None without a fitted R for that path."""
     model = optional_model_doc(dataset_dir)
-    r = fitted.param(model, "R_GBps") if model else None
+    r = path_drain_rate_GBps(model, path) if model else None
     if r is None:
         return None
     return paper.PAPER_FLOP_PER_BYTE * r * 1e9 / 1e12, f"R = {r:.0f} GB/s"

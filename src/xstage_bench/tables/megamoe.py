@@ -1,8 +1,11 @@
-"""tab-megamoe: the interleaved-over-expert-wave speedup, overall and per group, beside the
-paper's 84-configuration summary; where the dataset holds the baselines, two sections more:
-our best schedule against the unfused torch pipeline, DeepGEMM's SM90 MegaMoE and (where
-measured) FlashInfer's SM90 FP8 MegaMoE (summary per group), and the same per
-configuration."""
+"""tab-megamoe: the interleaved-over-expert-wave speedup per store path, in both metrics
+(layer time and kernel time), overall and per group, beside the paper's 84-configuration
+summary: every headline with a CI over configurations and samples, every extreme with its
+own configuration's CI, win/loss/tie counts, noisy and throttled points counted (and the
+headline without the throttled ones where there are any); then every configuration's
+ratios with CIs and verdicts. Where the dataset holds the baselines, our best schedule
+against the unfused torch pipeline, DeepGEMM's SM90 MegaMoE and (where measured)
+FlashInfer's SM90 FP8 MegaMoE (summary per group), and the same per configuration."""
 
 from __future__ import annotations
 
@@ -10,12 +13,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from xstage_bench import paper, stats
+from xstage_bench import paper, stats, storepath
 from xstage_bench.analysis import frames, labels, megamoe
+from xstage_bench.analysis.speedup_ci import NOISY_HALF_WIDTH, headline_ci
 from xstage_bench.tables.common import Table
+
+PAPER = {
+    "paper_geomean": paper.MEGAMOE_GEOMEAN,
+    "paper_median": paper.MEGAMOE_MEDIAN,
+    "paper_min": paper.MEGAMOE_MIN,
+    "paper_max": paper.MEGAMOE_MAX,
+}
+THROTTLED_LEFT_OUT = "overall, throttled points left out"
 
 
 def speedup_stats(speedup: pd.Series) -> dict:
+    """Geomean, median, min and max of ratios without CIs (the baselines' sections)."""
     return {
         "n": len(speedup),
         "geomean": stats.geomean(speedup),
@@ -25,53 +38,182 @@ def speedup_stats(speedup: pd.Series) -> dict:
     }
 
 
+def speedup_summary(configs: pd.DataFrame, metric: megamoe.Metric) -> dict:
+    """One metric's speedup over `configs`: geomean and median with their two-level
+    bootstrap CIs (speedup_ci.headline_ci), min and max each with its own configuration's
+    CI and noisy flag, wins (interleaved faster: CI above 1), losses, ties, and how many
+    configurations are noisy and how many throttled."""
+    column = metric.column("speedup")
+    configs = configs[configs[column].notna()]
+    points = list(configs[metric.column("samples")])
+    row: dict = {"n": len(configs)}
+    for stat in ("geomean", "median"):
+        value, low, high = headline_ci(points, stat)
+        row.update({stat: value, f"{stat}_ci_low": low, f"{stat}_ci_high": high})
+    for stat, at in (("min", configs[column].idxmin()), ("max", configs[column].idxmax())):
+        extreme = configs.loc[at]
+        row.update(
+            {
+                stat: extreme[column],
+                f"{stat}_ci_low": extreme[metric.column("speedup_ci_low")],
+                f"{stat}_ci_high": extreme[metric.column("speedup_ci_high")],
+                f"{stat}_noisy": bool(extreme[metric.column("noisy")]),
+            }
+        )
+    verdicts = configs[metric.column("verdict")]
+    row.update(
+        wins=int((verdicts == stats.FASTER).sum()),
+        losses=int((verdicts == stats.SLOWER).sum()),
+        ties=int((verdicts == stats.TIE).sum()),
+        noisy=int(configs[metric.column("noisy")].sum()),
+        throttled=int(configs["throttled"].sum()),
+    )
+    return row
+
+
+def headline_rows(speedups: pd.DataFrame) -> list[dict]:
+    """Per path and metric, the overall rows (megamoe.headline_sets: natural routing, or
+    one per host share), each again without its throttled configurations where it has
+    any; the paper's columns beside every overall row but the local control's."""
+    rows = []
+    for path, what, configs in megamoe.headline_sets(speedups):
+        control = set(configs["remote_fraction"]) == {"0"}
+        for metric in megamoe.metrics_of(configs):
+            head = {"path": path, "metric": metric.label, "value": what}
+            paper_columns = {} if control else PAPER
+            rows.append(
+                {**head, "group": "overall", **speedup_summary(configs, metric), **paper_columns}
+            )
+            cool = configs[~configs["throttled"]]
+            if len(cool) < len(configs) and len(cool):
+                rows.append(
+                    {
+                        **head,
+                        "group": THROTTLED_LEFT_OUT,
+                        **speedup_summary(cool, metric),
+                        **paper_columns,
+                    }
+                )
+    return rows
+
+
+def group_rows(speedups: pd.DataFrame) -> list[dict]:
+    """Per path, metric and group (shape, precision, routing, f): the same summary."""
+    rows = []
+    for path in megamoe.ordered_paths(speedups["path"]):
+        part = speedups[speedups["path"] == path]
+        for metric in megamoe.metrics_of(part):
+            for group in megamoe.MEGAMOE_GROUPS:
+                if group not in part.columns:
+                    continue
+                for value, configs in part.groupby(group, sort=True):
+                    if configs[metric.column("speedup")].notna().any():
+                        head = {"path": path, "metric": metric.label, "group": group}
+                        rows.append({**head, "value": value, **speedup_summary(configs, metric)})
+    return rows
+
+
+def per_configuration(speedups: pd.DataFrame) -> pd.DataFrame:
+    """Every configuration: its ratios in each metric with CI, verdict and noisy flag,
+    whether its schedules were paired, and whether a record is flagged throttled."""
+    frame = pd.DataFrame(
+        {
+            "path": speedups["path"],
+            "configuration": [megamoe.megamoe_config_name(r) for r in speedups.to_dict("records")],
+        }
+    )
+    for metric in megamoe.metrics_of(speedups):
+        name = metric.name
+        frame[f"{name} speedup"] = speedups[metric.column("speedup")]
+        frame[f"{name} CI low"] = speedups[metric.column("speedup_ci_low")]
+        frame[f"{name} CI high"] = speedups[metric.column("speedup_ci_high")]
+        frame[f"{name} verdict"] = speedups[metric.column("verdict")]
+        frame[f"{name} noisy"] = speedups[metric.column("noisy")]
+    frame["paired"] = speedups["paired"]
+    frame["samples"] = speedups["n"]
+    frame["throttled"] = speedups["throttled"]
+    return frame
+
+
+def metric_notes(doc: dict, speedups: pd.DataFrame) -> list[str]:
+    """What each metric is, named as in the columns, with the raw config's definition."""
+    definitions = (doc.get("config") or {}).get("definitions") or {}
+    notes = []
+    for metric in megamoe.metrics_of(speedups):
+        defined = definitions.get(metric.sample)
+        text = f"'{metric.label}' = {metric.sample}" + (f": {defined}" if defined else "")
+        notes.append(
+            f"{text}; speedup = expert-wave {metric.name} / interleaved {metric.name} (medians)"
+        )
+    return notes
+
+
 def build(dataset_dir: Path) -> Table:
     doc, speedups, incomplete = megamoe.megamoe_sweep(dataset_dir)
-    natural = megamoe.natural_routing(speedups)
-    rows = [
-        {
-            "group": "overall",
-            "value": "all" if len(natural) == len(speedups) else "natural routing",
-            **speedup_stats(natural["speedup"]),
-            "paper_geomean": paper.MEGAMOE_GEOMEAN,
-            "paper_median": paper.MEGAMOE_MEDIAN,
-            "paper_min": paper.MEGAMOE_MIN,
-            "paper_max": paper.MEGAMOE_MAX,
-        }
-    ]
-    for group in megamoe.MEGAMOE_GROUPS:
-        if group not in speedups.columns:
-            continue
-        for value, part in speedups.groupby(group, sort=True):
-            rows.append({"group": group, "value": value, **speedup_stats(part["speedup"])})
-    frame = pd.DataFrame(rows)  # the paper's columns are filled on the overall row only
+    frame = pd.DataFrame(headline_rows(speedups) + group_rows(speedups))
+    columns = ["path", "metric", "group", "value"]
+    frame = frame[[*columns, *(c for c in frame.columns if c not in columns)]]
+    paths = megamoe.ordered_paths(speedups["path"])
     notes = [
-        "speedup = expert-wave kernel time / interleaved kernel time (medians), our kernel "
-        "(variant absent or 'ours').",
-        "remote_fraction: share of the combine rows that cross NVLink; natural is routing's "
-        "own ((P-1)/P), a number re-homes rows to carry that share (0.875: an 8-GPU node's); "
-        "the overall row is natural routing, the paper's setting.",
-        f"paper: {paper.MEGAMOE_CONFIGS} configurations on a {paper.B200}; geomean and max "
-        "from the abstract, median and min (summary).",
+        "our kernel (variant absent or 'ours'); the lead sweep's extra interleaved arms are "
+        "in tab-megamoe-lead, not here.",
+        *metric_notes(doc, speedups),
+        "headline CIs (geomean, median): 95% bootstrap over configurations and, within each, "
+        "its paired rounds (or, unpaired, each schedule's samples on its own); min and max: "
+        "that configuration's own ratio CI (stats.ratio_ci). wins / losses / ties: "
+        "configurations whose CI lies above 1 (interleaved faster) / below 1 / spans 1; "
+        f"noisy: a ratio CI reaching further than +-{NOISY_HALF_WIDTH:.0%} from its value.",
+        "paths: " + "; ".join(megamoe.path_title(p) for p in paths) + ".",
     ]
+    if storepath.PEER in paths:
+        notes.append(
+            "peer path: remote_fraction is the share of the combine rows stored into the "
+            "other GPU; natural is routing's own ((P-1)/P), a number re-homes rows to carry "
+            "that share (0.875: an 8-GPU node's); the overall row is natural routing, the "
+            "paper's setting."
+        )
+    if storepath.HOST in paths:
+        notes.append(
+            "host path: f is the host share, the share of home tokens whose combine rows "
+            "are stored into host memory; f = 0 is the local control (no row leaves the "
+            "GPU); one overall row per f."
+        )
+    throttled = int(speedups["throttled"].sum())
+    notes.append(
+        f"throttled: {throttled} configuration(s) with a record flagged throttled"
+        + (f" (rows '{THROTTLED_LEFT_OUT}' leave them out)" if throttled else "")
+    )
+    unpaired = int((~speedups["paired"]).sum())
+    if unpaired:
+        notes.append(
+            f"{unpaired} configuration(s) timed unpaired (the schedules measured one after the "
+            "other, not in alternating rounds): their CIs resample each schedule on its own."
+        )
+    notes.append(
+        f"paper: {paper.MEGAMOE_CONFIGS} configurations on a {paper.B200}; geomean and max "
+        "from the abstract, median and min (summary)."
+    )
     notes.append(frames.failure_note(frames.records_frame(doc), "left out"))
     if len(incomplete):
         notes.append(
             f"{len(incomplete)} configuration(s) lack an ok time for both schedules "
             "and are left out"
         )
+    sections = [("Per configuration: speedups with CIs and verdicts", per_configuration(speedups))]
     baselines = megamoe.natural_routing(megamoe.megamoe_baselines(doc))
-    sections = []
     if not baselines.empty:
         flashinfer = megamoe.has_records(doc, "flashinfer")
-        sections = [
+        sections += [
             ("Our best schedule against the baselines", baseline_summary(baselines, flashinfer)),
-            ("Per configuration", baseline_configs(baselines, flashinfer)),
+            (
+                "Our best schedule against the baselines, per configuration",
+                baseline_configs(baselines, flashinfer),
+            ),
         ]
         notes.append(
             "baselines: ours/unfused and ours/DeepGEMM are time ratios, our best schedule's "
-            "median time over the baseline's (best schedule's) median time: below 1 ours is "
-            "faster. The unfused and DeepGEMM times include their dispatch; ours does not "
+            "median layer time over the baseline's (best schedule's) median time: below 1 ours "
+            "is faster. The unfused and DeepGEMM times include their dispatch; ours does not "
             "(dispatch done once, outside the timed region). DeepGEMM L2-lag speedup = its "
             "wave time / its L2-lag time, where both ran."
         )
@@ -85,14 +227,16 @@ def build(dataset_dir: Path) -> Table:
         ]
         notes.append(
             "ceiling: cuBLAS on the same two GEMMs of one rank (rows = tokens x topk; FP8 "
-            "row-wise torch._scaled_mm, or bf16), on GPU 0; kernel TFLOP/s from the events "
-            "around each rank's kernel (the slowest rank), best schedule; roofline = the "
-            "larger of the FLOPs at the ceiling and the rank's weights + activations at the "
-            "measured HBM copy bandwidth (megamoe/ceiling.py). Natural routing."
+            "row-wise torch._scaled_mm, or bf16), on GPU 0; kernel TFLOP/s = useful FLOPs over "
+            f"the kernel time ({megamoe.KERNEL.sample}, extra {megamoe.KERNEL.tflops}; the "
+            f"raw config's '{megamoe.LAYER.tflops}' is over the layer time), the slowest "
+            "rank, best schedule; roofline = the larger of the FLOPs at the ceiling and the "
+            "rank's weights + activations at the measured HBM copy bandwidth "
+            "(megamoe/ceiling.py). Natural routing."
         )
     return Table(
         frame,
-        "MegaMoE interleaved vs expert-wave speedup",
+        "MegaMoE interleaved vs expert-wave speedup, " + megamoe.paths_text(paths),
         labels.doc_label(dataset_dir, doc),
         notes,
         sections,
@@ -147,7 +291,7 @@ def baseline_configs(baselines: pd.DataFrame, flashinfer: bool = False) -> pd.Da
     frame = pd.DataFrame(
         {
             "configuration": [megamoe.megamoe_config_name(r) for r in baselines.to_dict("records")],
-            "ours best us": baselines["ours_best_us"],
+            "ours best layer time us": baselines["ours_best_us"],
             "unfused us": baselines["unfused_us"],
             "unfused FP8 grouped us": baselines["unfused_fp8_us"],
             "unfused bf16 grouped us": baselines["unfused_bf16_us"],

@@ -1,6 +1,8 @@
-"""tab-megamoe-crossover: the emulated sweep per (shape, X, f): both schedules' times, the
-speedup with its CI-derived range, and the mechanism beside it: each schedule's Linear-2
-waits for inputs (p90) and remote-store spans (median) from one traced run."""
+"""tab-megamoe-crossover: the emulated sweep per (path, shape, X, f): both schedules'
+times, the speedup with its 95% bootstrap CI and verdict in both metrics where recorded,
+and the mechanism beside it: each schedule's Linear-2 waits for inputs (p90) and far-end
+store spans (median) from one traced run; the simulator's prediction where the dataset's
+fitted profile describes the path."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from xstage_bench import layout
+from xstage_bench import layout, storepath
 from xstage_bench.analysis import frames, labels, megamoe
 from xstage_bench.hardware import load_profile
 from xstage_bench.sim.emulated import compare_emulated
@@ -18,18 +20,20 @@ from xstage_bench.tables.common import Table
 # file as this table's input makes the DAG wait for the profile too.
 PROFILE_READ = layout.MODEL_PROFILE
 MECHANISM = {"extra_wait_us_p90": "wait_p90_us", "extra_store_span_us_median": "span_us"}
+KEYS = ["path", "shape", "emulated_tflops", "remote_fraction"]
 
 
-def simulated_speedups(dataset_dir: Path, doc: dict) -> pd.DataFrame | None:
-    """The simulator's interleaved/expert-wave speedup at every emulated point, from the
-    profile fitted to this dataset's microbenchmarks; None without a fit."""
+def simulated_speedups(dataset_dir: Path, doc: dict, path: str) -> pd.DataFrame | None:
+    """The simulator's interleaved/expert-wave speedup at every emulated point of `path`,
+    from the profile fitted to this dataset's microbenchmarks; None without a fit."""
     profile = dataset_dir / PROFILE_READ
     if not profile.exists():
         return None
+    records = [r for r in doc["records"] if storepath.point_path(r["point"]) == path]
     compared = compare_emulated(
-        doc["records"], load_profile(profile), megamoe_config=doc["config"].get("megamoe")
+        records, load_profile(profile), megamoe_config=doc["config"].get("megamoe")
     )
-    compared = megamoe.remote_fraction_labels(compared)
+    compared = megamoe.remote_fraction_labels(compared).assign(path=path)
     return compared.rename(
         columns={
             "emulated_tflops": "X_tflops",
@@ -37,54 +41,83 @@ def simulated_speedups(dataset_dir: Path, doc: dict) -> pd.DataFrame | None:
             "predicted_speedup": "sim_speedup",
             "error": "sim_error",
         }
-    )[["shape", "X_tflops", "f", "sim_speedup", "sim_error"]]
+    )[["path", "shape", "X_tflops", "f", "sim_speedup", "sim_error"]]
+
+
+def mechanism(doc: dict) -> pd.DataFrame:
+    """Per point: each schedule's wait p90 and median span, from the records' extras."""
+    df = megamoe.with_paths(megamoe.remote_fraction_labels(frames.records_frame(doc)))
+    ok = df[df["status"] == "ok"]
+    values = [c for c in MECHANISM if c in ok.columns]
+    if not values:
+        return pd.DataFrame(columns=KEYS)
+    wide = ok.pivot_table(
+        index=KEYS, columns="schedule", values=values, aggfunc="first", sort=False
+    )
+    wide.columns = [f"{sched}_{MECHANISM[col]}" for col, sched in wide.columns]
+    return wide.reset_index()
 
 
 def build(dataset_dir: Path) -> Table:
     doc, speedups = megamoe.emulated_sweep(dataset_dir)
-    keys = ["shape", "emulated_tflops", "remote_fraction"]
-    df = megamoe.remote_fraction_labels(frames.records_frame(doc))
-    ok = df[df["status"] == "ok"]
-    mechanism = ok.pivot_table(
-        index=keys, columns="schedule", values=list(MECHANISM), aggfunc="first", sort=False
-    )
-    mechanism.columns = [f"{sched}_{MECHANISM[col]}" for col, sched in mechanism.columns]
-    columns = ["wave_us", "interleaved_us", "speedup", "speedup_low", "speedup_high"]
+    columns = ["wave_us", "interleaved_us", "speedup", "speedup_ci_low", "speedup_ci_high"]
+    columns += ["verdict", "noisy"]
+    kernel = megamoe.KERNEL
+    if kernel.column("speedup") in speedups.columns:
+        columns += [
+            kernel.column(c)
+            for c in ("wave_us", "interleaved_us", "speedup", "speedup_ci_low", "speedup_ci_high")
+        ]
+        columns += [kernel.column("verdict"), kernel.column("noisy")]
+    columns += ["paired", "throttled"]
     if "wave_equivalent_tflops" in speedups.columns:
         columns.insert(0, "wave_equivalent_tflops")
-    frame = speedups[[*keys, *columns]]
-    frame = frame.merge(mechanism.reset_index(), on=keys, how="left")
+    frame = speedups[[*KEYS, *columns]].merge(mechanism(doc), on=KEYS, how="left")
     frame = frame.rename(columns={"emulated_tflops": "X_tflops", "remote_fraction": "f"})
+    paths = megamoe.ordered_paths(speedups["path"])
     notes = [
         "emulated: measured on GPUs, every tile's MMA replaced by a wait for its FLOPs at X "
-        "TFLOP/s per GPU; f = share of combine rows stored into another GPU (0: the "
-        "local-store control; natural: routing's own).",
-        "speedup = expert-wave time / interleaved time (medians); low/high: the ratio at the "
-        "extremes of the two medians' 95% CIs.",
+        "TFLOP/s per GPU; f = on the peer path the share of combine rows stored into "
+        "another GPU (natural: routing's own), on the host path the host share (rows stored "
+        "into host memory); 0: the local-store control.",
+        "paths: " + "; ".join(megamoe.path_title(p) for p in paths) + ".",
+        f"speedup = expert-wave time / interleaved time (medians) in the {megamoe.LAYER.label} "
+        f"({megamoe.LAYER.sample}); kernel_*: the same in the {megamoe.KERNEL.label} "
+        f"({megamoe.KERNEL.sample}) where recorded; CI: 95% bootstrap of the ratio "
+        "(stats.ratio_ci, paired where the schedules ran in alternating rounds); noisy: the "
+        "CI reaches further than +-3% from the ratio.",
         "wave_equivalent_tflops: useful FLOPs per GPU over the expert-wave time, the rate "
         "actually achieved (below X: padding rows, epilogues, combine and tail).",
         "wait_p90_us: 90th percentile of the Linear-2 tiles' wait for their row block; "
-        "span_us: median remote-store span per Linear-2 tile (one traced run each).",
+        "span_us: median far-end store span per Linear-2 tile (one traced run each).",
         frames.failure_note(frames.records_frame(doc), "left out"),
     ]
-    predicted = simulated_speedups(dataset_dir, doc)
-    if predicted is not None:
-        frame = frame.merge(predicted, on=["shape", "X_tflops", "f"], how="left")
-        errors = frame["sim_error"].abs().dropna()
+    if len(paths) == 1:
+        predicted = simulated_speedups(dataset_dir, doc, paths[0])
+        if predicted is not None:
+            frame = frame.merge(predicted, on=["path", "shape", "X_tflops", "f"], how="left")
+            errors = frame["sim_error"].abs().dropna()
+            notes.append(
+                f"sim_speedup: the simulator playing the same tile lists and routing at the "
+                f"same X with this dataset's fitted store path ({PROFILE_READ}), kernel time "
+                f"only; median |error| {errors.median():.1%} over {len(errors)} points."
+            )
+    else:
         notes.append(
-            f"sim_speedup: the simulator playing the same tile lists and routing at the same X "
-            f"with this dataset's fitted store path ({PROFILE_READ}), kernel time only; "
-            f"median |error| {errors.median():.1%} over {len(errors)} points."
+            "no sim_speedup: the sweep covers several paths and the dataset's one fitted "
+            f"profile ({PROFILE_READ}) describes one store path."
         )
-    marker = megamoe.crossover_rate_tflops(dataset_dir)
-    if marker:
-        notes.append(
-            f"the paper's compute-to-drain ratio corresponds to X = {marker[0]:.0f} TFLOP/s "
-            f"here ({marker[1]})."
-        )
+    for path in paths:
+        marker = megamoe.crossover_rate_tflops(dataset_dir, path)
+        if marker:
+            notes.append(
+                f"{path} path: the paper's compute-to-drain ratio corresponds to X = "
+                f"{marker[0]:.0f} TFLOP/s here ({marker[1]}, the path's fitted drain rate)."
+            )
     return Table(
         pd.DataFrame(frame),
-        "MegaMoE with compute emulated: schedules over compute rate and remote fraction",
+        "MegaMoE with compute emulated: schedules over compute rate and share f, "
+        + megamoe.paths_text(paths),
         labels.doc_label(dataset_dir, doc) + " (emulated compute)",
         notes,
     )
