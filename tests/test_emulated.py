@@ -165,10 +165,19 @@ def test_crossover_table_is_per_path_and_leaves_the_simulator_out_of_two_paths(
 
 
 def test_a_model_fitted_per_path_gives_each_path_its_own_r():
+    """The model file's shape (model/document.py): the top level is its first path's fit,
+    `other_paths` holds the rest; a file older than paths fits the peer path."""
     top = {"params": {"R_GBps": {"value": 350.0}}}
     assert megamoe.path_drain_rate_GBps(top, "peer") == 350.0  # before paths: one fit
-    per_path = {**top, "paths": {"host": {"params": {"R_GBps": {"value": 52.0}}}}}
-    assert megamoe.path_drain_rate_GBps(per_path, "host") == 52.0
-    assert megamoe.path_drain_rate_GBps(per_path, "peer") is None  # not fitted for it
-    listed = {**top, "per_path": [{"path": "host", "R_GBps": {"value": 51.0}}]}
-    assert megamoe.path_drain_rate_GBps(listed, "host") == 51.0
+    assert megamoe.path_drain_rate_GBps(top, "host") is None  # not fitted for it
+    both = {
+        **top,
+        "path": "peer",
+        "paths": ["peer", "host"],
+        "other_paths": {"host": {"params": {"R_GBps": {"value": 52.0}}}},
+    }
+    assert megamoe.path_drain_rate_GBps(both, "host") == 52.0
+    assert megamoe.path_drain_rate_GBps(both, "peer") == 350.0
+    host_only = {"path": "host", "paths": ["host"], "params": {"R_GBps": {"value": 51.0}}}
+    assert megamoe.path_drain_rate_GBps(host_only, "host") == 51.0
+    assert megamoe.path_drain_rate_GBps(host_only, "peer") is None
