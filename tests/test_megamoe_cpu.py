@@ -1084,7 +1084,7 @@ def test_host_path_rows_land_in_host_memory_and_the_check_catches_an_unwritten_o
 
 
 def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
-    interpreted_kernel, tmp_path
+    interpreted_kernel, tmp_path, capsys
 ):
     """run_megamoe at world size 1 on the CPU: the host path only, every configuration's
     arms (expert waves, interleaved, the lead map's leads with 'auto' from the model) timed
@@ -1161,3 +1161,11 @@ def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
     )
     assert cfg["lead_auto"]["paths"]["host"]["R_GBps"] == 1.0
     assert cfg["lead_auto"]["tflops"] == 600.0
+    print_summary(out)
+    printed = capsys.readouterr().out
+    lead_line = next(line for line in printed.splitlines() if line.startswith("lead map"))
+    assert (
+        f"lead map {c}: lead=128 " in lead_line and f"lead=auto({auto['lead_rows']})" in lead_line
+    )
+    main_row = next(line for line in printed.splitlines() if line.startswith(c))
+    assert len(main_row.split()) > 3  # the main grid's row: its own two schedules

@@ -40,7 +40,7 @@ from xstage_bench.megamoe.lead import LeadChooser
 from xstage_bench.megamoe.measurer import valid_local_slots
 from xstage_bench.megamoe.points import POINT_TIMEOUT_S, lead_failure, with_lead
 from xstage_bench.megamoe.reference import ExpertWeights
-from xstage_bench.megamoe.runner import default_devices, measured_paths
+from xstage_bench.megamoe.runner import HOST_SHARE_RULE, default_devices, measured_paths
 from xstage_bench.megamoe.summary import linear2_waits, trace_summary
 from xstage_bench.protocol import Measured, measure_point, wrong
 from xstage_bench.results import failed_record
@@ -275,6 +275,8 @@ def raw_config(
         },
         "definitions": {path: {**per_path[path], **common} for path in paths},
     }
+    if storepath.HOST in paths:
+        raw["host_share"] = HOST_SHARE_RULE
     if leads is not None and leads.model_file is not None:
         raw["lead_auto"] = {
             **leads.describe(),
