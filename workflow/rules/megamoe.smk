@@ -1,26 +1,6 @@
 # Stage 3a: the MegaMoE sweep (expert-wave vs interleaved schedules of the fused kernel),
 # measured on this machine's GPUs or simulated; the traced runs feed the mechanism figures.
-
-from xstage_bench.megamoe.lead import AUTO, needs_model
-
-
-def megamoe_model(experiment):
-    """The dataset's fitted Burst-Gap model, an input of a MegaMoE measuring rule when one of
-    its leads is 'auto' (megamoe/lead.py): the microbenchmarks and the fit then run first."""
-
-    def model(wildcards):
-        moe = config["megamoe"]
-        auto = needs_model(moe) if experiment == "megamoe" else moe.get("lead_rows") == AUTO
-        return [str(RESULTS / wildcards.dataset / layout.MODEL_JSON)] if auto else []
-
-    return model
-
-
-def megamoe_model_arg(experiment):
-    """The `--model` option that passes that file to the measuring job (or nothing)."""
-    return lambda wildcards: " ".join(
-        f"--model {shlex.quote(path)}" for path in megamoe_model(experiment)(wildcards)
-    )
+# A lead_rows of 'auto' gives the measuring jobs the dataset's fitted model (megamoe_model).
 
 
 rule megamoe_measure:
