@@ -54,6 +54,25 @@ def test_full_config_ulysses_sweep(full_config):
         (lambda c: c.pop("attention"), "(top level)"),
         (lambda c: c["microbench"].update(typo=1), "microbench"),
         (lambda c: c.update(world_size=2, gpu_ids=[0, 1, 2]), "gpu_ids"),
+        (lambda c: c["megamoe"].update(lead_rows="fast"), "megamoe.lead_rows"),
+        (lambda c: c["megamoe"].update(lead_auto_tflops=0), "megamoe.lead_auto_tflops"),
+        (
+            lambda c: c["megamoe"].update(
+                lead_sweep={
+                    "shapes": ["nope"],
+                    "tokens_per_rank": [4096],
+                    "remote_fractions": [0.5],
+                    "lead_rows": [0, "auto"],
+                }
+            ),
+            "megamoe.lead_sweep.shapes",
+        ),
+        (
+            lambda c: c["megamoe"].update(
+                lead_sweep={"shapes": ["glm-5.2"], "tokens_per_rank": [4096], "lead_rows": [0]}
+            ),
+            "megamoe.lead_sweep",
+        ),
     ],
 )
 def test_bad_values_name_their_key(full_config, mutate, key):
@@ -62,6 +81,19 @@ def test_bad_values_name_their_key(full_config, mutate, key):
     with pytest.raises(ConfigError) as err:
         validate_config(bad)
     assert f"'{key}'" in str(err.value)
+
+
+def test_megamoe_lead_rows_may_be_auto_and_swept(full_config):
+    config = copy.deepcopy(full_config)
+    config["megamoe"]["lead_rows"] = "auto"
+    config["megamoe"]["lead_sweep"] = {
+        "shapes": ["glm-5.2", "deepseek-v4-flash"],
+        "precisions": ["w8a8"],
+        "tokens_per_rank": [4096],
+        "remote_fractions": [0, 0.25, 1],
+        "lead_rows": [0, 256, 1024, 4096, "auto"],
+    }
+    validate_config(config)
 
 
 def test_megamoe_variants_accept_flashinfer(full_config):

@@ -124,3 +124,33 @@ def test_a_measured_dataset_with_megamoe_per_gpu_compares_the_process_models(wor
     )
     assert counts["megamoe_measure"] == counts["megamoe_measure_per_gpu"] == 1
     assert counts["table_tab_process_model"] == 1
+
+
+def _megamoe_command(workdir, configfile: str) -> tuple[str, str]:
+    """The MegaMoE measuring job's shell command in a dry run, and the whole dry run."""
+    out = snakemake(
+        workdir,
+        "results/cpu-test/raw/megamoe.json",
+        "-n",
+        "-p",
+        "--cores",
+        "1",
+        "--quiet",
+        "host",
+        "--configfile",
+        configfile,
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    return next(line for line in text.splitlines() if "xstage_bench.measure megamoe " in line), text
+
+
+def test_a_lead_chosen_by_the_model_makes_the_megamoe_job_wait_for_the_fit(workdir):
+    command, _ = _megamoe_command(workdir, "config/ci-measure.yaml")
+    assert "--model" not in command  # integer leads: the MegaMoE job needs no model
+    (workdir / "auto.yaml").write_text(
+        "extends: config/ci-measure.yaml\nmegamoe: {lead_rows: auto}\n"
+    )
+    command, text = _megamoe_command(workdir, "auto.yaml")
+    assert "--model results/cpu-test/model/burst_gap.json" in command
+    assert "rule fit_burst_gap:" in text  # the fit runs first, and the microbenchmarks before it

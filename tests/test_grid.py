@@ -62,3 +62,17 @@ def test_a_remote_fraction_is_a_configuration_of_its_own(cfg):
     natural, rehomed = points[0], points[1]
     assert "remote_fraction" not in natural and not natural["id"].endswith("/f=natural")
     assert rehomed["remote_fraction"] == 0.875 and rehomed["id"] == natural["id"] + "/f=0.875"
+
+
+def test_the_host_path_has_one_configuration_per_host_share(cfg):
+    moe = {**cfg["megamoe"], "remote_fractions": ["natural", 0, 0.25]}
+    host = megamoe_points(moe, 1, ["host"])
+    assert len(host) == 2 * 84  # 'natural' is the f = 0 control there
+    assert {p["path"] for p in host} == {"host"}
+    assert (
+        host[0]["id"].endswith("/T=1024/P=1/path=host/f=0") and host[1]["remote_fraction"] == 0.25
+    )
+    both = megamoe_points(moe, 2, ["peer", "host"])
+    peer = [p for p in both if p["path"] == "peer"]
+    assert [p["id"] for p in peer] == [p["id"] for p in megamoe_points(moe, 2)]
+    assert len(both) == 3 * 84 + 2 * 84

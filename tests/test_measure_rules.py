@@ -70,20 +70,30 @@ def test_every_raw_file_is_valid_and_labelled_a_cpu_test(cpu_run):
 
 def test_megamoe_both_process_models_check_and_time_every_point(cpu_run):
     _, raw, _ = cpu_run
-    for name in ("megamoe.json", "megamoe_per_gpu.json"):
+    for name, paths in (("megamoe.json", {"peer", "host"}), ("megamoe_per_gpu.json", {"peer"})):
         doc = read_raw(raw / name)
         assert set(statuses(doc).values()) == {"ok"}, name
-        assert len(doc["records"]) == 4  # 2 schedules x (natural, 0.875)
+        # 2 schedules x (natural, 0.875), on every path this run measures (2 ranks: both)
+        assert len(doc["records"]) == 4 * len(paths), name
+        assert {r["point"]["path"] for r in doc["records"]} == paths, name
     single = read_raw(raw / "megamoe.json")["records"]
     inter = [r for r in single if r["point"]["schedule"] == "interleaved"]
     assert all(r["extra"]["bitwise_equal_to_expert_wave"] for r in inter)
+    # each configuration's two schedules were timed in the same rounds
+    assert all(len(r["extra"]["paired"]["arms"]) == 2 for r in single)
+    peer = [r for r in single if r["point"]["path"] == "peer"]
     # the re-homed configuration sends 7/8 of the combine rows to the other rank
     natural, rehomed = (
-        next(r for r in single if r["point"].get("remote_fraction") == f) for f in (None, 0.875)
+        next(r for r in peer if r["point"].get("remote_fraction") == f) for f in (None, 0.875)
     )
     assert rehomed["extra"]["nvlink_bytes"] == pytest.approx(
         natural["extra"]["nvlink_bytes"] * 0.875 / 0.5, rel=0.1
     )
+    # on the host path 7/8 of each rank's tokens have their rows stored into host memory
+    host = {r["point"]["remote_fraction"]: r for r in single if r["point"]["path"] == "host"}
+    assert host[0.0]["extra"]["host_bytes"] == 0
+    T, topk, H = 32, 2, 256
+    assert host[0.875]["extra"]["host_bytes"] == 2 * round(0.875 * T) * topk * H * 2
 
 
 def test_attention_runs_ours_and_records_a_missing_backend(cpu_run):

@@ -714,3 +714,458 @@ def test_a_failure_every_rank_shares_is_said_once():
     assert _per_rank(["hang", None]) == "rank 0: hang"
     assert _per_rank(["a", "b"]) == "rank 0: a; rank 1: b"
     assert _per_rank([None, None]) == ""
+
+
+# ---- the host store path, the lead map, paired arms ----------------------------------
+
+
+def test_host_share_picks_exactly_round_f_t_seeded_nested_tokens_per_home_rank():
+    p = _point(tokens_per_rank=50, world_size=1)
+    assert len(routing.host_tokens(p, 0.0, 0)) == 0
+    np.testing.assert_array_equal(routing.host_tokens(p, 1.0, 0), np.arange(50))
+    quarter = routing.host_tokens(p, 0.25, 0)
+    assert len(quarter) == round(0.25 * 50) == 12 and np.all(np.diff(quarter) > 0)
+    np.testing.assert_array_equal(quarter, routing.host_tokens(p, 0.25, 0))  # seeded
+    assert set(quarter) <= set(routing.host_tokens(p, 0.5, 0))  # a smaller share is nested
+    other = routing.host_tokens(_point(tokens_per_rank=50, world_size=2), 0.25, 1)
+    assert not np.array_equal(quarter, other)
+    with pytest.raises(ValueError, match="host share"):
+        routing.host_tokens(p, 1.5, 0)
+
+
+def test_host_rows_get_int64_offsets_far_from_the_device_buffer():
+    ids = [np.array([[0, 1], [2, 3], [1, 2]]), np.array([[4, 5], [6, 7], [5, 0]])]
+    plans = routing.dispatch_plan(ids, 8, 4)
+    H = 256
+    homed = np.array([[False, True, False], [True, False, False]])  # (P, T) host-homed tokens
+    host_offsets = np.array([-(2**40) + 8, 2**35], dtype=np.int64)  # beyond 2^31 either way
+    comb_offsets = np.array([0, 2**33], dtype=np.int64)
+    for plan in plans:
+        dst = routing.row_destinations(plan, comb_offsets, H, host_offsets, homed, pad=PAD)
+        assert dst.dtype == np.int64
+        for i in range(plan.padded_rows):
+            home, token, slot = plan.home[i], plan.token[i], plan.slot[i]
+            if home < 0:
+                assert dst[i] == PAD
+            elif homed[home, token]:
+                assert dst[i] == host_offsets[home] + slot * H
+            else:
+                assert dst[i] == comb_offsets[home] + slot * H
+    # every row of a host-homed token goes to the host; the others stay on their path
+    assert sum(int(routing.host_rows(p, homed).sum()) for p in plans) == 2 * 2  # 2 tokens x 2
+    for p in plans:
+        peer = routing.peer_rows(p, homed)
+        assert not (peer & routing.host_rows(p, homed)).any()
+        assert int(routing.peer_rows(p).sum()) == p.remote_rows()
+        assert int(peer.sum()) == int(
+            ((p.home >= 0) & (p.home != p.rank) & ~homed[np.maximum(p.home, 0), p.token]).sum()
+        )
+
+
+PAD = -(2**62)  # the kernels' PAD_DST (tests/test_megamoe_cpu.py keeps triton unimported here)
+
+
+def test_grid_points_name_their_path_and_keep_the_peer_ids():
+    from xstage_bench import grid
+
+    moe = {
+        "shapes": [{"name": "tiny", "H": 256, "I": 256, "E": 8, "topk": 2}],
+        "precisions": ["w8a8"],
+        "routings": ["balanced"],
+        "tokens_per_rank": [32],
+        "remote_fractions": ["natural", 0, 0.25],
+    }
+    peer = grid.megamoe_points(moe, 2)
+    assert [p["id"] for p in peer] == [
+        "tiny/w8a8/balanced/T=32/P=2",
+        "tiny/w8a8/balanced/T=32/P=2/f=0",
+        "tiny/w8a8/balanced/T=32/P=2/f=0.25",
+    ]
+    assert {p["path"] for p in peer} == {"peer"} and "remote_fraction" not in peer[0]
+    host = grid.megamoe_points(moe, 1, ["host"])
+    # 'natural' on the host path is the f = 0 control: counted once
+    assert [p["id"] for p in host] == [
+        "tiny/w8a8/balanced/T=32/P=1/path=host/f=0",
+        "tiny/w8a8/balanced/T=32/P=1/path=host/f=0.25",
+    ]
+    assert [p["remote_fraction"] for p in host] == [0.0, 0.25]
+    both = grid.megamoe_points(moe, 2, ["peer", "host"])
+    assert len(both) == 5 and both[3]["id"].endswith("/P=2/path=host/f=0")
+
+
+LEAD_MOE = {
+    "shapes": [
+        {"name": "a", "H": 256, "I": 256, "E": 8, "topk": 2},
+        {"name": "b", "H": 512, "I": 256, "E": 8, "topk": 2},
+    ],
+    "precisions": ["w8a8"],
+    "routings": ["balanced"],
+    "tokens_per_rank": [32],
+    "remote_fractions": [0.5],
+    "schedules": ["expert_wave", "interleaved"],
+    "lead_rows": 256,
+    "variants": ["ours", "unfused"],
+    "lead_sweep": {
+        "shapes": ["a", "b"],
+        "tokens_per_rank": [32],
+        "remote_fractions": [0.5, 1],
+        "lead_rows": [0, 1024, "auto"],
+    },
+}
+
+
+def _model_file(tmp_path, *, path=None, per_path=None, R=50.0, Q=100_000.0):
+    doc = {
+        "params": {
+            "R_GBps": {"value": R},
+            "Q_bytes": {"value": Q},
+            "t0_fixed_us": {"value": 0.5},
+            "issue_rate_per_sm_GBps": {"value": 32.768},
+        }
+    }
+    if path:
+        doc["path"] = path
+    if per_path:
+        doc["paths"] = per_path
+    f = tmp_path / "burst_gap.json"
+    f.write_text(__import__("json").dumps(doc))
+    return f
+
+
+def test_lead_auto_is_the_smallest_block_multiple_whose_linear1_time_covers_the_drain(tmp_path):
+    from xstage_bench.megamoe import lead
+
+    drain = lead.read_drain(_model_file(tmp_path, path="host"), "host")
+    # by hand: f = 1, H = 4096: V = 128 * 4096 * 2 = 1 MiB; B = 32 KiB per tile, T0 = 0.5 +
+    # 32768 / 32768 = 1.5 us; backlog beyond Q = 1048576 - 50000 * 1.5 - 100000 = 873576 B,
+    # draining in 17.47 us at 50 GB/s. Linear-1 of 128 rows at 600 TFLOP/s: 4 * 4096 *
+    # 2048 * 128 / 6e8 us = 7.158 us: 3 blocks (21.5 us) cover it, 2 (14.3 us) do not.
+    assert drain.T0_us(32768) == pytest.approx(1.5)
+    need = lead.drain_time_us(4096, 1.0, drain, 128, 128)
+    assert need == pytest.approx((1048576 - 75000 - 100000) / 50000)
+    assert lead.linear1_time_us(4096, 2048, 128, 600.0) == pytest.approx(7.158278826666667)
+    got = lead.auto_lead_rows(H=4096, I=2048, remote_share=1.0, drain=drain, tflops=600.0)
+    assert got == 3 * 128
+    # twice the compute rate halves t_L1 (3.58 us a block): 17.47 / 3.58 -> 5 blocks
+    assert lead.auto_lead_rows(H=4096, I=2048, remote_share=1.0, drain=drain, tflops=1200) == 640
+    # no remote rows, no lead
+    assert lead.auto_lead_rows(H=4096, I=2048, remote_share=0.0, drain=drain, tflops=600) == 0
+    # a burst the path holds (V - R T0 <= Q) needs no lead either
+    small = lead.auto_lead_rows(H=4096, I=2048, remote_share=0.05, drain=drain, tflops=600)
+    assert small == 0
+
+
+def test_lead_model_is_read_per_path_and_a_missing_path_names_the_file(tmp_path):
+    from xstage_bench.megamoe import lead
+
+    peer_only = _model_file(tmp_path)  # today's file: top-level params, the peer path's
+    assert lead.read_drain(peer_only, "peer").R_GBps == 50.0
+    with pytest.raises(lead.LeadModelError, match=r"burst_gap\.json fits the peer path only"):
+        lead.read_drain(peer_only, "host")
+    params = {
+        "R_GBps": {"value": 52.0},
+        "Q_bytes": {"value": 1.0e5},
+        "t0_fixed_us": {"value": 0.3},
+        "issue_rate_per_sm_GBps": {"value": 10.0},
+    }
+    both = _model_file(tmp_path, per_path={"host": {"params": params}})
+    host = lead.read_drain(both, "host")
+    assert host.R_GBps == 52.0 and "paths.host" in host.source
+    assert lead.read_drain(both, "peer").R_GBps == 50.0  # the top level, the peer path's
+    bad = _model_file(tmp_path, per_path={"host": {"params": {**params, "Q_bytes": {}}}})
+    with pytest.raises(lead.LeadModelError, match="Q_bytes"):
+        lead.read_drain(bad, "host")
+    with pytest.raises(lead.LeadModelError, match="no model file was given"):
+        lead.LeadChooser(None).resolve("auto", _point(world_size=1, path="host"))
+    assert lead.LeadChooser(None).resolve(512, _point()) == 512
+    with pytest.raises(ValueError, match="megamoe.lead_rows"):
+        lead.LeadChooser(None).resolve(-1, _point())
+
+
+def test_lead_sweep_adds_interleaved_arms_per_lead_with_their_expert_wave_counterpart(tmp_path):
+    from xstage_bench import grid
+    from xstage_bench.megamoe import lead
+    from xstage_bench.megamoe.points import arm_sets, lead_sweep_configs
+
+    model = _model_file(tmp_path, per_path={"host": {"params": {}}})  # host fit missing
+    leads = lead.LeadChooser(model, 600.0)
+    paths = ["peer", "host"]
+    configs = grid.megamoe_points(LEAD_MOE, 2, paths)
+    sweep = lead_sweep_configs(LEAD_MOE, 2, paths)
+    pts = expand_points(configs, LEAD_MOE, leads, sweep)
+    ids = [p["id"] for p in pts]
+    c = "a/w8a8/balanced/T=32/P=2/f=0.5"
+    assert ids[:6] == [
+        f"{c}/expert_wave",
+        f"{c}/interleaved",
+        f"{c}/interleaved/lead=0",
+        f"{c}/interleaved/lead=1024",
+        f"{c}/interleaved/lead=auto",
+        f"{c}/unfused",  # the baselines after our arms, on the peer path only
+    ]
+    by_id = {p["id"]: p for p in pts}
+    main = by_id[f"{c}/interleaved"]
+    assert main["lead_rows"] == 256 and main["lead_rows_requested"] == 256
+    assert "lead_sweep" not in main and "lead_rows" not in by_id[f"{c}/expert_wave"]
+    auto = by_id[f"{c}/interleaved/lead=auto"]
+    assert auto["lead_sweep"] is True and auto["lead_rows_requested"] == "auto"
+    assert auto["lead_rows"] % 128 == 0 and "lead_error" not in auto
+    # f = 1 is only in the lead map: its own expert-wave point, marked as the map's
+    only = "a/w8a8/balanced/T=32/P=2/f=1"
+    assert by_id[f"{only}/expert_wave"]["lead_sweep"] is True
+    assert f"{only}/interleaved" not in by_id and f"{only}/interleaved/lead=0" in by_id
+    # the host path's auto lead cannot be chosen: recorded failed later, not a crash
+    host_auto = by_id["a/w8a8/balanced/T=32/P=2/path=host/f=0.5/interleaved/lead=auto"]
+    assert "lead_rows" not in host_auto and "t0_fixed_us" in host_auto["lead_error"]
+    assert not any(
+        i.startswith("a/w8a8/balanced/T=32/P=2/path=host") and "unfused" in i for i in ids
+    )
+    sets = arm_sets(pts)
+    assert [a["id"] for a in sets[c]] == ids[:5]
+    assert (
+        config_id(auto) == c
+        and config_id({"id": f"{c}/deepgemm/interleaved", "variant": "deepgemm"}) == c
+    )
+    assert len(pts) == len(set(ids))
+
+
+def test_baselines_run_at_the_host_control_when_no_peer_path_is_measured():
+    from xstage_bench import grid
+
+    moe = {**LEAD_MOE, "remote_fractions": ["natural", 0.5], "variants": ["ours", "gemm_ceiling"]}
+    moe.pop("lead_sweep")
+    pts = expand_points(grid.megamoe_points(moe, 1, ["host"]), moe)
+    ceiling = [p["id"] for p in pts if p.get("variant") == "gemm_ceiling"]
+    assert ceiling == [
+        "a/w8a8/balanced/T=32/P=1/path=host/f=0/gemm_ceiling",
+        "b/w8a8/balanced/T=32/P=1/path=host/f=0/gemm_ceiling",
+    ]
+
+
+def test_traces_on_the_host_path_take_its_largest_share_against_the_local_control():
+    from xstage_bench import grid
+
+    moe = {**LEAD_MOE, "remote_fractions": ["natural", 0.25, 1]}
+    traced = trace_points(grid.megamoe_points(moe, 1, ["host"]), megamoe=moe)
+    assert [p["id"] for p in traced[:3]] == [
+        "a/w8a8/balanced/T=32/P=1/path=host/f=1/expert_wave",
+        "a/w8a8/balanced/T=32/P=1/path=host/f=1/interleaved",
+        "a/w8a8/balanced/T=32/P=1/path=host/f=1/local_control",
+    ]
+    assert traced[1]["lead_rows"] == 256 and traced[2]["schedule"] == "expert_wave"
+
+
+def test_paired_arms_are_checked_alone_then_timed_together_one_record_each():
+    from xstage_bench.megamoe.paired import measure_arms
+    from xstage_bench.protocol import Measured, wrong
+
+    arms = [{"id": f"c/{n}"} for n in ("expert_wave", "interleaved", "interleaved/lead=0")]
+    timed = []
+
+    def check(p):
+        if p["id"] == "c/interleaved":
+            raise wrong("output differs bitwise from the expert-wave schedule")
+        return {"checked": p["id"]}
+
+    def measure(passed, facts):
+        timed.append([p["id"] for p in passed])
+        return {p["id"]: Measured({"time_us": [1.0, 2.0]}, facts[p["id"]]) for p in passed}
+
+    records = measure_arms(arms, check, measure)
+    assert list(records) == [a["id"] for a in arms]
+    assert timed == [["c/expert_wave", "c/interleaved/lead=0"]]  # once, the passed arms
+    assert records["c/interleaved"]["status"] == "wrong"
+    assert records["c/interleaved/lead=0"]["extra"] == {"checked": "c/interleaved/lead=0"}
+
+
+def test_an_interrupted_set_of_arms_is_measured_again_whole(tmp_path):
+    import json
+
+    from xstage_bench.megamoe.runner import drop_unpaired
+    from xstage_bench.sweep import partial_path
+
+    out = tmp_path / "megamoe.json"
+    sets = {
+        "c1": [{"id": "c1/expert_wave"}, {"id": "c1/interleaved"}],
+        "c2": [{"id": "c2/expert_wave"}, {"id": "c2/interleaved"}],
+    }
+    ids = ["c1/expert_wave", "c1/interleaved", "c2/expert_wave", "c2/unfused"]
+    partial_path(out).write_text(json.dumps({"records": [{"id": i} for i in ids]}))
+    assert drop_unpaired(out, sets) == 1
+    kept = [r["id"] for r in json.loads(partial_path(out).read_text())["records"]]
+    assert kept == ["c1/expert_wave", "c1/interleaved", "c2/unfused"]
+    assert drop_unpaired(out, sets) == 0
+
+
+def test_emulated_points_on_the_host_path_carry_it_in_id_and_point(tmp_path):
+    from xstage_bench.megamoe import lead
+    from xstage_bench.megamoe.emulated import emulated_points
+
+    moe = {
+        **LEAD_MOE,
+        "lead_rows": "auto",
+        "emulated": {
+            "shapes": ["a"],
+            "tflops": [1000, 3000],
+            "remote_fractions": [0, "natural", 1],
+            "tokens_per_rank": 32,
+        },
+    }
+    model = _model_file(tmp_path, path="host", R=5.0, Q=0.0)
+    leads = lead.LeadChooser.of(moe, model)
+    pts = emulated_points(moe, 1, ["host"], leads)
+    ids = [p["id"] for p in pts]
+    assert ids[:2] == [
+        "a/T=32/P=1/path=host/X=1000/f=0/expert_wave",
+        "a/T=32/P=1/path=host/X=1000/f=0/interleaved",
+    ]
+    assert len(pts) == 2 * 2 * 2  # natural is f = 0 on the host path
+    assert {p["path"] for p in pts} == {"host"}
+    inter = {p["id"]: p for p in pts if p["schedule"] == "interleaved"}
+    # auto at the emulated rate: three times the rate, at least as many rows
+    fast = inter["a/T=32/P=1/path=host/X=3000/f=1/interleaved"]["lead_rows"]
+    slow = inter["a/T=32/P=1/path=host/X=1000/f=1/interleaved"]["lead_rows"]
+    assert fast >= slow > 0
+    assert inter["a/T=32/P=1/path=host/X=1000/f=0/interleaved"]["lead_rows"] == 0
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_host_path_rows_land_in_host_memory_and_the_check_catches_an_unwritten_one(
+    interpreted_kernel, world
+):
+    import torch
+
+    from xstage_bench import timing
+    from xstage_bench.megamoe.measurer import MoEMeasurer
+
+    moe = {
+        "skew_zipf": 1.2,
+        "block_m": 128,
+        "block_n": 128,
+        "lead_rows": 0,
+        "schedules": ["expert_wave", "interleaved"],
+    }
+    policy = timing.TimingPolicy(0, 1, 1, 1.0, 1.0, False)
+    m = MoEMeasurer(moe, policy, [torch.device("cpu")] * world, check_tokens=24)
+    base = _point(E=4, tokens_per_rank=24, world_size=world, path="host", remote_fraction=0.5)
+    points = [
+        {**base, "schedule": s, "id": f"tiny/h/P={world}/path=host/f=0.5/{s}"}
+        for s in ("expert_wave", "interleaved")
+    ]
+    for p in points:
+        try:
+            error, facts = m.check(p)
+        except Exception as e:  # triton.runtime.errors.InterpreterError
+            if "0-dimensional" in str(e):
+                pytest.skip(f"the Triton interpreter cannot run with this numpy: {e}")
+            raise
+        assert error is None, error
+        assert max(facts["rel_error"]) < INTERPRETER_TOLERANCE
+    assert facts["bitwise_equal_to_expert_wave"] is True
+    assert facts["checked_host_tokens_per_rank"] == [12] * world  # every sampled token
+    prob = m.problem(points[0])
+    T, topk, H = 24, 2, 256
+    for r in range(world):
+        host = prob.host_comb[r].view(T, topk, H)
+        dev = prob.ranks[r].comb.view(T, topk, H)
+        homed = prob.host_tokens[r]
+        assert len(homed) == 12
+        assert not torch.isnan(host[torch.as_tensor(homed)]).any()  # stored into host memory
+        assert torch.isnan(dev[torch.as_tensor(homed)]).all()  # never into the GPU's buffer
+    assert sum(prob.host_bytes()) == world * 12 * topk * H * 2
+    assert prob.remote_bytes() == prob.host_bytes()
+    # one host row the kernel never stores: the point is wrong, named as such
+    rb = prob.ranks[0]
+    row = int(np.flatnonzero(routing.host_rows(rb.plan, prob.host_homed))[0])
+    assert interpreted_kernel.PAD_DST == PAD
+    rb.row_dst[row] = PAD
+    error, _ = m.check(points[0])
+    assert error is not None and "host combine rows left NaN" in error
+
+
+def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
+    interpreted_kernel, tmp_path, capsys
+):
+    """run_megamoe at world size 1 on the CPU: the host path only, every configuration's
+    arms (expert waves, interleaved, the lead map's leads with 'auto' from the model) timed
+    in the same rounds, one record per arm in the record format the tables read."""
+    from xstage_bench.megamoe.runner import run_megamoe
+    from xstage_bench.results import read_raw
+
+    moe = {
+        "shapes": [{"name": "tiny", "H": 256, "I": 256, "E": 2, "topk": 2}],
+        "precisions": ["w8a8"],
+        "routings": ["balanced"],
+        "tokens_per_rank": [24],
+        "remote_fractions": [0.5],
+        "schedules": ["expert_wave", "interleaved"],
+        "lead_rows": 0,
+        "variants": ["ours"],
+        "skew_zipf": 1.2,
+        "block_m": 128,
+        "block_n": 128,
+        "lead_sweep": {
+            "shapes": ["tiny"],
+            "tokens_per_rank": [24],
+            "remote_fractions": [0.5],
+            "lead_rows": [128, "auto"],
+        },
+    }
+    config = {
+        "timing": {
+            "warmup": 0,
+            "min_reps": 2,
+            "max_reps": 2,
+            "target_rel_iqr": 1.0,
+            "budget_s": 0.1,
+            "flush_l2": False,
+        }
+    }
+    model = _model_file(tmp_path, path="host", R=1.0, Q=0.0)
+    out = tmp_path / "megamoe.json"
+    try:
+        run_megamoe(
+            config, "cpu-test", out, None, 1, megamoe=moe, device_type="cpu", model_file=model
+        )
+    except Exception as e:  # triton.runtime.errors.InterpreterError
+        if "0-dimensional" in str(e):
+            pytest.skip(f"the Triton interpreter cannot run with this numpy: {e}")
+        raise
+    doc = read_raw(out)
+    recs = {r["id"]: r for r in doc["records"]}
+    c = "tiny/w8a8/balanced/T=24/P=1/path=host/f=0.5"
+    arms = [f"{c}/expert_wave", f"{c}/interleaved", f"{c}/interleaved/lead=128"]
+    arms.append(f"{c}/interleaved/lead=auto")
+    assert list(recs) == arms
+    assert {r["status"] for r in recs.values()} == {"ok"}
+    for i, arm in enumerate(arms):
+        r = recs[arm]
+        point, extra = r["point"], r["extra"]
+        assert point["path"] == "host" and point["remote_fraction"] == 0.5
+        assert extra["paired"]["arms"] == arms and extra["paired"]["arm"] == arm
+        assert extra["paired"]["rounds"] == 2 == len(r["samples"]["time_us"])
+        assert len(r["samples"]["kernel_us"]) == 2
+        assert extra["paired"]["position"] == [i, len(arms) - 1 - i]  # A B .., then reversed
+        assert extra["remote_bytes"] == extra["host_bytes"] == 12 * 2 * 256 * 2
+        assert extra["nvlink_bytes"] == 0 and extra["tflops_kernel"] > 0
+        assert r["clocks"] == recs[arms[0]]["clocks"]  # one clock sample around the set
+    auto = recs[f"{c}/interleaved/lead=auto"]["point"]
+    assert auto["lead_rows_requested"] == "auto" and auto["lead_sweep"] is True
+    assert auto["lead_rows"] > 0 and auto["lead_rows"] % 128 == 0
+    assert recs[f"{c}/interleaved"]["point"]["lead_rows"] == 0
+    assert "lead_sweep" not in recs[f"{c}/interleaved"]["point"]
+    cfg = doc["config"]
+    assert cfg["store_paths"] == ["host"] and "round(f T)" in cfg["host_share"]
+    assert (
+        set(cfg["definitions"]) == {"host"} and "far end" in cfg["definitions"]["host"]["time_us"]
+    )
+    assert cfg["lead_auto"]["paths"]["host"]["R_GBps"] == 1.0
+    assert cfg["lead_auto"]["tflops"] == 600.0
+    print_summary(out)
+    printed = capsys.readouterr().out
+    lead_line = next(line for line in printed.splitlines() if line.startswith("lead map"))
+    assert (
+        f"lead map {c}: lead=128 " in lead_line and f"lead=auto({auto['lead_rows']})" in lead_line
+    )
+    main_row = next(line for line in printed.splitlines() if line.startswith(c))
+    assert len(main_row.split()) > 3  # the main grid's row: its own two schedules

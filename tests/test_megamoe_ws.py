@@ -34,6 +34,10 @@ PATTERNS = {
     "release_add": r"atom\.global\.gpu\.release\.add",
     "atomic_max": r"atom\.global\.gpu\.\w+\.max\.s64",
     "cta_barriers": r"(?<![\w.])bar\.sync\s+0;|barrier\.sync\s+0;",
+    # The combine rows' destination offsets (int64 row_dst, padding masked to 0) stay 64-bit
+    # into the address: a host buffer's offset from the device buffer is far beyond 2^31.
+    "wide_destinations": r"selp\.b64\s+%rd\d+, %rd\d+, 0, %p\d+;",
+    "narrow_destinations": r"selp\.b32\s+%r\d+, %r\d+, 0, %p\d+;",
 }
 
 
@@ -61,6 +65,7 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(trace, precision):
     assert got["expect_tx"] > 0 and got["tma_loads"] >= 2 * got["expect_tx"]
     assert got["mbarrier_arrive"] > got["expect_tx"]  # empty slots and the tile ring
     assert got["vector_stores"] > 0
+    assert got["wide_destinations"] > 0 and got["narrow_destinations"] == 0
     assert got["proxy_fence"] > 0 and got["release_add"] > 0
     assert got["cta_barriers"] == 0  # partitions meet at mbarriers, never at a CTA barrier
     assert (got["atomic_max"] > 0) == trace

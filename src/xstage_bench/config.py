@@ -157,6 +157,13 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"config key 'megamoe.shapes[{i}].topk': must be <= E ({shape['E']}), "
                 f"got {shape['topk']}"
             )
+    for key in ("lead_sweep", "emulated"):
+        unknown = sorted(set((config["megamoe"].get(key) or {}).get("shapes", [])) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"config key 'megamoe.{key}.shapes': unknown shape(s) {unknown}; "
+                f"megamoe.shapes has {sorted(names)}"
+            )
     if config["world_size"] != "auto":
         _check_world_size(config, config["world_size"])
     return config

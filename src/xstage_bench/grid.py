@@ -75,33 +75,56 @@ def microbench_points(
     return points
 
 
-def megamoe_points(megamoe: dict, world_size: int) -> list[dict]:
-    """One point per (shape, precision, routing, tokens) configuration, schedules inside.
+def megamoe_points(
+    megamoe: dict, world_size: int, paths: tuple[str, ...] | list[str] = (storepath.PEER,)
+) -> list[dict]:
+    """One point per (shape, precision, routing, tokens, path, remote fraction)
+    configuration, schedules inside; every point names its `path`.
 
-    The 84 paper configurations are 7 shapes x 2 precisions x 2 routings x 3 sizes.
+    The 84 paper configurations are 7 shapes x 2 precisions x 2 routings x 3 sizes. On
+    the peer path a remote fraction re-homes rows (routing.py) and ids are those of
+    earlier datasets ('<shape>/<precision>/<routing>/T=<T>/P=<P>[/f=<f>]'). On the host
+    path it is the host share (routing.host_tokens; 'natural' is 0, the local control:
+    every row on the GPU) and ids add the path:
+    '<shape>/<precision>/<routing>/T=<T>/P=<P>/path=host/f=<f>'.
     """
+    fractions = megamoe.get("remote_fractions", [NATURAL])
+    host_fractions = list(dict.fromkeys(0.0 if f == NATURAL else float(f) for f in fractions))
     points = []
-    for shape, precision, routing, tokens, fraction in itertools.product(
-        megamoe["shapes"],
-        megamoe["precisions"],
-        megamoe["routings"],
-        megamoe["tokens_per_rank"],
-        megamoe.get("remote_fractions", ["natural"]),
+    for shape, precision, routing, tokens in itertools.product(
+        megamoe["shapes"], megamoe["precisions"], megamoe["routings"], megamoe["tokens_per_rank"]
     ):
         if shape["E"] % world_size:
             raise ValueError(
                 f"megamoe shape '{shape['name']}': E={shape['E']} experts do not divide over "
                 f"world_size={world_size} ranks"
             )
-        p = {"shape": shape["name"], **{k: v for k, v in shape.items() if k != "name"}}
-        p.update(
+        base = {"shape": shape["name"], **{k: v for k, v in shape.items() if k != "name"}}
+        base.update(
             precision=precision, routing=routing, tokens_per_rank=tokens, world_size=world_size
         )
-        p["id"] = f"{p['shape']}/{precision}/{routing}/T={tokens}/P={world_size}"
-        if fraction != NATURAL:  # natural routing keeps the ids of earlier datasets
-            p["remote_fraction"] = float(fraction)
-            p["id"] += f"/f={fraction_label(fraction)}"
-        points.append(p)
+        base_id = f"{base['shape']}/{precision}/{routing}/T={tokens}/P={world_size}"
+        for path in paths:
+            if path == storepath.PEER:
+                for fraction in fractions:
+                    p = {**base, "path": path, "id": base_id}
+                    if fraction != NATURAL:  # natural routing keeps the ids of earlier datasets
+                        p["remote_fraction"] = float(fraction)
+                        p["id"] += f"/f={fraction_label(fraction)}"
+                    points.append(p)
+            elif path == storepath.HOST:
+                for fraction in host_fractions:
+                    label = fraction_label(fraction)
+                    points.append(
+                        {
+                            **base,
+                            "path": path,
+                            "remote_fraction": fraction,
+                            "id": f"{base_id}/path={path}/f={label}",
+                        }
+                    )
+            else:
+                raise ValueError(f"megamoe: unknown store path {path!r}; known: {storepath.PATHS}")
     return points
 
 

@@ -55,15 +55,27 @@ def _run(experiment: str, config: dict, args: argparse.Namespace, gpu_ids: list[
     elif experiment == "megamoe":
         from xstage_bench.megamoe.runner import run_megamoe
 
-        run_megamoe(config, args.dataset, args.out, args.trace_out, world, device_type=device)
+        run_megamoe(
+            config,
+            args.dataset,
+            args.out,
+            args.trace_out,
+            world,
+            device_type=device,
+            model_file=args.model,
+        )
     elif experiment == "megamoe_per_gpu":
         from xstage_bench.megamoe.distributed import run_per_gpu
 
-        run_per_gpu(config, args.dataset, args.out, world, device_type=device)
+        run_per_gpu(
+            config, args.dataset, args.out, world, device_type=device, model_file=args.model
+        )
     elif experiment == "megamoe_emulated":
         from xstage_bench.megamoe.emulated import run_emulated
 
-        run_emulated(config, args.dataset, args.out, world, device_type=device)
+        run_emulated(
+            config, args.dataset, args.out, world, device_type=device, model_file=args.model
+        )
     else:
         from xstage_bench.attention.runner import run_attention
 
@@ -81,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace-out", help="megamoe: the traced runs' raw JSON")
     ap.add_argument("--study", help="microbench: a key of microbench.studies")
     ap.add_argument("--cubin", help="microbench: the built burst.cubin")
+    ap.add_argument(
+        "--model",
+        help="megamoe*: the dataset's fitted model/burst_gap.json, for a lead_rows of 'auto'",
+    )
     ap.add_argument("--log", help="also write stdout and stderr here")
     ap.add_argument("--gpu-ids", default="0,1", help="comma-separated GPU ids (default 0,1)")
     ap.add_argument(

@@ -10,6 +10,7 @@ from xstage_bench import layout, products, provenance, storepath
 from xstage_bench.config import ConfigError, checked_store_paths, resolve_extends, validate_config
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
+from xstage_bench.megamoe.lead import AUTO, needs_model
 from xstage_bench.runlock import RunLockBusy, hold_run_lock
 from xstage_bench.stale_lock import clear_stale_locks
 
@@ -278,6 +279,25 @@ def built_kernels():
 
 
 # --- model ---
+
+def megamoe_model(experiment):
+    """The dataset's fitted Burst-Gap model, an input of a MegaMoE measuring rule when one of
+    its leads is 'auto' (megamoe/lead.py): the microbenchmarks and the fit then run first."""
+
+    def model(wildcards):
+        moe = config["megamoe"]
+        auto = needs_model(moe) if experiment == "megamoe" else moe.get("lead_rows") == AUTO
+        return [str(RESULTS / wildcards.dataset / layout.MODEL_JSON)] if auto else []
+
+    return model
+
+
+def megamoe_model_arg(experiment):
+    """The `--model` option that passes that file to the measuring job (or nothing)."""
+    return lambda wildcards: " ".join(
+        f"--model {shlex.quote(path)}" for path in megamoe_model(experiment)(wildcards)
+    )
+
 
 def model_inputs(wildcards):
     dataset = wildcards.dataset

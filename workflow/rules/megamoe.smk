@@ -1,8 +1,11 @@
 # Stage 3a: the MegaMoE sweep (expert-wave vs interleaved schedules of the fused kernel),
 # measured on this machine's GPUs or simulated; the traced runs feed the mechanism figures.
+# A lead_rows of 'auto' gives the measuring jobs the dataset's fitted model (megamoe_model).
 
 
 rule megamoe_measure:
+    input:
+        model=megamoe_model("megamoe"),
     output:
         sweep=update(str(RESULTS / "{dataset}" / layout.MEGAMOE_RAW)),
         trace=update(str(RESULTS / "{dataset}" / layout.MEGAMOE_TRACE_RAW)),
@@ -10,6 +13,7 @@ rule megamoe_measure:
         dataset=measuring("megamoe"),
     params:
         config=measure_config("megamoe"),
+        model=megamoe_model_arg("megamoe"),
     resources:
         gpu=GPU_JOB,
     conda:
@@ -17,18 +21,22 @@ rule megamoe_measure:
     log:
         RESULTS / "{dataset}" / "logs" / "megamoe.log",
     shell:
-        f"{MEASURE} megamoe --out {{output.sweep:q}} --trace-out {{output.trace:q}} {MEASURE_ARGS}"
+        f"{MEASURE} megamoe --out {{output.sweep:q}} --trace-out {{output.trace:q}} "
+        f"{{params.model}} {MEASURE_ARGS}"
 
 
 # Opt-in (measured_experiments: megamoe_per_gpu): our kernel's schedules once more, with one
 # process per GPU (torch.distributed), for tab-process-model.
 rule megamoe_measure_per_gpu:
+    input:
+        model=megamoe_model("megamoe_per_gpu"),
     output:
         update(str(RESULTS / "{dataset}" / layout.MEGAMOE_PER_GPU_RAW)),
     wildcard_constraints:
         dataset=measuring("megamoe_per_gpu"),
     params:
         config=measure_config("megamoe_per_gpu"),
+        model=megamoe_model_arg("megamoe_per_gpu"),
     resources:
         gpu=GPU_JOB,
     conda:
@@ -36,19 +44,22 @@ rule megamoe_measure_per_gpu:
     log:
         RESULTS / "{dataset}" / "logs" / "megamoe_per_gpu.log",
     shell:
-        f"{MEASURE} megamoe_per_gpu --out {{output:q}} {MEASURE_ARGS}"
+        f"{MEASURE} megamoe_per_gpu --out {{output:q}} {{params.model}} {MEASURE_ARGS}"
 
 
 # Opt-in (measured_experiments: megamoe_emulated): the kernel's tile lists, counters and
 # peer stores with each tile's MMA replaced by a wait for its FLOPs at an emulated compute
 # rate, over rates x remote fractions (megamoe.emulated), for fig-megamoe-crossover.
 rule megamoe_measure_emulated:
+    input:
+        model=megamoe_model("megamoe_emulated"),
     output:
         update(str(RESULTS / "{dataset}" / layout.MEGAMOE_EMULATED_RAW)),
     wildcard_constraints:
         dataset=measuring("megamoe_emulated"),
     params:
         config=measure_config("megamoe_emulated"),
+        model=megamoe_model_arg("megamoe_emulated"),
     resources:
         gpu=GPU_JOB,
     conda:
@@ -56,7 +67,7 @@ rule megamoe_measure_emulated:
     log:
         RESULTS / "{dataset}" / "logs" / "megamoe_emulated.log",
     shell:
-        f"{MEASURE} megamoe_emulated --out {{output:q}} {MEASURE_ARGS}"
+        f"{MEASURE} megamoe_emulated --out {{output:q}} {{params.model}} {MEASURE_ARGS}"
 
 
 rule megamoe_simulate:

@@ -3,11 +3,15 @@
 The kernel itself is xstage_kernels.megamoe (kernels/xstage_kernels/megamoe.py).
 
 quant      block-scaled FP8 and word-split packed INT4 formats (numpy spec, torch versions)
-routing    top-k expert choice (balanced, skewed) and the padded expert-major dispatch layout
+routing    top-k expert choice (balanced, skewed), the padded expert-major dispatch layout,
+           the host share's tokens and every row's destination offset
 schedule   the tile lists: expert waves and interleaved, with the dependency check
 reference  the plain torch reference (dequantized, fp32)
 problem    one configuration laid out on the GPUs: inputs, weights, dispatch, forward
-points     the sweep's points: schedules and baselines per configuration, traced ones
+points     the sweep's points: our arms (schedules, the lead map) and baselines per
+           configuration, per store path; traced ones
+lead       lead_rows 'auto': the interleaved lead chosen from the path's fitted T0, R, Q
+paired     a configuration's arms checked alone, then timed together in paired rounds
 verdict    the one judgement of a checked run (both process models, the emulated build)
 measurer   our kernel checked, timed and traced from one process driving every GPU
 summary    the traced runs' waits, spans and timeline; the table a sweep prints

@@ -23,7 +23,9 @@ home rank against the torch reference (each rank adds its experts' share of it),
 later schedule bitwise equal to expert-wave. Each point goes through protocol.measure_point
 in lockstep (workers.Lockstep.measure_point).
 
-Only our kernel's schedules run here; the baselines and the traced runs stay in the
+Only our kernel's schedules run here, on the peer path (its combine buffers are a peer
+window; host-homed rows would need host memory mapped in every process); the baselines,
+the traced runs, the host path, the lead map and the paired rounds stay in the
 single-process path.
 """
 
@@ -39,8 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import faults, grid, timing, workers
+from xstage_bench import faults, grid, storepath, timing, workers
 from xstage_bench.megamoe import reference, routing, schedule, verdict
+from xstage_bench.megamoe.lead import LeadChooser
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
@@ -48,6 +51,7 @@ from xstage_bench.megamoe.points import (
     POINT_TIMEOUT_S,
     config_id,
     expand_schedules,
+    lead_failure,
     sampled_tokens,
     select,
 )
@@ -61,6 +65,7 @@ from xstage_bench.megamoe.problem import (
     nvlink_bytes,
     poison_rank,
     rank_buffers,
+    tiles_for,
     useful_flops,
 )
 from xstage_bench.megamoe.reference import HomeTokens
@@ -259,11 +264,12 @@ class MoERank(workers.Lockstep):
         fabric.wait()
         fabric.host_barrier()  # nobody writes into a peer before that peer has poisoned
         checked = rb
+        key = tiles_for(rb, point, self.moe, self.num_programs)
         if faults.injected("wrong", point["id"]) and fabric.rank == 0:
             # A deliberately wrong variant: the last tile of the list is never computed.
-            tiles = rb.tiles[point["schedule"]]
-            checked = dataclasses.replace(rb, tiles={point["schedule"]: tiles[:-1]})
-        launch_rank(checked, self.experts, share.point, point["schedule"], self.num_programs)
+            tiles = rb.tiles[key]
+            checked = dataclasses.replace(rb, tiles={key: tiles[:-1]})
+        launch_rank(checked, self.experts, share.point, key, self.num_programs)
         fabric.barrier()
         combine_rank(rb, share.point)
         fabric.wait()
@@ -289,7 +295,8 @@ class MoERank(workers.Lockstep):
         return facts
 
     def timed_rep(self, schedule: str) -> tuple[float, float]:
-        """One repetition on this rank: (layer us, kernel us)."""
+        """One repetition on this rank of tile list `schedule` (a key of rb.tiles): (layer
+        us, kernel us)."""
         fabric, share = self.fabric, self.share
         if self.flush is not None:
             self.flush()
@@ -311,6 +318,9 @@ class MoERank(workers.Lockstep):
 
     def _checked(self, point: dict) -> dict:
         """Every rank's check, judged by the one verdict: the record's check facts."""
+        failure = lead_failure(point)
+        if failure is not None:  # every rank has the same point: none runs the check
+            raise failure
         facts, error = self.agree(lambda: self.check(point))
         if error:
             status = "timeout" if "WaitTimeout" in error else "failed"
@@ -321,7 +331,8 @@ class MoERank(workers.Lockstep):
         return extra
 
     def _timed(self, point: dict, extra: dict) -> Measured | None:
-        timed = self.timed(lambda: self.timed_rep(point["schedule"]), 2, self.policy, facts=extra)
+        key = tiles_for(self.share.rb, point, self.moe, self.num_programs)
+        timed = self.timed(lambda: self.timed_rep(key), 2, self.policy, facts=extra)
         if timed is None:  # ranks > 0
             return None
         times, (kernel_us,) = timed.samples, timed.others
@@ -332,6 +343,7 @@ class MoERank(workers.Lockstep):
             **extra,
             "tflops": flops / (statistics.median(times) * 1e6),
             "tflops_kernel": flops / (statistics.median(kernel_us) * 1e6),
+            "remote_bytes": int(sum(nvlink)),
             "nvlink_bytes": int(sum(nvlink)),
             "nvlink_bytes_per_rank": nvlink,
             "padded_rows_per_rank": [p.padded_rows for p in plans],
@@ -357,7 +369,10 @@ def _worker(rank: int, job: dict) -> None:
     try:
         if rank == 0:
             moe = job["megamoe"]
-            points = expand_schedules(grid.megamoe_points(moe, job["world_size"]), moe["schedules"])
+            leads = LeadChooser.of(moe, job.get("model_file"))
+            points = expand_schedules(
+                grid.megamoe_points(moe, job["world_size"]), moe["schedules"], moe, leads
+            )
             workers.drive(
                 state,
                 job,
@@ -378,16 +393,19 @@ def _worker(rank: int, job: dict) -> None:
 def per_gpu_config(
     config: dict, moe: dict, world_size: int, check_tokens: int, device_type: str = "cuda"
 ) -> dict:
-    """The config a per-GPU raw file records: runner.py's, with this path's definitions."""
+    """The config a per-GPU raw file records: runner.py's (peer path only), with this
+    process model's definitions."""
     moe = {**moe, "variants": ["ours"]}
-    cfg = raw_config(config, moe, world_size, check_tokens, device_type)
+    cfg = raw_config(config, moe, world_size, check_tokens, device_type, paths=[storepath.PEER])
     cfg["processes"] = "one per GPU (torch.distributed); src/xstage_bench/megamoe/distributed.py"
-    cfg["definitions"]["time_us"] = (
+    peer = cfg["definitions"][storepath.PEER]
+    peer["time_us"] = (
         "slowest rank's events from after a cross-rank device barrier to after its top-k "
         "weighted reduction: its fused kernel, a device barrier (system-scope fence) and the "
         "reduction (dispatch excluded, done once through all_to_all)"
     )
-    cfg["definitions"]["kernel_us"] = "max over ranks of the fused kernel alone"
+    peer["kernel_us"] = "max over ranks of the fused kernel alone"
+    del peer["paired"]  # one schedule at a time here
     return cfg
 
 
@@ -405,6 +423,7 @@ def launch(
     point_timeout_s: float = POINT_TIMEOUT_S,
     wait_timeout_s: float = 60.0,
     max_restarts: int = 5,
+    model_file: str | Path | None = None,
 ) -> None:
     """Measure our kernel's schedules over `megamoe` (default: the config's) on
     `world_size` ranks into `out`. `device_type="cpu"`: gloo and the interpreter (tests).
@@ -424,6 +443,7 @@ def launch(
         "dump_dir": None if dump_dir is None else str(dump_dir),
         "point_timeout_s": point_timeout_s,
         "raw_config": per_gpu_config(config, moe, world_size, check_tokens, device_type),
+        "model_file": None if model_file is None else str(model_file),
     }
     workers.launch(
         _worker,
@@ -437,10 +457,16 @@ def launch(
 
 
 def run_per_gpu(
-    config: dict, dataset: str, out: str | Path, world_size: int, device_type: str = "cuda"
+    config: dict,
+    dataset: str,
+    out: str | Path,
+    world_size: int,
+    device_type: str = "cuda",
+    model_file: str | Path | None = None,
 ) -> None:
     """The DAG's entry: the config's MegaMoE grid, our schedules, one process per GPU (or,
-    with device_type="cpu", gloo and the Triton interpreter: CI's test of the rule)."""
+    with device_type="cpu", gloo and the Triton interpreter: CI's test of the rule);
+    `model_file` for a lead_rows of 'auto'."""
     if device_type == "cuda":
         workers.use_gpus(config)
     launch(
@@ -450,6 +476,7 @@ def run_per_gpu(
         world_size=world_size,
         megamoe=per_gpu_grid(config["megamoe"]),
         device_type=device_type,
+        model_file=model_file,
     )
 
 

@@ -12,7 +12,11 @@ on its own GPU) shows at which compute rate, on this interconnect, interleaving 
 pay. Every record says `emulated`: it is a measurement of the interconnect and the
 schedules, never of a GEMM.
 
-One record per (shape, X, f, schedule), id '<shape>/T=<T>/P=<P>/X=<X>/f=<f>/<schedule>'.
+One record per (shape, path, X, f, schedule), id '<shape>/T=<T>/P=<P>/X=<X>/f=<f>/<schedule>'
+on the peer path and '<shape>/T=<T>/P=<P>/path=host/X=<X>/f=<f>/<schedule>' on the host
+path, where f is the host share (problem.py: a seeded round(f T) of each home rank's tokens
+have their combine rows stored into host memory; routing natural) and f = 0 the local
+control. The interleaved schedule's `lead_rows: auto` assumes the emulated rate X.
 Checked before it is timed: outputs poisoned, one emulated layer, every rank's error flag
 clear, and every row the kernel should store written (no NaN left). Timed like the real
 kernel (time_us: every rank's kernel, the barrier and the combine; kernel_us: the slowest
@@ -28,14 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import timing
+from xstage_bench import storepath, timing
 from xstage_bench.clocks import ClockSampler
 from xstage_bench.environment import capture_measured
 from xstage_bench.megamoe import routing, schedule, verdict
+from xstage_bench.megamoe.lead import LeadChooser
 from xstage_bench.megamoe.measurer import valid_local_slots
-from xstage_bench.megamoe.points import POINT_TIMEOUT_S
+from xstage_bench.megamoe.points import POINT_TIMEOUT_S, lead_failure, with_lead
 from xstage_bench.megamoe.reference import ExpertWeights
-from xstage_bench.megamoe.runner import default_devices
+from xstage_bench.megamoe.runner import HOST_SHARE_RULE, default_devices, measured_paths
 from xstage_bench.megamoe.summary import linear2_waits, trace_summary
 from xstage_bench.protocol import Measured, measure_point, wrong
 from xstage_bench.results import failed_record
@@ -45,8 +50,14 @@ PRECISION = "w8a8"  # the Linear-1 epilogue stores an FP8 intermediate, as the r
 NEEDS_GPU = "the emulated build waits on %globaltimer, which the Triton interpreter cannot run"
 
 
-def emulated_points(megamoe: dict, world_size: int) -> list[dict]:
-    """Per shape and remote fraction (they share a problem), every rate and schedule."""
+def emulated_points(
+    megamoe: dict,
+    world_size: int,
+    paths: tuple[str, ...] | list[str] = (storepath.PEER,),
+    leads: LeadChooser | None = None,
+) -> list[dict]:
+    """Per shape, path and remote fraction (they share a problem), every rate and schedule;
+    on the host path 'natural' is f = 0 (the local control)."""
     spec = megamoe["emulated"]
     shapes = {s["name"]: s for s in megamoe["shapes"]}
     unknown = sorted(set(spec["shapes"]) - set(shapes))
@@ -57,22 +68,33 @@ def emulated_points(megamoe: dict, world_size: int) -> list[dict]:
         )
     T = spec["tokens_per_rank"]
     routed_by = spec.get("routing", "balanced")
+    fractions = {
+        storepath.PEER: list(spec["remote_fractions"]),
+        storepath.HOST: list(
+            dict.fromkeys(
+                0.0 if f == routing.NATURAL else float(f) for f in spec["remote_fractions"]
+            )
+        ),
+    }
     points = []
-    for name, fraction, rate, sched in itertools.product(
-        spec["shapes"], spec["remote_fractions"], spec["tflops"], megamoe["schedules"]
-    ):
-        shape = {k: v for k, v in shapes[name].items() if k != "name"}
-        label = routing.fraction_label(fraction)
-        point = {"shape": name, **shape, "precision": PRECISION, "routing": routed_by}
-        point.update(
-            tokens_per_rank=T,
-            world_size=world_size,
-            emulated_tflops=float(rate),
-            remote_fraction=fraction if fraction == "natural" else float(fraction),
-            schedule=sched,
-            id=f"{name}/T={T}/P={world_size}/X={float(rate):g}/f={label}/{sched}",
-        )
-        points.append(point)
+    for name, path in itertools.product(spec["shapes"], paths):
+        for fraction, rate, sched in itertools.product(
+            fractions[path], spec["tflops"], megamoe["schedules"]
+        ):
+            shape = {k: v for k, v in shapes[name].items() if k != "name"}
+            label = routing.fraction_label(fraction)
+            point = {"shape": name, **shape, "precision": PRECISION, "routing": routed_by}
+            where = "" if path == storepath.PEER else f"/path={path}"
+            point.update(
+                tokens_per_rank=T,
+                world_size=world_size,
+                path=path,
+                emulated_tflops=float(rate),
+                remote_fraction=fraction if fraction == "natural" else float(fraction),
+                schedule=sched,
+                id=f"{name}/T={T}/P={world_size}{where}/X={float(rate):g}/f={label}/{sched}",
+            )
+            points.append(with_lead(point, megamoe.get("lead_rows", 0), leads, tflops=float(rate)))
     return points
 
 
@@ -101,8 +123,9 @@ class EmulatedMeasurer:
 
         # The local control keeps natural routing and redirects the stores (as the trace's).
         local = routing.is_local_control(point["remote_fraction"])
-        routed = {**point, "remote_fraction": routing.NATURAL} if local else point
-        key = (point["shape"], point["remote_fraction"])
+        host = storepath.point_path(point) == storepath.HOST
+        routed = {**point, "remote_fraction": 0.0 if host else routing.NATURAL} if local else point
+        key = (point["shape"], storepath.point_path(point), point["remote_fraction"])
         if key != self._key:
             self._problem = None
             self.torch.cuda.empty_cache()
@@ -122,18 +145,22 @@ class EmulatedMeasurer:
                     if torch.isnan(rb.sink[valid_local_slots(rb, prob)]).any()
                 ]
             )
-        nan = [q for q, rb in enumerate(prob.ranks) if torch.isnan(rb.comb).any()]
-        return verdict.unwritten(nan, rows="combine rows")
+        return verdict.unwritten(prob.host_unwritten(), rows="host combine rows") or (
+            verdict.unwritten(prob.combine_unwritten(), rows="combine rows")
+        )
 
     def __call__(self, point: dict) -> dict:
         local = routing.is_local_control(point["remote_fraction"])
         ns = schedule.emulated_tile_ns(
             point["H"], point["I"], point["emulated_tflops"], self.num_programs
         )
-        sched = point["schedule"]
 
         def check() -> None:
+            failure = lead_failure(point)
+            if failure is not None:
+                raise failure
             prob = self.problem(point)
+            sched = prob.arm(point)
             prob.poison(local=local)
             prob.forward(sched, local=local, emulate_ns=ns)
             prob.synchronize()
@@ -143,6 +170,7 @@ class EmulatedMeasurer:
 
         def measure(_) -> Measured:
             prob = self.problem(point)
+            sched = prob.arm(point)
             events: list = []
             run_once = timing.cuda_event_timer(
                 lambda: prob.forward(sched, local=local, emulate_ns=ns, kernel_events=events),
@@ -154,7 +182,7 @@ class EmulatedMeasurer:
                 max(a.elapsed_time(b) * 1000.0 for a, b in ranks) for ranks in events[-len(times) :]
             ]
             waits, spans = self._traced(prob, sched, local, ns)
-            remote = sum(rb.plan.remote_rows() for rb in prob.ranks)
+            remote_bytes = 0 if local else int(sum(prob.remote_bytes()))
             rows = sum(rb.plan.rows for rb in prob.ranks)
             median = statistics.median(times)
             flops = prob.useful_flops() / len(self.devices)
@@ -164,7 +192,8 @@ class EmulatedMeasurer:
                 "tile_ns": {"l1": ns[0], "l2": ns[1]},
                 "num_programs": self.num_programs,
                 "local_control": local,
-                "remote_rows_share": 0.0 if local else remote / rows,
+                "remote_rows_share": remote_bytes / (rows * point["H"] * 2),
+                "remote_bytes": remote_bytes,
                 "equivalent_tflops": flops / (median * 1e6),
                 "wait_us_median": float(np.median(waits)) if waits else 0.0,
                 "wait_us_p90": float(np.percentile(waits, 90)) if waits else 0.0,
@@ -173,6 +202,10 @@ class EmulatedMeasurer:
                 "store_span_us_p90": float(np.percentile(spans, 90)) if spans else 0.0,
                 "stop_reason": times.stop_reason,
             }
+            if prob.path == storepath.HOST:
+                extra["host_bytes"] = remote_bytes
+            else:
+                extra["nvlink_bytes"] = remote_bytes
             line = (
                 f"  time_us={median:.1f} kernel_us={statistics.median(kernel_us):.1f} "
                 f"wait p90={extra['wait_us_p90']:.2f} us "
@@ -197,39 +230,76 @@ class EmulatedMeasurer:
         return linear2_waits(stamps, tiles), spans
 
 
-def raw_config(config: dict, devices: list) -> dict:
+def raw_config(
+    config: dict, devices: list, paths=(storepath.PEER,), leads: LeadChooser | None = None
+) -> dict:
     from xstage_kernels import megamoe as kernel
 
-    return {
+    common = {
+        "emulated_tflops": "the per-GPU compute rate the tile waits stand for: an L1 "
+        "tile waits 4 BM BN H / (X / programs), an L2 tile 2 BM BN I / (X / programs)",
+        "wait_us": "per Linear-2 tile, %globaltimer from taken to its row block ready",
+        "kernel_us": "max over ranks of the emulated kernel alone (events on its stream)",
+        "lead_rows": "interleaved: the minimum Linear-1 row lead of its tile list ('auto' "
+        "in lead_rows_requested: lead.py at the emulated rate X)",
+    }
+    per_path = {
+        storepath.PEER: {
+            "remote_fraction": "share of combine rows stored into another GPU: 'natural' "
+            "(routing's own), a number (rows re-homed by routing.py), 0 (the local-store "
+            "control: natural routing, every row stored on its own GPU)",
+            "time_us": "GPU 0 events around every rank's emulated kernel, the cross-GPU "
+            "barrier and the top-k combine",
+            "remote_bytes": "bytes stored into peers (= nvlink_bytes)",
+        },
+        storepath.HOST: {
+            "remote_fraction": "the host share f: a seeded round(f T) of each home rank's "
+            "tokens have their combine rows stored into host memory (routing natural); 0 "
+            "is the local-store control (every row stored on its own GPU)",
+            "time_us": "GPU 0 events around every rank's emulated kernel, the cross-GPU "
+            "barrier and the top-k combine over the device combine buffer (the host-homed "
+            "tokens' reduction belongs to the far end, untimed)",
+            "remote_bytes": "bytes stored into host memory (= host_bytes)",
+        },
+    }
+    raw = {
         "megamoe": config["megamoe"],
         "timing": config["timing"],
         "world_size": len(devices),
+        "store_paths": list(paths),
         "kernel": {
             "source": "kernels/xstage_kernels/megamoe.py (Triton, persistent, EMULATE build)",
             "block_m": kernel.BLOCK_M,
             "block_n": kernel.BLOCK_N,
             "precision": PRECISION,
         },
-        "definitions": {
-            "emulated_tflops": "the per-GPU compute rate the tile waits stand for: an L1 "
-            "tile waits 4 BM BN H / (X / programs), an L2 tile 2 BM BN I / (X / programs)",
-            "remote_fraction": "share of combine rows stored into another GPU: 'natural' "
-            "(routing's own), a number (rows re-homed by routing.py), 0 (the local-store "
-            "control: natural routing, every row stored on its own GPU)",
-            "time_us": "GPU 0 events around every rank's emulated kernel, the cross-GPU "
-            "barrier and the top-k combine",
-            "wait_us": "per Linear-2 tile, %globaltimer from taken to its row block ready",
-        },
+        "definitions": {path: {**per_path[path], **common} for path in paths},
     }
+    if storepath.HOST in paths:
+        raw["host_share"] = HOST_SHARE_RULE
+    if leads is not None and leads.model_file is not None:
+        raw["lead_auto"] = {
+            **leads.describe(),
+            "tflops": "the point's emulated rate X (emulated_tflops)",
+        }
+    return raw
 
 
 def run_emulated(
-    config: dict, dataset: str, out: str | Path, world_size: int, device_type: str = "cuda"
+    config: dict,
+    dataset: str,
+    out: str | Path,
+    world_size: int,
+    device_type: str = "cuda",
+    model_file: str | Path | None = None,
 ) -> None:
-    """The DAG's entry: the megamoe.emulated sweep into raw/megamoe_emulated.json."""
+    """The DAG's entry: the megamoe.emulated sweep into raw/megamoe_emulated.json, on every
+    store path of config["store_paths"]; `model_file` for leads that are 'auto'."""
     moe = config["megamoe"]
     devices = default_devices(config, world_size, device_type)
-    points = emulated_points(moe, len(devices))
+    paths = measured_paths(config, len(devices))
+    leads = LeadChooser.of(moe, model_file)
+    points = emulated_points(moe, len(devices), paths, leads)
     if device_type == "cuda":
         from xstage_bench.megamoe.problem import enable_peer_access
 
@@ -246,6 +316,6 @@ def run_emulated(
         backend="cuda",
         dataset=dataset,
         environment=capture_measured(device_type),
-        config=raw_config(config, devices),
+        config=raw_config(config, devices, paths, leads),
         point_timeout_s=POINT_TIMEOUT_S,
     )

@@ -1,17 +1,25 @@
 """Our fused kernel measured from one process that drives every GPU: the check and the
-timed runs of one (configuration, schedule), and the instrumented (traced) runs.
+paired timed runs of one configuration's arms, and the instrumented (traced) runs.
 
-`MoEMeasurer(point) -> record` is what sweep.run_sweep calls; every point goes through
-protocol.measure_point (clocks, check, timing, record). It keeps the current
-configuration's problem (a configuration's schedules and baselines run back to back on
-the same inputs) and its shape's weights, and hands the baselines' points to
+`MoEMeasurer(point) -> record` is what sweep.run_sweep calls. It keeps the current
+configuration's problem (a configuration's arms and baselines run back to back on the
+same inputs) and its shape's weights, and hands the baselines' points to
 baselines/measure.py.
 
-The check of ours: the outputs are poisoned (NaN), one layer runs, and verdict.py judges
-it (error flags, unwritten rows, sampled tokens of every home rank against the torch
-reference, the interleaved output bitwise equal to expert-wave's). Timing goes through
-the timing module (CUDA events on GPU 0, whose stream waits for every rank's kernel and
-combine); compilation happens in the check, so it is never timed.
+Our kernel's arms of one configuration (points.arm_sets: expert waves, interleaved at the
+main lead, the lead map's leads) are measured together when the sweep asks for the first
+of them (paired.measure_arms: one clock sample around the set, each arm checked, the
+arms that passed timed in paired rounds by timing.measure_paired); the other arms'
+records are handed out from a cache as the sweep asks for them. The runner drops a
+partly recorded set before resuming (runner.drop_unpaired), so arms are never paired
+across runs.
+
+The check of an arm: the outputs (and host combine buffers) are poisoned (NaN), one layer
+runs, and verdict.py judges it (error flags, unwritten rows: host rows first, sampled
+tokens of every home rank against the torch reference, an interleaved output bitwise
+equal to expert-wave's). Timing goes through the timing module (CUDA events on GPU 0,
+whose stream waits for every rank's kernel and combine); compilation happens in the
+check, so it is never timed.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import statistics
 
 import numpy as np
 
-from xstage_bench import log, timing
+from xstage_bench import log, storepath, timing
 from xstage_bench.clocks import ClockSampler
 from xstage_bench.megamoe import reference, schedule, verdict
 from xstage_bench.megamoe.baselines.measure import (
@@ -30,11 +38,13 @@ from xstage_bench.megamoe.baselines.measure import (
     GemmCeiling,
     UnfusedBaseline,
 )
+from xstage_bench.megamoe.paired import measure_arms
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
     CPU_PROGRAMS,
     LOCAL_CONTROL,
     config_id,
+    lead_failure,
     sampled_tokens,
 )
 from xstage_bench.megamoe.summary import linear2_waits, trace_summary
@@ -58,6 +68,7 @@ class MoEMeasurer:
         check_tokens: int = CHECK_TOKENS,
         seed: int = 0,
         baseline_budget_s: float | None = None,
+        arm_sets: dict[str, list[dict]] | None = None,
     ):
         import torch
 
@@ -83,6 +94,8 @@ class MoEMeasurer:
         self._reference: list | None = None
         self.tokens: list[np.ndarray] = []  # the sampled tokens of every home rank
         self._outputs: dict[str, list] = {}
+        self.arm_sets = arm_sets or {}  # config id -> our arms, measured together
+        self._set_records: dict[str, dict[str, dict]] = {}  # the arms not yet handed out
         self.unfused = UnfusedBaseline(self)
         self.deepgemm = DeepGemmBaseline(self, baseline_budget_s)
         self.flashinfer = FlashInferBaseline(self, baseline_budget_s)
@@ -154,12 +167,13 @@ class MoEMeasurer:
     # ---- the check ------------------------------------------------------------------
 
     def check(self, point: dict, *, trace: list | None = None) -> tuple[str | None, dict]:
-        """(error or None, facts) for one poisoned run of the point's schedule."""
+        """(error or None, facts) for one poisoned run of the point's arm."""
         prob = self.problem(point)
         torch = self.torch
         local = point.get("variant") == LOCAL_CONTROL
+        key = prob.arm(point)
         prob.poison(local=local)
-        prob.forward(point["schedule"], local=local, trace=trace)
+        prob.forward(key, local=local, trace=trace)
         prob.synchronize()
         facts: dict = {}
         flags = prob.error_flags()
@@ -170,7 +184,12 @@ class MoEMeasurer:
                 if torch.isnan(rb.sink[valid_local_slots(rb, prob)]).any()
             ]
             return verdict.flagged(flags) or verdict.local_unwritten(missing), facts
-        outs = prob.outputs()
+        error = verdict.flagged(flags) or verdict.unwritten(
+            prob.host_unwritten(), rows="host combine rows"
+        )
+        if error:
+            return error, facts
+        outs = prob.checked_outputs()
         nan = [q for q, o in enumerate(outs) if torch.isnan(o).any()]
         error = verdict.wrong(flags=flags, nan=nan)
         if error:
@@ -178,9 +197,13 @@ class MoEMeasurer:
         errors = self.errors(outs)
         facts["rel_error"] = errors
         facts["checked_tokens_per_rank"] = len(self.tokens[0])
+        if prob.host_homed is not None:
+            facts["checked_host_tokens_per_rank"] = [
+                int(np.isin(t, h).sum()) for t, h in zip(self.tokens, prob.host_tokens, strict=True)
+            ]
         error = verdict.wrong(errors=errors, tolerance=self.tolerance)
         if error is None and trace is None:
-            self._outputs[point["schedule"]] = [o.clone() for o in outs]
+            self._outputs[key] = [o.clone() for o in outs]
             first = self._outputs.get(schedule.WAVE)
             if point["schedule"] != schedule.WAVE and first is not None:
                 same = all(torch.equal(a, b) for a, b in zip(first, outs, strict=True))
@@ -189,7 +212,11 @@ class MoEMeasurer:
         return error, facts
 
     def checked(self, point: dict, *, trace: list | None = None) -> dict:
-        """The check's facts; PointFailed ("wrong") when it failed."""
+        """The check's facts; PointFailed ("wrong") when it failed, ("failed") when its lead
+        could not be chosen."""
+        failure = lead_failure(point)
+        if failure is not None:
+            raise failure
         error, facts = self.check(point, trace=trace)
         if error:
             raise wrong(error, facts)
@@ -207,47 +234,77 @@ class MoEMeasurer:
             return self.flashinfer.measure(point)
         if variant == "gemm_ceiling":
             return self.ceiling.measure(point)
-        return measure_point(
-            point,
-            lambda: self.checked(point),
-            lambda facts: self._timed(point, facts),
-            sampler=self.sampler,
-        )
+        return self._ours(point)
 
-    def _timed(self, point: dict, facts: dict) -> Measured:
-        prob = self.problem(point)
-        events: list = []
-        fn = lambda: prob.forward(  # noqa: E731
-            point["schedule"], kernel_events=events, flushers=self.flushers
-        )
-        run_once = (
-            timing.cuda_event_timer(fn, device=self.devices[0].index, flush_l2=self.policy.flush_l2)
-            if self.cuda
-            else timing.host_timer(fn)
-        )
-        times = timing.measure(run_once, self.policy)
-        samples = {"time_us": list(times)}
-        median = statistics.median(times)
+    def _ours(self, point: dict) -> dict:
+        """The point's record from its configuration's paired set, measured when the first
+        arm of the set is asked for (see module doc)."""
+        cid = config_id(point)
+        cached = self._set_records.get(cid, {})
+        if point["id"] in cached:
+            return cached.pop(point["id"])
+        arms = self.arm_sets.get(cid) or [point]
+        if point["id"] not in {a["id"] for a in arms}:
+            arms = [point]
+        records = measure_arms(arms, self.checked, self._timed_arms, sampler=self.sampler)
+        record = records.pop(point["id"])
+        self._set_records = {cid: records}  # an earlier set's leftovers are never asked for
+        return record
+
+    def _timed_arms(self, arms: list[dict], facts: dict[str, dict]) -> dict[str, Measured]:
+        """Time the checked arms of one configuration together (timing.measure_paired):
+        per arm time_us and kernel_us of every round, and the record's facts."""
+        prob = self.problem(arms[0])
+        events: dict[str, list] = {a["id"]: [] for a in arms}
+        keys = {a["id"]: prob.arm(a) for a in arms}
+
+        def timer(arm_id: str):
+            def fn():
+                prob.forward(keys[arm_id], kernel_events=events[arm_id], flushers=self.flushers)
+
+            if self.cuda:
+                return timing.cuda_event_timer(
+                    fn, device=self.devices[0].index, flush_l2=self.policy.flush_l2
+                )
+            return timing.host_timer(fn)
+
+        ids = [a["id"] for a in arms]
+        times = timing.measure_paired({i: timer(i) for i in ids}, self.policy)
         flops = prob.useful_flops() / len(self.devices)
-        nvlink = prob.nvlink_bytes()
-        extra = {**facts, "tflops": flops / (median * 1e6)}
-        if events:  # CUDA: each rank's kernel alone, from the events around it
-            samples["kernel_us"] = [
+        nvlink, host = prob.nvlink_bytes(), prob.host_bytes()
+        remote = prob.remote_bytes()
+        out = {}
+        for arm in arms:
+            i = arm["id"]
+            t = times[i]
+            kernel_us = [
                 max(start.elapsed_time(end) * 1000.0 for start, end in ranks)
-                for ranks in events[-len(times) :]
+                for ranks in events[i][-len(t) :]
             ]
-            extra["tflops_kernel"] = flops / (statistics.median(samples["kernel_us"]) * 1e6)
-        extra |= {
-            "nvlink_bytes": int(sum(nvlink)),
-            "nvlink_bytes_per_rank": nvlink,
-            "padded_rows_per_rank": prob.padded_rows(),
-            "tiles_per_rank": [int(rb.tiles[point["schedule"]].shape[0]) for rb in prob.ranks],
-            "stop_reason": times.stop_reason,
-        }
-        line = (
-            f"  time_us={median:.1f} tflops={extra['tflops']:.0f} err={max(facts['rel_error']):.2e}"
-        )
-        return Measured(samples, extra, line=line)
+            median = statistics.median(t)
+            extra = {
+                **facts[i],
+                "tflops": flops / (median * 1e6),
+                "tflops_kernel": flops / (statistics.median(kernel_us) * 1e6),
+                "paired": timing.paired_extra(ids, i, t),
+                "remote_bytes": int(sum(remote)),
+                "remote_bytes_per_rank": remote,
+                "nvlink_bytes": int(sum(nvlink)),
+                "nvlink_bytes_per_rank": nvlink,
+                "padded_rows_per_rank": prob.padded_rows(),
+                "tiles_per_rank": [int(rb.tiles[keys[i]].shape[0]) for rb in prob.ranks],
+                "stop_reason": t.stop_reason,
+            }
+            if prob.path == storepath.HOST:
+                extra["host_bytes"] = int(sum(host))
+                extra["host_bytes_per_rank"] = host
+                extra["host_tokens_per_rank"] = [len(h) for h in prob.host_tokens]
+            line = (
+                f"  {i}: time_us={median:.1f} kernel_us={statistics.median(kernel_us):.1f} "
+                f"tflops={extra['tflops']:.0f} err={max(facts[i]['rel_error']):.2e}"
+            )
+            out[i] = Measured({"time_us": list(t), "kernel_us": kernel_us}, extra, line=line)
+        return out
 
     def close(self) -> None:
         self.deepgemm.close()
@@ -263,10 +320,9 @@ class MoEMeasurer:
             if not self.cuda:
                 raise PointFailed(TRACE_NEEDS_GPU, status="unsupported")
             prob = self.problem(point)
+            key = prob.arm(point)
             bufs[:] = [
-                self.torch.zeros(
-                    rb.tiles[point["schedule"]].shape[0], 6, dtype=self.torch.int64, device=d
-                )
+                self.torch.zeros(rb.tiles[key].shape[0], 6, dtype=self.torch.int64, device=d)
                 for rb, d in zip(prob.ranks, self.devices, strict=True)
             ]
             return self.checked(point, trace=bufs)  # also the warm-up (and the compile)
@@ -276,10 +332,11 @@ class MoEMeasurer:
             for b in bufs:
                 b.zero_()
             local = point.get("variant") == LOCAL_CONTROL
-            prob.forward(point["schedule"], local=local, trace=bufs)
+            key = prob.arm(point)
+            prob.forward(key, local=local, trace=bufs)
             prob.synchronize()
             stamps = [b.cpu().numpy() for b in bufs]
-            tiles = [rb.tiles[point["schedule"]].cpu().numpy() for rb in prob.ranks]
+            tiles = [rb.tiles[key].cpu().numpy() for rb in prob.ranks]
             spans, extra = trace_summary(stamps, tiles, keep_timeline)
             waits = linear2_waits(stamps, tiles)
             line = (

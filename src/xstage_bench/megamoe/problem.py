@@ -12,18 +12,31 @@ offset from the launching rank's buffer); then a cross-GPU barrier (every rank's
 waits for every kernel) and, on each home rank, the top-k weighted reduction of its
 combine buffer (a bf16 batched GEMV with fp32 accumulation).
 
+On the host store path (storepath.HOST) a share f of each home rank's tokens (the point's
+`remote_fraction`, routing.host_tokens) is host-homed: all their top-k combine rows are
+stored into that home rank's combine buffer in host memory (pinned, storepath.host_tensor;
+the same slot layout as the device combine buffer), through the same epilogue stores: a
+row's destination offset is then (host buffer - launching rank's combine buffer) / 2 +
+slot * H, an int64 that may be negative and far beyond 2^31. Routing stays natural. The
+timed reduction is the GPU's, over its whole combine buffer (the host-homed tokens' rows
+there are stale: reducing them belongs to the far end, and is not timed);
+`checked_outputs` reduces the host rows too, for the check only.
+
 On CPU tensors (the CPU tests, TRITON_INTERPRET=1) the same code runs rank after rank,
-with no streams or events.
+with no streams or events (the host buffers are plain CPU tensors there; host clock
+stamps stand in for the kernel events).
 """
 
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from xstage_bench import storepath
 from xstage_bench.megamoe import routing, schedule
 from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision, pack_int4, quantize_rows
 from xstage_bench.megamoe.reference import ExpertWeights, HomeTokens
@@ -114,6 +127,23 @@ def make_expert_weights(point: dict, precision: str, rank: int, device, seed: in
     return ExpertWeights(w1, s1, w2, s2)
 
 
+def host_share(point: dict) -> float:
+    """The share of each home rank's tokens whose combine rows go to host memory: the
+    point's remote_fraction on the host path ('natural' there is 0), else 0."""
+    if storepath.point_path(point) != storepath.HOST:
+        return 0.0
+    f = point.get("remote_fraction", 0.0)
+    return 0.0 if f == routing.NATURAL else float(f)
+
+
+def routing_point(point: dict) -> dict:
+    """The point as routing sees it: on the host path the remote fraction is a host share,
+    not a re-homing, so routing stays natural."""
+    if storepath.point_path(point) == storepath.HOST:
+        return {k: v for k, v in point.items() if k != "remote_fraction"}
+    return point
+
+
 def make_home_tokens(point: dict, precision: str, rank: int, device, seed: int = 0) -> HomeTokens:
     """One home rank's tokens (normal, then FP8-quantized per 128 channels unless bf16),
     their experts and combine weights (routing.route)."""
@@ -122,7 +152,7 @@ def make_home_tokens(point: dict, precision: str, rank: int, device, seed: int =
     moe_key = (point["shape"], f"T={point['tokens_per_rank']}", f"P={point['world_size']}")
     gen = _generator(torch, device, seed, *moe_key, f"home={rank}")
     x = torch.randn(point["tokens_per_rank"], point["H"], generator=gen, device=device)
-    ids, weights = routing.route(point, point["skew_zipf"], rank, seed)
+    ids, weights = routing.route(routing_point(point), point["skew_zipf"], rank, seed)
     if precision == "bf16":
         return HomeTokens(x.to(torch.bfloat16), None, ids, weights)
     xq, xs = quantize_rows(x)
@@ -144,7 +174,7 @@ class RankBuffers:
     combine_weights: object  # (T, 1, topk) bf16
     row_dst: object  # int64 (padded_rows,): offsets from comb to each row's destination
     sync: object  # int32 (2 + blocks,)
-    tiles: dict  # schedule name -> int32 (n, 4) tile list on the device
+    tiles: dict  # arm key (arm_key) -> int32 (n, 4) tile list on the device, built on demand
     sink: object = None  # local-control destination (P * T * topk, H) bf16, on demand
     row_dst_local: object = None
 
@@ -166,9 +196,18 @@ def useful_flops(point: dict, plans: list[routing.RankRows]) -> float:
     return 6.0 * point["H"] * point["I"] * sum(plan.rows for plan in plans)
 
 
-def nvlink_bytes(point: dict, plans: list[routing.RankRows]) -> list[int]:
-    """Bytes each rank's combine epilogue stores into peers (bf16 output rows)."""
-    return [plan.remote_rows() * point["H"] * 2 for plan in plans]
+def nvlink_bytes(
+    point: dict, plans: list[routing.RankRows], host_homed: np.ndarray | None = None
+) -> list[int]:
+    """Bytes each rank's combine epilogue stores into peers (routing.peer_rows)."""
+    return [int(np.count_nonzero(routing.peer_rows(p, host_homed))) * point["H"] * 2 for p in plans]
+
+
+def host_bytes(
+    point: dict, plans: list[routing.RankRows], host_homed: np.ndarray | None
+) -> list[int]:
+    """Bytes each rank's combine epilogue stores into host memory (routing.host_rows)."""
+    return [int(np.count_nonzero(routing.host_rows(p, host_homed))) * point["H"] * 2 for p in plans]
 
 
 def check_tiles(megamoe: dict) -> None:
@@ -192,12 +231,15 @@ def rank_buffers(
     comb_offsets: np.ndarray,
     combine_weights: np.ndarray,
     num_programs: int,
+    host_offsets: np.ndarray | None = None,
+    host_homed: np.ndarray | None = None,
 ) -> RankBuffers:
-    """One rank's buffers and tile lists around its dispatched rows `x`, `xs`.
+    """One rank's buffers around its dispatched rows `x`, `xs` (tile lists: `tiles_for`).
 
     comb_offsets[r]: the element offset from this rank's combine buffer `comb` to rank
     r's, however the buffers are mapped (peer access in one process, a peer window
-    across processes): row destinations are this offset plus the row's slot.
+    across processes); host_offsets[r] the same to rank r's host combine buffer, used for
+    the rows of host_homed[r] tokens (row_destinations).
     """
     import torch
 
@@ -206,12 +248,8 @@ def rank_buffers(
     grid = schedule.TileGrid(
         plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
     )
-    tiles = {
-        name: torch.as_tensor(schedule.build(name, grid, num_programs, megamoe), device=device)
-        for name in megamoe["schedules"]
-    }
-    row_dst = np.where(
-        plan.home >= 0, comb_offsets[np.maximum(plan.home, 0)] + plan.slot * H, kernel.PAD_DST
+    row_dst = routing.row_destinations(
+        plan, comb_offsets, H, host_offsets, host_homed, pad=kernel.PAD_DST
     )
     weights = torch.as_tensor(combine_weights, device=device)
     return RankBuffers(
@@ -224,10 +262,31 @@ def rank_buffers(
         comb=comb,
         out=torch.empty(T, H, dtype=torch.bfloat16, device=device),
         combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
-        row_dst=torch.as_tensor(row_dst.astype(np.int64), device=device),
+        row_dst=torch.as_tensor(row_dst, device=device),
         sync=torch.zeros(kernel.SYNC_HEADER + plan.blocks, dtype=torch.int32, device=device),
-        tiles=tiles,
+        tiles={},
     )
+
+
+def arm_key(point: dict) -> str:
+    """Which tile list a point runs: its schedule, and the lead of an interleaved point
+    that names one ('interleaved/lead=1024'); a point without lead_rows uses the config's."""
+    if point["schedule"] == schedule.INTERLEAVED and "lead_rows" in point:
+        return f"{schedule.INTERLEAVED}/lead={int(point['lead_rows'])}"
+    return point["schedule"]
+
+
+def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) -> str:
+    """The point's tile list on this rank, built (and checked) once: its key in rb.tiles.
+    Knobs come from the point (lead_rows) or else the megamoe config."""
+    import torch
+
+    key = arm_key(point)
+    if key not in rb.tiles:
+        knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
+        tiles = schedule.build(point["schedule"], rb.grid, num_programs, knobs)
+        rb.tiles[key] = torch.as_tensor(tiles, device=rb.x.device)
+    return key
 
 
 def poison_rank(torch, rb: RankBuffers) -> None:
@@ -288,6 +347,17 @@ def combine_rank(rb: RankBuffers, point: dict) -> None:
     torch.bmm(rb.combine_weights, rb.comb.view(T, topk, H), out=rb.out.view(T, 1, H))
 
 
+class HostStamp:
+    """A host clock reading with a CUDA event's `elapsed_time` (ms): the kernel "events" of
+    a CPU run, where every launch is synchronous. Never a GPU measurement."""
+
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: HostStamp) -> float:
+        return (end.t - self.t) * 1e3
+
+
 class MoEProblem:
     """A configuration's inputs, weights, dispatched rows, buffers and tile lists."""
 
@@ -304,6 +374,7 @@ class MoEProblem:
         import torch
 
         self.torch = torch
+        self.moe = megamoe
         self.point = {**point, "skew_zipf": megamoe["skew_zipf"]}
         self.precision = point["precision"]
         check_precision(self.precision)
@@ -311,6 +382,7 @@ class MoEProblem:
         self.experts = experts
         self.num_programs = num_programs
         self.cuda = devices[0].type == "cuda"
+        self.path = storepath.point_path(point)
         H = point["H"]
         check_tiles(megamoe)
         T, topk = point["tokens_per_rank"], point["topk"]
@@ -319,21 +391,62 @@ class MoEProblem:
         ]
         plans = routing.dispatch_plan([h.ids for h in self.homes], point["E"], kernel.BLOCK_M)
         comb = [torch.empty(T * topk, H, dtype=torch.bfloat16, device=d) for d in devices]
-        self.ranks = [
-            rank_buffers(
-                self.point,
-                megamoe,
-                plan,
-                device=d,
-                x=self._dispatch(q, plan, "xq", H),
-                xs=self._dispatch(q, plan, "xs", H // SCALE_BLOCK),
-                comb=comb[q],
-                comb_offsets=np.array([(c.data_ptr() - comb[q].data_ptr()) // 2 for c in comb]),
-                combine_weights=self.homes[q].weights,
-                num_programs=num_programs,
-            )
-            for q, (d, plan) in enumerate(zip(devices, plans, strict=True))
+        share = host_share(point)
+        self.host_tokens = [
+            routing.host_tokens(point, share, r, seed) if share > 0 else np.zeros(0, np.int64)
+            for r in range(len(devices))
         ]
+        self.host_homed = None  # (P, T) bool, or None: no row goes to host memory
+        self.host_comb: list = [None] * len(devices)  # per home rank, in host memory
+        host_ptrs = np.zeros(len(devices), dtype=object)
+        if any(len(t) for t in self.host_tokens):
+            self.host_homed = np.zeros((len(devices), T), dtype=bool)
+            for r, (d, tokens) in enumerate(zip(devices, self.host_tokens, strict=True)):
+                self.host_homed[r, tokens] = True
+                buf = storepath.host_tensor((T * topk, H), torch.bfloat16, d)
+                if buf.data_ptr() % 16:
+                    raise RuntimeError("a host combine buffer is not 16-byte aligned")
+                self.host_comb[r] = buf
+                host_ptrs[r] = buf.data_ptr()
+        self.ranks = []
+        for q, (d, plan) in enumerate(zip(devices, plans, strict=True)):
+            base = comb[q].data_ptr()
+            host_offsets = None
+            if self.host_homed is not None:
+                host_offsets = np.array([(int(p) - base) // 2 for p in host_ptrs], dtype=np.int64)
+            self.ranks.append(
+                rank_buffers(
+                    self.point,
+                    megamoe,
+                    plan,
+                    device=d,
+                    x=self._dispatch(q, plan, "xq", H),
+                    xs=self._dispatch(q, plan, "xs", H // SCALE_BLOCK),
+                    comb=comb[q],
+                    comb_offsets=np.array(
+                        [(c.data_ptr() - base) // 2 for c in comb], dtype=np.int64
+                    ),
+                    combine_weights=self.homes[q].weights,
+                    num_programs=num_programs,
+                    host_offsets=host_offsets,
+                    host_homed=self.host_homed,
+                )
+            )
+
+    def arm(self, point: dict) -> str:
+        """Build the point's tile list on every rank (once); its key for `forward`."""
+        keys = {tiles_for(rb, point, self.moe, self.num_programs) for rb in self.ranks}
+        (key,) = keys
+        return key
+
+    def _key(self, name: str) -> str:
+        """A tile-list key for `forward`: an arm key already built, or a schedule name (its
+        tile list built with the config's knobs)."""
+        if name not in self.ranks[0].tiles:
+            if name not in schedule.SCHEDULES:
+                raise KeyError(f"no tile list {name!r}: build it with MoEProblem.arm(point)")
+            return self.arm({"schedule": name})
+        return name
 
     # ---- construction helpers --------------------------------------------------------
 
@@ -377,18 +490,30 @@ class MoEProblem:
         return useful_flops(self.point, [rb.plan for rb in self.ranks])
 
     def nvlink_bytes(self) -> list[int]:
-        return nvlink_bytes(self.point, [rb.plan for rb in self.ranks])
+        return nvlink_bytes(self.point, [rb.plan for rb in self.ranks], self.host_homed)
+
+    def host_bytes(self) -> list[int]:
+        return host_bytes(self.point, [rb.plan for rb in self.ranks], self.host_homed)
+
+    def remote_bytes(self) -> list[int]:
+        """Bytes each rank stores across its path: into host memory on the host path, into
+        peers on the peer path."""
+        return self.host_bytes() if self.path == storepath.HOST else self.nvlink_bytes()
 
     def padded_rows(self) -> list[int]:
         return [rb.plan.padded_rows for rb in self.ranks]
 
     def poison(self, *, local: bool = False) -> None:
-        """NaN everywhere the kernel and the combine (or, local, the control) write, so
-        a missed write shows."""
+        """NaN everywhere the kernel and the combine (or, local, the control) write, the
+        host combine buffers included, so a missed write shows."""
         if local:
             self.ensure_local_sink()
+        self.synchronize()  # nothing of an earlier run still writes into the host buffers
         for rb in self.ranks:
             poison_rank(self.torch, rb)
+        for buf in self.host_comb:
+            if buf is not None:
+                buf.fill_(float("nan"))
 
     def synchronize(self) -> None:
         if self.cuda:
@@ -398,9 +523,57 @@ class MoEProblem:
     def error_flags(self) -> list[int]:
         return [int(rb.sync[1].item()) for rb in self.ranks]
 
+    def host_unwritten(self) -> list[int]:
+        """Home ranks whose host combine buffer kept a NaN of the poison in a row the kernel
+        had to store there (a host-homed token's top-k rows)."""
+        torch = self.torch
+        T, topk, H = self.point["tokens_per_rank"], self.point["topk"], self.point["H"]
+        bad = []
+        for r, (buf, tokens) in enumerate(zip(self.host_comb, self.host_tokens, strict=True)):
+            if buf is None or not len(tokens):
+                continue
+            rows = buf.view(T, topk, H)[torch.as_tensor(tokens)]
+            if torch.isnan(rows).any():
+                bad.append(r)
+        return bad
+
+    def combine_unwritten(self) -> list[int]:
+        """Home ranks whose device combine buffer kept a NaN in a row of a GPU-homed token
+        (the rows of host-homed tokens there are never written)."""
+        torch = self.torch
+        T, topk, H = self.point["tokens_per_rank"], self.point["topk"], self.point["H"]
+        bad = []
+        for r, rb in enumerate(self.ranks):
+            rows = rb.comb.view(T, topk, H)
+            if self.host_homed is not None:
+                keep = torch.as_tensor(np.flatnonzero(~self.host_homed[r]), device=rows.device)
+                rows = rows[keep]
+            if torch.isnan(rows).any():
+                bad.append(r)
+        return bad
+
+    def checked_outputs(self) -> list:
+        """Every home rank's (T, H) output as the check sees it: the GPU's reduction for
+        its GPU-homed tokens, and for host-homed tokens the same reduction of their rows in
+        host memory (copied to the GPU; untimed, the far end's work)."""
+        torch = self.torch
+        T, topk, H = self.point["tokens_per_rank"], self.point["topk"], self.point["H"]
+        outs = []
+        for r, rb in enumerate(self.ranks):
+            out = rb.out
+            tokens = self.host_tokens[r]
+            if len(tokens):
+                out = out.clone()
+                idx = torch.as_tensor(tokens, device=out.device)
+                rows = self.host_comb[r].to(out.device).view(T, topk, H)[idx]
+                out[idx] = torch.bmm(rb.combine_weights[idx], rows).view(len(tokens), H)
+            outs.append(out)
+        return outs
+
     # ---- running --------------------------------------------------------------------
 
     def _launch(self, q: int, name: str, *, local: bool, trace, emulate_ns=None) -> None:
+        """Enqueue rank q's kernel with tile list `name` (a key of _key)."""
         launch_rank(
             self.ranks[q],
             self.experts[q],
@@ -425,7 +598,8 @@ class MoEProblem:
         flushers: dict | None = None,
         emulate_ns: tuple[int, int] | None = None,
     ) -> None:
-        """Enqueue one MoE layer on every rank (see the module doc). local: the local-store
+        """Enqueue one MoE layer on every rank (see the module doc) with tile list `name`
+        (a schedule name, or the key MoEProblem.arm gave). local: the local-store
         control (no combine). trace: per-rank int64 (n_tiles, 6) buffers (TRACE build).
         kernel_events: a list to which [(start, end) per rank] is appended. flushers:
         rank -> callable that flushes that rank's L2 after its part is done (ranks > 0;
@@ -433,9 +607,15 @@ class MoEProblem:
         build's per-tile waits (kernel.emulated_tile_ns)."""
         if local:
             self.ensure_local_sink()
+        name = self._key(name)
         if not self.cuda:
+            stamps = []
             for q in range(len(self.devices)):
+                start = HostStamp()
                 self._launch(q, name, local=local, trace=trace, emulate_ns=emulate_ns)
+                stamps.append((start, HostStamp()))
+            if kernel_events is not None:
+                kernel_events.append(stamps)
             if not local:
                 for q in range(len(self.devices)):
                     self._combine(q)

@@ -17,6 +17,13 @@ re-homes rows to carry another node's per-GPU traffic on this one (7/8 on 2 GPUs
 seeded choice of exactly round(f T topk) of the rank's rows is routed among the other
 ranks' experts, the rest among its own, by the same balanced or skewed rule restricted to
 those experts. Expert loads stay balanced across ranks, since every rank does the same.
+
+On the host store path (storepath.HOST) the remote fraction is a *host share* instead, and
+routing stays natural: a seeded choice of exactly round(f T) of each home rank's tokens
+(`host_tokens`) have all their top-k combine rows stored into that home rank's combine
+buffer in host memory, the rest into its GPU's. The choice is seeded by the shape, the
+token count, the world size, the routing and the home rank, not by f: a smaller share's
+tokens are a subset of a larger one's.
 """
 
 from __future__ import annotations
@@ -71,6 +78,20 @@ def route(
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
     weights = bf16_round((weights / weights.sum(axis=1, keepdims=True)).astype(np.float32))
     return ids.astype(np.int64), weights
+
+
+def host_tokens(point: dict, fraction: float, home_rank: int, seed: int = 0) -> np.ndarray:
+    """The sorted indices of one home rank's host-homed tokens: exactly round(f T) of its
+    T tokens, a seeded choice (see module doc); none at f = 0, all at f = 1."""
+    T = point["tokens_per_rank"]
+    fraction = float(fraction)
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(
+            f"host share (remote_fraction on the host path) must be in [0, 1], got {fraction}"
+        )
+    parts = (point["shape"], f"T={T}", f"P={point['world_size']}", point["routing"])
+    rng = _rng(seed, *parts, f"home={home_rank}", "host")
+    return np.sort(rng.permutation(T)[: round(fraction * T)])
 
 
 def fraction_label(fraction) -> str:
@@ -213,3 +234,41 @@ def dispatch_plan(ids: list[np.ndarray], E: int, block_m: int) -> list[RankRows]
             RankRows(q, block_m, counts, h_, t_, s_, block_expert, block_rows.astype(np.int64))
         )
     return plans
+
+
+def host_rows(plan: RankRows, host_homed: np.ndarray | None) -> np.ndarray:
+    """Which of an expert rank's rows belong to host-homed tokens (host_homed: (P, T) bool
+    of every home rank's tokens, or None: none)."""
+    if host_homed is None:
+        return np.zeros(plan.padded_rows, dtype=bool)
+    return (plan.home >= 0) & host_homed[np.maximum(plan.home, 0), np.maximum(plan.token, 0)]
+
+
+def peer_rows(plan: RankRows, host_homed: np.ndarray | None = None) -> np.ndarray:
+    """Which of an expert rank's rows it stores into a peer GPU: another home rank's
+    tokens that are not host-homed."""
+    return (plan.home >= 0) & (plan.home != plan.rank) & ~host_rows(plan, host_homed)
+
+
+def row_destinations(
+    plan: RankRows,
+    comb_offsets: np.ndarray,
+    H: int,
+    host_offsets: np.ndarray | None = None,
+    host_homed: np.ndarray | None = None,
+    *,
+    pad: int,
+) -> np.ndarray:
+    """int64 element offset of each row's destination from this rank's combine buffer:
+    its home rank's combine buffer (comb_offsets[home]) or, for a host-homed token, that
+    home rank's host buffer (host_offsets[home]), plus its slot t * topk + k times H; `pad`
+    (the kernel's PAD_DST) for padding rows. Offsets are int64 end to end: host and device
+    addresses are far apart (negative, or beyond 2^31 elements)."""
+    valid = plan.home >= 0
+    home = np.maximum(plan.home, 0)
+    base = np.asarray(comb_offsets, dtype=np.int64)[home]
+    if host_homed is not None:
+        on_host = host_rows(plan, host_homed)
+        base = np.where(on_host, np.asarray(host_offsets, dtype=np.int64)[home], base)
+    dst = np.where(valid, base + plan.slot.astype(np.int64) * H, np.int64(pad))
+    return dst.astype(np.int64)

@@ -4,7 +4,12 @@ configured grid and write its raw files.
     python -m xstage_bench.megamoe.runner --config config.yaml --dataset h200x2 \
         --out results/h200x2/raw/megamoe.json --trace-out results/h200x2/raw/megamoe_trace.json
 
-One record per (configuration, schedule) of our kernel, id '<config id>/<schedule>'; with
+One record per (configuration, arm) of our kernel, id '<config id>/<schedule>' (and
+'<config id>/interleaved/lead=<n|auto>' for the lead map, points.py); the arms of one
+configuration are timed together in paired rounds (measurer.py). Every path of
+config["store_paths"] is measured ("auto" resolved with the GPU count, storepath.resolve):
+on the host path a configuration's remote_fraction is its host share (problem.py) and its
+id says the path ('<...>/P=<P>/path=host/f=<f>'). With
 `megamoe.variants` (default: ours, unfused, deepgemm) also one record per configuration of
 the unfused torch pipeline ('<config id>/unfused', baselines/unfused.py) and one per
 (configuration, schedule) of DeepGEMM's SM90 MegaMoE ('<config id>/deepgemm/<schedule>',
@@ -22,35 +27,44 @@ per-GPU path), baselines/measure.py (the baselines), summary.py (traced-run fact
 printed table), options.py (the grid's command-line options); this module writes the
 raw files and is the command.
 
-The trace file holds, for a few configurations, one instrumented run (TRACE build) of
-each schedule and of the local-store control: per-tile %globaltimer stamps, the remote-
-store span of every Linear-2 tile (all ranks), and, for the first configuration, the
+The trace file holds, for a few configurations per path (on the host path at the grid's
+largest host share), one instrumented run (TRACE build) of each schedule and of the
+local-store control: per-tile %globaltimer stamps, the remote-store span of every
+Linear-2 tile (all ranks), and, for the first configuration of each path, the
 per-program timeline of rank 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from xstage_bench import grid, timing
+from xstage_bench import grid, log, storepath, timing
 from xstage_bench.environment import capture_measured
 from xstage_bench.megamoe import reference
 from xstage_bench.megamoe.baselines import BASELINES, VARIANTS, flashinfer, unfused
+from xstage_bench.megamoe.lead import LeadChooser
 from xstage_bench.megamoe.measurer import MoEMeasurer
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
     POINT_TIMEOUT_S,
+    arm_sets,
     config_id,
     expand_points,
+    lead_sweep_configs,
+    trace_first_configs,
     trace_points,
 )
 from xstage_bench.megamoe.quant import PRECISIONS
 from xstage_bench.megamoe.summary import print_summary
-from xstage_bench.sweep import Refresh, records_refresh, run_sweep
+from xstage_bench.results import atomic_write_text
+from xstage_bench.sweep import Refresh, partial_path, records_refresh, run_sweep
+
+_log = log.get(__name__)
 
 # Variants that do not run our kernel (gemm_ceiling: cuBLAS on the same GEMMs).
 BASELINE_VARIANTS = (*BASELINES, "gemm_ceiling")
@@ -132,8 +146,70 @@ def kernel_refresh(previous: dict, config: dict) -> Refresh | None:
     )
 
 
+HOST_SHARE_RULE = (
+    "on the host path, remote_fraction f is the host share: per home rank a seeded choice "
+    "of exactly round(f T) of its T tokens (routing.host_tokens: seeded by shape, T, P, "
+    "routing and home rank, not by f, so a smaller share's tokens are a subset of a "
+    "larger one's) has all its top-k combine rows stored into that home rank's combine "
+    "buffer in pinned host memory (the device combine buffer's slot layout), through the "
+    "same epilogue stores; the other tokens' rows go to the home GPU's combine buffer. "
+    "Routing stays natural ('natural' on the host path is f = 0: the local control, every "
+    "row on the GPU)"
+)
+
+
+def definitions(paths: Sequence[str]) -> dict:
+    """What every metric of our kernel's records means, per store path."""
+    common = {
+        "kernel_us": "max over ranks of the fused kernel alone (events on its stream; on the "
+        "CPU test backend host clocks around each launch)",
+        "tflops": "useful FLOPs (6 H I per routed row, no padding) per GPU / median time_us",
+        "tflops_kernel": "the same FLOPs / median kernel_us",
+        "paired": "the configuration's arms were timed together: round i ran every arm "
+        "once (order alternating), sample i of every arm is from round i",
+        "lead_rows": "interleaved: the minimum Linear-1 row lead its tile list was built "
+        "with; lead_rows_requested: the config's value (an integer or 'auto', lead.py)",
+    }
+    per_path = {
+        storepath.PEER: {
+            "time_us": "GPU 0 events around: every rank's fused kernel, the cross-GPU "
+            "barrier and every home rank's top-k weighted reduction (dispatch excluded, "
+            "done once)",
+            "remote_fraction": "share of the combine rows that cross NVLink: absent at "
+            "natural routing (about (P-1)/P), else rows re-homed (routing.py)",
+            "remote_bytes": "bf16 output bytes the combine epilogues store into peers, all "
+            "ranks (= nvlink_bytes)",
+            "nvlink_bytes": "bf16 output bytes the combine epilogues store into peers, all ranks",
+        },
+        storepath.HOST: {
+            "time_us": "GPU 0 events around: every rank's fused kernel, the cross-GPU "
+            "barrier and every home rank's top-k weighted reduction over its whole device "
+            "combine buffer (a fixed cost at every f); the host-homed tokens' reduction "
+            "belongs to the far end and is not timed (dispatch excluded, done once)",
+            "remote_fraction": "the host share f (host_share)",
+            "remote_bytes": "bf16 output bytes the combine epilogues store into host "
+            "memory, all ranks (= host_bytes)",
+            "host_bytes": "bf16 output bytes the combine epilogues store into host memory, "
+            "all ranks",
+            "nvlink_bytes": "bf16 output bytes still stored into peers (GPU-homed tokens "
+            "whose expert is on another rank; 0 on one GPU)",
+            "check": "GPU-homed tokens from the GPU's output; host-homed tokens reduced "
+            "(untimed, the check only) from their rows in host memory; host rows left "
+            "unwritten fail the point",
+        },
+    }
+    return {path: {**per_path[path], **common} for path in paths}
+
+
 def raw_config(
-    config: dict, moe: dict, world_size: int, check_tokens: int, device_type: str = "cuda"
+    config: dict,
+    moe: dict,
+    world_size: int,
+    check_tokens: int,
+    device_type: str = "cuda",
+    *,
+    paths: Sequence[str] = (storepath.PEER,),
+    leads: LeadChooser | None = None,
 ) -> dict:
     from xstage_kernels import megamoe as kernel
 
@@ -141,6 +217,7 @@ def raw_config(
         "megamoe": moe,
         "timing": config["timing"],
         "world_size": world_size,
+        "store_paths": list(paths),
         "kernel": {
             "source": "kernels/xstage_kernels/megamoe.py (Triton, persistent)",
             "block_m": kernel.BLOCK_M,
@@ -156,13 +233,7 @@ def raw_config(
             "tokens_per_rank": check_tokens,
             "tolerance_rel_l2": reference.tolerance(device_type),
         },
-        "definitions": {
-            "time_us": "GPU 0 events around: every rank's fused kernel, the cross-GPU barrier "
-            "and every home rank's top-k weighted reduction (dispatch excluded, done once)",
-            "kernel_us": "max over ranks of the fused kernel alone (events on its stream)",
-            "tflops": "useful FLOPs (6 H I per routed row, no padding) per GPU / median time_us",
-            "nvlink_bytes": "bf16 output bytes the combine epilogues store into peers, all ranks",
-        },
+        "definitions": definitions(paths),
         "variants": moe.get("variants", list(VARIANTS)),
         "baselines": {
             "unfused": {
@@ -192,6 +263,10 @@ def raw_config(
     }
     if "flashinfer" in raw["variants"]:
         raw["baselines"]["flashinfer"] = flashinfer_description()
+    if storepath.HOST in paths:
+        raw["host_share"] = HOST_SHARE_RULE
+    if leads is not None and leads.model_file is not None:
+        raw["lead_auto"] = leads.describe()
     return raw
 
 
@@ -218,6 +293,46 @@ def flashinfer_description() -> dict:
     }
 
 
+def drop_unpaired(out: str | Path, sets: dict[str, list[dict]]) -> int:
+    """Before a sweep resumes from its partial file: drop the records of every set of arms
+    that the interrupted run recorded only in part, so that the set is measured again as a
+    whole (arms are never paired across runs). Returns how many records were dropped."""
+    partial = partial_path(Path(out))
+    if not partial.exists():
+        return 0
+    doc = json.loads(partial.read_text())
+    have = {r["id"] for r in doc.get("records", [])}
+    drop: set[str] = set()
+    for arms in sets.values():
+        ids = {a["id"] for a in arms}
+        if len(ids) > 1 and ids & have and not ids <= have:
+            drop |= ids & have
+    if drop:
+        doc["records"] = [r for r in doc["records"] if r["id"] not in drop]
+        atomic_write_text(partial, json.dumps(doc, indent=1) + "\n")
+        _log.info(
+            "[megamoe] %d record(s) of sets of arms measured in part dropped from %s: "
+            "each set is measured again whole",
+            len(drop),
+            partial,
+        )
+    return len(drop)
+
+
+def measured_paths(config: dict, world_size: int) -> list[str]:
+    """The store paths this run measures: config["store_paths"] ("auto" resolved)."""
+    return storepath.resolve(config.get("store_paths", storepath.AUTO), world_size)
+
+
+def sweep_points(
+    moe: dict, world_size: int, paths: Sequence[str], leads: LeadChooser
+) -> tuple[list[dict], list[dict]]:
+    """(the grid's configurations, every point of the sweep) for these paths."""
+    configs = grid.megamoe_points(moe, world_size, paths)
+    sweep = lead_sweep_configs(moe, world_size, paths)
+    return configs, expand_points(configs, moe, leads, sweep)
+
+
 def run_megamoe(
     config: dict,
     dataset: str,
@@ -229,31 +344,43 @@ def run_megamoe(
     check_tokens: int = CHECK_TOKENS,
     baseline_budget_s: float | None = None,
     device_type: str = "cuda",
+    model_file: str | Path | None = None,
 ) -> None:
-    """Measure every (configuration, variant, schedule) and write raw/megamoe.json (`out`);
-    with `trace_out`, the instrumented runs of the traced configurations too (ours only).
-    `baseline_budget_s` bounds the wall time DeepGEMM may take in all, and FlashInfer's
-    likewise (points past it are recorded failed, "not run"). device_type="cpu": every
-    rank on the CPU under the Triton interpreter, our kernel only (CI's test of the rule;
-    the traces are unsupported)."""
+    """Measure every (configuration, variant, arm) on every store path and write
+    raw/megamoe.json (`out`); with `trace_out`, the instrumented runs of the traced
+    configurations too (ours only). `baseline_budget_s` bounds the wall time DeepGEMM may
+    take in all, and FlashInfer's likewise (points past it are recorded failed, "not
+    run"). `model_file`: the dataset's model/burst_gap.json, for leads that are 'auto'.
+    device_type="cpu": every rank on the CPU under the Triton interpreter, our kernel
+    only (CI's test of the rule; the traces are unsupported)."""
     from xstage_bench.megamoe.problem import enable_peer_access
 
     moe = megamoe or config["megamoe"]
     devices = default_devices(config, world_size, device_type)
+    paths = measured_paths(config, len(devices))
     if device_type == "cpu":  # (TRITON_INTERPRET=1 must be set before triton loads)
         moe = {**moe, "variants": ["ours"]}
     elif len(devices) > 1:
         enable_peer_access(devices)
     policy = timing.TimingPolicy.from_config(config["timing"])
+    leads = LeadChooser.of(moe, model_file)
+    configs, points = sweep_points(moe, len(devices), paths, leads)
+    sets = arm_sets(points)
     measurer = MoEMeasurer(
-        moe, policy, devices, check_tokens=check_tokens, baseline_budget_s=baseline_budget_s
+        moe,
+        policy,
+        devices,
+        check_tokens=check_tokens,
+        baseline_budget_s=baseline_budget_s,
+        arm_sets=sets,
     )
-    configs = grid.megamoe_points(moe, len(devices))
     env = capture_measured(device_type)
-    cfg = raw_config(config, moe, len(devices), check_tokens, device_type)
+    traced = trace_points(configs, megamoe=moe, leads=leads) if trace_out is not None else []
+    cfg = raw_config(config, moe, len(devices), check_tokens, device_type, paths=paths, leads=leads)
+    drop_unpaired(out, sets)
     try:
         run_sweep(
-            expand_points(configs, moe),
+            points,
             measurer,
             Path(out),
             experiment="megamoe",
@@ -268,11 +395,10 @@ def run_megamoe(
         measurer.close()
     if trace_out is None:
         return
-    points = trace_points(configs)
-    first = points[0]["id"].rsplit("/", 1)[0] if points else None
+    first = trace_first_configs(traced)
     run_sweep(
-        points,
-        lambda p: measurer.trace(p, keep_timeline=config_id(p) == first),
+        traced,
+        lambda p: measurer.trace(p, keep_timeline=config_id(p) in first),
         Path(trace_out),
         experiment="megamoe_trace",
         backend="cuda",
@@ -298,6 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="wall-time bound on all DeepGEMM runs, and on all FlashInfer runs",
     )
     parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
+    parser.add_argument(
+        "--model", type=Path, help="the dataset's model/burst_gap.json (for lead_rows 'auto')"
+    )
     args = parser.parse_args(argv)
     try:
         config, moe = selected_grid(args)
@@ -312,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         megamoe=moe,
         check_tokens=args.check_tokens,
         baseline_budget_s=args.baseline_budget_s,
+        model_file=args.model,
     )
     print_summary(args.out, args.trace_out)
     return 0

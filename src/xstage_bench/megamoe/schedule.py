@@ -220,7 +220,16 @@ COMPARED = (WAVE, INTERLEAVED)  # speedup = time under WAVE / time under INTERLE
 def knobs(name: str, config: Mapping[str, object] | None = None) -> dict[str, int]:
     """Schedule `name`'s knobs as set in `config` (the megamoe section), else defaults."""
     config = config or {}
-    return {k: int(config.get(k, default)) for k, default in SCHEDULES[name].knobs.items()}
+    chosen = {}
+    for k, default in SCHEDULES[name].knobs.items():
+        value = config.get(k, default)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(
+                f"{k} must be an integer to build a tile list, got {value!r} ('auto' is "
+                "resolved per point from the Burst-Gap model: megamoe/lead.py)"
+            )
+        chosen[k] = int(value)
+    return chosen
 
 
 def build(

@@ -72,6 +72,27 @@ def trace_summary(
     return spans, extra
 
 
+def _median(r: dict | None) -> float | None:
+    return r["summary"]["time_us"]["median"] if r is not None and r["status"] == "ok" else None
+
+
+def print_lead_row(cid: str, recs: dict, wave: dict | None) -> None:
+    """One line of the lead map: each swept lead's speedup over expert waves (the
+    configuration's own expert-wave arm), and the lead 'auto' chose."""
+    base = _median(recs.get("wave") or wave)
+    cells = []
+    for label, r in recs.items():
+        if label == "wave":
+            continue
+        t = _median(r)
+        shown = f"{base / t:.3f}" if base and t else r["status"]
+        chosen = (
+            f"({r['point']['lead_rows']})" if label == "auto" and "lead_rows" in r["point"] else ""
+        )
+        cells.append(f"lead={label}{chosen} {shown}")
+    print(f"lead map {cid}: " + ", ".join(cells))
+
+
 def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
     """A short table of a raw megamoe file (and its trace file): per configuration our two
     schedules' median times and speedup, the baselines' times, our wave kernel's TFLOP/s;
@@ -80,7 +101,13 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
 
     doc = read_raw(out)
     by_config: dict[str, dict] = {}
+    leads: dict[str, dict] = {}  # the lead map: config id -> {lead label: record}
     for r in doc["records"]:
+        if r["point"].get("lead_sweep"):
+            cid = config_id(r)
+            label = "wave" if r["point"]["schedule"] == schedule.WAVE else r["id"].rsplit("=", 1)[1]
+            leads.setdefault(cid, {})[label] = r
+            continue
         key = (r["point"].get("variant") or "ours", r["point"]["schedule"])
         cid = config_id({"id": r["id"], "variant": r["point"].get("variant")})
         by_config.setdefault(cid, {})[key] = r
@@ -143,6 +170,8 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
                 f"our best time / {base} best time over {len(v)} configs: geomean "
                 f"{geomean(v):.3f} min {v.min():.3f} max {v.max():.3f}"
             )
+    for cid, recs in leads.items():
+        print_lead_row(cid, recs, by_config.get(cid, {}).get(("ours", schedule.WAVE)))
     if trace_out is not None and Path(trace_out).exists():
         for r in read_raw(trace_out)["records"]:
             spans = (r.get("samples") or {}).get("store_span_us")

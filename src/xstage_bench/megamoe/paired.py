@@ -1,0 +1,70 @@
+"""The per-point protocol (protocol.measure_point) for a set of arms measured together.
+
+What a ratio compares is timed in one job, in paired rounds (timing.measure_paired), so
+that every ratio is of samples taken seconds apart. For a set of arms (our kernel's
+schedules and leads of one configuration): the clocks are sampled once before the set,
+each arm is checked on its own (a wrong or failed arm is recorded so, untimed, and left
+out of the rounds), the arms that passed are timed together, and the clocks are sampled
+again after; every record of the set carries the same clock fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xstage_bench import log
+from xstage_bench.clocks import record_fields
+from xstage_bench.protocol import Measured, PointFailed
+from xstage_bench.results import failed_record, ok_record
+
+_log = log.get(__name__)
+
+
+def _failed(point: dict, failed: PointFailed) -> dict:
+    _log.info("  %s: %s: %s", point["id"], failed.status, failed.error)
+    return failed_record(
+        point["id"],
+        point,
+        failed.error,
+        status=failed.status,
+        correct=failed.correct,
+        extra=failed.extra,
+    )
+
+
+def measure_arms(
+    arms: list[dict],
+    check: Callable[[dict], dict],
+    measure: Callable[[list[dict], dict[str, dict]], dict[str, Measured]],
+    *,
+    sampler=None,
+) -> dict[str, dict]:
+    """{arm id: record} for every arm: `check(point)` returns the arm's facts or raises
+    PointFailed; `measure(passed arms, {id: facts})` times the arms that passed, together,
+    and returns {id: Measured} (a PointFailed from it fails all of them)."""
+    before = sampler.sample() if sampler is not None else None
+    records: dict[str, dict] = {}
+    facts: dict[str, dict] = {}
+    for point in arms:
+        try:
+            facts[point["id"]] = check(point)
+        except PointFailed as failed:
+            records[point["id"]] = _failed(point, failed)
+    passed = [p for p in arms if p["id"] in facts]
+    if passed:
+        try:
+            measured = measure(passed, facts)
+        except PointFailed as failed:
+            measured = None
+            for point in passed:
+                records[point["id"]] = _failed(point, failed)
+        if measured is not None:
+            fields = record_fields(before, sampler.sample()) if sampler is not None else {}
+            for point in passed:
+                m = measured[point["id"]]
+                if m.line:
+                    _log.info(m.line)
+                records[point["id"]] = ok_record(
+                    point["id"], point, m.samples, correct=m.correct, extra=m.extra, **fields
+                )
+    return {p["id"]: records[p["id"]] for p in arms}
