@@ -78,33 +78,22 @@ PARAM_KEYS = {
     "R_GBps": "R_GBps",
     "Q_bytes": "Q_bytes",
 }
-PER_PATH_KEYS = ("paths", "per_path")  # where a per-path model file keeps each path's fit
 
 
 def read_drain(model_file: str | Path, path: str) -> PathDrain:
-    """The path's T0, R, Q from a model file: its per-path part (`paths.<path>.params`, or
-    `per_path`) if it has one, else the top-level `params` when the file's own `path` is
-    this path (files without `path` fitted the peer path). A LeadModelError names the file
-    otherwise, or when a parameter is missing or undetermined."""
+    """The path's T0, R, Q from a model file (model.document.path_fit: the top-level fit
+    or the path's part of `other_paths`; files without `path` fitted the peer path). A
+    LeadModelError names the file when it cannot be read, does not fit the path, or a
+    parameter is missing or undetermined."""
+    from xstage_bench.model.document import ModelFileError, path_fit
+
     source = str(model_file)
     try:
         doc = json.loads(Path(model_file).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise LeadModelError(f"lead_rows 'auto' needs the model file {source}: {e}") from None
-    params, where = None, None
-    for key in PER_PATH_KEYS:
-        part = (doc.get(key) or {}).get(path)
-        if part is not None:
-            params, where = part.get("params", part), f"{source} ({key}.{path})"
-            break
-    if params is None:
-        file_path = doc.get("path", storepath.PEER)
-        if file_path != path:
-            raise LeadModelError(
-                f"lead_rows 'auto' on the {path} path: {source} fits the {file_path} path "
-                f"only (no per-path part '{PER_PATH_KEYS[0]}.{path}')"
-            )
-        params, where = doc.get("params") or {}, source
+        params = path_fit(doc, path).get("params") or {}
+    except (OSError, json.JSONDecodeError, ModelFileError) as e:
+        raise LeadModelError(f"lead_rows 'auto' on the {path} path needs {source}: {e}") from None
+    where = source if path == doc.get("path", storepath.PEER) else f"{source} (other_paths.{path})"
     values = {}
     for name, key in PARAM_KEYS.items():
         value = (params.get(key) or {}).get("value")
