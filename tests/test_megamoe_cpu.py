@@ -1170,3 +1170,16 @@ def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
     )
     main_row = next(line for line in printed.splitlines() if line.startswith(c))
     assert len(main_row.split()) > 3  # the main grid's row: its own two schedules
+
+
+def test_the_per_gpu_process_model_on_one_gpu_is_recorded_unsupported_with_why(tmp_path):
+    from xstage_bench.config import load_config
+    from xstage_bench.megamoe.distributed import ONE_GPU, run_per_gpu
+    from xstage_bench.results import read_raw
+
+    config = load_config(Path(__file__).resolve().parents[1] / "config" / "ci-measure.yaml")
+    out = tmp_path / "megamoe_per_gpu.json"
+    run_per_gpu(config, "cpu-test", out, 1, device_type="cpu")
+    records = read_raw(out)["records"]
+    assert records and {r["status"] for r in records} == {"unsupported"}
+    assert {r["error"] for r in records} == {ONE_GPU}

@@ -467,6 +467,9 @@ def run_per_gpu(
     """The DAG's entry: the config's MegaMoE grid, our schedules, one process per GPU (or,
     with device_type="cpu", gloo and the Triton interpreter: CI's test of the rule);
     `model_file` for a lead_rows of 'auto'."""
+    if world_size < 2:
+        record_unsupported_on_one_gpu(config, dataset, out, device_type, model_file)
+        return
     if device_type == "cuda":
         workers.use_gpus(config)
     launch(
@@ -477,6 +480,37 @@ def run_per_gpu(
         megamoe=per_gpu_grid(config["megamoe"]),
         device_type=device_type,
         model_file=model_file,
+    )
+
+
+ONE_GPU = (
+    "one process per GPU is compared with one process for every GPU; on one GPU the two "
+    "are the same process model, so there is nothing to compare (it measures the peer path, "
+    "which needs 2 GPUs)"
+)
+
+
+def record_unsupported_on_one_gpu(
+    config: dict, dataset: str, out: str | Path, device_type: str, model_file
+) -> None:
+    """On one GPU the per-GPU grid is written with every point unsupported, saying why, so
+    that a 1-GPU run of a config that asks for megamoe_per_gpu finishes and says so."""
+    from xstage_bench.environment import capture_measured
+    from xstage_bench.results import failed_record
+    from xstage_bench.sweep import run_sweep
+
+    moe = per_gpu_grid(config["megamoe"])
+    leads = LeadChooser.of(moe, model_file)
+    points = expand_schedules(grid.megamoe_points(moe, 1), moe["schedules"], moe, leads)
+    run_sweep(
+        points,
+        lambda p: failed_record(p["id"], p, ONE_GPU, status="unsupported"),
+        Path(out),
+        experiment="megamoe",
+        backend="cuda",
+        dataset=dataset,
+        environment=capture_measured(device_type),
+        config=per_gpu_config(config, moe, 1, CHECK_TOKENS, device_type),
     )
 
 
