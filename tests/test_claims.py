@@ -191,3 +191,25 @@ def test_a_cpu_test_dataset_answers_no_claim_and_says_so(root, tmp_path):
     assert set(table.frame["verdict"]) == {verdicts.NOT_MEASURED}
     assert table.frame["why"].str.contains("CPU test").all()
     assert "CPU test of the harness" in table.label
+
+
+def test_a_host_path_dataset_answers_from_its_host_share_and_p8_with_the_setting_named(tmp_path):
+    """One GPU (the host path): the MegaMoE claims read the main grid's smallest non-zero
+    host share, the attention claims the P nearest the paper's 8; each row says which;
+    a reference beside it answers in its own column."""
+    from fixtures import write_attention_paths, write_megamoe_host
+
+    host = make_dataset(tmp_path, "h200x1", megamoe=False, attention=False, paths=("host",))
+    write_megamoe_host(host)
+    write_attention_paths(host, {("host", 2): 1.2, ("host", 8): 1.5}, world_size=1)
+    frame = frame_of(host)
+    moe = frame.loc["moe.geomean"]
+    assert moe["ours_note"].startswith("host path, f = 0.25 of the combine rows to host memory")
+    assert moe["verdict"] in VERDICTS - {verdicts.NOT_MEASURED}
+    uly = frame.loc["uly.fa3_max"]
+    assert uly["ours_note"].startswith("host path, P=8 emulated on 1 GPU")
+    assert "goes to host memory" in uly["why"] or uly["verdict"] == verdicts.REPRODUCED
+    r = frame.loc["bg.R"]
+    assert "to host memory" in r["why"]  # the link the fit is of, not NVLink
+    # a committed peer-path sibling answers in its own column; this one has none here
+    assert set(frame[counterparts.REF_PEER.column]) == {claims.NOT_ANSWERED}

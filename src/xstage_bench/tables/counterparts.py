@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from xstage_bench import layout, stats
+from xstage_bench import layout, stats, storepath
 from xstage_bench.analysis import load, megamoe
 from xstage_bench.tables import claim_answers
 from xstage_bench.tables.claim_answers import AnswerFn, Sources
@@ -43,16 +43,30 @@ def sibling_name(name: str, dataset: str) -> str:
     return name + SMOKE if dataset.endswith(SMOKE) else name
 
 
-def sibling_dataset(name: str) -> Callable[[Path], Sources | None]:
-    """Sources of results/<name> (of the same run), beside this dataset; None when it holds
-    no raw data or is this dataset itself (a column would only repeat ours)."""
+def sibling_dataset(name: str, path: str | None = None) -> Callable[[Path], Sources | None]:
+    """Sources of results/<name> (of the same run), beside this dataset, on `path` (default
+    its primary path); None when it holds no raw data or is this dataset itself (a column
+    would only repeat ours)."""
 
     def sources(dataset_dir: Path) -> Sources | None:
         sibling = sibling_name(name, dataset_dir.name)
         other = dataset_dir.parent / sibling
         if dataset_dir.name == sibling or not (other / "raw").is_dir():
             return None
-        return Sources.load(other)
+        return Sources.load(other, path)
+
+    return sources
+
+
+def other_path(path: str) -> Callable[[Path], Sources | None]:
+    """This dataset's sources on `path`, where that is not the path of its own column (a
+    dataset measured on both paths answers the claims on each, side by side)."""
+
+    def sources(dataset_dir: Path) -> Sources | None:
+        full = Sources.load(dataset_dir)
+        if full.path == path or path not in full.measured_paths():
+            return None
+        return Sources.load(dataset_dir, path)
 
     return sources
 
@@ -85,6 +99,8 @@ def rehomed(fraction: float) -> Callable[[Path], Sources | None]:
             {**r, "point": {k: v for k, v in r["point"].items() if k != "remote_fraction"}}
             for r in doc["records"]
             if r["point"].get("remote_fraction") == fraction
+            and storepath.point_path(r["point"]) == storepath.PEER
+            and not r["point"].get("lead_sweep")
         ]
         if not records:
             return None
@@ -98,6 +114,10 @@ def emulated_at_top_rate(src: Sources, fraction: float = 7 / 8) -> claim_answers
     """The emulated sweep's speedups at its highest rate, f = 7/8 (an 8-GPU node's share),
     one per shape, with the rate the kernel achieved there."""
     speedups = megamoe.emulated_speedups(src.megamoe)
+    if "path" in speedups.columns:
+        speedups = speedups[speedups["path"] == storepath.PEER]
+    if speedups.empty:
+        return claim_answers.NotMeasured("no emulated point on the peer path")
     top = speedups[
         (speedups["remote_fraction"] == f"{fraction:g}")
         & (speedups["emulated_tflops"] == speedups["emulated_tflops"].max())
@@ -154,7 +174,32 @@ SIM_B200 = Counterpart(
     dataset="sim-b200",
 )
 
-COUNTERPARTS: tuple[Counterpart, ...] = (REHOMED, EMULATED, SIM_B200)
+# A dataset measured on both paths: its host path's answers beside its peer path's.
+HOST_PATH = Counterpart(
+    column="host path (measured, this dataset)",
+    kind="measured on the host store path",
+    sources=other_path(storepath.HOST),
+    answers=claim_answers.MEASURED,
+)
+
+# The committed references beside each other: the peer path on 2x H200 and the host path
+# on 1x H200 answer the same claims.
+REF_PEER = Counterpart(
+    column="ref-h200x2 (peer path, 2x H200)",
+    kind="measured (another committed dataset)",
+    sources=sibling_dataset("ref-h200x2", storepath.PEER),
+    answers=claim_answers.MEASURED,
+    dataset="ref-h200x2",
+)
+REF_HOST = Counterpart(
+    column="ref-h200x1 (host path, 1x H200)",
+    kind="measured (another committed dataset)",
+    sources=sibling_dataset("ref-h200x1", storepath.HOST),
+    answers=claim_answers.MEASURED,
+    dataset="ref-h200x1",
+)
+
+COUNTERPARTS: tuple[Counterpart, ...] = (REHOMED, EMULATED, HOST_PATH, REF_PEER, REF_HOST, SIM_B200)
 
 
 def datasets_read(dataset: str) -> list[str]:

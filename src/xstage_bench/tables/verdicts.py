@@ -14,12 +14,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xstage_bench import paper
+from xstage_bench import paper, storepath
 from xstage_bench.analysis import frames
 from xstage_bench.megamoe.routing import LOCAL_CONTROL
 from xstage_bench.megamoe.schedule import WAVE
+from xstage_bench.model.document import LINE_RATE_KEY
 from xstage_bench.paper import Claim
-from xstage_bench.tables.claim_answers import Answer, Found, NotMeasured, Sources, span_medians
+from xstage_bench.tables.claim_answers import (
+    Answer,
+    Found,
+    NotMeasured,
+    Sources,
+    attention_ranks,
+    span_medians,
+)
 
 REPRODUCED = "reproduced"
 DIFFERS = "differs"
@@ -85,6 +93,8 @@ class Setting:
     MegaMoE combine backpressured (expert-wave spans against the local-store control)."""
 
     hardware: str  # 'NVLink4 on 2x NVIDIA H200 (132 SMs, 450 GB/s line rate)'
+    path: str  # the store path the answers speak for
+    settings: dict  # per experiment, the setting its records are (Sources.settings)
     moe_world: int | None
     attention_world: int | None
     wave_excess_us: float | None  # largest expert-wave minus local-control median span
@@ -95,8 +105,10 @@ class Setting:
     def of(cls, src: Sources) -> Setting:
         return cls(
             hardware=_hardware(src),
+            path=src.path,
+            settings=dict(src.settings),
             moe_world=_world(src.megamoe),
-            attention_world=_world(src.attention),
+            attention_world=_ranks(src.attention),
             wave_excess_us=_wave_excess(src),
             local_spans=_local_spans(src),
             a2a_overhead=_a2a_overhead(src),
@@ -118,10 +130,27 @@ def _hardware(src: Sources) -> str:
         return "GPUs not recorded"
     name, n = Counter(g["name"] for g in gpus).most_common(1)[0]
     first = gpus[0]
-    link = NVLINK_BY_CAPABILITY.get(str(first.get("capability", "")).split(".")[0], "NVLink")
-    line = ((src.model or {}).get("ceilings") or {}).get("nvlink_line_rate_GBps")
+    ceilings = (src.model or {}).get("ceilings") or {}
+    if src.path == storepath.HOST:
+        link = _host_link(environment)
+        line = ceilings.get(LINE_RATE_KEY[storepath.HOST])
+    else:
+        capability = str(first.get("capability", "")).split(".")[0]
+        link = NVLINK_BY_CAPABILITY.get(capability, "NVLink")
+        line = ceilings.get(LINE_RATE_KEY[storepath.PEER])
     detail = f"{first.get('sm_count', '?')} SMs" + (f", {line:g} GB/s line rate" if line else "")
     return f"{link} on {n}x {name} ({detail})"
+
+
+def _host_link(environment: dict) -> str:
+    """'PCIe Gen5 x16 to host memory' from the environment's host link, if recorded."""
+    links = [link for link in environment.get("host_links") or [] if link]
+    if not links:
+        return "the host link to host memory"
+    link = links[0]
+    if link.get("kind") == "pcie" and link.get("gen"):
+        return f"PCIe Gen{link['gen']} x{link.get('width', '?')} to host memory"
+    return f"{link.get('kind', 'the host link')} to host memory"
 
 
 def _world(doc: dict | None) -> int | None:
@@ -132,6 +161,13 @@ def _world(doc: dict | None) -> int | None:
         return int(max(sizes))
     configured = doc["config"].get("world_size")
     return configured if isinstance(configured, int) else None
+
+
+def _ranks(doc: dict | None) -> int | None:
+    """The P the attention records stand for (emulated or real)."""
+    if doc is None or not doc["records"]:
+        return _world(doc)
+    return max(attention_ranks(r["point"]) for r in doc["records"])
 
 
 def _wave_excess(src: Sources) -> float | None:
@@ -187,10 +223,12 @@ def _backpressure(setting: Setting) -> str | None:
     return f"expert-wave store spans exceed the local-store control by up to {excess:.2f} us"
 
 
-def _remote_share(world: int | None) -> str | None:
+def _remote_share(world: int | None, path: str = storepath.PEER) -> str | None:
+    paper_share = f"{paper.PAPER_GPUS - 1}/{paper.PAPER_GPUS}"
+    if path == storepath.HOST and world is not None:
+        return f"{world - 1}/{world} of the output goes to host memory, not to peer GPUs"
     if world is None or world == paper.PAPER_GPUS:
         return None
-    paper_share = f"{paper.PAPER_GPUS - 1}/{paper.PAPER_GPUS}"
     return f"{world - 1}/{world} of the output crosses NVLink vs {paper_share}"
 
 
@@ -198,7 +236,11 @@ def _facts(claim: Claim, setting: Setting) -> list[str | None]:
     if claim.topic == "burst_gap":
         return [f"{setting.hardware} vs the paper's {paper.PAPER_NODE}"]
     if claim.topic == "ulysses":
-        facts = [_gpus(setting.attention_world), _remote_share(setting.attention_world)]
+        facts = [
+            setting.settings.get("attention"),
+            _gpus(setting.attention_world),
+            _remote_share(setting.attention_world, setting.path),
+        ]
         seq_len = int(claim.id.split("=")[1]) if "=" in claim.id else None
         if seq_len in setting.a2a_overhead:
             facts.append(
@@ -206,7 +248,7 @@ def _facts(claim: Claim, setting: Setting) -> list[str | None]:
                 f"alone here at S={seq_len // 1024}K"
             )
         return facts
-    facts = [_gpus(setting.moe_world)]
+    facts = [setting.settings.get("megamoe"), _gpus(setting.moe_world)]
     if claim.id.startswith("moe.span") and setting.local_spans is not None:
         low, high = setting.local_spans
         facts.append(f"the local-store control's median spans here are {low:.2f}-{high:.2f} us")
