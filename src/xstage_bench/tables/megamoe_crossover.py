@@ -92,7 +92,13 @@ def build(dataset_dir: Path) -> Table:
         "span_us: median far-end store span per Linear-2 tile (one traced run each).",
         frames.failure_note(frames.records_frame(doc), "left out"),
     ]
-    if len(paths) == 1:
+    if paths == [storepath.HOST]:
+        notes.append(
+            "no sim_speedup: the simulator re-homes rows across GPUs (the peer path's remote "
+            "fraction); it does not model the host path's share of tokens stored into host "
+            "memory."
+        )
+    elif len(paths) == 1:
         predicted = simulated_speedups(dataset_dir, doc, paths[0])
         if predicted is not None:
             frame = frame.merge(predicted, on=["path", "shape", "X_tflops", "f"], how="left")

@@ -6,6 +6,7 @@ CI and whether the two agree within noise (compare.py)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -39,6 +40,21 @@ def ratio_cis(single: dict, per_gpu: dict, comparison: Comparison) -> pd.DataFra
     return pd.DataFrame(rows, columns=["id", "ci_low", "ci_high", "verdict"])
 
 
+def not_measured(dataset_dir: Path, per_gpu: dict) -> Table:
+    """The table of a per-GPU run that measured no point (on one GPU every point is
+    unsupported): what was asked and why nothing was measured, from the records."""
+    reasons = Counter((r["status"], r.get("error") or "") for r in per_gpu["records"])
+    frame = pd.DataFrame(
+        [{"status": status, "points": n, "why": why} for (status, why), n in reasons.items()]
+    )
+    return Table(
+        frame,
+        "MegaMoE: one process for all GPUs vs one process per GPU: not measured",
+        labels.doc_label(dataset_dir, per_gpu),
+        [f"{layout.MEGAMOE_PER_GPU_RAW} holds no ok point; its records say why."],
+    )
+
+
 def build(dataset_dir: Path) -> Table:
     single = load.raw_doc(dataset_dir, layout.MEGAMOE_RAW)
     per_gpu = load.raw_doc(dataset_dir, layout.MEGAMOE_PER_GPU_RAW)
@@ -54,6 +70,8 @@ def build(dataset_dir: Path) -> Table:
     }
     metrics = [m for m in megamoe.METRICS if _has_metric(ours, m) and _has_metric(per_gpu, m)]
     comparisons = {m: compare_docs(ours, per_gpu, metric=m.sample) for m in metrics}
+    if not any(r["status"] == "ok" for r in per_gpu["records"]) and per_gpu["records"]:
+        return not_measured(dataset_dir, per_gpu)
     if not metrics or comparisons[metrics[0]].rows.empty:
         raise load.NoDataError(
             f"dataset '{dataset_dir.name}': no point is ok in both {layout.MEGAMOE_RAW} "
