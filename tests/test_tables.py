@@ -747,3 +747,27 @@ def test_megamoe_products_of_the_committed_reference_still_render(tmp_path):
     render_product("tab-megamoe", ref, tmp_path / "tab-megamoe.csv")
     render_product("fig-megamoe-crossover", ref, tmp_path / "fig-megamoe-crossover.pdf")
     assert "peer (peer GPU (NVLink))" in (tmp_path / "tab-megamoe.md").read_text()
+
+
+def test_process_model_of_a_per_gpu_run_with_no_ok_point_says_why(tmp_path):
+    """On one GPU megamoe_per_gpu records every point unsupported: the table says so, with
+    the records' reason, instead of failing the render (seen on 1x H200, gpu-smoke)."""
+    from fixtures import _write, megamoe_configs
+
+    from xstage_bench.results import failed_record
+    from xstage_bench.tables import process_model
+
+    ds = make_dataset(tmp_path, "h200x1-fixture", attention=False)
+    why = "one process per GPU needs 2 GPUs"
+    records = [
+        failed_record(
+            f"{c['id']}/expert_wave", {**c, "schedule": "expert_wave"}, why, status="unsupported"
+        )
+        for c in megamoe_configs()
+    ]
+    _write(ds, layout.MEGAMOE_PER_GPU_RAW, "megamoe", records)
+    table = process_model.build(ds)
+    assert "not measured" in table.title
+    assert table.frame.to_dict("records") == [
+        {"status": "unsupported", "points": len(records), "why": why}
+    ]
