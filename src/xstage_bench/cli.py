@@ -28,6 +28,19 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _readme(args: argparse.Namespace) -> int:
+    from xstage_bench import readme_results
+
+    block = readme_results.section(args.results)
+    if not args.write:
+        print(block)
+        return 0
+    text = args.readme.read_text()
+    args.readme.write_text(readme_results.replace_in(text, block))
+    print(f"{args.readme}: generated results block written")
+    return 0
+
+
 def _validate(args: argparse.Namespace) -> int:
     load_config(args.config)
     print(f"{args.config}: valid")
@@ -137,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--csv", help="also write the per-point rows here")
     p.set_defaults(func=_compare)
+
+    p = sub.add_parser(
+        "readme", help="print the README's results section, generated from results/ref-*"
+    )
+    p.add_argument("--write", action="store_true", help="replace README.md's generated block")
+    p.add_argument("--readme", type=Path, default=Path("README.md"))
+    p.add_argument("--results", type=Path, default=Path("results"))
+    p.set_defaults(func=_readme)
 
     p = sub.add_parser("render", help="render one figure or table of a dataset")
     p.add_argument("name", help="e.g. fig-drain or tab-megamoe")

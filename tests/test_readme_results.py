@@ -1,0 +1,31 @@
+"""The README's results section is generated from the committed references (issue 26: a
+recompute found README numbers that no file held): the block between its markers must be
+exactly what `xstage readme` makes of results/ref-* today."""
+
+from pathlib import Path
+
+import pytest
+
+from xstage_bench import readme_results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_results_block_is_what_the_committed_files_give():
+    readme = (ROOT / "README.md").read_text()
+    generated = readme_results.section(ROOT / "results")
+    assert generated in readme, (
+        "README.md's results block differs from the committed files: run "
+        "`xstage readme --write` (and re-render the references first if a renderer changed)"
+    )
+
+
+def test_every_number_of_the_block_comes_from_a_file_not_from_the_readme(tmp_path):
+    # A number typed into the block by hand is overwritten by the next generation.
+    readme = (ROOT / "README.md").read_text()
+    tampered = readme.replace("geomean 1.", "geomean 9.", 1)
+    assert tampered != readme
+    block = readme_results.section(ROOT / "results")
+    assert block in readme_results.replace_in(tampered, block)
+    with pytest.raises(ValueError, match="no generated results block"):
+        readme_results.replace_in("no markers here", block)
