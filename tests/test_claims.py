@@ -14,7 +14,7 @@ from xstage_bench import paper
 from xstage_bench.tables import claim_answers, claims, counterparts, verdicts
 from xstage_bench.tables.claim_answers import Answer, NotMeasured
 
-VERDICTS = {verdicts.REPRODUCED, verdicts.DIFFERS, verdicts.NOT_MEASURED}
+VERDICTS = set(verdicts.VERDICTS)
 SIM_COLUMN = counterparts.SIM_B200.column
 
 
@@ -142,8 +142,8 @@ def test_an_emulated_file_of_the_dataset_answers_through_the_same_functions(root
         ("moe.span_wave", (0.5, 0.8), verdicts.DIFFERS),
         ("moe.span_vs_local", (0.4,), verdicts.REPRODUCED),  # a bound
         ("moe.span_vs_local", (0.6,), verdicts.DIFFERS),
-        ("moe.configs", (84.0,), verdicts.REPRODUCED),
-        ("moe.configs", (83.0,), verdicts.DIFFERS),
+        ("moe.configs", (84.0,), verdicts.NOT_A_RESULT),
+        ("moe.configs", (83.0,), verdicts.NOT_A_RESULT),
     ],
 )
 def test_criteria(claim_id, values, expected, root):
@@ -213,3 +213,10 @@ def test_a_host_path_dataset_answers_from_its_host_share_and_p8_with_the_setting
     assert "to host memory" in r["why"]  # the link the fit is of, not NVLink
     # a committed peer-path sibling answers in its own column; this one has none here
     assert set(frame[counterparts.REF_PEER.column]) == {claims.NOT_ANSWERED}
+
+
+def test_the_configuration_count_is_reported_but_counts_as_no_result(root):
+    """84 = 84 is a property of the grid the config asks for: never 'reproduced'."""
+    row = frame_of(root / "h200x2-fixture").loc["moe.configs"]
+    assert row["verdict"] == verdicts.NOT_A_RESULT
+    assert "property of the grid" in row["why"]

@@ -1172,6 +1172,7 @@ def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
     assert len(main_row.split()) > 3  # the main grid's row: its own two schedules
 
 
+@needs_torch
 def test_the_per_gpu_process_model_on_one_gpu_is_recorded_unsupported_with_why(tmp_path):
     from xstage_bench.config import load_config
     from xstage_bench.megamoe.distributed import ONE_GPU, run_per_gpu

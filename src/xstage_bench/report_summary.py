@@ -19,7 +19,7 @@ import pandas as pd
 
 from xstage_bench import origins, products
 from xstage_bench.results import atomic_write_text
-from xstage_bench.tables import claims
+from xstage_bench.tables import verdicts
 from xstage_bench.tables.counterparts import COUNTERPARTS
 
 PAPER = (
@@ -120,7 +120,7 @@ def claims_table(frame: pd.DataFrame) -> str:
 def _tally(frame: pd.DataFrame) -> str:
     counts = frame["verdict"].value_counts()
     return ", ".join(
-        f"{counts.get(v, 0)} {v}" for v in ("reproduced", "differs", claims.NOT_MEASURED)
+        f"{counts.get(v, 0)} {v}" for v in verdicts.VERDICTS
     )
 
 

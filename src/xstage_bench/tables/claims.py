@@ -99,7 +99,7 @@ def build(dataset_dir: Path) -> Table:
     counts = frame["verdict"].value_counts()
     tally = ", ".join(
         f"{counts.get(v, 0)} {v}"
-        for v in (verdicts.REPRODUCED, verdicts.DIFFERS, verdicts.NOT_MEASURED)
+        for v in verdicts.VERDICTS
     )
     notes = [
         f"verdicts: {tally}; computed from the data (criterion per row).",

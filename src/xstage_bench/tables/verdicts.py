@@ -32,6 +32,9 @@ from xstage_bench.tables.claim_answers import (
 REPRODUCED = "reproduced"
 DIFFERS = "differs"
 NOT_MEASURED = "not measured"
+# A count the grid fixes (the 84 configurations): reported, but no result to reproduce.
+NOT_A_RESULT = "not a result"
+VERDICTS = (REPRODUCED, DIFFERS, NOT_MEASURED, NOT_A_RESULT)
 
 # Tolerances: the Burst-Gap parameters are fits (10%, or the paper's value inside our
 # CI); speedups are ratios of medians, whose run-to-run drift is a few percent (5%).
@@ -281,6 +284,13 @@ def judge(claim: Claim, found: Found, setting: Setting) -> Verdict:
         return Verdict(NOT_MEASURED, found.why, rule.text)
     if not np.all(np.isfinite(found.values)):
         return Verdict(NOT_MEASURED, "the computed value is not finite", rule.text)
+    if claim.unit == "configs":
+        return Verdict(
+            NOT_A_RESULT,
+            f"{found.text} vs {claim.paper_text()} {claim.unit}: the configuration count is a "
+            "property of the grid the config asks for, not something measured",
+            rule.text,
+        )
     if rule.holds(claim, found):
         return Verdict(
             REPRODUCED, f"{found.text} vs {claim.paper_text()} {claim.unit}: {rule.text}", rule.text
