@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 
+from xstage_bench import rawchecks
 from xstage_bench.stats import summarize_all
 
 SCHEMA_VERSION = 1
@@ -39,7 +40,6 @@ POSITIVE_METRICS = frozenset(
         "issue_rate_GBps",
     }
 )
-SUMMARY_REL_TOL = 1e-9  # a stored median is the median of the stored samples
 
 
 class RawResultError(ValueError):
@@ -57,7 +57,9 @@ def _json_path(error: jsonschema.ValidationError) -> str:
 
 
 def validate_raw(doc: Any, source: str) -> None:
-    """Raise RawResultError naming `source` and the first offending field."""
+    """Raise RawResultError naming `source`, the record and the first problem: the schema,
+    then what the schema cannot say (rawchecks.py: summaries recomputed from the samples,
+    ids against points, one record per point, physical bounds from the environment)."""
     validator = jsonschema.Draft202012Validator(raw_schema())
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
@@ -68,7 +70,14 @@ def validate_raw(doc: Any, source: str) -> None:
         if record["id"] in seen:
             raise RawResultError(f"{source}: duplicate record id '{record['id']}'")
         seen.add(record["id"])
-        problem = _bad_values(record)
+    duplicate = rawchecks.duplicate_point(doc["records"])
+    if duplicate:
+        raise RawResultError(f"{source}: {duplicate}")
+    bounds = rawchecks.Bounds.of(doc)
+    for record in doc["records"]:
+        problem = _bad_values(record) or rawchecks.id_problem(doc["experiment"], record)
+        if not problem and bounds is not None and record["status"] == OK:
+            problem = rawchecks.bound_problem(bounds, record, POSITIVE_METRICS)
         if problem:
             raise RawResultError(f"{source}: record '{record['id']}': {problem}")
 
@@ -79,6 +88,8 @@ def _bad_values(record: dict) -> str | None:
     JSON Schema cannot reject NaN or infinity, and a summary written beside its samples
     can disagree with them; readers plot the summary and fit the samples.
     """
+    if record["status"] == OK and record.get("correct") is False:
+        return "status 'ok' with correct false: a wrong result is recorded 'wrong'"
     samples = record.get("samples") or {}
     for name, values in samples.items():
         x = np.asarray(values, dtype=float)
@@ -92,14 +103,9 @@ def _bad_values(record: dict) -> str | None:
         values = samples.get(name)
         if not values:
             return f"summary '{name}' has no samples to come from"
-        if summary["n"] != len(values):
-            return f"summary '{name}': n is {summary['n']} but there are {len(values)} samples"
-        median = float(np.median(values))
-        if not np.isclose(summary["median"], median, rtol=SUMMARY_REL_TOL, atol=0.0):
-            return (
-                f"summary '{name}': median {summary['median']:g} is not the median of its "
-                f"samples ({median:g})"
-            )
+        problem = rawchecks.summary_problem(name, summary, values)
+        if problem:
+            return problem
     return None
 
 
@@ -113,7 +119,10 @@ def ok_record(
     clocks: dict | None = None,
     extra: dict | None = None,
 ) -> dict:
-    """A successful point: raw samples plus their summary."""
+    """A successful point: raw samples plus their summary. A wrong result is not a
+    success: record it with failed_record(status="wrong", correct=False)."""
+    if correct is False:
+        raise ValueError(f"point {record_id}: an ok record cannot have correct=False")
     samples = {k: [float(v) for v in vs] for k, vs in samples.items()}
     record = {
         "id": record_id,
