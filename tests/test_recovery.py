@@ -243,7 +243,13 @@ def test_a_simulated_file_is_remade_when_its_config_section_changes(tmp_path):
 
 @needs_snakemake
 def test_a_measured_file_made_with_another_config_stops_the_run(tmp_path):
+    """Issue 27: in a fresh clone, a dry run with a changed attention.seq_lens wrote the
+    measured dataset's config stamp; the config that had measured it was then refused.
+    Now the raw file's own config is the record: nothing is written, the changed config
+    is refused by every run, dry or not, and the original one goes on."""
     import yaml
+
+    from xstage_bench.measure import experiment_config
 
     work = copy_workflow(tmp_path)
     config = {
@@ -254,19 +260,64 @@ def test_a_measured_file_made_with_another_config_stops_the_run(tmp_path):
         "datasets": {"measured": "h200x2", "reference": [], "simulated": {}},
     }
     (work / "c.yaml").write_text(yaml.safe_dump(config))
+    dataset = work / "results" / "h200x2"
+    raw = dataset / layout.ATTENTION_RAW
+    raw.parent.mkdir(parents=True)
+    full = yaml.safe_load((ROOT / "config.yaml").read_text())
+    made_with = experiment_config({**full, "world_size": 2}, "attention")
+    raw.write_text(json.dumps({"config": made_with, "records": []}))  # as measured then
+    before = sorted(p.relative_to(work) for p in dataset.rglob("*"))
     dry = [str(SNAKEMAKE), "-n", "--configfile", "c.yaml"]
     first = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
-    raw = work / "results" / "h200x2" / layout.ATTENTION_RAW
-    raw.parent.mkdir(parents=True)
-    raw.write_text("{}")  # as if measured with this config
+
     config["attention"] = {"seq_lens": [8192]}
     (work / "c.yaml").write_text(yaml.safe_dump(config))
-    second = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
-    assert second.returncode != 0
-    assert "dataset 'h200x2' holds raw/attention.json measured with another config" in (
-        second.stderr
+    for command in (dry, dry[:1] + dry[2:]):  # a dry run and a real one
+        second = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
+        assert second.returncode != 0
+        assert "dataset 'h200x2' holds raw files measured with another config" in second.stderr
+        assert (
+            "raw/attention.json: attention.seq_lens: [8192, 16384, 32768, 49152, 65536, 131072]"
+            " -> [8192]" in second.stderr
+        )
+    assert sorted(p.relative_to(work) for p in dataset.rglob("*")) == before  # nothing written
+
+    del config["attention"]  # the config that measured it
+    (work / "c.yaml").write_text(yaml.safe_dump(config))
+    third = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+
+
+def test_a_sweep_grown_by_variants_or_measured_over_the_same_paths_is_no_change(tmp_path):
+    """The comparison is of what the measurement depends on: added variants grow a sweep
+    in place; `dest: remote` over the peer path is what older files call `peer`."""
+    from xstage_bench import provenance
+
+    ds = tmp_path / "ds"
+    (ds / "raw" / "microbench").mkdir(parents=True)
+    moe = {"shapes": [], "variants": ["ours"]}
+    (ds / layout.MEGAMOE_RAW).write_text(json.dumps({"config": {"world_size": 2, "megamoe": moe}}))
+    section = {"world_size": "auto", "megamoe": {**moe, "variants": ["ours", "flashinfer"]}}
+    assert provenance.measured_changes(ds, "megamoe", section, world_size=2) == []
+    fewer = {"world_size": "auto", "megamoe": {**moe, "variants": []}}
+    assert provenance.measured_changes(ds, "megamoe", fewer, world_size=2)
+    assert provenance.measured_changes(ds, "megamoe", section, world_size=4) == [
+        "raw/megamoe.json: world_size: 2 -> 4"
+    ]
+    mb = {"bursts": 4, "warmup_bursts": 1, "launches": 1, "defaults": {"dest": "peer"}}
+    made = {"microbench": {**mb, "studies": {"s": {"kind": "isolated", "dest": ["peer"]}}}}
+    (ds / layout.microbench_raw("s")).write_text(json.dumps({"config": made}))
+    now = provenance.microbench_section(
+        {
+            "microbench": {
+                **mb,
+                "defaults": {"dest": "remote"},
+                "studies": {"s": {"kind": "isolated", "dest": ["remote"]}},
+            }
+        },
+        "s",
     )
-    assert "attention.seq_lens: [8192, 16384, 32768, 49152, 65536, 131072] -> [8192]" in (
-        second.stderr
-    )
+    assert provenance.measured_changes(ds, "microbench-s", now, ["peer"]) == []
+    changed = provenance.measured_changes(ds, "microbench-s", now, ["peer", "host"])
+    assert 'microbench.defaults.dest: ["peer"] -> ["peer", "host"]' in changed[0]
