@@ -402,3 +402,45 @@ def test_the_committed_datasets_still_read(capsys):
     assert len(files) == 15
     assert main(["check", *files]) == 0
     assert capsys.readouterr().out.count(": valid, ") == len(files)
+
+
+def test_a_full_disk_names_the_file_and_the_fix(tmp_path, monkeypatch):
+    """Issue 27: a disk-full error read "[Errno 28] No space left on device" with no path."""
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    path = tmp_path / "raw" / "x.json"
+    with pytest.raises(OSError) as err:
+        write_raw(path, doc([ok_record("a", POINT, {"t_us": [1.0]})]))
+    assert err.value.errno == errno.ENOSPC
+    assert str(err.value) == (
+        f"[Errno 28] cannot write {path}: No space left on device (free space on the disk "
+        "that holds it, then run again)"
+    )
+    assert not any(path.parent.iterdir())  # no temporary left behind
+
+
+def test_the_run_lock_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    from xstage_bench.runlock import hold_run_lock
+
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(builtins, "open", lambda *a, **k: Full(real_open(*a, **k)))
+    with pytest.raises(OSError, match=r"cannot write .*xstage-run\.lock: No space left"):
+        hold_run_lock(tmp_path / ".snakemake" / "xstage-run.lock")

@@ -6,6 +6,7 @@ Every raw JSON document in `results/<dataset>/raw/` goes through `write_raw` and
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -194,11 +195,34 @@ def raw_document(
     return doc
 
 
+# What to do about a write that failed, by errno: the error names the file and this.
+WRITE_FIXES = {
+    errno.ENOSPC: "free space on the disk that holds it, then run again",
+    errno.EDQUOT: "free space within your disk quota, then run again",
+    errno.EACCES: "make its folder writable, then run again",
+    errno.EPERM: "make its folder writable (it may be immutable: chattr -i), then run again",
+    errno.EROFS: "its file system is read-only: write the results elsewhere",
+}
+
+
+def write_error(e: OSError, path: Path) -> OSError:
+    """The same error, naming the file being written and the fix (an OSError from write()
+    or fsync() names no file: seen "[Errno 28] No space left on device" and nothing else)."""
+    fix = WRITE_FIXES.get(e.errno or -1)
+    message = f"cannot write {path}: {e.strerror or e}" + (f" ({fix})" if fix else "")
+    error = type(e)(e.errno, message) if e.errno is not None else OSError(message)
+    return error
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write through a temporary file in the same directory, fsync, then rename."""
+    """Write through a temporary file in the same directory, fsync, then rename. An error
+    names the file and what to do (write_error)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise write_error(e, path) from e
     try:
         # mkstemp makes the file private (0600); results are ordinary files (0666 - umask).
         umask = os.umask(0)
@@ -209,6 +233,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise write_error(e, path) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

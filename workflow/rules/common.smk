@@ -18,6 +18,8 @@ from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
 from xstage_bench.runlock import RunLockBusy, hold_run_lock
 from xstage_bench.stale_lock import clear_stale_locks
+from snakemake.exceptions import WorkflowError
+from snakemake.io import IOFile
 
 
 try:
@@ -369,4 +371,32 @@ def summary_inputs(wildcards):
                 tables.append(target)
         raw += all_raw(dataset)
     captions = [f"workflow/report/{p.name}.rst" for p in products.FIGURES]
-    return {"figures": figures, "claims": tables, "raw": raw, "captions": captions}
+    inputs = {"figures": figures, "claims": tables, "raw": raw, "captions": captions}
+    if REPORTING:
+        check_summary_made_from(figures + tables + raw)
+    return inputs
+
+
+# `snakemake --report` shows the summary page the last run made (report_summary): it must be
+# of this config's datasets, or the report would name datasets its sections do not show.
+REPORTING = workflow.is_main_process and any(
+    a == "--report" or a.startswith("--report=") for a in sys.argv
+)
+
+
+def _datasets_of(paths):
+    return sorted({Path(p).parts[1] for p in paths if Path(p).parts[:1] == (RESULTS.name,)})
+
+
+def check_summary_made_from(inputs):
+    meta = workflow.persistence.metadata(IOFile(SUMMARY)) if Path(SUMMARY).exists() else None
+    if meta is None or not meta.input:
+        return
+    made, now = _datasets_of(meta.input), _datasets_of(inputs)
+    if made != now:
+        raise WorkflowError(
+            f"{SUMMARY} was made by a run of datasets {', '.join(made)}, this config has "
+            f"{', '.join(now)}: build the report with that run's config (after the smoke run: "
+            "snakemake --report report.html --configfile config/smoke.yaml), or run this "
+            "config first"
+        )
