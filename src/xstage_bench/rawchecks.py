@@ -189,6 +189,8 @@ def id_problem(experiment: str, record: dict) -> str | None:
         return None
     keys = _ID_KEYS.get(experiment, {})
     words = rid.split("/")
+    if not any("=" in word for word in words):
+        return None  # not a grid id (grid.py's always encode key=value fields)
     leading = []
     for word in words:
         if "=" in word:
