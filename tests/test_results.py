@@ -444,3 +444,19 @@ def test_the_run_lock_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "open", lambda *a, **k: Full(real_open(*a, **k)))
     with pytest.raises(OSError, match=r"cannot write .*xstage-run\.lock: No space left"):
         hold_run_lock(tmp_path / ".snakemake" / "xstage-run.lock")
+
+
+def test_the_gpu_table_agrees_with_the_simulator_profiles():
+    """The line rates the raw checks bound measured files by are the profiles' (the H200's
+    and the paper's B200), and no profile's matrix rate is above the peak they allow."""
+    from xstage_bench.hardware import load_profile
+    from xstage_bench.rawchecks import gpu_limits
+
+    hardware = Path(__file__).resolve().parents[1] / "config" / "hardware"
+    for name, file in (("NVIDIA H200", "h200.yaml"), ("NVIDIA B200", "b200.yaml")):
+        fragment, limits = gpu_limits(name)
+        profile = load_profile(hardware / file)
+        assert fragment in name and limits.nvlink_GBps == profile.nvlink_line_rate_GBps
+        assert max(profile.matrix_tflops.values()) <= limits.peak_tflops
+    assert gpu_limits("NVIDIA GB200")[0] == "GB200"  # not B200's row
+    assert "unlisted" in gpu_limits("Some Future GPU")[0]

@@ -112,14 +112,30 @@ def recorded_hash(path: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def recorded_config(path: Path) -> dict | None:
-    """The config a raw file records, or None (absent, not JSON, no config)."""
+def _recorded_doc(path: Path) -> dict | None:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    config = doc.get("config") if isinstance(doc, dict) else None
-    return config if isinstance(config, dict) else None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("config"), dict) else None
+
+
+def recorded_config(path: Path) -> dict | None:
+    """The config a raw file records, or None (absent, not JSON, no config)."""
+    doc = _recorded_doc(path)
+    return doc["config"] if doc else None
+
+
+def measured_paths(doc: dict) -> list[str]:
+    """The store paths a raw file measured: its config's `store_paths` where it records
+    them, else those its points name (files older than paths: the peer path)."""
+    if doc["config"].get("store_paths"):
+        return list(doc["config"]["store_paths"])
+    found = set()
+    for record in doc.get("records") or []:
+        if isinstance(record, dict) and isinstance(record.get("point"), dict):
+            found.add(storepath.point_path(record["point"]))
+    return [p for p in storepath.PATHS if p in found] or [storepath.PEER]
 
 
 def _section_in(config: dict, name: str) -> dict | None:
@@ -153,7 +169,7 @@ def simulated_change(raw: Path, name: str, section: dict) -> list[str] | None:
 # --- measured files -----------------------------------------------------------------------
 
 
-def _comparable(section: dict, raw_file: str, paths: list[str], world_size: Any) -> dict:
+def _comparable(section: dict, raw_file: str, paths: list[str] | None, world_size: Any) -> dict:
     """A section as far as a raw file can be held to it: without the per-GPU run's own grid
     and the variants (a sweep grows by variants in place); a microbench `dest: remote` as
     the paths it stands for; `world_size: auto` as the size it resolved to (None: unknown,
@@ -164,7 +180,7 @@ def _comparable(section: dict, raw_file: str, paths: list[str], world_size: Any)
     elif "world_size" in out:
         out["world_size"] = world_size
     mb = out.get("microbench")
-    if isinstance(mb, dict):
+    if isinstance(mb, dict) and paths is not None:
         for axes in (mb.get("defaults") or {}, *(mb.get("studies") or {}).values()):
             if "dest" in axes:
                 dests = axes["dest"] if isinstance(axes["dest"], list) else [axes["dest"]]
@@ -196,17 +212,19 @@ def measured_changes(
     store_paths: list[str] = (storepath.PEER,),
     world_size: int | None = None,
 ) -> list[str]:
-    """What differs between `section` (this run's, its `dest: remote` over `store_paths`
-    and `world_size: auto` as `world_size`) and the section each existing raw file of a
-    measured dataset was made with (its own `config`); [] when they agree or nothing is
-    there yet. A file without a readable config is left to the readers, which name what is
-    wrong; one written before store paths measured the peer path."""
+    """What differs between `section` (this run's, `world_size: auto` as `world_size`) and
+    the section each existing raw file of a measured dataset was made with (its own
+    `config`); [] when they agree or nothing is there yet. Where they differ in a microbench
+    `dest`, `remote` stands for this run's `store_paths` and, in the file, for the paths it
+    measured (older files: the peer path), so an older file's `dest: peer` is this config's
+    `remote` over the peer path. A file without a readable config is left to the readers,
+    which name what is wrong."""
     for rel in stamped_files(name):
-        config = recorded_config(Path(dataset_dir) / rel)
-        made = _section_in(config, name) if config is not None else None
+        doc = _recorded_doc(Path(dataset_dir) / rel)
+        made = _section_in(doc["config"], name) if doc is not None else None
         if made is None:
             continue
-        made_paths = config.get("store_paths") or [storepath.PEER]
+        made_paths = measured_paths(doc)
         made_size = made.get("world_size")
         size = made_size if made_size != storepath.AUTO else None
         now_size = section.get("world_size")
@@ -214,9 +232,15 @@ def measured_changes(
         if size is None:
             now = None
         changed = _variants_dropped(made, section) + differences(
-            _comparable(made, rel, made_paths, size),
-            _comparable(section, rel, list(store_paths), now),
+            _comparable(made, rel, None, size), _comparable(section, rel, None, now)
         )
+        if changed and not _variants_dropped(made, section):
+            # Older files name a path where a config now says `dest: remote`: the same
+            # points when `remote` stands for the paths the file measured.
+            changed = differences(
+                _comparable(made, rel, made_paths, size),
+                _comparable(section, rel, list(store_paths), now),
+            )
         if changed:
             return [f"{rel}: {line}" for line in changed]
     return []

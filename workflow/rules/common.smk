@@ -141,7 +141,7 @@ def config_stamp(dataset, name):
     for rel in provenance.stamped_files(name):
         raw = RESULTS / dataset / rel
         changed = provenance.simulated_change(raw, name, section)
-        if changed is not None:
+        if changed is not None and workflow.dag is not None:
             workflow.dag.forcefiles.add(str(raw))
             STALE_SIMULATED[str(raw)] = changed
     return []
