@@ -184,8 +184,7 @@ def _comparable(section: dict, raw_file: str, paths: list[str] | None, world_siz
         for axes in (mb.get("defaults") or {}, *(mb.get("studies") or {}).values()):
             if "dest" in axes:
                 dests = axes["dest"] if isinstance(axes["dest"], list) else [axes["dest"]]
-                expanded = storepath.destinations(dests, paths)
-                axes["dest"] = expanded if isinstance(axes["dest"], list) else expanded
+                axes["dest"] = storepath.destinations(dests, paths)
     moe = out.get("megamoe")
     if isinstance(moe, dict):
         moe.pop("variants", None)
@@ -224,13 +223,15 @@ def measured_changes(
         made = _section_in(doc["config"], name) if doc is not None else None
         if made is None:
             continue
+        # A file that records `world_size: auto` does not say what it resolved to (nor does
+        # a caller that passes no world size): the sizes are then not compared.
+        size = made.get("world_size")
+        now = (
+            world_size if section.get("world_size") == storepath.AUTO else section.get("world_size")
+        )
+        if size == storepath.AUTO or now is None:
+            size = now = None
         made_paths = measured_paths(doc)
-        made_size = made.get("world_size")
-        size = made_size if made_size != storepath.AUTO else None
-        now_size = section.get("world_size")
-        now = world_size if now_size == storepath.AUTO and size is not None else now_size
-        if size is None:
-            now = None
         changed = _variants_dropped(made, section) + differences(
             _comparable(made, rel, None, size), _comparable(section, rel, None, now)
         )
