@@ -45,6 +45,8 @@ workflow.localrules(
 
 onstart:
     print_measurement_verdict()
+    print_remade_simulations()
+    committed.record_metadata(workflow, REFERENCE)
 
 
 rule all:

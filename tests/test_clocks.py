@@ -169,7 +169,8 @@ def test_record_fields_fit_the_raw_schema(nvml):
         "after GPU 0: sw_power_cap",
     ]
     gone = {"available": False, "reason": "no NVML"}
-    unknown = ok_record("q", {"id": "q", **point}, {"t_us": [1.0]}, **record_fields(gone, gone))
+    other = {"id": "q", **point, "seq_len": 8192}  # one record per point
+    unknown = ok_record("q", other, {"t_us": [1.0]}, **record_fields(gone, gone))
     assert unknown["throttled"] is None
     env = environment(simulated=False)
     validate_raw(

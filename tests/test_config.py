@@ -135,9 +135,45 @@ def test_extends_merges_mappings_and_replaces_lists():
 
 
 def test_extends_of_a_missing_file_is_named(tmp_path):
-    (tmp_path / "v.yaml").write_text("extends: nowhere.yaml\nworld_size: 4\n")
-    with pytest.raises(ConfigError, match="nowhere.yaml"):
-        load_config(tmp_path / "v.yaml", root=tmp_path)
+    (tmp_path / "v.yaml").write_text("world_size: 4\nextends: nowhere.yaml\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "v.yaml")
+    assert str(err.value).startswith(f"{tmp_path / 'v.yaml'}, line 2: extends 'nowhere.yaml'")
+    assert f"{tmp_path / 'nowhere.yaml'} does not exist" in str(err.value)
+
+
+def test_extends_is_relative_to_the_file_that_names_it(tmp_path, monkeypatch):
+    """Issue 27: extends was resolved against the current directory."""
+    (tmp_path / "variants").mkdir()
+    (tmp_path / "base.yaml").write_text((ROOT / "config.yaml").read_text())
+    (tmp_path / "variants" / "v.yaml").write_text("extends: ../base.yaml\nworld_size: 4\n")
+    monkeypatch.chdir(ROOT / "config")  # anywhere else
+    assert load_config(tmp_path / "variants" / "v.yaml")["world_size"] == 4
+    # A path written relative to the current directory is named, with the path that works.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "variants" / "w.yaml").write_text("extends: base.yaml\n")
+    with pytest.raises(
+        ConfigError, match=r"line 1: extends 'base.yaml', .*did you mean '../base.yaml'"
+    ):
+        load_config(tmp_path / "variants" / "w.yaml")
+
+
+def test_an_extends_cycle_is_named_not_a_recursion_error(tmp_path):
+    """Issue 27: `extends:` pointing at itself raised RecursionError."""
+    (tmp_path / "self.yaml").write_text("world_size: 2\nextends: self.yaml\n")
+    with pytest.raises(ConfigError, match=r"self\.yaml, line 2: extends 'self.yaml', .* a cycle"):
+        load_config(tmp_path / "self.yaml")
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(
+        ConfigError, match=r"b\.yaml, line 1: extends 'a.yaml'.*a\.yaml -> .*b\.yaml -> .*a\.yaml"
+    ):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_every_shipped_config_is_valid():
+    for path in sorted((ROOT / "config").glob("*.yaml")):
+        load_config(path)
 
 
 def _study(name):
@@ -195,3 +231,91 @@ def test_yaml_errors_name_the_file_once_with_line_and_column(tmp_path):
     message = str(err.value)
     assert message.count(str(path)) == 1 and "<unicode string>" not in message
     assert message.startswith(f"{path}, line 3, column 1: not valid YAML")
+
+
+# --- bounded work (workload.py) ----------------------------------------------------------
+
+
+def test_a_megamoe_shape_at_the_schemas_maxima_is_refused_before_any_work(full_config):
+    """Issue 27: H = I = 65536, E = 4096, topk 64 at 262144 tokens validated, and
+    `xstage simulate` reached 18.8 GB RSS after 228 s."""
+    bad = copy.deepcopy(full_config)
+    bad["megamoe"]["shapes"][0].update(H=65536, I=65536, E=4096, topk=64)
+    bad["megamoe"]["tokens_per_rank"] = [1024, 262144]
+    with pytest.raises(ConfigError) as err:
+        validate_config(bad)
+    message = str(err.value)
+    assert message.startswith("config key 'megamoe.tokens_per_rank[0]': 1024 tokens per rank")
+    assert "tiles per rank" in message and "GB" in message and "at most 1,000,000" in message
+
+
+def test_xstage_simulate_refuses_it_at_once(tmp_path, full_config, capsys):
+    import time
+
+    from xstage_bench.cli import main
+
+    bad = copy.deepcopy(full_config)
+    bad["megamoe"]["shapes"] = [{"name": "huge", "H": 65536, "I": 65536, "E": 4096, "topk": 64}]
+    bad["megamoe"]["tokens_per_rank"] = [262144]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(bad))
+    start = time.monotonic()
+    argv = ["simulate", "megamoe", "--config", str(tmp_path / "c.yaml"), "--dataset", "sim-x"]
+    argv += [
+        "--profile",
+        str(ROOT / "config/hardware/h200.yaml"),
+        "--out",
+        str(tmp_path / "o.json"),
+    ]
+    assert main(argv) == 2
+    assert time.monotonic() - start < 10
+    assert "config key 'megamoe.tokens_per_rank[0]'" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.parametrize(
+    "mutate, key, words",
+    [
+        (
+            lambda c: c["megamoe"]["shapes"][0].update(H=65536, I=65536, E=64, topk=1),
+            "megamoe.shapes[0]",
+            "per GPU",
+        ),
+        (
+            lambda c: c["attention"].update(seq_lens=[1048576], heads=[1024], batch=1),
+            "attention.seq_lens[0]",
+            "per GPU",
+        ),
+        (
+            lambda c: (
+                c["microbench"].update(bursts=4096, launches=1000),
+                c["microbench"]["studies"]["gap_sweep"].update(gap_us=[1e6]),
+            ),
+            "microbench.studies.gap_sweep",
+            "at most 24 h",
+        ),
+    ],
+    ids=["moe-bytes", "attention-bytes", "microbench-time"],
+)
+def test_memory_and_time_estimates_name_the_key(full_config, mutate, key, words):
+    bad = copy.deepcopy(full_config)
+    if "megamoe.shapes" in key:
+        bad["megamoe"]["tokens_per_rank"] = [128]
+    mutate(bad)
+    with pytest.raises(ConfigError) as err:
+        validate_config(bad)
+    assert str(err.value).startswith(f"config key '{key}'") and words in str(err.value)
+
+
+def test_the_shipped_grids_sit_well_inside_the_limits():
+    from xstage_bench import workload
+
+    for path in [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]:
+        config = load_config(path)
+        moe = config["megamoe"]
+        P = workload._world(config)
+        tiles = max(
+            workload.megamoe_tiles(s, t, P, moe["block_m"], moe["block_n"])
+            for s in moe["shapes"]
+            for t in moe["tokens_per_rank"]
+        )
+        assert tiles < workload.MAX_TILES_PER_RANK / 5, path

@@ -1,6 +1,7 @@
 """Faults and recovery: the default profile is loaded, one rerun recovers after a kill, and
 a failed rerun leaves committed outputs in place."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -208,20 +209,29 @@ def test_smoke_datasets_never_share_a_name_with_full_runs():
     assert all(name.endswith("-smoke") for name in smoke["simulated"])
 
 
+def _snapshot(folder: Path) -> dict:
+    """Every file under `folder` with its modification time."""
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
 @needs_snakemake
 def test_a_simulated_file_is_remade_when_its_config_section_changes(tmp_path):
+    """Issue 27: dry runs and runs of unrelated targets rewrote config stamps, and later
+    runs printed "remaking it" and remade nothing. Now nothing but the remake writes, and
+    the message comes with the remake."""
     import yaml
 
     work = copy_workflow(tmp_path)
     config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
     config["datasets"].update(simulated={"sim-h200": "config/hardware/h200.yaml"}, reference=[])
     target = "results/sim-h200/raw/attention.json"
+    unrelated = "results/sim-h200/raw/microbench/drain.json"
 
-    def run(seq_lens):
+    def run(seq_lens, *args, goal=target):
         config["attention"]["seq_lens"] = seq_lens
         (work / "c.yaml").write_text(yaml.safe_dump(config))
         out = subprocess.run(
-            [str(SNAKEMAKE), target, "--configfile", "c.yaml"],
+            [str(SNAKEMAKE), goal, "--configfile", "c.yaml", *args],
             cwd=work,
             capture_output=True,
             text=True,
@@ -233,17 +243,123 @@ def test_a_simulated_file_is_remade_when_its_config_section_changes(tmp_path):
 
     _, lens, first = run([8192])
     assert lens == {8192}
+    run([8192], goal=unrelated)
+    before = _snapshot(work / "results")
+    for args, goal in ((("-n",), target), ((), unrelated)):
+        log, lens, _ = run([8192, 16384], *args, goal=goal)
+        assert lens == {8192} and "remaking" not in log
+        assert _snapshot(work / "results") == before, f"{args} {goal} wrote files"
     log, lens, second = run([8192, 16384])
     assert lens == {8192, 16384}
+    assert log.count("remaking it") == 1
     assert "attention.seq_lens: [8192] -> [8192, 16384]" in log
     assert first["config_sha256"] != second["config_sha256"]
     log, _, third = run([8192, 16384])
-    assert "Nothing to be done" in log and third == second
+    assert "Nothing to be done" in log and third == second and "remaking" not in log
+    shutil.rmtree(work / ".snakemake")  # Snakemake's metadata lost: the file still tells
+    log, lens, _ = run([8192])
+    assert lens == {8192} and "remaking it" in log
+    assert not list((work / "results").rglob(".config")), "no stamp is written"
+
+
+@contextlib.contextmanager
+def unwritable(folder: Path):
+    """`folder` refuses new files (a full or read-only disk, a lost mount): by mode for
+    a normal user, by the immutable attribute for root (whom modes do not stop)."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        undo = ["chmod", "755", str(folder)]
+    elif subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+        undo = ["chattr", "-i", str(folder)]
+    else:
+        pytest.skip("root, and this file system has no immutable attribute (chattr +i)")
+    try:
+        yield
+    finally:
+        subprocess.run(undo, check=True)
+
+
+@needs_snakemake
+def test_a_failed_render_leaves_no_product_a_later_run_takes_as_current(tmp_path):
+    """Issue 27: with the tables folder unwritable, the table rule failed and Snakemake
+    "Restored previous version"; after the fix the rerun said "Nothing to be done" and
+    tab-ulysses kept showing seq_len 32768 while the raw file held [8192, 16384]."""
+    import yaml
+
+    work = copy_workflow(tmp_path)
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    config["datasets"].update(simulated={"sim-h200": "config/hardware/h200.yaml"}, reference=[])
+    table = work / "results" / "sim-h200" / "tables" / "tab-ulysses.csv"
+
+    def run(seq_lens):
+        config["attention"]["seq_lens"] = seq_lens
+        (work / "c.yaml").write_text(yaml.safe_dump(config))
+        command = [str(SNAKEMAKE), str(table.relative_to(work)), "--configfile", "c.yaml"]
+        return subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
+
+    assert run([8192, 16384, 32768]).returncode == 0
+    assert "32768" in table.read_text()
+    with unwritable(table.parent):
+        failed = run([8192, 16384])
+    assert failed.returncode != 0
+    assert "Restored previous version" in failed.stderr
+    assert "32768" in table.read_text()  # the previous table is back, for now
+    fixed = run([8192, 16384])
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert "Nothing to be done" not in fixed.stdout + fixed.stderr
+    assert "32768" not in table.read_text() and "16384" in table.read_text()
+
+
+@needs_snakemake
+def test_one_rerun_recovers_after_a_sigkill_of_the_main_process_alone(tmp_path):
+    """Issue 27: SIGKILL of the main Snakemake process left its jobs running (reparented to
+    init) and the rerun stopped at Snakemake's LockException until they ended. Now the jobs
+    record their pids, and the rerun ends those of the killed run and goes on."""
+    from xstage_bench import orphans
+
+    work = copy_workflow(tmp_path)
+    target = "results/sim-h200-smoke/raw/attention.json"
+    command = [str(SNAKEMAKE), target, "--configfile", "config/smoke.yaml"]
+    env = {**os.environ, orphans.HOLD_ENV: "120"}  # its one job waits, so it is killed in it
+    first = subprocess.Popen(
+        command,
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    jobs = work / orphans.JOBS_DIR
+    try:
+        deadline = time.monotonic() + 120
+        while not (jobs.is_dir() and any(jobs.glob("*.json"))):
+            assert first.poll() is None and time.monotonic() < deadline, "no job registered"
+            time.sleep(0.05)
+        job = json.loads(next(jobs.glob("*.json")).read_text())
+        job_pid, job_start = job["processes"][0]
+        os.kill(first.pid, signal.SIGKILL)  # the main process alone: its job goes on
+        first.wait()
+        assert orphans.process_start(job_pid) == job_start, "the job died with its run"
+        again = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert f"ending 1 job(s) a killed run left running: pid {job_pid}" in again.stderr
+        assert orphans.process_start(job_pid) is None
+        assert json.loads((work / target).read_text())["records"]
+        assert not any(jobs.glob("*.json"))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
 
 
 @needs_snakemake
 def test_a_measured_file_made_with_another_config_stops_the_run(tmp_path):
+    """Issue 27: in a fresh clone, a dry run with a changed attention.seq_lens wrote the
+    measured dataset's config stamp; the config that had measured it was then refused.
+    Now the raw file's own config is the record: nothing is written, the changed config
+    is refused by every run, dry or not, and the original one goes on."""
     import yaml
+
+    from xstage_bench.measure import experiment_config
 
     work = copy_workflow(tmp_path)
     config = {
@@ -254,19 +370,64 @@ def test_a_measured_file_made_with_another_config_stops_the_run(tmp_path):
         "datasets": {"measured": "h200x2", "reference": [], "simulated": {}},
     }
     (work / "c.yaml").write_text(yaml.safe_dump(config))
+    dataset = work / "results" / "h200x2"
+    raw = dataset / layout.ATTENTION_RAW
+    raw.parent.mkdir(parents=True)
+    full = yaml.safe_load((ROOT / "config.yaml").read_text())
+    made_with = experiment_config({**full, "world_size": 2}, "attention")
+    raw.write_text(json.dumps({"config": made_with, "records": []}))  # as measured then
+    before = sorted(p.relative_to(work) for p in dataset.rglob("*"))
     dry = [str(SNAKEMAKE), "-n", "--configfile", "c.yaml"]
     first = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
-    raw = work / "results" / "h200x2" / layout.ATTENTION_RAW
-    raw.parent.mkdir(parents=True)
-    raw.write_text("{}")  # as if measured with this config
+
     config["attention"] = {"seq_lens": [8192]}
     (work / "c.yaml").write_text(yaml.safe_dump(config))
-    second = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
-    assert second.returncode != 0
-    assert "dataset 'h200x2' holds raw/attention.json measured with another config" in (
-        second.stderr
+    for command in (dry, dry[:1] + dry[2:]):  # a dry run and a real one
+        second = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
+        assert second.returncode != 0
+        assert "dataset 'h200x2' holds raw files measured with another config" in second.stderr
+        assert (
+            "raw/attention.json: attention.seq_lens: [8192, 16384, 32768, 49152, 65536, 131072]"
+            " -> [8192]" in second.stderr
+        )
+    assert sorted(p.relative_to(work) for p in dataset.rglob("*")) == before  # nothing written
+
+    del config["attention"]  # the config that measured it
+    (work / "c.yaml").write_text(yaml.safe_dump(config))
+    third = subprocess.run(dry, cwd=work, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+
+
+def test_a_sweep_grown_by_variants_or_measured_over_the_same_paths_is_no_change(tmp_path):
+    """The comparison is of what the measurement depends on: added variants grow a sweep
+    in place; `dest: remote` over the peer path is what older files call `peer`."""
+    from xstage_bench import provenance
+
+    ds = tmp_path / "ds"
+    (ds / "raw" / "microbench").mkdir(parents=True)
+    moe = {"shapes": [], "variants": ["ours"]}
+    (ds / layout.MEGAMOE_RAW).write_text(json.dumps({"config": {"world_size": 2, "megamoe": moe}}))
+    section = {"world_size": "auto", "megamoe": {**moe, "variants": ["ours", "flashinfer"]}}
+    assert provenance.measured_changes(ds, "megamoe", section, world_size=2) == []
+    fewer = {"world_size": "auto", "megamoe": {**moe, "variants": []}}
+    assert provenance.measured_changes(ds, "megamoe", fewer, world_size=2)
+    assert provenance.measured_changes(ds, "megamoe", section, world_size=4) == [
+        "raw/megamoe.json: world_size: 2 -> 4"
+    ]
+    mb = {"bursts": 4, "warmup_bursts": 1, "launches": 1, "defaults": {"dest": "peer"}}
+    made = {"microbench": {**mb, "studies": {"s": {"kind": "isolated", "dest": ["peer"]}}}}
+    (ds / layout.microbench_raw("s")).write_text(json.dumps({"config": made}))
+    now = provenance.microbench_section(
+        {
+            "microbench": {
+                **mb,
+                "defaults": {"dest": "remote"},
+                "studies": {"s": {"kind": "isolated", "dest": ["remote"]}},
+            }
+        },
+        "s",
     )
-    assert "attention.seq_lens: [8192, 16384, 32768, 49152, 65536, 131072] -> [8192]" in (
-        second.stderr
-    )
+    assert provenance.measured_changes(ds, "microbench-s", now, ["peer"]) == []
+    changed = provenance.measured_changes(ds, "microbench-s", now, ["peer", "host"])
+    assert 'microbench.defaults.dest: ["peer"] -> ["peer", "host"]' in changed[0]

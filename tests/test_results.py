@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 from fixtures import environment
@@ -162,8 +164,8 @@ def test_each_experiment_requires_its_point_fields(tmp_path, experiment, point, 
 
 def test_check_counts_each_status(tmp_path, capsys):
     records = [ok_record("a", POINT, {"period_us": [1.0]})] + [
-        failed_record(f"{status}-{i}", POINT, "why", status=status)
-        for status, n in (("failed", 1), ("timeout", 2), ("unsupported", 3))
+        failed_record(f"{status}-{i}", {**POINT, "K": 2 + j * 10 + i}, "why", status=status)
+        for j, (status, n) in enumerate((("failed", 1), ("timeout", 2), ("unsupported", 3)))
         for i in range(n)
     ]
     path = tmp_path / "x.json"
@@ -182,3 +184,279 @@ def test_the_senders_commit_wins_over_a_copied_trees_git(monkeypatch):
     monkeypatch.setenv("XSTAGE_GIT_DIRTY", "0")
     # this checkout has a .git of its own, which must not be asked
     assert environment.git_state() == {"sha": "a" * 40, "dirty": False}
+
+
+# --- values checked against themselves and against physics (rawchecks.py) ---------------
+
+GPU_ENV = environment(simulated=False)  # two NVIDIA H200
+MIB = 1 << 20
+
+
+def measured_doc(records, experiment="microbench", env=None):
+    return raw_document(
+        experiment=experiment,
+        backend="cuda",
+        dataset="h200x2",
+        environment=env or GPU_ENV,
+        config={},
+        records=records,
+        study="drain" if experiment == "microbench" else None,
+    )
+
+
+def drain_point(K=132, V=4 * MIB, **axes):
+    """A point as grid.microbench_points makes it (V rounded to K whole producers)."""
+    from xstage_bench.grid import microbench_points
+
+    study = {"kind": "periodic", "K": [K], "V": [V], "gap_us": [0], **axes}
+    defaults = {"width": 16, "dest": "peer", "pattern": "same", "peers": 1, "sync": "free"}
+    mb = {"defaults": {**defaults, "gap_mode": "compute"}, "studies": {"drain": study}}
+    return microbench_points(mb, "drain")[0]
+
+
+def drain_record(point=None, scale=1.0):
+    point = point or drain_point()
+    rate = [scale * r for r in (349.0, 351.0, 350.0, 352.0, 348.0)]
+    period = [scale * t for t in (12.0, 12.1, 11.9, 12.2, 12.0)]
+    return ok_record(point["id"], point, {"issue_rate_GBps": rate, "period_us": period})
+
+
+def write_as_is(tmp_path, doc):
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_rate_above_the_line_rate_is_refused_though_its_summary_agrees(tmp_path):
+    """Issue 27: one drain record's period and rate times 10^6, summary recomputed, was
+    valid and gave R = 1.9e8 GB/s."""
+    read_raw(write_as_is(tmp_path, measured_doc([drain_record()])))
+    edited = measured_doc([drain_record(scale=1e6)])
+    with pytest.raises(RawResultError) as err:
+        read_raw(write_as_is(tmp_path, edited))
+    message = str(err.value)
+    assert "record 'drain/K=132/V=4194304/" in message
+    assert "issue_rate_GBps' reach 3.52e+08 GB/s" in message
+    assert "NVLink line rate of H200 (450 GB/s)" in message and "peer path" in message
+
+
+@pytest.mark.parametrize(
+    "dest, links, rate, bound",
+    [
+        ("host", [{"kind": "pcie", "gen": 5, "width": 16, "line_rate_GBps": 63.0}], 80.0, "63"),
+        ("host", [], 130.0, "PCIe Gen6 x16"),
+        ("local", [], 13000.0, "HBM bandwidth of H200 (4800 GB/s)"),
+    ],
+    ids=["host-recorded-link", "host-no-link", "local-hbm"],
+)
+def test_each_path_is_bounded_by_its_own_link(tmp_path, dest, links, rate, bound):
+    point = drain_point(dest=[dest])
+    assert point["path"] == dest
+    env = {**GPU_ENV, "host_links": links}
+    fine = ok_record(point["id"], point, {"issue_rate_GBps": [rate / 2] * 3})
+    read_raw(write_as_is(tmp_path, measured_doc([fine], env=env)))
+    absurd = ok_record(point["id"], point, {"issue_rate_GBps": [rate] * 3})
+    with pytest.raises(RawResultError, match=rf"above .*{re.escape(bound)}.* on the {dest} path"):
+        read_raw(write_as_is(tmp_path, measured_doc([absurd], env=env)))
+
+
+def test_a_file_without_paths_is_the_peer_path_and_a_simulated_file_is_not_bounded(tmp_path):
+    point = {k: v for k, v in drain_point().items() if k != "path"}  # written before paths
+    absurd = drain_record(point, scale=1e6)
+    with pytest.raises(RawResultError, match="peer path"):
+        read_raw(write_as_is(tmp_path, measured_doc([absurd])))
+    simulated = doc([absurd])  # a model's output: its profile, not a GPU, made it
+    simulated["study"] = "drain"
+    read_raw(write_as_is(tmp_path, simulated))
+
+
+def test_a_time_below_the_timer_tick_is_refused(tmp_path):
+    point = drain_point()
+    record = ok_record(point["id"], point, {"period_us": [12e-6, 12.1e-6, 11.9e-6]})
+    with pytest.raises(RawResultError, match=r"period_us' hold 1.19e-05 us, below one tick"):
+        read_raw(write_as_is(tmp_path, measured_doc([record])))
+
+
+def test_tflops_above_the_gpus_peak_are_refused(tmp_path):
+    from fixtures import megamoe_configs
+
+    config = megamoe_configs()[0]
+    point = {**config, "schedule": "expert_wave"}
+    record_id = f"{config['id']}/expert_wave"
+
+    def record(tflops):
+        extra = {"tflops": tflops, "gemm_tflops": {"fp8": tflops / 2}}
+        return ok_record(record_id, point, {"time_us": [10.0, 11.0, 12.0]}, extra=extra)
+
+    read_raw(write_as_is(tmp_path, measured_doc([record(900.0)], "megamoe")))
+    with pytest.raises(RawResultError, match=r"extra 'tflops' is 9e\+06 TFLOP/s, above the dense"):
+        read_raw(write_as_is(tmp_path, measured_doc([record(9e6)], "megamoe")))
+
+
+@pytest.mark.parametrize("field", ["q1", "q3", "ci_low", "ci_high", "rel_iqr", "min", "max"])
+def test_a_summary_field_that_is_not_its_samples_is_refused(tmp_path, field):
+    """Issue 27: bogus quartiles, CI and rel_iqr beside the true median were accepted (tab-noise
+    showed rel_iqr 49.9 where the samples give 0.022)."""
+    rec = drain_record()
+    rec["summary"]["period_us"][field] = 49.9
+    with pytest.raises(RawResultError, match=rf"summary 'period_us': {field} 49.9 is not the"):
+        read_raw(write_as_is(tmp_path, measured_doc([rec])))
+
+
+def test_the_fast_bootstrap_is_the_summary_bootstrap():
+    import numpy as np
+
+    from xstage_bench.rawchecks import bootstrap_ci
+    from xstage_bench.stats import bootstrap_median_ci
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 10, 67, 100, 101, 1024):
+        x = rng.lognormal(size=n)
+        x[: n // 3] = x[0]  # ties, as timer ticks give
+        assert bootstrap_ci(x) == bootstrap_median_ci(x), n
+
+
+def test_many_samples_need_a_ci_where_the_bootstrap_puts_it(tmp_path):
+    import numpy as np
+    from fixtures import megamoe_configs
+
+    config = megamoe_configs()[0]
+    point = {**config, "schedule": "expert_wave", "variant": "expert_wave"}
+    spans = list(np.random.default_rng(1).lognormal(size=3000))
+    rec = ok_record(f"{config['id']}/expert_wave", point, {"store_span_us": spans})
+    read_raw(write_as_is(tmp_path, measured_doc([rec], "megamoe_trace")))
+    summary = rec["summary"]["store_span_us"]
+    summary["ci_low"], summary["ci_high"] = summary["min"], summary["max"]
+    with pytest.raises(RawResultError, match="is not a bootstrap CI of the median of its 3000"):
+        read_raw(write_as_is(tmp_path, measured_doc([rec], "megamoe_trace")))
+
+
+def test_a_point_that_contradicts_its_id_is_refused(tmp_path):
+    """Issue 27: a point whose V differs from its id was accepted and fitted."""
+    rec = drain_record()
+    rec["point"]["V"] = rec["point"]["V"] * 2
+    with pytest.raises(RawResultError, match=r"the id names V=4194304 but the point has V=8384"):
+        read_raw(write_as_is(tmp_path, measured_doc([rec])))
+    rec = drain_record()
+    rec["point"]["sync"] = "barrier"
+    with pytest.raises(RawResultError, match="the id names sync=free but the point has sync="):
+        read_raw(write_as_is(tmp_path, measured_doc([rec])))
+
+
+@pytest.mark.parametrize(
+    "experiment, field, value",
+    [
+        ("megamoe", "tokens_per_rank", 4096),
+        ("megamoe", "precision", "w8a8"),
+        ("megamoe", "schedule", "interleaved"),
+        ("attention", "seq_len", 16384),
+        ("attention", "backend", "fa4"),
+    ],
+)
+def test_megamoe_and_attention_points_match_their_ids(tmp_path, experiment, field, value):
+    from fixtures import ATTENTION, WORLD_SIZE, megamoe_configs
+
+    from xstage_bench.grid import attention_points
+
+    if experiment == "megamoe":
+        config = megamoe_configs()[0]
+        point, rid = {**config, "schedule": "expert_wave"}, f"{config['id']}/expert_wave"
+    else:
+        point = attention_points(ATTENTION, WORLD_SIZE)[0]
+        rid = point["id"]
+    rec = ok_record(rid, point, {"time_us": [10.0, 11.0, 12.0]})
+    read_raw(write_as_is(tmp_path, measured_doc([rec], experiment)))
+    rec["point"] = {**point, field: value}
+    with pytest.raises(RawResultError, match=f"record '{rid}': "):
+        read_raw(write_as_is(tmp_path, measured_doc([rec], experiment)))
+
+
+def test_one_point_under_two_ids_is_refused(tmp_path):
+    """Issue 27: a point duplicated under a new id was accepted and fitted twice."""
+    rec = drain_record()
+    twin = json.loads(json.dumps(rec))
+    twin["id"] = rec["id"] + "/again"
+    twin["point"]["id"] = twin["id"]
+    with pytest.raises(RawResultError, match="are the same point"):
+        read_raw(write_as_is(tmp_path, measured_doc([rec, twin])))
+
+
+def test_ok_with_correct_false_is_impossible(tmp_path):
+    """Issue 26/27: `status: ok` with `correct: false` was accepted by the schema."""
+    point = drain_point()
+    with pytest.raises(ValueError, match="cannot have correct=False"):
+        ok_record(point["id"], point, {"period_us": [1.0]}, correct=False)
+    rec = drain_record()
+    rec["correct"] = False
+    with pytest.raises(RawResultError, match="records/0/correct"):
+        read_raw(write_as_is(tmp_path, measured_doc([rec])))
+    wrong = failed_record(point["id"], point, "output differs", status="wrong", correct=False)
+    read_raw(write_as_is(tmp_path, measured_doc([wrong])))
+
+
+def test_the_committed_datasets_still_read(capsys):
+    """results/ref-h200x2 and results/fault-demo pass every check above, through the CLI."""
+    root = Path(__file__).resolve().parents[1] / "results"
+    files = sorted(str(p) for d in ("ref-h200x2", "fault-demo") for p in (root / d).rglob("*.json"))
+    files = [f for f in files if "/raw/" in f]
+    assert len(files) == 15
+    assert main(["check", *files]) == 0
+    assert capsys.readouterr().out.count(": valid, ") == len(files)
+
+
+def test_a_full_disk_names_the_file_and_the_fix(tmp_path, monkeypatch):
+    """Issue 27: a disk-full error read "[Errno 28] No space left on device" with no path."""
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    path = tmp_path / "raw" / "x.json"
+    with pytest.raises(OSError) as err:
+        write_raw(path, doc([ok_record("a", POINT, {"t_us": [1.0]})]))
+    assert err.value.errno == errno.ENOSPC
+    assert str(err.value) == (
+        f"[Errno 28] cannot write {path}: No space left on device (free space on the disk "
+        "that holds it, then run again)"
+    )
+    assert not any(path.parent.iterdir())  # no temporary left behind
+
+
+def test_the_run_lock_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    from xstage_bench.runlock import hold_run_lock
+
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(builtins, "open", lambda *a, **k: Full(real_open(*a, **k)))
+    with pytest.raises(OSError, match=r"cannot write .*xstage-run\.lock: No space left"):
+        hold_run_lock(tmp_path / ".snakemake" / "xstage-run.lock")
+
+
+def test_the_gpu_table_agrees_with_the_simulator_profiles():
+    """The line rates the raw checks bound measured files by are the profiles' (the H200's
+    and the paper's B200), and no profile's matrix rate is above the peak they allow."""
+    from xstage_bench.hardware import load_profile
+    from xstage_bench.rawchecks import gpu_limits
+
+    hardware = Path(__file__).resolve().parents[1] / "config" / "hardware"
+    for name, file in (("NVIDIA H200", "h200.yaml"), ("NVIDIA B200", "b200.yaml")):
+        fragment, limits = gpu_limits(name)
+        profile = load_profile(hardware / file)
+        assert fragment in name and limits.nvlink_GBps == profile.nvlink_line_rate_GBps
+        assert max(profile.matrix_tflops.values()) <= limits.peak_tflops
+    assert gpu_limits("NVIDIA GB200")[0] == "GB200"  # not B200's row
+    assert "unlisted" in gpu_limits("Some Future GPU")[0]

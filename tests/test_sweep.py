@@ -179,8 +179,8 @@ WATCHDOG_SCRIPT = textwrap.dedent(
             time.sleep(60)  # a stuck point
         return ok_record(point["id"], point, {"time_us": [1.0]})
 
-    run_sweep([{"id": i, "kind": "isolated", "K": 1, "V": 4096, "B": 4096}
-               for i in "abc"], measure, Path(sys.argv[1]),
+    run_sweep([{"id": i, "kind": "isolated", "K": 1, "V": 4096 * n, "B": 4096 * n}
+               for n, i in enumerate("abc", 1)], measure, Path(sys.argv[1]),
               experiment="microbench", backend="sim", dataset="sim-test",
               environment=json.loads(sys.argv[2]), config={}, study="s",
               point_timeout_s=0.5)

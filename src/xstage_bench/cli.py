@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, RawResultError, CompareError, FileNotFoundError) as e:
+    except (ConfigError, RawResultError, CompareError, OSError) as e:  # each names its file
         print(f"xstage: error: {e}", file=sys.stderr)
         return 2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 
 import jsonschema
 import yaml
+
+from xstage_bench import workload
 
 
 class ConfigError(ValueError):
@@ -166,6 +169,10 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
             )
     if config["world_size"] != "auto":
         _check_world_size(config, config["world_size"])
+    try:
+        workload.check(config)  # what the values ask of memory and time together
+    except workload.WorkloadError as e:
+        raise ConfigError(str(e)) from None
     return config
 
 
@@ -222,25 +229,86 @@ def _merged(base: dict, override: dict) -> dict:
     return out
 
 
-def resolve_extends(config: dict[str, Any], root: str | Path = ".") -> dict[str, Any]:
+def _key_line(path: Path, key: str) -> int | None:
+    """The line of a top-level key in a YAML file, for messages (None if not found)."""
+    try:
+        node = yaml.compose(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if isinstance(node, yaml.MappingNode):
+        for k, _ in node.value:
+            if getattr(k, "value", None) == key:
+                return k.start_mark.line + 1
+    return None
+
+
+def _where(source: Path | None) -> str:
+    if source is None:
+        return "config key 'extends'"
+    line = _key_line(source, "extends")
+    return f"{source}, line {line}" if line else str(source)
+
+
+def resolve_extends(
+    config: dict[str, Any], source: str | Path | None = None, _chain: tuple[Path, ...] = ()
+) -> dict[str, Any]:
     """A config with `extends: <file>` is that file's config with this one's keys over it.
 
-    Lets a variant (e.g. config/h200x8.yaml) state only what differs; paths are relative
-    to the project root, where Snakemake runs.
+    Lets a variant (e.g. config/h200x8.yaml) state only what differs. The path is relative
+    to the file that names it (`source`), as an include is, so a variant works from any
+    directory; a config given without a file (`--config extends=...`) resolves against the
+    current directory. A cycle, a missing file or a base that is not a mapping is a
+    ConfigError naming the file, the line of its `extends` and the fix.
     """
     if not isinstance(config, dict) or "extends" not in config:
         return config
-    base_path = Path(root) / config["extends"]
-    base = resolve_extends(_read_yaml(base_path), root)
+    source = Path(source) if source is not None else None
+    target = config["extends"]
+    if not isinstance(target, str) or not target:
+        raise ConfigError(
+            f"{_where(source)}: config key 'extends': must name a config file, got "
+            f"{json.dumps(target)}"
+        )
+    here = source.parent if source is not None else Path(".")
+    base_path = here / target
+    chain = (*_chain, source.resolve()) if source is not None else _chain
+    if base_path.resolve() in chain:
+        names = " -> ".join(str(p) for p in (*chain, base_path.resolve()))
+        raise ConfigError(
+            f"{_where(source)}: extends '{target}', which is already being extended: a cycle "
+            f"({names}); one of these files must not extend the other"
+        )
+    if not base_path.is_file():
+        hint = ""
+        if source is not None and Path(target).is_file():
+            rel = os.path.relpath(Path(target).resolve(), here.resolve())
+            hint = f"; did you mean '{rel}'?"
+        raise ConfigError(
+            f"{_where(source)}: extends '{target}', but {base_path} does not exist (extends "
+            f"is relative to the file that names it{hint})"
+        )
+    base = resolve_extends(_read_yaml(base_path), base_path, chain)
     if not isinstance(base, dict):
-        raise ConfigError(f"config key 'extends': {base_path} does not hold a mapping")
+        raise ConfigError(f"{_where(source)}: extends {base_path}, which does not hold a mapping")
     return _merged(base, {k: v for k, v in config.items() if k != "extends"})
 
 
-def load_config(path: str | Path, root: str | Path = ".") -> dict[str, Any]:
+def extends_source(configfiles: list[str | Path]) -> Path | None:
+    """Which of the config files Snakemake merged names `extends` (the last one does)."""
+    for path in reversed([Path(p) for p in configfiles]):
+        try:
+            data = _read_yaml(path)
+        except ConfigError:
+            continue
+        if isinstance(data, dict) and "extends" in data:
+            return path
+    return None
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        return validate_config(resolve_extends(_read_yaml(path), root))
+        return validate_config(resolve_extends(_read_yaml(path), path))
     except ConfigError as e:
         if str(e).startswith(str(path)):
             raise

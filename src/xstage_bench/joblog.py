@@ -1,4 +1,5 @@
-"""Tee a job's stdout and stderr into its Snakemake log file, so progress stays visible."""
+"""Tee a job's stdout and stderr into its Snakemake log file, so progress stays visible;
+register the job while it runs (orphans.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ class _Tee:
 
 @contextlib.contextmanager
 def tee_to(log_path: str | Path) -> Iterator[None]:
+    """Every job's frame: its output teed into its log, and the job registered for the
+    life of the block (orphans.py: a run killed under it ends it on the next run)."""
+    from xstage_bench import orphans
+
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
+    with orphans.registered(), open(log_path, "w") as log:
         out, err = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
         try:

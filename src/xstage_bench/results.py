@@ -6,6 +6,7 @@ Every raw JSON document in `results/<dataset>/raw/` goes through `write_raw` and
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 
+from xstage_bench import rawchecks
 from xstage_bench.stats import summarize_all
 
 SCHEMA_VERSION = 1
@@ -39,7 +41,6 @@ POSITIVE_METRICS = frozenset(
         "issue_rate_GBps",
     }
 )
-SUMMARY_REL_TOL = 1e-9  # a stored median is the median of the stored samples
 
 
 class RawResultError(ValueError):
@@ -57,7 +58,9 @@ def _json_path(error: jsonschema.ValidationError) -> str:
 
 
 def validate_raw(doc: Any, source: str) -> None:
-    """Raise RawResultError naming `source` and the first offending field."""
+    """Raise RawResultError naming `source`, the record and the first problem: the schema,
+    then what the schema cannot say (rawchecks.py: summaries recomputed from the samples,
+    ids against points, one record per point, physical bounds from the environment)."""
     validator = jsonschema.Draft202012Validator(raw_schema())
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
@@ -68,7 +71,14 @@ def validate_raw(doc: Any, source: str) -> None:
         if record["id"] in seen:
             raise RawResultError(f"{source}: duplicate record id '{record['id']}'")
         seen.add(record["id"])
-        problem = _bad_values(record)
+    duplicate = rawchecks.duplicate_point(doc["records"])
+    if duplicate:
+        raise RawResultError(f"{source}: {duplicate}")
+    bounds = rawchecks.Bounds.of(doc)
+    for record in doc["records"]:
+        problem = _bad_values(record) or rawchecks.id_problem(doc["experiment"], record)
+        if not problem and bounds is not None and record["status"] == OK:
+            problem = rawchecks.bound_problem(bounds, record, POSITIVE_METRICS)
         if problem:
             raise RawResultError(f"{source}: record '{record['id']}': {problem}")
 
@@ -79,6 +89,8 @@ def _bad_values(record: dict) -> str | None:
     JSON Schema cannot reject NaN or infinity, and a summary written beside its samples
     can disagree with them; readers plot the summary and fit the samples.
     """
+    if record["status"] == OK and record.get("correct") is False:
+        return "status 'ok' with correct false: a wrong result is recorded 'wrong'"
     samples = record.get("samples") or {}
     for name, values in samples.items():
         x = np.asarray(values, dtype=float)
@@ -92,14 +104,9 @@ def _bad_values(record: dict) -> str | None:
         values = samples.get(name)
         if not values:
             return f"summary '{name}' has no samples to come from"
-        if summary["n"] != len(values):
-            return f"summary '{name}': n is {summary['n']} but there are {len(values)} samples"
-        median = float(np.median(values))
-        if not np.isclose(summary["median"], median, rtol=SUMMARY_REL_TOL, atol=0.0):
-            return (
-                f"summary '{name}': median {summary['median']:g} is not the median of its "
-                f"samples ({median:g})"
-            )
+        problem = rawchecks.summary_problem(name, summary, values)
+        if problem:
+            return problem
     return None
 
 
@@ -113,7 +120,10 @@ def ok_record(
     clocks: dict | None = None,
     extra: dict | None = None,
 ) -> dict:
-    """A successful point: raw samples plus their summary."""
+    """A successful point: raw samples plus their summary. A wrong result is not a
+    success: record it with failed_record(status="wrong", correct=False)."""
+    if correct is False:
+        raise ValueError(f"point {record_id}: an ok record cannot have correct=False")
     samples = {k: [float(v) for v in vs] for k, vs in samples.items()}
     record = {
         "id": record_id,
@@ -185,11 +195,34 @@ def raw_document(
     return doc
 
 
+# What to do about a write that failed, by errno: the error names the file and this.
+WRITE_FIXES = {
+    errno.ENOSPC: "free space on the disk that holds it, then run again",
+    errno.EDQUOT: "free space within your disk quota, then run again",
+    errno.EACCES: "make its folder writable, then run again",
+    errno.EPERM: "make its folder writable (it may be immutable: chattr -i), then run again",
+    errno.EROFS: "its file system is read-only: write the results elsewhere",
+}
+
+
+def write_error(e: OSError, path: Path) -> OSError:
+    """The same error, naming the file being written and the fix (an OSError from write()
+    or fsync() names no file: seen "[Errno 28] No space left on device" and nothing else)."""
+    fix = WRITE_FIXES.get(e.errno or -1)
+    message = f"cannot write {path}: {e.strerror or e}" + (f" ({fix})" if fix else "")
+    error = type(e)(e.errno, message) if e.errno is not None else OSError(message)
+    return error
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write through a temporary file in the same directory, fsync, then rename."""
+    """Write through a temporary file in the same directory, fsync, then rename. An error
+    names the file and what to do (write_error)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise write_error(e, path) from e
     try:
         # mkstemp makes the file private (0600); results are ordinary files (0666 - umask).
         umask = os.umask(0)
@@ -200,6 +233,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise write_error(e, path) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

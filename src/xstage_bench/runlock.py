@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from xstage_bench.environment import now_iso
+from xstage_bench.results import write_error
 
 RUN_LOCK = Path(".snakemake") / "xstage-run.lock"
 
@@ -29,8 +30,11 @@ class RunLockBusy(RuntimeError):
 def hold_run_lock(path: Path = RUN_LOCK) -> TextIO:
     """Take the run lock or raise RunLockBusy naming its holder. Keep the returned file
     open for the life of the run: closing it releases the lock."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a+")  # noqa: SIM115 (held open on purpose)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # noqa: SIM115 (held open on purpose)
+    except OSError as e:
+        raise write_error(e, path) from e
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -41,8 +45,12 @@ def hold_run_lock(path: Path = RUN_LOCK) -> TextIO:
             f"another harness run is using this directory ({holder}); wait for it to end, "
             f"or run in another clone"
         ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}, started {now_iso()}: {shlex.join(sys.argv)}\n")
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, started {now_iso()}: {shlex.join(sys.argv)}\n")
+        handle.flush()
+    except OSError as e:
+        handle.close()
+        raise write_error(e, path) from e
     return handle

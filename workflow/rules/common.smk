@@ -6,35 +6,61 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench import layout, products, provenance, storepath
-from xstage_bench.config import ConfigError, checked_store_paths, resolve_extends, validate_config
+from xstage_bench import committed, layout, orphans, products, provenance, restored, storepath
+from xstage_bench.config import (
+    ConfigError,
+    checked_store_paths,
+    extends_source,
+    resolve_extends,
+    validate_config,
+)
 from xstage_bench.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
 from xstage_bench.megamoe.lead import AUTO, needs_model
 from xstage_bench.runlock import RunLockBusy, hold_run_lock
 from xstage_bench.stale_lock import clear_stale_locks
+from snakemake.exceptions import WorkflowError
+from snakemake.io import IOFile
 
 
 try:
-    resolved = dict(resolve_extends(config))
+    # `extends` is relative to the config file that names it (config.resolve_extends).
+    _source = extends_source(workflow.overwrite_configfiles or ["config.yaml"])
+    resolved = dict(resolve_extends(config, _source))
     config.clear()
     config.update(resolved)
     validate_config(config)
 except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
 
+# A job that fails puts its update() outputs back; the next run remakes them (restored.py).
+restored.install()
+DRY_RUN = workflow.output_settings.dryrun
+
 # One run per directory (runlock.py): Snakemake deletes other runs' locks when one ends.
-if workflow.is_main_process and not workflow.output_settings.dryrun:
+if workflow.is_main_process and not DRY_RUN:
     try:
         RUN_LOCK = hold_run_lock()
-    except RunLockBusy as e:
+    except (RunLockBusy, OSError) as e:
         sys.exit(f"[xstage] {e}")
+    orphans.mark_run()  # the jobs of this run record it (orphans.py)
 
-# A killed run leaves Snakemake's lock behind; with no other run in this directory it is
-# stale, so one rerun of the same command recovers (rerun-incomplete is in the profile).
-if workflow.is_main_process and clear_stale_locks():
-    print("[xstage] removed the lock of a Snakemake run that is no longer running",
-          file=sys.stderr)
+# A run killed with SIGKILL leaves its jobs running and Snakemake's lock behind. Holding the
+# run lock, this run is the only one here: it ends the jobs the killed run registered,
+# then a lock left with no Snakemake running here is stale, and the same command goes on.
+if workflow.is_main_process:
+    _orphans = orphans.orphans()
+    if _orphans and DRY_RUN:
+        print(f"[xstage] {len(_orphans)} job(s) of a killed run still run (pids "
+              f"{', '.join(str(j.pid) for j in _orphans)}); the next run ends them",
+              file=sys.stderr)
+    elif _orphans:
+        print(f"[xstage] ending {len(_orphans)} job(s) a killed run left running: "
+              + "; ".join(f"pid {j.pid} ({j.argv[:80]})" for j in _orphans), file=sys.stderr)
+        orphans.end(_orphans)
+    if clear_stale_locks():
+        print("[xstage] removed the lock of a Snakemake run that is no longer running",
+              file=sys.stderr)
 
 RESULTS = Path("results")
 STUDIES = list(config["microbench"]["studies"])
@@ -85,7 +111,8 @@ except ConfigError as e:
 # Measuring rules run `python -m xstage_bench.measure` (see that module for why not a
 # `script:`): this interpreter, or the rule's conda environment's with --use-conda.
 USE_CONDA = any("conda" in str(m).lower() for m in workflow.deployment_settings.deployment_method)
-MEASURE = f"{'python' if USE_CONDA else shlex.quote(sys.executable)} -m xstage_bench.measure"
+PYTHON = "python" if USE_CONDA else shlex.quote(sys.executable)
+MEASURE = f"{PYTHON} -m xstage_bench.measure"
 MEASURE_ARGS = (
     "--dataset {wildcards.dataset} --log {log:q} --config-json {params.config:q} "
     f"--gpu-ids {','.join(map(str, GPU_IDS))} --device {DEVICE}"
@@ -101,38 +128,58 @@ REFERENCE = config["datasets"]["reference"]
 REFERENCE_CHECK = "logs/raw-check.txt"
 
 
+# Simulated raw files made from another config section than this run's: path -> what differs.
+STALE_SIMULATED = {}
+
+
 def config_stamp(dataset, name):
-    """The stamp of one simulated raw file's config section (see provenance.py)."""
-    return str(provenance.stamp_path(RESULTS / dataset, name))
+    """No input: a simulated raw file whose own config_sha256 is not this config section's
+    hash (provenance.simulated_change) is forced, when its job is in this run's DAG (the
+    input function runs only then): a dry run lists it and writes nothing, an unrelated
+    target leaves it alone, Snakemake's metadata is not needed, and onstart says what
+    changed only for the files this run remakes."""
+    section = provenance.sections(config)[name]
+    for rel in provenance.stamped_files(name):
+        raw = RESULTS / dataset / rel
+        changed = provenance.simulated_change(raw, name, section)
+        if changed is not None and workflow.dag is not None:
+            workflow.dag.forcefiles.add(str(raw))
+            STALE_SIMULATED[str(raw)] = changed
+    return []
 
 
-# A simulated raw file is remade when its config section changed: its stamp is rewritten
-# (and so newer than the file) only then. Say what changed, once, in the main process.
-if workflow.is_main_process:
-    for _dataset in SIMULATED:
-        for _name, _section in provenance.sections(config).items():
-            _changed = provenance.update_stamp(config_stamp(_dataset, _name), _section)
-            if _changed:
-                print(f"[xstage] {_dataset}: the config of {_name} changed since its raw file "
-                      f"was made ({'; '.join(_changed)}); remaking it", file=sys.stderr)
+def print_remade_simulations():
+    remade = {str(f) for job in workflow.dag.needrun_jobs() for f in job.output}
+    for raw, changed in STALE_SIMULATED.items():
+        if raw in remade:
+            print(f"[xstage] {raw}: made from another config than this run's "
+                  f"({'; '.join(changed) or 'its config_sha256 differs'}); remaking it",
+                  file=sys.stderr)
 
 
 def refuse_changed_measurements(dataset):
-    """A measured raw file is never remade, nor reused, under a config it was not made with."""
+    """A measured raw file is never remade, nor reused, under a config it was not made with
+    (compared with the config the raw files record: provenance.measured_changes)."""
     for name, section in provenance.sections(config).items():
         experiment = name.split("-", 1)[0]
         if experiment not in config["measured_experiments"]:
             continue
-        changed = provenance.measured_changes(RESULTS / dataset, name, section)
+        changed = provenance.measured_changes(
+            RESULTS / dataset, name, section, config["store_paths"], WORLD_SIZE
+        )
         if changed:
-            files = ", ".join(provenance.stamped_files(name))
-            sys.exit(f"Refusing to go on: dataset '{dataset}' holds {files} measured with "
+            sys.exit(f"Refusing to go on: dataset '{dataset}' holds raw files measured with "
                      f"another config ({'; '.join(changed)}). Measure into a new dataset "
                      f"(datasets.measured) or move the old files away.")
 
 
 if MEASURED and workflow.is_main_process:
     refuse_changed_measurements(MEASURED)
+
+# Committed references: their jobs get Snakemake's metadata on the first run that executes
+# jobs, and until then a dry run does not warn about them (committed.py).
+if workflow.is_main_process:
+    committed.quiet_missing_metadata(workflow, REFERENCE)
 
 # A GPU job holds every GPU of this machine, whatever world size it measures at: the `gpu`
 # resource defaults to the GPU count and each GPU job asks for all of it, so --cores all never
@@ -356,4 +403,32 @@ def summary_inputs(wildcards):
                 tables.append(target)
         raw += all_raw(dataset)
     captions = [f"workflow/report/{p.name}.rst" for p in products.FIGURES]
-    return {"figures": figures, "claims": tables, "raw": raw, "captions": captions}
+    inputs = {"figures": figures, "claims": tables, "raw": raw, "captions": captions}
+    if REPORTING:
+        check_summary_made_from(figures + tables + raw)
+    return inputs
+
+
+# `snakemake --report` shows the summary page the last run made (report_summary): it must be
+# of this config's datasets, or the report would name datasets its sections do not show.
+REPORTING = workflow.is_main_process and any(
+    a == "--report" or a.startswith("--report=") for a in sys.argv
+)
+
+
+def _datasets_of(paths):
+    return sorted({Path(p).parts[1] for p in paths if Path(p).parts[:1] == (RESULTS.name,)})
+
+
+def check_summary_made_from(inputs):
+    meta = workflow.persistence.metadata(IOFile(SUMMARY)) if Path(SUMMARY).exists() else None
+    if meta is None or not meta.input:
+        return
+    made, now = _datasets_of(meta.input), _datasets_of(inputs)
+    if made != now:
+        raise WorkflowError(
+            f"{SUMMARY} was made by a run of datasets {', '.join(made)}, this config has "
+            f"{', '.join(now)}: build the report with that run's config (after the smoke run: "
+            "snakemake --report report.html --configfile config/smoke.yaml), or run this "
+            "config first"
+        )

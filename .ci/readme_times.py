@@ -1,0 +1,51 @@
+"""Check the durations the README states against what this CI run measured.
+
+.ci/run records each step's seconds in .ci/times.txt ("<step> <seconds>"). The README says
+how long the tests and the smoke run take on two cores; a statement holds when the
+measured time is within [half its low end, 1.5 x its high end] (CI machines differ in load;
+a statement off by more than that is false anywhere). Prints every statement beside its
+measurement, exits 1 when one does not hold.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+# step in .ci/times.txt -> the README phrase that states its duration, in minutes
+STATEMENTS = {
+    "tests": r"runs the tests \(CPU only, about (?P<low>\w+) minutes? on two cores\)",
+    "smoke": r"CI-sized run \(simulated, (?P<low>\d+)(?:-(?P<high>\d+))? min on 2 cores\)",
+}
+
+
+def minutes(word: str) -> float:
+    return float(WORDS.get(word, word))
+
+
+def main(times_file: str = ".ci/times.txt", readme: str = "README.md") -> int:
+    measured = {}
+    for line in Path(times_file).read_text().splitlines():
+        step, seconds = line.rsplit(" ", 1)
+        measured[step] = float(seconds) / 60
+    text = " ".join(Path(readme).read_text().split())
+    failed = False
+    for step, pattern in STATEMENTS.items():
+        match = re.search(pattern, text)
+        if match is None:
+            print(f"README: no statement of the {step} time ({pattern})")
+            failed = True
+            continue
+        low = minutes(match["low"])
+        high = minutes(match["high"]) if match.groupdict().get("high") else low
+        took = measured.get(step)
+        holds = took is not None and low / 2 <= took <= 1.5 * high
+        failed |= not holds
+        said = match.group(0)
+        print(f"{'ok  ' if holds else 'FAIL'} {step}: README '{said}', measured "
+              + (f"{took:.1f} min" if took is not None else "nothing"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
