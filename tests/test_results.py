@@ -460,3 +460,17 @@ def test_the_gpu_table_agrees_with_the_simulator_profiles():
         assert max(profile.matrix_tflops.values()) <= limits.peak_tflops
     assert gpu_limits("NVIDIA GB200")[0] == "GB200"  # not B200's row
     assert "unlisted" in gpu_limits("Some Future GPU")[0]
+
+
+def test_a_lead_map_arm_id_names_its_requested_lead():
+    from xstage_bench.rawchecks import id_problem
+
+    point = {
+        "shape": "s", "precision": "w8a8", "routing": "balanced", "tokens_per_rank": 64,
+        "world_size": 1, "path": "host", "remote_fraction": 0.25, "schedule": "interleaved",
+        "lead_rows": 1024, "lead_rows_requested": "auto", "lead_sweep": True,
+    }  # fmt: skip
+    rid = "s/w8a8/balanced/T=64/P=1/path=host/f=0.25/interleaved/lead=auto"
+    assert id_problem("megamoe", {"id": rid, "point": point}) is None
+    wrong = {"id": rid.replace("lead=auto", "lead=256"), "point": point}
+    assert "lead=256" in id_problem("megamoe", wrong)

@@ -215,9 +215,19 @@ def id_problem(experiment: str, record: dict) -> str | None:
         return None
     names = {point.get(f) for f in _TRAILING if point.get(f) is not None}
     for word in trailing if names else ():
-        if word not in names:
+        if "=" in word:  # an arm's knob after its schedule: '.../interleaved/lead=1024'
+            key, encoded = word.split("=", 1)
+            field = _ARM_KEYS.get(key, key)
+            value = point.get(field)
+            if not _same(encoded, value):
+                return f"the id names {key}={encoded} but the point has {field}={value!r}"
+        elif word not in names:
             return f"the id names '{word}' but the point's schedule/variant are {sorted(names)}"
     return None
+
+
+# Knobs an arm's id names after its schedule (megamoe/points.py's lead map).
+_ARM_KEYS = {"lead": "lead_rows_requested"}
 
 
 def _numeric(text: str) -> bool:

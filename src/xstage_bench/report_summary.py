@@ -119,9 +119,7 @@ def claims_table(frame: pd.DataFrame) -> str:
 
 def _tally(frame: pd.DataFrame) -> str:
     counts = frame["verdict"].value_counts()
-    return ", ".join(
-        f"{counts.get(v, 0)} {v}" for v in verdicts.VERDICTS
-    )
+    return ", ".join(f"{counts.get(v, 0)} {v}" for v in verdicts.VERDICTS)
 
 
 def datasets_table(found: list[origins.DatasetProvenance]) -> str:

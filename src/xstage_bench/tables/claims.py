@@ -97,10 +97,7 @@ def _dataset_label(dataset_dir: Path, src: Sources) -> str:
 def build(dataset_dir: Path) -> Table:
     src, frame = rows(dataset_dir)
     counts = frame["verdict"].value_counts()
-    tally = ", ".join(
-        f"{counts.get(v, 0)} {v}"
-        for v in verdicts.VERDICTS
-    )
+    tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in verdicts.VERDICTS)
     notes = [
         f"verdicts: {tally}; computed from the data (criterion per row).",
         "paper numbers belong to the paper's hardware: "
