@@ -257,6 +257,7 @@ def test_xstage_simulate_refuses_it_at_once(tmp_path, full_config, capsys):
     bad = copy.deepcopy(full_config)
     bad["megamoe"]["shapes"] = [{"name": "huge", "H": 65536, "I": 65536, "E": 4096, "topk": 64}]
     bad["megamoe"]["tokens_per_rank"] = [262144]
+    bad["megamoe"].pop("lead_sweep", None)  # its shapes are config.yaml's, not 'huge'
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(bad))
     start = time.monotonic()
     argv = ["simulate", "megamoe", "--config", str(tmp_path / "c.yaml"), "--dataset", "sim-x"]
