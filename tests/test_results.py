@@ -237,7 +237,22 @@ def test_a_rate_above_the_line_rate_is_refused_though_its_summary_agrees(tmp_pat
     message = str(err.value)
     assert "record 'drain/K=132/V=4194304/" in message
     assert "issue_rate_GBps' reach 3.52e+08 GB/s" in message
-    assert "NVLink line rate of H200 (450 GB/s)" in message and "peer path" in message
+    # an issue rate is bounded as a local store: a burst that Q absorbs issues faster than
+    # the link drains it
+    assert "HBM bandwidth of H200 (4800 GB/s)" in message and "peer path" in message
+
+
+def test_an_issue_rate_above_the_link_is_a_burst_that_q_absorbs_not_an_error(tmp_path):
+    """Seen on one H200's host path: 4 MiB bursts of 33 free-running producers issued at
+    88 GB/s over a 63 GB/s PCIe link (Q is about 3 MiB there); a drain rate or a ceiling
+    above the link is refused."""
+    point = drain_point(dest=["host"])
+    env = {**GPU_ENV, "host_links": [{"kind": "pcie", "gen": 5, "line_rate_GBps": 63.0}]}
+    burst = ok_record(point["id"], point, {"issue_rate_GBps": [88.6, 87.9, 88.2]})
+    read_raw(write_as_is(tmp_path, measured_doc([burst], env=env)))
+    drained = ok_record(point["id"], point, {"bandwidth_GBps": [88.6, 87.9, 88.2]})
+    with pytest.raises(RawResultError, match=r"above the host link's recorded line rate"):
+        read_raw(write_as_is(tmp_path, measured_doc([drained], env=env)))
 
 
 @pytest.mark.parametrize(
@@ -253,9 +268,9 @@ def test_each_path_is_bounded_by_its_own_link(tmp_path, dest, links, rate, bound
     point = drain_point(dest=[dest])
     assert point["path"] == dest
     env = {**GPU_ENV, "host_links": links}
-    fine = ok_record(point["id"], point, {"issue_rate_GBps": [rate / 2] * 3})
+    fine = ok_record(point["id"], point, {"bandwidth_GBps": [rate / 2] * 3})
     read_raw(write_as_is(tmp_path, measured_doc([fine], env=env)))
-    absurd = ok_record(point["id"], point, {"issue_rate_GBps": [rate] * 3})
+    absurd = ok_record(point["id"], point, {"bandwidth_GBps": [rate] * 3})
     with pytest.raises(RawResultError, match=rf"above .*{re.escape(bound)}.* on the {dest} path"):
         read_raw(write_as_is(tmp_path, measured_doc([absurd], env=env)))
 
