@@ -170,7 +170,34 @@ class PinnedHostBuffer:
             self.ptr = 0
 
 
-class CudaHostWindow:
+class _Chunks:
+    """Chunks of `chunk_bytes` laid end to end from `base`: the first `device_chunks` on the
+    device, the rest in host memory (what both windows below share)."""
+
+    base: int
+    chunk_bytes: int
+    world_size: int
+    device_chunks: int
+    device: object
+
+    def chunk_ptr(self, c: int) -> int:
+        return self.base + c * self.chunk_bytes
+
+    def on_host(self, c: int) -> bool:
+        return c >= self.device_chunks
+
+    def view(self, dtype, shape, strides, offset_bytes: int = 0):
+        """A tensor on the window's device over the range from `offset_bytes` (device and
+        host chunks alike)."""
+        from xstage_bench.peer import tensor_at
+
+        total = self.chunk_bytes * self.world_size
+        return tensor_at(
+            self.base + offset_bytes, total - offset_bytes, self.device, dtype, shape, strides
+        )
+
+
+class CudaHostWindow(_Chunks):
     """`chunks` equal chunks in one reserved virtual range: the first `device_chunks` in
     the GPU's memory, the rest in host memory (cuMemCreate with a host-NUMA location),
     all mapped read-write for the GPU. An unmodified kernel given one strided tensor over
@@ -230,21 +257,6 @@ class CudaHostWindow:
             self.close()
             raise
 
-    def chunk_ptr(self, c: int) -> int:
-        return self.base + c * self.chunk_bytes
-
-    def on_host(self, c: int) -> bool:
-        return c >= self.device_chunks
-
-    def view(self, dtype, shape, strides, offset_bytes: int = 0):
-        """A tensor on the GPU over the range from `offset_bytes` (device and host chunks)."""
-        from xstage_bench.peer import tensor_at
-
-        total = self.chunk_bytes * self.world_size
-        return tensor_at(
-            self.base + offset_bytes, total - offset_bytes, self.device, dtype, shape, strides
-        )
-
     def close(self) -> None:
         from xstage_bench.peer import _driver, _drv
 
@@ -260,7 +272,7 @@ class CudaHostWindow:
         self._handles = []
 
 
-class CpuHostWindow:
+class CpuHostWindow(_Chunks):
     """The same interface over one CPU tensor (the CPU tests): chunks are contiguous."""
 
     contiguous = True
@@ -273,20 +285,6 @@ class CpuHostWindow:
         self.chunk_bytes = nbytes
         self._memory = torch.empty(nbytes * chunks, dtype=torch.uint8)
         self.base = self._memory.data_ptr()
-
-    def chunk_ptr(self, c: int) -> int:
-        return self.base + c * self.chunk_bytes
-
-    def on_host(self, c: int) -> bool:
-        return c >= self.device_chunks
-
-    def view(self, dtype, shape, strides, offset_bytes: int = 0):
-        from xstage_bench.peer import tensor_at
-
-        total = self.chunk_bytes * self.world_size
-        return tensor_at(
-            self.base + offset_bytes, total - offset_bytes, self.device, dtype, shape, strides
-        )
 
     def close(self) -> None:
         self._memory = None
