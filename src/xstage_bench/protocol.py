@@ -74,25 +74,35 @@ def measure_point(
         facts = check()
         measured = measure(facts)
     except PointFailed as failed:
-        _log.info("  %s: %s: %s", point["id"], failed.status, failed.error)
-        return failed_record(
-            point["id"],
-            point,
-            failed.error,
-            status=failed.status,
-            correct=failed.correct,
-            extra=failed.extra,
-        )
+        return failed_point(point, failed)
     if measured is None:
         return None
+    fields = record_fields(before, sampler.sample()) if sampler is not None else {}
+    return measured_point(point, measured, fields)
+
+
+def failed_point(point: dict, failed: PointFailed) -> dict:
+    """The record of a point that failed its check or its timing (logged)."""
+    _log.info("  %s: %s: %s", point["id"], failed.status, failed.error)
+    return failed_record(
+        point["id"],
+        point,
+        failed.error,
+        status=failed.status,
+        correct=failed.correct,
+        extra=failed.extra,
+    )
+
+
+def measured_point(point: dict, measured: Measured, clock_fields: dict) -> dict:
+    """The record of a timed point, with the clock fields of its sampling (logged)."""
     if measured.line:
         _log.info(measured.line)
-    fields = record_fields(before, sampler.sample()) if sampler is not None else {}
     return ok_record(
         point["id"],
         point,
         measured.samples,
         correct=measured.correct,
         extra=measured.extra,
-        **fields,
+        **clock_fields,
     )

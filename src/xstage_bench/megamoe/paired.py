@@ -12,24 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from xstage_bench import log
 from xstage_bench.clocks import record_fields
-from xstage_bench.protocol import Measured, PointFailed
-from xstage_bench.results import failed_record, ok_record
-
-_log = log.get(__name__)
-
-
-def _failed(point: dict, failed: PointFailed) -> dict:
-    _log.info("  %s: %s: %s", point["id"], failed.status, failed.error)
-    return failed_record(
-        point["id"],
-        point,
-        failed.error,
-        status=failed.status,
-        correct=failed.correct,
-        extra=failed.extra,
-    )
+from xstage_bench.protocol import Measured, PointFailed, failed_point, measured_point
 
 
 def measure_arms(
@@ -49,7 +33,7 @@ def measure_arms(
         try:
             facts[point["id"]] = check(point)
         except PointFailed as failed:
-            records[point["id"]] = _failed(point, failed)
+            records[point["id"]] = failed_point(point, failed)
     passed = [p for p in arms if p["id"] in facts]
     if passed:
         try:
@@ -57,14 +41,9 @@ def measure_arms(
         except PointFailed as failed:
             measured = None
             for point in passed:
-                records[point["id"]] = _failed(point, failed)
+                records[point["id"]] = failed_point(point, failed)
         if measured is not None:
             fields = record_fields(before, sampler.sample()) if sampler is not None else {}
             for point in passed:
-                m = measured[point["id"]]
-                if m.line:
-                    _log.info(m.line)
-                records[point["id"]] = ok_record(
-                    point["id"], point, m.samples, correct=m.correct, extra=m.extra, **fields
-                )
+                records[point["id"]] = measured_point(point, measured[point["id"]], fields)
     return {p["id"]: records[p["id"]] for p in arms}
