@@ -197,21 +197,8 @@ def _peer_attention_points(attention: dict, world_size: int) -> list[dict]:
             )
         key = "world_size" if size == world_size else "attention.emulated_world_sizes"
         _check_divides(attention, size, key)
-    points = []
-    for size, backend, mode, heads, seq in itertools.product(
-        (world_size, *(s for s in emulated if s != world_size)),
-        attention["backends"],
-        attention["modes"],
-        attention["heads"],
-        attention["seq_lens"],
-    ):
-        p = _attention_point(attention, backend, mode, heads, seq, world_size, storepath.PEER)
-        p["id"] = f"{backend}/{mode}/H={heads}/S={seq}/P={world_size}"
-        if size != world_size:
-            p["emulated_world_size"] = size
-            p["id"] += f"/emulated-P={size}"
-        points.append(p)
-    return points
+    sizes = (world_size, *(s for s in emulated if s != world_size))
+    return _attention_grid(attention, sizes, world_size, storepath.PEER)
 
 
 def _host_attention_points(attention: dict, world_size: int) -> list[dict]:
@@ -222,7 +209,14 @@ def _host_attention_points(attention: dict, world_size: int) -> list[dict]:
                 f"attention.host_world_sizes: {size} leaves nothing to send (P must be >= 2)"
             )
         _check_divides(attention, size, "attention.host_world_sizes")
+    return _attention_grid(attention, sizes, world_size, storepath.HOST)
+
+
+def _attention_grid(attention: dict, sizes, world_size: int, path: str) -> list[dict]:
+    """Every (P, backend, mode, heads, S) point of one path; ids name the path unless it is
+    the peer path (whose ids predate paths), and a P other than the GPU count as emulated."""
     points = []
+    part = "" if path == storepath.PEER else f"/path={path}"
     for size, backend, mode, heads, seq in itertools.product(
         sizes,
         attention["backends"],
@@ -230,8 +224,8 @@ def _host_attention_points(attention: dict, world_size: int) -> list[dict]:
         attention["heads"],
         attention["seq_lens"],
     ):
-        p = _attention_point(attention, backend, mode, heads, seq, world_size, storepath.HOST)
-        p["id"] = f"{backend}/{mode}/H={heads}/S={seq}/P={world_size}/path=host"
+        p = _attention_point(attention, backend, mode, heads, seq, world_size, path)
+        p["id"] = f"{backend}/{mode}/H={heads}/S={seq}/P={world_size}{part}"
         if size != world_size:
             p["emulated_world_size"] = size
             p["id"] += f"/emulated-P={size}"
