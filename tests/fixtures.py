@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import grid, layout, products
+from xstage_bench.data import grid, layout
+from xstage_bench.data.results import failed_record, ok_record, raw_document, write_raw
 from xstage_bench.model import laws
-from xstage_bench.results import failed_record, ok_record, raw_document, write_raw
+from xstage_bench.report import products
 
 # A simulated dataset: the experiments the simulator makes, every study a product reads.
 SIMULATED_HOLDING = products.Holding.of(
@@ -678,7 +679,7 @@ def write_attention_paths(
     each round (the GPU's clock), so a paired ratio is tight and an unpaired one is wide.
     `paired`: the records of one (path, P, S) carry one extra.paired group, as the runner
     writes them; else no pairing (as in files written before it)."""
-    from xstage_bench import timing
+    from xstage_bench.measurement import timing
 
     rng = np.random.default_rng(seed)
     attention = {**ATTENTION, "seq_lens": [8192, 16384], "host_world_sizes": [2, 8]}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from xstage_bench import layout
-from xstage_bench.analysis.load import model_doc
+from xstage_bench.data import layout
 from xstage_bench.model.document import ModelFileError, read_model, write_model
+from xstage_bench.report.analysis.load import model_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,11 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_tables_and_the_analysis_layer_load_no_plotting_stack():
     code = (
         "import pkgutil, sys, importlib\n"
-        "import xstage_bench.analysis as a, xstage_bench.tables as t\n"
+        "import xstage_bench.report.analysis as a, xstage_bench.report.tables as t\n"
         "for pkg in (a, t):\n"
         "    for m in pkgutil.iter_modules(pkg.__path__):\n"
         "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
-        "plot = ('matplotlib', 'seaborn', 'xstage_bench.figures')\n"
+        "plot = ('matplotlib', 'seaborn', 'xstage_bench.report.figures')\n"
         "bad = [m for m in sys.modules if m.startswith(plot)]\n"
         "print(','.join(bad))\n"
     )
@@ -65,9 +65,9 @@ def test_a_malformed_model_is_never_written(tmp_path):
 def test_fitted_reads_each_store_path_and_old_files_as_the_peer_path(tmp_path):
     from fixtures import HOST_LINE_RATE, HOST_TRUTH, write_model
 
-    from xstage_bench.analysis import fitted
-    from xstage_bench.analysis.load import model_doc
-    from xstage_bench.hardware import load_profile
+    from xstage_bench.data.hardware import load_profile
+    from xstage_bench.report.analysis import fitted
+    from xstage_bench.report.analysis.load import model_doc
 
     ds = tmp_path / "h200x2-paths"
     write_model(ds, paths=("peer", "host"))

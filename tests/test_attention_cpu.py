@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from xstage_bench.attention.layout import UlyssesLayout
-from xstage_bench.config import load_config
-from xstage_bench.results import read_raw
+from xstage_bench.data.config import load_config
+from xstage_bench.data.results import read_raw
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
@@ -195,9 +195,9 @@ def one_rank(interpreter, monkeypatch):
     import torch.distributed as dist
 
     from xstage_bench.attention import runner
-    from xstage_bench.fabric import HostFabric
-    from xstage_bench.timing import TimingPolicy
-    from xstage_bench.workers import free_port
+    from xstage_bench.measurement.fabric import HostFabric
+    from xstage_bench.measurement.timing import TimingPolicy
+    from xstage_bench.measurement.workers import free_port
 
     dist.init_process_group(
         "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}"
@@ -355,7 +355,7 @@ def _assert_paired(records: list[dict]) -> None:
 def test_runner_end_to_end_on_two_cpu_ranks(tmp_path):
     """Both paths on a world of two: the peer path in lockstep, then the host path with
     rank 0 alone (rank 1 waiting), each group's arms paired."""
-    from xstage_bench import workers
+    from xstage_bench.measurement import workers
 
     cfg = _small_config(["triton", "fa4"], 2, host_world_sizes=[2])
     out = tmp_path / "attention.json"
@@ -414,7 +414,7 @@ def test_emulated_node_keeps_one_owner_and_sends_the_rest(size):
 
 def test_emulated_world_size_is_refused_where_it_cannot_be_played():
     from xstage_bench.attention.emulation import EmulatedNode
-    from xstage_bench.grid import attention_points
+    from xstage_bench.data.grid import attention_points
 
     with pytest.raises(ValueError, match="must exceed"):
         EmulatedNode(UlyssesLayout(1, 8, 2, 16, 2))
@@ -583,13 +583,13 @@ def test_an_out_view_over_the_mixed_range_lands_every_row(one_rank):
 def test_host_memory_refused_by_the_driver(one_rank, monkeypatch):
     """Where host-located VMM is refused: FA3/FA4 fused are unsupported with the driver's
     message; our kernel stores into pinned host chunks through its pointers."""
-    from xstage_bench import storepath
     from xstage_bench.attention.backends import load_backend
+    from xstage_bench.measurement import hostmem
 
     def refuse(*args, **kwargs):
-        raise storepath.HostMemoryUnsupported("cuMemCreate failed: CUDA_ERROR_NOT_SUPPORTED")
+        raise hostmem.HostMemoryUnsupported("cuMemCreate failed: CUDA_ERROR_NOT_SUPPORTED")
 
-    monkeypatch.setattr(storepath, "host_window", refuse)
+    monkeypatch.setattr(hostmem, "host_window", refuse)
     one_rank.backends["fa3"] = _OutView(load_backend("triton", TINY))
     record = one_rank.execute(_host_point("fa3", "fused", 2))
     assert record["status"] == "unsupported"
@@ -630,7 +630,7 @@ def test_host_path_end_to_end_on_one_cpu_rank(tmp_path):
 
 def test_points_on_each_path():
     from xstage_bench.attention import runner
-    from xstage_bench.grid import attention_points
+    from xstage_bench.data.grid import attention_points
 
     att = {
         "backends": ["fa3"],
@@ -680,7 +680,7 @@ def test_points_on_each_path():
 def test_paired_timing_drops_a_failing_arm_and_times_the_rest_again(one_rank):
     """workers.Lockstep.timed_paired: rounds of every arm (order alternating); an arm that
     fails is recorded with its error and the others are timed again from round 0."""
-    from xstage_bench.timing import TimingPolicy
+    from xstage_bench.measurement.timing import TimingPolicy
 
     ran: list[str] = []
     calls = {"b": 0}

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from fixtures import TRUTH, make_dataset, megamoe_configs, write_megamoe
 
-from xstage_bench import paper
-from xstage_bench.tables import claim_answers, claims, counterparts, verdicts
-from xstage_bench.tables.claim_answers import Answer, NotMeasured
+from xstage_bench.report import paper
+from xstage_bench.report.tables import claim_answers, claims, counterparts, verdicts
+from xstage_bench.report.tables.claim_answers import Answer, NotMeasured
 
 VERDICTS = set(verdicts.VERDICTS)
 SIM_COLUMN = counterparts.SIM_B200.column
@@ -179,7 +179,7 @@ def test_a_smoke_dataset_is_compared_with_the_smoke_runs_sibling(root, tmp_path)
 
 
 def test_a_cpu_test_dataset_answers_no_claim_and_says_so(root, tmp_path):
-    from xstage_bench.results import read_raw, write_raw
+    from xstage_bench.data.results import read_raw, write_raw
 
     ds = tmp_path / "cpu-test"
     shutil.copytree(root / "h200x2-fixture", ds)

@@ -2,7 +2,7 @@
 
 Snakemake reads --configfile and --config before the Snakefile; the harness's Snakemake
 plugin (plugins/snakemake-logger-plugin-xstage) explains what goes wrong there
-(xstage_bench.snakemake_cli). These tests put the plugin on the path, as an install does.
+(xstage_bench.run.snakemake_cli). These tests put the plugin on the path, as an install does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fixtures import copy_workflow
 
-from xstage_bench.snakemake_cli import configfile_problem, nested_config_entries
+from xstage_bench.run.snakemake_cli import configfile_problem, nested_config_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "plugins" / "snakemake-logger-plugin-xstage"

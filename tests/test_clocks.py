@@ -4,8 +4,8 @@ import types
 import pytest
 from fixtures import environment
 
-from xstage_bench.clocks import ClockSampler, record_fields, throttle_verdict
-from xstage_bench.results import ok_record, raw_document, validate_raw
+from xstage_bench.data.results import ok_record, raw_document, validate_raw
+from xstage_bench.measurement.clocks import ClockSampler, record_fields, throttle_verdict
 
 IDLE, APP_CLOCKS, POWER_CAP, HW_THERMAL = 0x1, 0x2, 0x4, 0x40
 

@@ -15,7 +15,7 @@ import fixtures
 import pytest
 import yaml
 
-from xstage_bench.config import ConfigError, load_config
+from xstage_bench.data.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
@@ -95,7 +95,7 @@ def test_gpu_jobs_ask_for_a_whole_exclusive_node(tmp_path):
 def test_submit_mode_needs_explicit_world_size_and_dataset():
     config = load_config(ROOT / "config" / "h200x8.yaml")
     config.update(measure="submit", world_size="auto")
-    from xstage_bench.config import validate_config
+    from xstage_bench.data.config import validate_config
 
     with pytest.raises(ConfigError, match="'world_size'"):
         validate_config(config)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from fixtures import read_json, write_megamoe, write_megamoe_per_gpu
 
-from xstage_bench import layout
-from xstage_bench.analysis.load import NoDataError
 from xstage_bench.cli import main
-from xstage_bench.compare import CompareError, compare_docs
-from xstage_bench.render import render_product
-from xstage_bench.results import ok_record, raw_document
+from xstage_bench.data import layout
+from xstage_bench.data.compare import CompareError, compare_docs
+from xstage_bench.data.results import ok_record, raw_document
+from xstage_bench.report.analysis.load import NoDataError
+from xstage_bench.report.render import render_product
 
 
 def _doc(times: dict[str, list[float]], experiment: str = "megamoe", sha: str = "a") -> dict:

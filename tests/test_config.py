@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xstage_bench.config import ConfigError, load_config, validate_config
+from xstage_bench.data.config import ConfigError, load_config, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -308,7 +308,7 @@ def test_memory_and_time_estimates_name_the_key(full_config, mutate, key, words)
 
 
 def test_the_shipped_grids_sit_well_inside_the_limits():
-    from xstage_bench import workload
+    from xstage_bench.data import workload
 
     for path in [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]:
         config = load_config(path)

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from fixtures import copy_workflow
 
-from xstage_bench import layout, products
+from xstage_bench.data import layout
+from xstage_bench.report import products
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from fixtures import make_dataset, write_megamoe_emulated
 
-from xstage_bench import layout, products
-from xstage_bench.render import NoDataError, render_product
+from xstage_bench.data import layout
+from xstage_bench.report import products
+from xstage_bench.report.render import NoDataError, render_product
 
 ROOT = Path(__file__).resolve().parents[1]
 _opened: list[Path] | None = None

@@ -16,13 +16,13 @@ from fixtures import (
     write_megamoe_emulated,
 )
 
-from xstage_bench import paper
-from xstage_bench.analysis import megamoe
-from xstage_bench.figures import megamoe_crossover as megamoe_crossover_figure
+from xstage_bench.data.results import read_raw
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.emulated import emulated_points
-from xstage_bench.render import render_product
-from xstage_bench.results import read_raw
+from xstage_bench.report import paper
+from xstage_bench.report.analysis import megamoe
+from xstage_bench.report.figures import megamoe_crossover as megamoe_crossover_figure
+from xstage_bench.report.render import render_product
 
 ROOT = Path(__file__).resolve().parents[1]
 MOE = {

@@ -2,7 +2,7 @@
 
 import pytest
 
-from xstage_bench import faults
+from xstage_bench.measurement import faults
 
 
 def test_off_by_default(monkeypatch):
@@ -30,7 +30,10 @@ def test_a_crash_ends_the_process_with_its_own_exit_code(monkeypatch):
     import sys
 
     monkeypatch.setenv(faults.ENV, "crash:K=33/")
-    code = "from xstage_bench import faults; faults.apply_before_measure('drain/K=33/V=1')"
+    code = (
+        "from xstage_bench.measurement import faults; "
+        "faults.apply_before_measure('drain/K=33/V=1')"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == faults.CRASH_EXIT_CODE
     assert "crash at drain/K=33/V=1" in done.stderr

@@ -21,15 +21,16 @@ from fixtures import (
     write_model,
 )
 
-from xstage_bench import layout, products
-from xstage_bench.analysis.labels import fmt_bytes
-from xstage_bench.analysis.load import NoDataError
-from xstage_bench.analysis.megamoe import trace_series
-from xstage_bench.figures import common
-from xstage_bench.figures.common import save_figure
-from xstage_bench.grid import producer_bytes
-from xstage_bench.render import FIGURES, TABLES, render_product
-from xstage_bench.results import RawResultError
+from xstage_bench.data import layout
+from xstage_bench.data.grid import producer_bytes
+from xstage_bench.data.results import RawResultError
+from xstage_bench.report import products
+from xstage_bench.report.analysis.labels import fmt_bytes
+from xstage_bench.report.analysis.load import NoDataError
+from xstage_bench.report.analysis.megamoe import trace_series
+from xstage_bench.report.figures import common
+from xstage_bench.report.figures.common import save_figure
+from xstage_bench.report.render import FIGURES, TABLES, render_product
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from fixtures import MICROBENCH_DEFAULTS
 
-from xstage_bench.hardware import load_profile
+from xstage_bench.data.hardware import load_profile
+from xstage_bench.data.results import RawResultError, ok_record, read_raw, write_raw
 from xstage_bench.model import checks, fit
-from xstage_bench.results import RawResultError, ok_record, read_raw, write_raw
 from xstage_bench.sim import run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from xstage_bench.gpulock import LOCK_DIR_ENV, GpuBusyError, GpuLock, default_lock_dir
+from xstage_bench.measurement.gpulock import LOCK_DIR_ENV, GpuBusyError, GpuLock, default_lock_dir
 
 HOLDER_SCRIPT = textwrap.dedent(
     """
     import sys
-    from xstage_bench.gpulock import GpuLock
+    from xstage_bench.measurement.gpulock import GpuLock
 
     with GpuLock([8, 7], lock_dir=sys.argv[1], wait_s=0):
         print("locked", flush=True)

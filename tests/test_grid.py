@@ -4,8 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from xstage_bench.config import load_config
-from xstage_bench.grid import attention_points, megamoe_points, microbench_points, producer_bytes
+from xstage_bench.data.config import load_config
+from xstage_bench.data.grid import (
+    attention_points,
+    megamoe_points,
+    microbench_points,
+    producer_bytes,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,8 +2,8 @@
 
 import sys
 
-from xstage_bench.gpulock import GpuLock
-from xstage_bench.joblog import measuring_job
+from xstage_bench.measurement.gpulock import GpuLock
+from xstage_bench.run.joblog import measuring_job
 
 
 def test_a_measuring_job_locks_its_gpus_and_tees_the_log(tmp_path, monkeypatch):

@@ -17,17 +17,13 @@ def test_rate_conversion():
 def test_period_is_the_slower_of_issue_plus_gap_and_drain():
     assert laws.period(1, 2, 1000, 100) == pytest.approx(10.0)  # drain-bound
     assert laws.period(1, 20, 1000, 100) == pytest.approx(21.0)  # issue + gap
-    assert laws.completion_coupled_period(2, 1000, 100) == pytest.approx(12.0)
 
 
 def test_issue_time_overhead_and_hiding_gap():
     assert laws.issue_time(1, 2, 1000, 100) == pytest.approx(8.0)
     assert laws.issue_time(1, 20, 1000, 100) == pytest.approx(1.0)
-    assert laws.issue_overhead(1, 2, 1000, 100) == pytest.approx(7.0)
-    assert laws.issue_overhead(1, 20, 1000, 100) == pytest.approx(0.0)
     assert laws.hiding_gap(1, 1000, 100) == pytest.approx(9.0)
     assert laws.hiding_gap(20, 1000, 100) == pytest.approx(0.0)
-    assert laws.unbounded_async_issue_time(1.5) == pytest.approx(1.5)
 
 
 def test_backlog_and_isolated_burst():
@@ -44,22 +40,15 @@ def test_train_issue_time_never_beats_the_isolated_burst():
     assert laws.train_issue_time(1, 50, 1000, 100, 300) == pytest.approx(7.0)
 
 
-def test_backpressure_free_needs_both_conditions():
-    assert laws.backpressure_free(1, 20, 1000, 100, 950)  # keeps up, backlog 900 fits
-    assert not laws.backpressure_free(1, 20, 1000, 100, 800)  # backlog 900 > Q
-    assert not laws.backpressure_free(1, 2, 1000, 100, 10_000)  # 1000/3 > R
-
-
 def test_laws_broadcast_and_agree_with_each_other():
     rng = np.random.default_rng(1)
     T0, G = rng.uniform(0.1, 5, 50), rng.uniform(0, 30, 50)
     V, R = rng.uniform(1e4, 1e7, 50), rng.uniform(1e4, 1e6, 50)
     np.testing.assert_allclose(laws.period(T0, G, V, R) - G, laws.issue_time(T0, G, V, R))
-    np.testing.assert_allclose(laws.issue_time(T0, G, V, R) - T0, laws.issue_overhead(T0, G, V, R))
-    gstar = laws.hiding_gap(T0, V, R)
-    np.testing.assert_allclose(laws.issue_overhead(T0, gstar, V, R), 0.0, atol=1e-9)
+    gstar = laws.hiding_gap(T0, V, R)  # the gap at which the issue time falls to T0
+    np.testing.assert_allclose(laws.issue_time(T0, gstar, V, R), T0)
     hidden = gstar > 0
-    assert np.all(laws.issue_overhead(T0, gstar - 0.01, V, R)[hidden] > 0)
+    assert np.all(laws.issue_time(T0, gstar - 0.01, V, R)[hidden] > T0[hidden])
     assert laws.period(1.0, np.array([2.0, 20.0]), 1000, 100).shape == (2,)
 
 

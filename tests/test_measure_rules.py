@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from fixtures import copy_workflow
 
-from xstage_bench.results import read_raw
+from xstage_bench.data.results import read_raw
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(

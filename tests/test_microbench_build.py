@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from fixtures import MICROBENCH_DEFAULTS, environment
 
-from xstage_bench import grid, results, sweep
-from xstage_bench.config import load_config
+from xstage_bench.data import grid, results
+from xstage_bench.data.config import load_config
+from xstage_bench.measurement import sweep
 from xstage_bench.microbench import build, launch, runner
 from xstage_bench.microbench.launch import PointUnsupported
 
@@ -578,7 +579,7 @@ def test_cpu_run_plans_every_path_and_records_why_nothing_was_measured(tmp_path)
 
 
 class NumpyHostBuffer:
-    """storepath.PinnedHostBuffer's interface over numpy memory (the CPU tests)."""
+    """hostmem.PinnedHostBuffer's interface over numpy memory (the CPU tests)."""
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
@@ -601,10 +602,10 @@ class NumpyHostBuffer:
 def one_gpu_bench(monkeypatch, buffer_bytes: int, replay):
     """A BurstBench of one GPU whose host buffers are numpy memory and whose launches are
     `replay(plan, dest index, tag_base, slot_base) -> words` written into them."""
-    from xstage_bench import storepath
+    from xstage_bench.measurement import hostmem
     from xstage_bench.microbench.bench import BurstBench
 
-    monkeypatch.setattr(storepath, "PinnedHostBuffer", NumpyHostBuffer)
+    monkeypatch.setattr(hostmem, "PinnedHostBuffer", NumpyHostBuffer)
     bench = object.__new__(BurstBench)  # no CuPy: only the host-memory half is used
     bench.gpu_ids, bench.sender, bench.peers = [0], 0, []
     bench.buffer_bytes, bench._buffers = buffer_bytes, {}

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from fixtures import SIMULATED_HOLDING
 
-from xstage_bench import layout, products
-from xstage_bench.products import PRODUCTS, Holding
+from xstage_bench.data import layout
+from xstage_bench.report import products
+from xstage_bench.report.products import PRODUCTS, Holding
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ("microbench", *layout.EXPERIMENT_FILES)
@@ -26,7 +27,7 @@ def test_every_read_is_made_by_an_experiment():
 
 
 def test_the_experiments_are_the_configs_measured_experiments():
-    schema = json.loads((ROOT / "src/xstage_bench/schemas/config.schema.json").read_text())
+    schema = json.loads((ROOT / "src/xstage_bench/data/schemas/config.schema.json").read_text())
     enum = schema["properties"]["measured_experiments"]["items"]["enum"]
     assert sorted(enum) == sorted(EXPERIMENTS)
     assert set(layout.SIMULATED_EXPERIMENTS) <= set(EXPERIMENTS)
@@ -40,7 +41,7 @@ def test_every_product_has_its_renderer_module():
 
 def test_names_rules_and_outputs():
     drain, claims = PRODUCTS["fig-drain"], PRODUCTS["tab-claims"]
-    assert (drain.rule, drain.renderer) == ("figure_fig_drain", "xstage_bench.figures.drain")
+    assert (drain.rule, drain.renderer) == ("figure_fig_drain", "xstage_bench.report.figures.drain")
     assert drain.output(Path("results/d")) == Path("results/d/figures/fig-drain.pdf")
     assert drain.output(Path("d"), companion=True) == Path("d/figures/fig-drain.png")
     assert claims.output(Path("d"), companion=True) == Path("d/tables/tab-claims.md")

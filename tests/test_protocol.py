@@ -2,7 +2,7 @@
 
 import pytest
 
-from xstage_bench.protocol import Measured, PointFailed, measure_point, wrong
+from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point, wrong
 
 POINT = {"id": "p/1", "K": 1}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from xstage_bench import readme_results
+from xstage_bench.report import readme_results
 
 ROOT = Path(__file__).resolve().parents[1]
 

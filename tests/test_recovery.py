@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from fixtures import copy_workflow
 
-from xstage_bench import layout, render
-from xstage_bench.stale_lock import clear_stale_locks, other_snakemake_runs
+from xstage_bench.data import layout
+from xstage_bench.report import render
+from xstage_bench.run.stale_lock import clear_stale_locks, other_snakemake_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
@@ -315,7 +316,7 @@ def test_one_rerun_recovers_after_a_sigkill_of_the_main_process_alone(tmp_path):
     """Issue 27: SIGKILL of the main Snakemake process left its jobs running (reparented to
     init) and the rerun stopped at Snakemake's LockException until they ended. Now the jobs
     record their pids, and the rerun ends those of the killed run and goes on."""
-    from xstage_bench import orphans
+    from xstage_bench.run import orphans
 
     work = copy_workflow(tmp_path)
     target = "results/sim-h200-smoke/raw/attention.json"
@@ -402,7 +403,7 @@ def test_a_measured_file_made_with_another_config_stops_the_run(tmp_path):
 def test_a_sweep_grown_by_variants_or_measured_over_the_same_paths_is_no_change(tmp_path):
     """The comparison is of what the measurement depends on: added variants grow a sweep
     in place; `dest: remote` over the peer path is what older files call `peer`."""
-    from xstage_bench import provenance
+    from xstage_bench.data import provenance
 
     ds = tmp_path / "ds"
     (ds / "raw" / "microbench").mkdir(parents=True)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from fixtures import make_dataset
 
-from xstage_bench import layout, origins, report_summary
-from xstage_bench.render import render_product
+from xstage_bench.data import layout, origins
+from xstage_bench.report import summary as report_summary
+from xstage_bench.report.render import render_product
 
 CAPTIONS = Path(__file__).parent.parent / "workflow" / "report"
 FIGURES = ("fig-drain", "fig-ulysses")

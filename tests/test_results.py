@@ -9,7 +9,7 @@ import pytest
 from fixtures import environment
 
 from xstage_bench.cli import main
-from xstage_bench.results import (
+from xstage_bench.data.results import (
     RawResultError,
     failed_record,
     ok_record,
@@ -178,7 +178,7 @@ def test_check_counts_each_status(tmp_path, capsys):
 
 
 def test_the_senders_commit_wins_over_a_copied_trees_git(monkeypatch):
-    from xstage_bench import environment
+    from xstage_bench.measurement import environment
 
     monkeypatch.setenv("XSTAGE_GIT_SHA", "a" * 40)
     monkeypatch.setenv("XSTAGE_GIT_DIRTY", "0")
@@ -206,7 +206,7 @@ def measured_doc(records, experiment="microbench", env=None):
 
 def drain_point(K=132, V=4 * MIB, **axes):
     """A point as grid.microbench_points makes it (V rounded to K whole producers)."""
-    from xstage_bench.grid import microbench_points
+    from xstage_bench.data.grid import microbench_points
 
     study = {"kind": "periodic", "K": [K], "V": [V], "gap_us": [0], **axes}
     defaults = {"width": 16, "dest": "peer", "pattern": "same", "peers": 1, "sync": "free"}
@@ -321,8 +321,8 @@ def test_a_summary_field_that_is_not_its_samples_is_refused(tmp_path, field):
 def test_the_fast_bootstrap_is_the_summary_bootstrap():
     import numpy as np
 
-    from xstage_bench.rawchecks import bootstrap_ci
-    from xstage_bench.stats import bootstrap_median_ci
+    from xstage_bench.data.rawchecks import bootstrap_ci
+    from xstage_bench.data.stats import bootstrap_median_ci
 
     rng = np.random.default_rng(3)
     for n in (1, 2, 3, 10, 67, 100, 101, 1024):
@@ -371,7 +371,7 @@ def test_a_point_that_contradicts_its_id_is_refused(tmp_path):
 def test_megamoe_and_attention_points_match_their_ids(tmp_path, experiment, field, value):
     from fixtures import ATTENTION, WORLD_SIZE, megamoe_configs
 
-    from xstage_bench.grid import attention_points
+    from xstage_bench.data.grid import attention_points
 
     if experiment == "megamoe":
         config = megamoe_configs()[0]
@@ -442,7 +442,7 @@ def test_the_run_lock_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
     import builtins
     import errno
 
-    from xstage_bench.runlock import hold_run_lock
+    from xstage_bench.run.runlock import hold_run_lock
 
     real_open = builtins.open
 
@@ -464,8 +464,8 @@ def test_the_run_lock_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
 def test_the_gpu_table_agrees_with_the_simulator_profiles():
     """The line rates the raw checks bound measured files by are the profiles' (the H200's
     and the paper's B200), and no profile's matrix rate is above the peak they allow."""
-    from xstage_bench.hardware import load_profile
-    from xstage_bench.rawchecks import gpu_limits
+    from xstage_bench.data.hardware import load_profile
+    from xstage_bench.data.rawchecks import gpu_limits
 
     hardware = Path(__file__).resolve().parents[1] / "config" / "hardware"
     for name, file in (("NVIDIA H200", "h200.yaml"), ("NVIDIA B200", "b200.yaml")):
@@ -478,7 +478,7 @@ def test_the_gpu_table_agrees_with_the_simulator_profiles():
 
 
 def test_a_lead_map_arm_id_names_its_requested_lead():
-    from xstage_bench.rawchecks import id_problem
+    from xstage_bench.data.rawchecks import id_problem
 
     point = {
         "shape": "s", "precision": "w8a8", "routing": "balanced", "tokens_per_rank": 64,

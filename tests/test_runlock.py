@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fixtures import copy_workflow
 
-from xstage_bench.runlock import RUN_LOCK, RunLockBusy, hold_run_lock
+from xstage_bench.run.runlock import RUN_LOCK, RunLockBusy, hold_run_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"

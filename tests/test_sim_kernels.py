@@ -5,11 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xstage_bench import grid
-from xstage_bench.config import ConfigError
-from xstage_bench.hardware import HardwareProfile, load_profile
+from xstage_bench.data import grid
+from xstage_bench.data.config import ConfigError
+from xstage_bench.data.hardware import HardwareProfile, load_profile
+from xstage_bench.data.results import read_raw
 from xstage_bench.megamoe import routing, schedule
-from xstage_bench.results import read_raw
 from xstage_bench.sim import emulated, megamoe, run, ulysses, xstage
 
 

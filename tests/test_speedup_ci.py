@@ -4,8 +4,13 @@ the noisy flag, and the headlines' two-level bootstrap over configurations and s
 import numpy as np
 import pytest
 
-from xstage_bench import stats
-from xstage_bench.analysis.speedup_ci import NOISY_HALF_WIDTH, RatioSamples, headline_ci, is_noisy
+from xstage_bench.data import stats
+from xstage_bench.report.analysis.speedup_ci import (
+    NOISY_HALF_WIDTH,
+    RatioSamples,
+    headline_ci,
+    is_noisy,
+)
 
 
 def drifting(base: float, drift: np.ndarray, own: float, rng) -> np.ndarray:

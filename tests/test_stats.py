@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from xstage_bench.stats import FASTER, SLOWER, TIE, ratio_ci
+from xstage_bench.data.stats import FASTER, SLOWER, TIE, ratio_ci
 
 
 def test_paired_ratio_cancels_drift_that_unpaired_cannot():

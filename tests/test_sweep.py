@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 from fixtures import environment
 
-from xstage_bench.results import RawResultError, ok_record, read_raw
-from xstage_bench.sweep import WATCHDOG_EXIT_CODE, Refresh, added_variants, partial_path, run_sweep
+from xstage_bench.data.results import RawResultError, ok_record, read_raw
+from xstage_bench.measurement.sweep import (
+    WATCHDOG_EXIT_CODE,
+    Refresh,
+    added_variants,
+    partial_path,
+    run_sweep,
+)
 
 ENV = environment(simulated=True)
 
@@ -170,8 +176,8 @@ WATCHDOG_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from xstage_bench.results import ok_record
-    from xstage_bench.sweep import run_sweep
+    from xstage_bench.data.results import ok_record
+    from xstage_bench.measurement.sweep import run_sweep
 
     def measure(point):
         print("measure", point["id"], flush=True)

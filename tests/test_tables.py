@@ -29,15 +29,16 @@ from fixtures import (
     write_model,
 )
 
-from xstage_bench import layout, paper, products
-from xstage_bench.analysis import megamoe as analysis_megamoe
-from xstage_bench.analysis.load import NoDataError
-from xstage_bench.render import TABLES, render_product
-from xstage_bench.results import RawResultError, ok_record, raw_document, read_raw, write_raw
-from xstage_bench.tables import claim_answers, claims, megamoe, noise
-from xstage_bench.tables import megamoe_lead as megamoe_lead_table
-from xstage_bench.tables import ulysses as ulysses_table
-from xstage_bench.tables.common import Table, to_markdown, write_table
+from xstage_bench.data import layout
+from xstage_bench.data.results import RawResultError, ok_record, raw_document, read_raw, write_raw
+from xstage_bench.report import paper, products
+from xstage_bench.report.analysis import megamoe as analysis_megamoe
+from xstage_bench.report.analysis.load import NoDataError
+from xstage_bench.report.render import TABLES, render_product
+from xstage_bench.report.tables import claim_answers, claims, megamoe, noise
+from xstage_bench.report.tables import megamoe_lead as megamoe_lead_table
+from xstage_bench.report.tables import ulysses as ulysses_table
+from xstage_bench.report.tables.common import Table, to_markdown, write_table
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +141,7 @@ def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path)
 def test_megamoe_flashinfer_beside_the_other_baselines_per_configuration_and_precision(
     tmp_path,
 ):
-    from xstage_bench.analysis.megamoe import megamoe_baselines
+    from xstage_bench.report.analysis.megamoe import megamoe_baselines
 
     ds = tmp_path / "h200x2-moe"
     speedups = [1.25, 0.8] * 4  # ours best: 80 or 100 us
@@ -307,7 +308,7 @@ def test_ulysses_paired_cis_and_verdicts(tmp_path):
     them and give the geomean with a CI."""
     from fixtures import write_attention_paths
 
-    from xstage_bench import stats
+    from xstage_bench.data import stats
 
     ds = tmp_path / "h200x2-paths"
     write_attention_paths(ds, GAINS)
@@ -363,7 +364,7 @@ def test_ulysses_unpaired_records_get_unpaired_cis(tmp_path):
         "host path, P=2 emulated on 1 GPU",
         "host path, P=8 emulated on 1 GPU",
     }
-    from xstage_bench import stats
+    from xstage_bench.data import stats
 
     # the CI is stats.ratio_ci's with each side resampled on its own
 
@@ -549,8 +550,8 @@ def test_megamoe_unfused_paths_and_gemm_ceiling_sections(tmp_path):
 def test_ulysses_puts_an_emulated_world_size_beside_the_real_one(tmp_path):
     from fixtures import ATTENTION, _write
 
-    from xstage_bench import grid
-    from xstage_bench.figures import ulysses as ulysses_figure
+    from xstage_bench.data import grid
+    from xstage_bench.report.figures import ulysses as ulysses_figure
 
     ds = tmp_path / "h200x2-att"
     attention = {**ATTENTION, "heads": [8], "emulated_world_sizes": [8]}
@@ -754,8 +755,8 @@ def test_process_model_of_a_per_gpu_run_with_no_ok_point_says_why(tmp_path):
     the records' reason, instead of failing the render (seen on 1x H200, gpu-smoke)."""
     from fixtures import _write, megamoe_configs
 
-    from xstage_bench.results import failed_record
-    from xstage_bench.tables import process_model
+    from xstage_bench.data.results import failed_record
+    from xstage_bench.report.tables import process_model
 
     ds = make_dataset(tmp_path, "h200x1-fixture", attention=False)
     why = "one process per GPU needs 2 GPUs"

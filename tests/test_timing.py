@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from xstage_bench import timing
-from xstage_bench.config import load_config
-from xstage_bench.results import ok_record
-from xstage_bench.timing import (
+from xstage_bench.data.config import load_config
+from xstage_bench.data.results import ok_record
+from xstage_bench.measurement import timing
+from xstage_bench.measurement.timing import (
     BUDGET,
     MAX_REPS,
     STABLE,
@@ -16,7 +16,6 @@ from xstage_bench.timing import (
     TimingError,
     TimingPolicy,
     cuda_event_timer,
-    graph_timer,
     measure,
     measure_fixed,
     relative_iqr,
@@ -138,8 +137,6 @@ def test_cuda_timers_without_torch_raise_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
     with pytest.raises(TimingError, match="torch, which is not installed"):
         cuda_event_timer(lambda: None, device=0, flush_l2=False)
-    with pytest.raises(TimingError, match="torch, which is not installed"):
-        graph_timer(lambda: None, device=0, calls_per_replay=4)
 
 
 def test_cuda_timers_without_cuda_raise_clear_error(monkeypatch):
@@ -204,16 +201,6 @@ def test_event_timer_flushes_exact_l2_outside_timed_region(monkeypatch):
     assert log == [f"flush {60 * 2**20}", "event", "fn", "event", "sync"]
 
 
-def test_graph_timer_reports_per_call_time(monkeypatch):
-    log = []
-    monkeypatch.setitem(sys.modules, "torch", fake_torch(log, elapsed_ms=2.0))
-    run_once = graph_timer(lambda: log.append("fn"), device=0, calls_per_replay=4)
-    assert log == ["fn"] * 5  # one eager warm-up call, then four captured
-    log.clear()
-    assert run_once() == pytest.approx(500.0)
-    assert log == ["event", "replay", "event", "sync"]
-
-
 def _cuda_available() -> bool:
     try:
         import torch
@@ -230,8 +217,6 @@ def test_real_gpu_timers():
     p = policy(warmup=1, min_reps=3, max_reps=10, budget_s=5.0, flush_l2=True)
     samples = measure(cuda_event_timer(lambda: x.mul_(1.0), device=0, flush_l2=True), p)
     assert isinstance(samples, Samples) and all(s > 0 for s in samples)
-    per_call = measure(graph_timer(lambda: x.mul_(1.0), device=0, calls_per_replay=8), p)
-    assert all(s > 0 for s in per_call)
 
 
 def test_fixed_count_fits_the_budget_and_takes_the_agreed_count():

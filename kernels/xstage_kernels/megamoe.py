@@ -51,8 +51,7 @@ import os
 import triton
 import triton.language as tl
 
-from xstage_bench.megamoe.quant import AMAX_FLOOR, FP8_MAX, SCALE_BLOCK, check_precision
-from xstage_bench.megamoe.schedule import TRACE_FIELDS
+from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX, SCALE_BLOCK, TRACE_FIELDS, check_precision
 from xstage_kernels.tma import available as tma_available
 
 BLOCK_M = 128

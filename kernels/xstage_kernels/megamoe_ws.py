@@ -67,8 +67,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
-from xstage_bench.megamoe.quant import AMAX_FLOOR, FP8_MAX
 from xstage_kernels import int4_fp8
+from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
 
 BLOCK = 128  # rows, output channels and K channels of a tile step
 HALF = BLOCK // 2  # rows per math warpgroup
@@ -623,11 +623,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
 def max_regs(precision: str) -> int:
     """Registers per thread at launch (setmaxnreg re-balances them per partition)."""
     return W4_MAX_REGS if _is_w4(precision) else MAX_REGS
-
-
-def partition_regs(precision: str) -> tuple[int, ...]:
-    """setmaxnreg of the worker partitions: math warpgroup 1, (W4: the converter,) the producer."""
-    return W4_REGS if _is_w4(precision) else (MATH_REGS, PRODUCER_REGS)
 
 
 def warps(precision: str) -> int:

@@ -8,13 +8,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from xstage_bench.compare import DEFAULT_TOLERANCE, CompareError
-from xstage_bench.config import ConfigError, load_config
-from xstage_bench.results import FAILED_STATUSES, OK, RawResultError, read_raw
+from xstage_bench.data.compare import DEFAULT_TOLERANCE, CompareError
+from xstage_bench.data.config import ConfigError, load_config
+from xstage_bench.data.results import FAILED_STATUSES, OK, RawResultError, read_raw
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from xstage_bench.machine import dataset_name, probe_gpus
+    from xstage_bench.measurement.machine import dataset_name, probe_gpus
 
     gpus = probe_gpus()
     print(f"GPUs: {gpus.count} {sorted(set(gpus.names))}")
@@ -29,7 +29,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _readme(args: argparse.Namespace) -> int:
-    from xstage_bench import readme_results
+    from xstage_bench.report import readme_results
 
     block = readme_results.section(args.results)
     if not args.write:
@@ -81,14 +81,14 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from xstage_bench.render import render_product
+    from xstage_bench.report.render import render_product
 
     render_product(args.name, Path(args.dataset_dir), Path(args.out))
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from xstage_bench.compare import compare_docs
+    from xstage_bench.data.compare import compare_docs
 
     comparison = compare_docs(
         read_raw(args.a), read_raw(args.b), metric=args.metric, tolerance=args.tolerance

@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xstage_bench.joblog import measuring_job
+    from xstage_bench.run.joblog import measuring_job
 
     args = build_parser().parse_args(argv)
     try:

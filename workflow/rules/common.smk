@@ -6,19 +6,21 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench import committed, layout, orphans, products, provenance, restored, storepath
-from xstage_bench.config import (
+from xstage_bench.run import committed, orphans, restored
+from xstage_bench.data import layout, provenance, storepath
+from xstage_bench.report import products
+from xstage_bench.data.config import (
     ConfigError,
     checked_store_paths,
     extends_source,
     resolve_extends,
     validate_config,
 )
-from xstage_bench.machine import dataset_name, probe_gpus
+from xstage_bench.measurement.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
 from xstage_bench.megamoe.lead import AUTO, needs_model
-from xstage_bench.runlock import RunLockBusy, hold_run_lock
-from xstage_bench.stale_lock import clear_stale_locks
+from xstage_bench.run.runlock import RunLockBusy, hold_run_lock
+from xstage_bench.run.stale_lock import clear_stale_locks
 from snakemake.exceptions import WorkflowError
 from snakemake.io import IOFile
 

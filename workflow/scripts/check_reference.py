@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from xstage_bench.joblog import tee_to
-from xstage_bench.origins import check_listing
-from xstage_bench.results import atomic_write_text
+from xstage_bench.data.origins import check_listing
+from xstage_bench.data.results import atomic_write_text
+from xstage_bench.run.joblog import tee_to
 
 with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
     dataset_dir = Path(snakemake.output[0]).parent.parent  # noqa: F821 (results/<dataset>)

@@ -1,7 +1,7 @@
 """Rule entry point: fit the Burst-Gap model to a dataset's microbenchmarks."""
 
-from xstage_bench.joblog import tee_to
 from xstage_bench.model.fit import fit_files
+from xstage_bench.run.joblog import tee_to
 
 with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
     fit_files(

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from xstage_bench.joblog import tee_to
-from xstage_bench.render import render_product
+from xstage_bench.report.render import render_product
+from xstage_bench.run.joblog import tee_to
 
 with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
     render_product(

@@ -1,9 +1,9 @@
-"""Rule entry point: the summary page of the report (xstage_bench.report_summary)."""
+"""Rule entry point: the summary page of the report (xstage_bench.report.summary)."""
 
 from pathlib import Path
 
-from xstage_bench import report_summary
-from xstage_bench.joblog import tee_to
+from xstage_bench.report import summary as report_summary
+from xstage_bench.run.joblog import tee_to
 
 with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
     datasets = [

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from xstage_bench.joblog import tee_to
+from xstage_bench.run.joblog import tee_to
 from xstage_bench.sim import run
 
 out = Path(snakemake.output[0])  # noqa: F821 (injected by Snakemake)

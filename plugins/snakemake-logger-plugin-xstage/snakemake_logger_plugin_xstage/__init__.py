@@ -2,7 +2,7 @@
 
 Snakemake imports every installed plugin before it parses its command line, and reads
 `--configfile` and `--config` before the Snakefile: this import is the one moment the
-harness can explain what goes wrong there. It installs xstage_bench.snakemake_cli (config
+harness can explain what goes wrong there. It installs xstage_bench.run.snakemake_cli (config
 files named with the line of a YAML error, a target after `--configfile` told to go first,
 `--config a.b=v` as a nested key). Its log handler is used only when asked for
 (`--logger xstage`) and logs nothing. Installed by `pip install ./plugins/snakemake-logger-
@@ -14,7 +14,7 @@ from logging import LogRecord
 from snakemake_interface_logger_plugins.base import LogHandlerBase
 
 try:
-    from xstage_bench.snakemake_cli import install
+    from xstage_bench.run.snakemake_cli import install
 except ImportError:  # the plugin without the harness: Snakemake's own messages stand
     pass
 else:

@@ -9,6 +9,7 @@ emulation two GPUs playing ranks 0 and P-1 of a P-GPU node (the peer path)
 host      one GPU playing rank 0 of a P-GPU node, host memory the other owners (host path)
 runner    one process per GPU, the resumable sweep with paired rounds, the command line
 
-Peer windows and the device barrier are in xstage_bench.peer, the fabric they make up in
-xstage_bench.fabric, the process plumbing in xstage_bench.workers (MegaMoE uses them too).
+Peer windows and the device barrier are in xstage_bench.measurement.peer, the fabric they
+make up in measurement.fabric, the process plumbing in measurement.workers (MegaMoE uses
+them too).
 """

@@ -8,12 +8,12 @@ GPU's host link instead of NVLink. What one GPU cannot show is the traffic it wo
 receive from the other ranks, nor their contention.
 
 Where rows land: owner v's (B, S/P, H, D) final buffer is chunk v of one range made by
-`storepath.host_window` (chunk 0 in the GPU's memory, chunks 1..P-1 in host memory), so
+`hostmem.host_window` (chunk 0 in the GPU's memory, chunks 1..P-1 in host memory), so
 the unmodified FA3/FA4 kernels write through one strided `out` view over the range
 (exactly Workspace's layout across P real ranks) and our Triton kernel through the chunk
-addresses. Where the driver refuses host-located VMM (`storepath.HostMemoryUnsupported`),
+addresses. Where the driver refuses host-located VMM (`hostmem.HostMemoryUnsupported`),
 there is no such range: FA3/FA4 fused are unsupported (with the driver's message) and our
-kernel stores into pinned host chunks (`storepath.host_tensor`) through its pointers.
+kernel stores into pinned host chunks (`hostmem.host_tensor`) through its pointers.
 
 The modes here:
 
@@ -104,9 +104,9 @@ class HostWorkspace:
     def __init__(self, layout: UlyssesLayout, fabric, dtype):
         import torch
 
-        from xstage_bench import storepath
         from xstage_bench.attention.backends import FusedTarget
         from xstage_bench.attention.modes import spanning_out_view
+        from xstage_bench.measurement import hostmem
 
         self.layout, self.fabric, self.dtype = layout, fabric, dtype
         self.node = HostNode(layout)
@@ -119,10 +119,10 @@ class HostWorkspace:
         self.chunk_bytes = b * shard * h * d * dtype.itemsize
         self.window, self._pinned, refused = None, None, None
         try:
-            self.window = storepath.host_window(
+            self.window = hostmem.host_window(
                 self.chunk_bytes, chunks=p, device=dev, device_chunks=1
             )
-        except storepath.HostMemoryUnsupported as e:
+        except hostmem.HostMemoryUnsupported as e:
             refused = str(e)
         if self.window is not None:
             ptrs = [self.window.chunk_ptr(v) for v in range(p)]
@@ -133,7 +133,7 @@ class HostWorkspace:
             )
         else:
             own = torch.empty(layout.final_shape, dtype=dtype, device=dev)
-            self._pinned = (own, storepath.host_tensor((p - 1, *layout.final_shape), dtype, dev))
+            self._pinned = (own, hostmem.host_tensor((p - 1, *layout.final_shape), dtype, dev))
             ptrs = [own.data_ptr()] + [self._pinned[1][v].data_ptr() for v in range(p - 1)]
             self.host_memory = f"pinned host chunks (host-located VMM refused: {refused})"
         self.chunks = [self._chunk(ptr, v, strides) for v, ptr in enumerate(ptrs)]
@@ -154,14 +154,14 @@ class HostWorkspace:
                 self.window, layout, dtype, 0, self.chunk_bytes
             )
         hl = layout.local_heads
-        self.host_packed = storepath.host_tensor((p - 1, hl, shard, b, d), dtype, dev)
+        self.host_packed = hostmem.host_tensor((p - 1, hl, shard, b, d), dtype, dev)
         self.own_packed = None
         self.final = self.chunks  # what run_fused returns: the rows are in the chunks
 
     def _chunk(self, ptr: int, owner: int, strides):
         """Owner `owner`'s final buffer as a tensor: over the window (on the GPU, or the
         CPU stand-in), or the pinned chunks (a CPU tensor over pinned host memory)."""
-        from xstage_bench.peer import tensor_at
+        from xstage_bench.measurement.peer import tensor_at
 
         if self._pinned is not None:
             own, host = self._pinned

@@ -38,10 +38,11 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from xstage_bench import storepath, timing, workers
-from xstage_bench.grid import attention_points
-from xstage_bench.protocol import Measured, PointFailed, wrong
-from xstage_bench.sweep import Refresh, records_refresh
+from xstage_bench.data import storepath
+from xstage_bench.data.grid import attention_points
+from xstage_bench.measurement import timing, workers
+from xstage_bench.measurement.protocol import Measured, PointFailed, wrong
+from xstage_bench.measurement.sweep import Refresh, records_refresh
 
 DTYPE = "bfloat16"
 CPU_TRITON_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16}  # small tiles: the interpreter is slow
@@ -262,7 +263,7 @@ class Rank(workers.Lockstep):
         return self.workspace
 
     def solo_fabric(self):
-        from xstage_bench.fabric import SoloFabric
+        from xstage_bench.measurement.fabric import SoloFabric
 
         if self._solo_fabric is None:
             self._solo_fabric = SoloFabric(self.fabric)
@@ -514,7 +515,7 @@ def _key_values(text: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xstage_bench.config import load_config
+    from xstage_bench.data.config import load_config
 
     ap = argparse.ArgumentParser(
         prog="python -m xstage_bench.attention.runner", description=__doc__.splitlines()[0]
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     dataset = args.dataset
     if dataset is None:
-        from xstage_bench.machine import dataset_name, probe_gpus
+        from xstage_bench.measurement.machine import dataset_name, probe_gpus
 
         dataset = dataset_name(probe_gpus().names) if args.device == "cuda" else "cpu-test"
     world = args.world_size or (_world_size(config, None) if args.device == "cuda" else 2)

@@ -85,7 +85,7 @@ def check_gemm(torch, precision: str, device) -> float:
 
 def measure_hbm_gbs(torch, device, policy) -> float:
     """Device-to-device copy bandwidth (read + write bytes per second), GB/s."""
-    from xstage_bench import timing
+    from xstage_bench.measurement import timing
 
     src = torch.empty(HBM_PROBE_BYTES, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -96,7 +96,7 @@ def measure_hbm_gbs(torch, device, policy) -> float:
 
 def measure_ceiling(torch, point: dict, device, policy, hbm_gbs: float) -> tuple[list, dict]:
     """(time samples in us of both GEMMs back to back, facts for the record)."""
-    from xstage_bench import timing
+    from xstage_bench.measurement import timing
 
     calls = [
         _operands(torch, m, n, k, point["precision"], device)[0] for m, n, k in gemm_shapes(point)

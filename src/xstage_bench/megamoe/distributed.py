@@ -41,7 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import faults, grid, storepath, timing, workers
+from xstage_bench.data import grid, storepath
+from xstage_bench.measurement import faults, timing, workers
+from xstage_bench.measurement.protocol import Measured, PointFailed, wrong
 from xstage_bench.megamoe import reference, routing, schedule, verdict
 from xstage_bench.megamoe.lead import LeadChooser
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
@@ -70,7 +72,6 @@ from xstage_bench.megamoe.problem import (
 )
 from xstage_bench.megamoe.reference import HomeTokens
 from xstage_bench.megamoe.runner import kernel_refresh, raw_config
-from xstage_bench.protocol import Measured, PointFailed, wrong
 from xstage_kernels import megamoe as kernel
 
 
@@ -119,7 +120,7 @@ def build_share(point: dict, megamoe: dict, fabric, *, num_programs: int, seed: 
     """Collective: every rank calls it with the same point."""
     import torch
 
-    from xstage_bench.peer import tensor_at
+    from xstage_bench.measurement.peer import tensor_at
 
     check_tiles(megamoe)
     q, world = fabric.rank, fabric.world_size
@@ -495,9 +496,9 @@ def record_unsupported_on_one_gpu(
 ) -> None:
     """On one GPU the per-GPU grid is written with every point unsupported, saying why, so
     that a 1-GPU run of a config that asks for megamoe_per_gpu finishes and says so."""
-    from xstage_bench.environment import capture_measured
-    from xstage_bench.results import failed_record
-    from xstage_bench.sweep import run_sweep
+    from xstage_bench.data.results import failed_record
+    from xstage_bench.measurement.environment import capture_measured
+    from xstage_bench.measurement.sweep import run_sweep
 
     moe = per_gpu_grid(config["megamoe"])
     leads = LeadChooser.of(moe, model_file)

@@ -32,19 +32,20 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import storepath, timing
-from xstage_bench.clocks import ClockSampler
-from xstage_bench.environment import capture_measured
-from xstage_bench.megamoe import routing, schedule, verdict
+from xstage_bench.data import grid, storepath
+from xstage_bench.data.results import failed_record
+from xstage_bench.measurement import timing
+from xstage_bench.measurement.clocks import ClockSampler
+from xstage_bench.measurement.environment import capture_measured
+from xstage_bench.measurement.protocol import Measured, measure_point, wrong
+from xstage_bench.measurement.sweep import run_sweep
+from xstage_bench.megamoe import schedule, verdict
 from xstage_bench.megamoe.lead import LeadChooser
 from xstage_bench.megamoe.measurer import valid_local_slots
 from xstage_bench.megamoe.points import POINT_TIMEOUT_S, lead_failure, with_lead
 from xstage_bench.megamoe.reference import ExpertWeights
 from xstage_bench.megamoe.runner import HOST_SHARE_RULE, default_devices, measured_paths
 from xstage_bench.megamoe.summary import linear2_waits, trace_summary
-from xstage_bench.protocol import Measured, measure_point, wrong
-from xstage_bench.results import failed_record
-from xstage_bench.sweep import run_sweep
 
 PRECISION = "w8a8"  # the Linear-1 epilogue stores an FP8 intermediate, as the real kernel's
 NEEDS_GPU = "the emulated build waits on %globaltimer, which the Triton interpreter cannot run"
@@ -72,7 +73,7 @@ def emulated_points(
         storepath.PEER: list(spec["remote_fractions"]),
         storepath.HOST: list(
             dict.fromkeys(
-                0.0 if f == routing.NATURAL else float(f) for f in spec["remote_fractions"]
+                0.0 if f == grid.NATURAL else float(f) for f in spec["remote_fractions"]
             )
         ),
     }
@@ -82,7 +83,7 @@ def emulated_points(
             fractions[path], spec["tflops"], megamoe["schedules"]
         ):
             shape = {k: v for k, v in shapes[name].items() if k != "name"}
-            label = routing.fraction_label(fraction)
+            label = grid.fraction_label(fraction)
             point = {"shape": name, **shape, "precision": PRECISION, "routing": routed_by}
             where = "" if path == storepath.PEER else f"/path={path}"
             point.update(
@@ -122,9 +123,9 @@ class EmulatedMeasurer:
         from xstage_bench.megamoe.problem import MoEProblem
 
         # The local control keeps natural routing and redirects the stores (as the trace's).
-        local = routing.is_local_control(point["remote_fraction"])
+        local = grid.is_local_control(point["remote_fraction"])
         host = storepath.point_path(point) == storepath.HOST
-        routed = {**point, "remote_fraction": 0.0 if host else routing.NATURAL} if local else point
+        routed = {**point, "remote_fraction": 0.0 if host else grid.NATURAL} if local else point
         key = (point["shape"], storepath.point_path(point), point["remote_fraction"])
         if key != self._key:
             self._problem = None
@@ -150,7 +151,7 @@ class EmulatedMeasurer:
         )
 
     def __call__(self, point: dict) -> dict:
-        local = routing.is_local_control(point["remote_fraction"])
+        local = grid.is_local_control(point["remote_fraction"])
         ns = schedule.emulated_tile_ns(
             point["H"], point["I"], point["emulated_tflops"], self.num_programs
         )

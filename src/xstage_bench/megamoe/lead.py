@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from xstage_bench import storepath
+from xstage_bench.data import storepath
 from xstage_bench.model import laws
 
 AUTO = "auto"

@@ -29,8 +29,10 @@ import statistics
 
 import numpy as np
 
-from xstage_bench import log, storepath, timing
-from xstage_bench.clocks import ClockSampler
+from xstage_bench.data import storepath
+from xstage_bench.measurement import log, timing
+from xstage_bench.measurement.clocks import ClockSampler
+from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point, wrong
 from xstage_bench.megamoe import reference, schedule, verdict
 from xstage_bench.megamoe.baselines.measure import (
     DeepGemmBaseline,
@@ -48,7 +50,6 @@ from xstage_bench.megamoe.points import (
     sampled_tokens,
 )
 from xstage_bench.megamoe.summary import linear2_waits, trace_summary
-from xstage_bench.protocol import Measured, PointFailed, measure_point, wrong
 
 TRACE_NEEDS_GPU = "the traced build reads %globaltimer, which the Triton interpreter cannot run"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from xstage_bench.config import load_config
+from xstage_bench.data.config import load_config
 from xstage_bench.megamoe.points import CHECK_TOKENS, select
 
 

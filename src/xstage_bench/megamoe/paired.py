@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from xstage_bench.clocks import record_fields
-from xstage_bench.protocol import Measured, PointFailed, failed_point, measured_point
+from xstage_bench.measurement.clocks import record_fields
+from xstage_bench.measurement.protocol import Measured, PointFailed, failed_point, measured_point
 
 
 def measure_arms(

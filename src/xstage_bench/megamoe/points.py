@@ -18,12 +18,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xstage_bench import grid, storepath
+from xstage_bench.data import grid, storepath
+from xstage_bench.data.grid import LOCAL_CONTROL
+from xstage_bench.measurement.protocol import PointFailed
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.baselines import VARIANTS
 from xstage_bench.megamoe.lead import LeadChooser, LeadModelError
-from xstage_bench.megamoe.routing import LOCAL_CONTROL
-from xstage_bench.protocol import PointFailed
 
 CPU_PROGRAMS = 3  # persistent programs per rank under the Triton interpreter
 POINT_TIMEOUT_S = 600.0  # spins are bounded in the kernel; this is only a last resort

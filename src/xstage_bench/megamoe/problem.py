@@ -14,7 +14,7 @@ combine buffer (a bf16 batched GEMV with fp32 accumulation).
 
 On the host store path (storepath.HOST) a share f of each home rank's tokens (the point's
 `remote_fraction`, routing.host_tokens) is host-homed: all their top-k combine rows are
-stored into that home rank's combine buffer in host memory (pinned, storepath.host_tensor;
+stored into that home rank's combine buffer in host memory (pinned, hostmem.host_tensor;
 the same slot layout as the device combine buffer), through the same epilogue stores: a
 row's destination offset is then (host buffer - launching rank's combine buffer) / 2 +
 slot * H, an int64 that may be negative and far beyond 2^31. Routing stays natural. The
@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xstage_bench import storepath
+from xstage_bench.data import grid, storepath
+from xstage_bench.measurement import hostmem
 from xstage_bench.megamoe import routing, schedule
 from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision, pack_int4, quantize_rows
 from xstage_bench.megamoe.reference import ExpertWeights, HomeTokens
@@ -133,7 +134,7 @@ def host_share(point: dict) -> float:
     if storepath.point_path(point) != storepath.HOST:
         return 0.0
     f = point.get("remote_fraction", 0.0)
-    return 0.0 if f == routing.NATURAL else float(f)
+    return 0.0 if f == grid.NATURAL else float(f)
 
 
 def routing_point(point: dict) -> dict:
@@ -403,7 +404,7 @@ class MoEProblem:
             self.host_homed = np.zeros((len(devices), T), dtype=bool)
             for r, (d, tokens) in enumerate(zip(devices, self.host_tokens, strict=True)):
                 self.host_homed[r, tokens] = True
-                buf = storepath.host_tensor((T * topk, H), torch.bfloat16, d)
+                buf = hostmem.host_tensor((T * topk, H), torch.bfloat16, d)
                 if buf.data_ptr() % 16:
                     raise RuntimeError("a host combine buffer is not 16-byte aligned")
                 self.host_comb[r] = buf

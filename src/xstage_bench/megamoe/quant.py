@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import numpy as np
 
-SCALE_BLOCK = 128  # channels per activation scale; rows and channels per weight scale
-FP8_MAX = 448.0  # largest finite e4m3fn value
-INT4_MIN, INT4_MAX = -8, 7
-# Floor of a scale's amax: an all-zero group (padding rows) gets a tiny scale, not 0/0.
-AMAX_FLOOR = 1e-10
-PRECISIONS = ("bf16", "w8a8", "w4a8")
-
-
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-
+from xstage_kernels.formats import (
+    AMAX_FLOOR,
+    FP8_MAX,
+    INT4_MAX,
+    INT4_MIN,
+    SCALE_BLOCK,
+    check_precision,
+)
 
 # ---- numpy: the specification -----------------------------------------------------------
 

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xstage_bench.data.grid import NATURAL
 from xstage_bench.megamoe.quant import bf16_round
 
 ROUTINGS = ("balanced", "skewed")
-NATURAL = "natural"  # remote fraction: wherever routing sends the rows
 
 
 def _rng(seed: int, *parts: object) -> np.random.Generator:
@@ -94,23 +94,6 @@ def host_tokens(point: dict, fraction: float, home_rank: int, seed: int = 0) -> 
     return np.sort(rng.permutation(T)[: round(fraction * T)])
 
 
-def fraction_label(fraction) -> str:
-    """How a remote fraction is written in point ids and tables: 'natural' (also for an
-    absent one), else the number, e.g. '0.875'."""
-    return NATURAL if fraction is None or fraction == NATURAL else f"{float(fraction):g}"
-
-
-# The traced run with every store local (remote fraction 0, expert waves): the variant a
-# trace record names beside its schedule, and a series of the trace figures and tables.
-LOCAL_CONTROL = "local_control"
-
-
-def is_local_control(fraction) -> bool:
-    """Remote fraction 0 of the emulated sweep: not rows re-homed, but the local-store
-    control (natural routing, every row stored in its own rank's memory)."""
-    return fraction_label(fraction) == "0"
-
-
 def _route_with_remote_fraction(
     point: dict,
     fraction: float,
@@ -156,11 +139,6 @@ def _route_with_remote_fraction(
         for t in np.flatnonzero(n):
             ids[t, remote[t] == is_remote] = ranked[t, : n[t]]
     return ids
-
-
-def expert_counts(ids: list[np.ndarray], E: int) -> np.ndarray:
-    """Rows routed to each global expert from all home ranks."""
-    return np.bincount(np.concatenate([i.ravel() for i in ids]), minlength=E)
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from xstage_bench import grid, log, storepath, timing
-from xstage_bench.environment import capture_measured
+from xstage_bench.data import grid, storepath
+from xstage_bench.data.results import atomic_write_text
+from xstage_bench.measurement import log, timing
+from xstage_bench.measurement.environment import capture_measured
+from xstage_bench.measurement.sweep import Refresh, partial_path, records_refresh, run_sweep
 from xstage_bench.megamoe import reference
 from xstage_bench.megamoe.baselines import BASELINES, VARIANTS, flashinfer, unfused
 from xstage_bench.megamoe.lead import LeadChooser
@@ -59,10 +62,8 @@ from xstage_bench.megamoe.points import (
     trace_first_configs,
     trace_points,
 )
-from xstage_bench.megamoe.quant import PRECISIONS
 from xstage_bench.megamoe.summary import print_summary
-from xstage_bench.results import atomic_write_text
-from xstage_bench.sweep import Refresh, partial_path, records_refresh, run_sweep
+from xstage_kernels.formats import PRECISIONS
 
 _log = log.get(__name__)
 

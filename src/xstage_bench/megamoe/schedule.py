@@ -47,7 +47,7 @@ import numpy as np
 L1, L2 = 0, 1
 COLUMNS = ("kind", "expert", "block", "n_block")
 # What the kernel's TRACE build stamps for each list entry (%globaltimer, ns), in order.
-TRACE_FIELDS = ("program", "taken", "ready", "mma_done", "store_start", "store_end")
+
 
 
 class ScheduleError(ValueError):

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage_bench.data.stats import geomean
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.points import config_id
-from xstage_bench.stats import geomean
+from xstage_kernels.formats import TRACE_FIELDS
 
 NS_PER_US = 1000.0
 
@@ -41,7 +42,7 @@ def trace_summary(
         kernel_us.append((s[:, 5].max() - s[:, 1].min()) / NS_PER_US)
     extra: dict = {
         "time_us": float(max(kernel_us)) if kernel_us else 0.0,
-        "stamp_fields": list(schedule.TRACE_FIELDS),
+        "stamp_fields": list(TRACE_FIELDS),
         "wait_us_median": [
             float(
                 np.median((s[t[:, 0] == schedule.L2, 2] - s[t[:, 0] == schedule.L2, 1]) / NS_PER_US)
@@ -97,7 +98,7 @@ def print_summary(out: str | Path, trace_out: str | Path | None = None) -> None:
     """A short table of a raw megamoe file (and its trace file): per configuration our two
     schedules' median times and speedup, the baselines' times, our wave kernel's TFLOP/s;
     then the totals: our speedup and our best time over each baseline's best (geomeans)."""
-    from xstage_bench.results import read_raw
+    from xstage_bench.data.results import read_raw
 
     doc = read_raw(out)
     by_config: dict[str, dict] = {}

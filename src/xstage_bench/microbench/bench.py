@@ -6,7 +6,7 @@ thin because no CPU test can run it.
 
 A destination is a `Destination`: its address for the kernels, how to poison it and how
 to read it back. Device buffers (a peer's, or the sender's for the local control) are
-poisoned and read through CuPy; host buffers (storepath.PinnedHostBuffer, pinned and
+poisoned and read through CuPy; host buffers (hostmem.PinnedHostBuffer, pinned and
 mapped, so the kernels store to its host pointer) are poisoned and read on the host, with
 no device copy in between: what the check reads is what crossed the host link.
 """
@@ -82,7 +82,7 @@ class DeviceDestination:
 
 
 class HostDestination:
-    """A pinned, mapped host buffer (storepath.PinnedHostBuffer), read on the host."""
+    """A pinned, mapped host buffer (hostmem.PinnedHostBuffer), read on the host."""
 
     device = None
 
@@ -178,7 +178,7 @@ class BurstBench:
         key = (spec.device, spec.role, spec.index)
         if key not in self._buffers:
             if spec.on_host:
-                from xstage_bench.storepath import PinnedHostBuffer
+                from xstage_bench.measurement.hostmem import PinnedHostBuffer
 
                 self._buffers[key] = HostDestination(PinnedHostBuffer(nbytes))
             else:

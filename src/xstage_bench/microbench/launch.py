@@ -8,7 +8,7 @@ destination buffer is recomputed on the host; per-CTA %globaltimer stamps become
 contract's sample metrics. The GPU half is bench.BurstBench.
 
 The kernels take every destination as a 64-bit address, so the host path needs no kernel
-of its own: pinned, mapped host memory (storepath.PinnedHostBuffer) is a valid device
+of its own: pinned, mapped host memory (hostmem.PinnedHostBuffer) is a valid device
 address under unified addressing, and the same stores go over the GPU's host link.
 
 Stamps are nanoseconds on the sending GPU's %globaltimer (32 ns resolution on H200);

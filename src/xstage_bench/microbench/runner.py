@@ -27,16 +27,17 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import faults, grid, log, storepath, timing
-from xstage_bench.clocks import ClockSampler
-from xstage_bench.config import load_config
-from xstage_bench.environment import capture_measured
+from xstage_bench.data import grid, storepath
+from xstage_bench.data.config import load_config
+from xstage_bench.data.results import failed_record
+from xstage_bench.measurement import faults, log, timing
+from xstage_bench.measurement.clocks import ClockSampler
+from xstage_bench.measurement.environment import capture_measured
+from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point
+from xstage_bench.measurement.sweep import run_sweep
 from xstage_bench.microbench import launch
 from xstage_bench.microbench.bench import BurstBench
 from xstage_bench.microbench.launch import MicrobenchError, PointUnsupported
-from xstage_bench.protocol import Measured, PointFailed, measure_point
-from xstage_bench.results import failed_record
-from xstage_bench.sweep import run_sweep
 
 CHECK_TAG = 0x5EED  # pattern tag of the checked launch; timed launch L uses (L + 1) << 20
 # Every in-kernel wait is bounded, so the watchdog is only a last resort.
@@ -47,7 +48,7 @@ STAMPED_GAPS_US = {"gap_sweep": (0.0, 10.0)}
 DESTINATION = {
     storepath.PEER: "the peer GPU's memory (CuPy buffer, peer access enabled)",
     storepath.HOST: (
-        "pinned, mapped host memory (cudaHostAlloc portable|mapped, storepath.PinnedHostBuffer), "
+        "pinned, mapped host memory (cudaHostAlloc portable|mapped, hostmem.PinnedHostBuffer), "
         "one buffer per destination index; the kernels store to its host pointer (UVA); "
         "poisoned and read back on the host"
     ),
@@ -361,7 +362,7 @@ def _dataset_for(out: Path, gpu_ids: Sequence[int]) -> str:
         return out.parents[2].name
     import cupy
 
-    from xstage_bench.machine import dataset_name
+    from xstage_bench.measurement.machine import dataset_name
 
     names = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in gpu_ids]
     return dataset_name(names)

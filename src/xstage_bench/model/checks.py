@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from xstage_bench import storepath
+from xstage_bench.data import storepath
+from xstage_bench.data.stats import bootstrap_median_ci
 from xstage_bench.model.document import ceiling_rates, line_rate
 from xstage_bench.model.records import ISOLATED_KINDS, Recs, plateau
-from xstage_bench.stats import bootstrap_median_ci
 
 MiB = float(1 << 20)
 SPLIT_CI_FLOOR = 0.01  # a K/B split's R interval is at least +-1% (clock and timer noise)

@@ -20,8 +20,8 @@ from typing import Any
 
 import jsonschema
 
-from xstage_bench import storepath
-from xstage_bench.results import atomic_write_text
+from xstage_bench.data import storepath
+from xstage_bench.data.results import atomic_write_text
 
 SHARED_KEYS = ("dataset", "backend", "sources")  # the file's, not one path's
 LINE_RATE_KEY = {storepath.PEER: "nvlink_line_rate_GBps", storepath.HOST: "host_line_rate_GBps"}
@@ -33,7 +33,7 @@ class ModelFileError(ValueError):
 
 @cache
 def model_schema() -> dict:
-    text = resources.files("xstage_bench").joinpath("schemas/model.schema.json").read_text()
+    text = resources.files("xstage_bench.data").joinpath("schemas/model.schema.json").read_text()
     return json.loads(text)
 
 

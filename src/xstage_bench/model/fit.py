@@ -67,9 +67,10 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from xstage_bench import storepath
-from xstage_bench.config import ConfigError
-from xstage_bench.hardware import load_profile
+from xstage_bench.data import storepath
+from xstage_bench.data.config import ConfigError
+from xstage_bench.data.hardware import load_profile
+from xstage_bench.data.results import RawResultError, atomic_write_text
 from xstage_bench.model import checks, laws
 from xstage_bench.model.document import LINE_RATE_KEY, write_model
 from xstage_bench.model.records import (
@@ -86,7 +87,6 @@ from xstage_bench.model.records import (
     read_docs,
     reference_stores,
 )
-from xstage_bench.results import RawResultError, atomic_write_text
 
 MiB = float(1 << 20)
 KiB = 1024.0

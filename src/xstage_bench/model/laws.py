@@ -37,11 +37,6 @@ def issue_time(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArr
     return np.maximum(_f(T0), _f(V) / _f(R) - _f(G))
 
 
-def issue_overhead(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
-    """Issue time beyond the backpressure-free T0: [V/R - G - T0]+."""
-    return np.maximum(_f(V) / _f(R) - _f(G) - _f(T0), 0.0)
-
-
 def hiding_gap(T0: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
     """G*: the smallest gap that hides the drain, [V/R - T0]+."""
     return np.maximum(_f(V) / _f(R) - _f(T0), 0.0)
@@ -77,22 +72,3 @@ def train_period(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike, Q: Arr
     is at least V/R - G, the period is never shorter than V/R.
     """
     return train_issue_time(T0, G, V, R, Q) + _f(G)
-
-
-def backpressure_free(
-    T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike, Q: ArrayLike
-) -> NDArray:
-    """True where the path keeps up (V/(T0+G) <= R) and one burst's backlog fits in Q."""
-    keeps_up = _f(V) / (_f(T0) + _f(G)) <= _f(R)
-    fits = backlog_peak(T0, V, R) <= _f(Q)
-    return np.logical_and(keeps_up, fits)
-
-
-def completion_coupled_period(G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
-    """The rejected alternative: the issuer waits for remote visibility, so G + V/R."""
-    return _f(G) + _f(V) / _f(R)
-
-
-def unbounded_async_issue_time(T0: ArrayLike) -> NDArray:
-    """The other extreme: an unbounded outstanding capacity never stalls the issuer."""
-    return _f(T0).copy()

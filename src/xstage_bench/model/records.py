@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xstage_bench import storepath
-from xstage_bench.results import FAILED_STATUSES, RawResultError, read_raw
+from xstage_bench.data import storepath
+from xstage_bench.data.results import FAILED_STATUSES, RawResultError, read_raw
 
 REFERENCE_STORES = {"dest": "peer", "width": 16, "pattern": "same", "peers": 1}
 BURST_KINDS = ("periodic", "isolated", "drain_probe")

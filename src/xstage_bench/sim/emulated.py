@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from xstage_bench.hardware import HardwareProfile
-from xstage_bench.megamoe import routing, schedule
+from xstage_bench.data import grid
+from xstage_bench.data.hardware import HardwareProfile
+from xstage_bench.megamoe import schedule
 from xstage_bench.sim import megamoe
 
 SCHEDULES = schedule.COMPARED
@@ -41,9 +42,9 @@ def predict_emulated(
     emulated run's raw config; DEFAULT_MEGAMOE otherwise).
     """
     moe = {**DEFAULT_MEGAMOE, **(megamoe_config or {})}
-    fraction = point.get("remote_fraction", routing.NATURAL)
-    local = routing.is_local_control(fraction)
-    routed = {**point, "remote_fraction": routing.NATURAL if local else fraction}
+    fraction = point.get("remote_fraction", grid.NATURAL)
+    local = grid.is_local_control(fraction)
+    routed = {**point, "remote_fraction": grid.NATURAL if local else fraction}
     return {
         name: megamoe.simulate_at_rate(
             routed,
@@ -87,7 +88,7 @@ def compare_emulated(
         if r.get("status") != "ok" or r["point"].get("schedule") not in SCHEDULES:
             continue
         p = r["point"]
-        key = (*(p[k] for k in POINT_KEYS), str(p.get("remote_fraction", routing.NATURAL)))
+        key = (*(p[k] for k in POINT_KEYS), str(p.get("remote_fraction", grid.NATURAL)))
         times.setdefault(key, {})[p["schedule"]] = _time_us(r)
         points[key] = p
         extra = r.get("extra") or {}
@@ -105,7 +106,7 @@ def compare_emulated(
         rows.append(
             {
                 **{k: p[k] for k in POINT_KEYS},
-                "remote_fraction": p.get("remote_fraction", routing.NATURAL),
+                "remote_fraction": p.get("remote_fraction", grid.NATURAL),
                 "measured_speedup": measured,
                 "predicted_speedup": model,
                 "error": model / measured - 1.0,

@@ -34,7 +34,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from xstage_bench.hardware import HardwareProfile
+from xstage_bench.data import grid
+from xstage_bench.data.hardware import HardwareProfile
 from xstage_bench.megamoe import routing, schedule
 from xstage_bench.sim.xstage import EventBudget, PathParams, path_params
 
@@ -78,7 +79,7 @@ def dispatch(point: dict, megamoe: dict, seed: int = 0) -> tuple[routing.RankRow
         point["routing"],
         point["tokens_per_rank"],
         point["world_size"],
-        point.get("remote_fraction", routing.NATURAL),
+        point.get("remote_fraction", grid.NATURAL),
         megamoe.get("skew_zipf", 1.2),
         megamoe.get("block_m", 128),
         seed,

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage_bench import environment, grid, provenance
-from xstage_bench.hardware import HardwareProfile, load_profile
-from xstage_bench.megamoe.routing import LOCAL_CONTROL
+from xstage_bench.data import grid, provenance
+from xstage_bench.data.grid import LOCAL_CONTROL
+from xstage_bench.data.hardware import HardwareProfile, load_profile
+from xstage_bench.data.results import failed_record, ok_record, raw_document, write_raw
+from xstage_bench.measurement import environment
 from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
-from xstage_bench.results import failed_record, ok_record, raw_document, write_raw
 from xstage_bench.sim import megamoe, ulysses, xstage
 
 

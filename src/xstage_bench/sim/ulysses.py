@@ -22,7 +22,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from xstage_bench.hardware import HardwareProfile
+from xstage_bench.data.hardware import HardwareProfile
 from xstage_bench.sim.xstage import EventBudget, PathParams, path_params, simulate_bursts
 
 Q_TILE_ROWS = 128

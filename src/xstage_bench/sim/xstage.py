@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xstage_bench.hardware import HardwareProfile
+from xstage_bench.data.hardware import HardwareProfile
 from xstage_bench.model.laws import bytes_per_us_to_gbps, gbps_to_bytes_per_us
 
 # Model assumptions for the local path and the ceilings (documented in the raw config).

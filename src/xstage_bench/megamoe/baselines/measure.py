@@ -19,12 +19,12 @@ import dataclasses
 import statistics
 import time
 
-from xstage_bench import timing
+from xstage_bench.measurement import timing
+from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point, wrong
 from xstage_bench.megamoe import ceiling, reference, verdict
 from xstage_bench.megamoe.baselines import deepgemm, flashinfer, unfused
 from xstage_bench.megamoe.baselines.worker_pair import WorkerPair
 from xstage_bench.megamoe.points import config_id
-from xstage_bench.protocol import Measured, PointFailed, measure_point, wrong
 
 
 class UnfusedBaseline:

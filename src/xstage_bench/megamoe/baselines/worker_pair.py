@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from xstage_bench.workers import SAFE_ENV, free_port
+from xstage_bench.measurement.workers import SAFE_ENV, free_port
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def time_collective(call, policy: dict, device, refill=None) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    from xstage_bench import timing
+    from xstage_bench.measurement import timing
 
     policy = timing.TimingPolicy(**policy)
     flush = timing.l2_flusher(torch, device.index) if policy.flush_l2 else None

@@ -1,0 +1,130 @@
+"""The fitted Burst-Gap model's parameters as numbers: values with CIs, T0 and R in the
+units the laws use, per-K capacities, the per-producer-window variant, the path's ceilings.
+
+A model file fits every store path it measured (model/document.py): `paths(model)` lists
+them and `for_path(model, path)` gives one path's fit, which every function here reads as
+it reads a whole file (a file's top level is its first path's fit, so code that ignores
+paths reads that one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from xstage_bench.data import storepath
+from xstage_bench.data.hardware import HardwareProfile
+from xstage_bench.model.document import (
+    ceiling_rates,
+    fitted_paths,
+    line_rate,
+    path_fit,
+    primary_path,
+)
+from xstage_bench.model.laws import BYTES_PER_US_PER_GBPS as GBPS_TO_BYTES_PER_US
+
+paths = fitted_paths  # every store path the model fits, the top level's first
+for_path = path_fit  # one path's fit, in the shape of a one-path model
+path_of = primary_path  # the path a (one-path) fit describes
+
+
+def path_label(path: str) -> str:
+    """'host memory' etc.: how a path's far end is named in figures and tables."""
+    return storepath.far_end(path)
+
+
+def param(model: dict, name: str) -> float | None:
+    """A fitted parameter's value, or None where the fitter could not determine it."""
+    entry = model["params"].get(name) or {}
+    value = entry.get("value")
+    return None if value is None else float(value)
+
+
+def param_ci(entry: dict | None) -> tuple[float, float, float]:
+    """(value, ci_low, ci_high) of a parameter entry, NaN where absent."""
+    entry = entry or {}
+    return tuple(  # type: ignore[return-value]
+        np.nan if entry.get(k) is None else float(entry[k]) for k in ("value", "ci_low", "ci_high")
+    )
+
+
+def drain_rate(model: dict) -> float | None:
+    """R in bytes/us."""
+    r = param(model, "R_GBps")
+    return None if r is None else r * GBPS_TO_BYTES_PER_US
+
+
+def t0_us(model: dict, K: float, V: float | np.ndarray) -> float | np.ndarray | None:
+    """Backpressure-free issue time for K producers and V bytes: t0_fixed + (V/K)/issue_rate."""
+    fixed = param(model, "t0_fixed_us")
+    rate = param(model, "issue_rate_per_sm_GBps")
+    if fixed is None or rate is None:
+        return None
+    return fixed + (np.asarray(V, dtype=float) / K) / (rate * GBPS_TO_BYTES_PER_US)
+
+
+def capacity_for_K(model: dict, K: int) -> float | None:
+    """Q fitted for this K when the fitter gave one, else the pooled Q."""
+    for entry in model.get("per_K", []):
+        if entry.get("K") == K:
+            q = (entry.get("Q_bytes") or {}).get("value")
+            if q is not None:
+                return float(q)
+    return param(model, "Q_bytes")
+
+
+WINDOW_VARIANT = "per_producer_Q"
+
+
+def window_model(model: dict) -> dict | None:
+    """The per-producer-window fit (Q = K*q) as a model with its own params, when fitted."""
+    variant = (model.get("variants") or {}).get(WINDOW_VARIANT)
+    if not variant or (variant["params"].get("q_bytes") or {}).get("value") is None:
+        return None
+    return {"params": variant["params"]}
+
+
+def fitted_to_aligned(model: dict) -> bool:
+    """Were the periodic laws fitted to aligned (barrier) records rather than free ones?"""
+    return (model.get("fit_set") or {}).get("periodic") == "aligned"
+
+
+CEILING_NAME = {"sm_store": "sm-store", "copy_engine": "copy-engine"}
+LINE_NAME = {
+    storepath.PEER: "NVLink line rate (spec)",
+    storepath.HOST: "host link line rate (spec)",
+}
+
+
+def ceilings(model: dict) -> dict[str, float]:
+    """Horizontal references for rates (GB/s): the ceilings of the fit's path measured in
+    the same run, and the path's line rate; labelled with the path's far end."""
+    block = model.get("ceilings") or {}
+    path = block.get("path", path_of(model))
+    where = "peer" if path == storepath.PEER else path_label(path)
+    refs = {
+        f"{CEILING_NAME.get(method, method)} {where} ceiling": float(v)
+        for method, v in ceiling_rates(block, path).items()
+    }
+    line = line_rate(block, path)
+    if line:
+        refs[LINE_NAME[path]] = line
+    return refs
+
+
+PROFILE_KEYS = {  # hardware-profile key -> the fitted parameter it takes
+    "t0_fixed_us": "t0_fixed_us",
+    "issue_rate_per_sm_GBps": "issue_rate_per_sm_GBps",
+    "drain_rate_GBps": "R_GBps",
+    "capacity_bytes": "Q_bytes",
+}
+
+
+def path_profile(profile: HardwareProfile, model: dict, path: str) -> HardwareProfile:
+    """`profile` (e.g. the dataset's refit model/profile.yaml, which is the top level's
+    path) with T0, R and Q of `path`'s fit where that fit has them."""
+    fit = for_path(model, path)
+    values = {key: param(fit, name) for key, name in PROFILE_KEYS.items()}
+    name = profile.name if path == path_of(model) else f"{profile.name}, {path} path"
+    return replace(profile, name=name, **{k: v for k, v in values.items() if v is not None})

@@ -1,0 +1,157 @@
+"""What every figure shares: panels, titles, notes, the 'simulated' stamp, axis ticks and
+saving. What a figure shows comes from the analysis layer (xstage_bench.report.analysis), which
+the tables read too.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # renderers run headless (CI, Snakemake jobs); set before pyplot loads
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.artist import Artist  # noqa: E402
+from matplotlib.axis import Axis  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FixedLocator,
+    FuncFormatter,
+    LogLocator,
+    NullFormatter,
+    NullLocator,
+)
+
+from xstage_bench.report.analysis.labels import fmt_bytes  # noqa: E402
+
+DPI = 100
+# Text sizes (points) chosen for reading at report size, where a figure shows about as
+# wide as a laptop screen: tick labels follow the seaborn theme below.
+TITLE_FONT = 13
+PANEL_TITLE_FONT = 10.5
+LEGEND_FONT = 9.5
+NOTE_FONT = 9
+NOTE_LINE_IN = 0.17  # height of one line of notes, in inches
+
+sns.set_theme(style="whitegrid", context="paper", font_scale=1.3)
+
+
+def error_bars(rows: pd.DataFrame, metric: str) -> np.ndarray:
+    """Asymmetric error bars (median to CI bounds) for matplotlib's errorbar."""
+    median = rows[f"{metric}_median"].to_numpy(float)
+    low = rows[f"{metric}_ci_low"].to_numpy(float)
+    high = rows[f"{metric}_ci_high"].to_numpy(float)
+    return np.vstack([np.clip(median - low, 0, None), np.clip(high - median, 0, None)])
+
+
+def new_figure(
+    nrows: int = 1, ncols: int = 1, *, width: float = 5.0, height: float = 3.6, **kwargs
+) -> tuple[Figure, np.ndarray]:
+    """A figure of nrows x ncols panels of about width x height inches each."""
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kwargs
+    )
+    return fig, axes
+
+
+def _wrap(notes: list[str | None], width_in: float) -> list[str]:
+    """Notes wrapped to the figure's width (never cut): one list entry per printed line."""
+    chars = max(40, int(width_in * 72 / (NOTE_FONT * 0.6)))
+    return [line for n in notes if n for line in textwrap.wrap(n, chars, subsequent_indent="  ")]
+
+
+def _stamp_simulated(fig: Figure) -> None:
+    """A faint 'simulated' across every panel, behind the data: the plot itself says so."""
+    for ax in fig.axes:
+        if ax.get_label() == "<colorbar>" or not ax.get_visible() or not ax.axison:
+            continue
+        ax.text(
+            0.5,
+            0.5,
+            "SIMULATED",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            rotation=20,
+            fontsize=26,
+            fontweight="bold",
+            color="tab:purple",
+            alpha=0.13,
+            zorder=0,
+        )
+
+
+def finish_figure(
+    fig: Figure,
+    title: str,
+    label: str,
+    notes: list[str | None],
+    legend: list[Artist] | None = None,
+) -> Figure:
+    """Title with the dataset label on its own line, notes at the bottom (wrapped, never
+    cut), optionally one legend right of the panels, level with the top of the data (it
+    hides none), and 'SIMULATED' inside every panel of a simulated dataset."""
+    fig.suptitle(f"{title}\n{label}", fontsize=TITLE_FONT)
+    if "(simulated" in label:  # dataset_label marks every simulated dataset so
+        _stamp_simulated(fig)
+    width, height = fig.get_size_inches()
+    right = 1.0
+    handle = None
+    if legend:
+        handle = fig.legend(handles=legend, loc="upper left", fontsize=LEGEND_FONT, frameon=False)
+        extent = handle.get_window_extent(fig.canvas.get_renderer())
+        legend_in = extent.width / fig.dpi + 0.2
+        fig.set_size_inches(width + legend_in, height)  # the panels keep their size
+        right = width / (width + legend_in)
+    lines = _wrap(notes, fig.get_size_inches()[0])
+    notes_in = 0.25 + NOTE_LINE_IN * len(lines)
+    fig.set_size_inches(fig.get_size_inches()[0], height + notes_in)  # panels keep their size
+    if lines:
+        fig.text(
+            0.01, 0.005, "\n".join(lines), fontsize=NOTE_FONT, va="bottom", ha="left", color="0.25"
+        )
+    fig.tight_layout(rect=(0, notes_in / (height + notes_in), right, 1))
+    if handle is not None:
+        top = max(ax.get_position().y1 for ax in fig.axes)
+        handle.set_bbox_to_anchor((right, top), transform=fig.transFigure)
+    return fig
+
+
+def save_figure(fig: Figure, out: Path) -> None:
+    """Write the figure as `out` (PDF) and as PNG next to it, then free it.
+
+    The PDF carries no creation date, so re-rendering the same data gives the same bytes
+    (a fresh clone that re-renders a committed reference leaves its tree clean).
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, metadata={"CreationDate": None})
+    fig.savefig(out.with_suffix(".png"), dpi=DPI)
+    plt.close(fig)
+
+
+def byte_ticks(axis: Axis, values: np.ndarray) -> None:
+    """Ticks at the measured sizes, labelled '256 KiB', '4 MiB' (log axes in bytes)."""
+    labelled: dict[str, float] = {}
+    for v in np.unique(np.asarray(values, dtype=float)):
+        labelled.setdefault(fmt_bytes(v), v)  # K*B rounding gives near-equal sizes one tick
+    axis.set_major_locator(FixedLocator(list(labelled.values())))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt_bytes(v)))
+    axis.set_minor_locator(NullLocator())
+
+
+def plain_log_ticks(axis: Axis) -> None:
+    """Log-axis labels as plain numbers at 1, 2, 5 x 10^n rather than powers of ten."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def marker_fill(sync: str, color) -> dict:
+    """Marker face for a sync mode: filled for barrier, hollow for free."""
+    return {"markerfacecolor": color if sync == "barrier" else "none", "markeredgecolor": color}

@@ -1,0 +1,156 @@
+"""fig-isolated: issue time of one burst after a long idle, over V, one panel per K and
+one row of panels per store path (peer GPU, host memory).
+
+Below the capacity a burst issues in T0; above it the excess must drain first, so the
+model is max(T0, (V - Q)/R). Both capacity fits of the row's path are drawn in every
+panel: one Q shared by the path (the paper's model, dashed) and a per-producer window,
+Q = K * q (dash-dot), each with its own fitted T0 and R, and a vertical tick at the
+capacity it puts for this K. The panel title gives the path and the Q fitted to this K
+alone. The local-memory control (dest=local) is drawn dotted in every row.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from xstage_bench.data import storepath
+from xstage_bench.model.laws import isolated_issue_time
+from xstage_bench.report.analysis import fitted, frames, labels, load
+from xstage_bench.report.figures import common
+
+STUDY = "isolated"
+METRIC = "t_iss_slowest_us"
+FITS = (("shared Q", "--"), ("per-producer q", "-."))
+NOTE_CHARS = 190
+
+
+def _fits(model: dict, K: int) -> list[tuple[str, str, float, dict]]:
+    """(name, linestyle, capacity for this K, model) of each Q fit the model file has."""
+    out = []
+    shared = fitted.param(model, "Q_bytes")
+    if shared is not None:
+        out.append((*FITS[0], shared, model))
+    window = fitted.window_model(model)
+    if window is not None:
+        out.append((*FITS[1], K * fitted.param(window, "q_bytes"), window))
+    return out
+
+
+def _per_K_title(model: dict, K: int, path: str) -> str:
+    entry = next((e for e in model.get("per_K", []) if e.get("K") == K), None)
+    Q = ((entry or {}).get("Q_bytes") or {}).get("value")
+    head = f"{storepath.far_end(path)}, K={K}"
+    if Q is None:
+        return head
+    return (
+        f"{head}: Q fitted to this K\n{labels.fmt_bytes(Q)} ({Q / K / labels.KIB:.1f} KiB/producer)"
+    )
+
+
+def plot(dataset_dir: Path) -> Figure:
+    doc = load.raw_doc(dataset_dir, f"microbench:{STUDY}")
+    model = load.model_doc(dataset_dir)
+    df = frames.records_frame(doc)
+    ok = frames.ok_rows(df, dataset_dir, f"microbench/{STUDY}.json", (METRIC,))
+    paths = frames.remote_paths(ok) or [storepath.PEER]
+    Ks = sorted(int(k) for k in ok["K"].unique())
+    palette = dict(zip(("remote", "local"), sns.color_palette("deep", 2), strict=True))
+    fit_colors = dict(zip((f[0] for f in FITS), ("k", "tab:red"), strict=True))
+    V = np.geomspace(float(ok["V"].min()), float(ok["V"].max()), 400)
+
+    fig, axes = common.new_figure(len(paths), len(Ks), width=4.2, height=4.0, sharey=True)
+    drawn, unmodelled, notes = set(), [], [frames.failure_note(df)]
+    for row_axes, path in zip(axes, paths, strict=True):
+        fit = _path_fit(model, path, notes)
+        for ax, K in zip(row_axes, Ks, strict=True):
+            for dest, linestyle, marker in ((path, "-", "o"), ("local", ":", "x")):
+                rows = ok[(ok["K"] == K) & (ok["path"] == dest)].sort_values("V")
+                if rows.empty:
+                    continue
+                ax.errorbar(
+                    rows["V"],
+                    rows[f"{METRIC}_median"],
+                    yerr=common.error_bars(rows, METRIC),
+                    color=palette["local" if dest == "local" else "remote"],
+                    linestyle=linestyle,
+                    marker=marker,
+                    markersize=3,
+                    capsize=2,
+                )
+            modelled = []
+            for name, linestyle, Q, fit_of in _fits(fit, K) if fit else []:
+                R, T0 = fitted.drain_rate(fit_of), fitted.t0_us(fit_of, K, V)
+                if R is None or T0 is None:
+                    continue
+                color = fit_colors[name]
+                line = isolated_issue_time(T0=T0, V=V, Q=Q, R=R)
+                ax.plot(V, line, color=color, ls=linestyle, lw=1)
+                ax.axvline(Q, color=color, linestyle=linestyle, linewidth=0.6, alpha=0.6)
+                drawn.add(name)
+                modelled.append(name)
+            if fit and not modelled:
+                unmodelled.append(f"{path} K={K}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            common.byte_ticks(ax.xaxis, ok["V"])
+            common.plain_log_ticks(ax.yaxis)
+            ax.tick_params(axis="x", labelsize=9)
+            for label in ax.get_xticklabels():
+                label.set(rotation=55, ha="right", rotation_mode="anchor")
+            ax.set_title(_per_K_title(fit or {}, K, path), fontsize=common.PANEL_TITLE_FONT)
+        row_axes[0].set_ylabel("T_iss (us): slowest producer's\nown store loop")
+        if fit:
+            notes += _fit_notes(fit, path if len(paths) > 1 else None)
+    for ax in axes[-1]:
+        ax.set_xlabel("burst size V")
+
+    far = " / ".join(storepath.far_end(p) for p in paths)
+    handles = [
+        Line2D([], [], color=palette["remote"], linestyle="-", marker="o", label=f"{far} (remote)"),
+        Line2D([], [], color=palette["local"], linestyle=":", marker="x", label="local control"),
+    ]
+    for name, linestyle in FITS:
+        if name in drawn:
+            what = "Q" if name == "shared Q" else "K*q"
+            label = f"model, {name}: max(T0, (V-{what})/R)\n(vertical: {what} for this K)"
+            handles.append(Line2D([], [], color=fit_colors[name], linestyle=linestyle, label=label))
+    if unmodelled:
+        notes.append(f"model lines omitted for {', '.join(unmodelled)}: R, Q or T0 was not fitted")
+    return common.finish_figure(
+        fig,
+        "Isolated-burst issue time vs burst size: the capacity Q",
+        labels.doc_label(dataset_dir, doc),
+        notes,
+        legend=handles,
+    )
+
+
+def _path_fit(model: dict, path: str, notes: list) -> dict | None:
+    try:
+        return fitted.for_path(model, path)
+    except load.ModelFileError:
+        notes.append(f"{storepath.far_end(path)}: no fit in the model file, model lines omitted")
+        return None
+
+
+def _fit_notes(model: dict, path: str | None) -> list[str]:
+    parts = []
+    Q = fitted.param(model, "Q_bytes")
+    if Q is not None:
+        parts.append(f"shared Q = {labels.fmt_bytes(Q)}")
+    window = fitted.window_model(model)
+    if window is not None:
+        parts.append(f"per-producer q = {fitted.param(window, 'q_bytes') / labels.KIB:.1f} KiB")
+    check = model["checks"].get("per_producer_Q_fits_better")
+    if check and check["passed"] is not None:
+        parts.append(check["detail"])
+    if not parts:
+        return []
+    head = f"{storepath.far_end(path)}: " if path else ""
+    return textwrap.wrap(head + "; ".join(parts), NOTE_CHARS)

@@ -1,0 +1,393 @@
+"""tab-megamoe: the interleaved-over-expert-wave speedup per store path, in both metrics
+(layer time and kernel time), overall and per group, beside the paper's 84-configuration
+summary: every headline with a CI over configurations and samples, every extreme with its
+own configuration's CI, win/loss/tie counts, noisy and throttled points counted (and the
+headline without the throttled ones where there are any); then every configuration's
+ratios with CIs and verdicts. Where the dataset holds the baselines, our best schedule
+against the unfused torch pipeline, DeepGEMM's SM90 MegaMoE and (where measured)
+FlashInfer's SM90 FP8 MegaMoE (summary per group), and the same per configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from xstage_bench.data import stats, storepath
+from xstage_bench.report import paper
+from xstage_bench.report.analysis import frames, labels, megamoe
+from xstage_bench.report.analysis.speedup_ci import NOISY_HALF_WIDTH, headline_ci
+from xstage_bench.report.tables.common import Table
+
+PAPER = {
+    "paper_geomean": paper.MEGAMOE_GEOMEAN,
+    "paper_median": paper.MEGAMOE_MEDIAN,
+    "paper_min": paper.MEGAMOE_MIN,
+    "paper_max": paper.MEGAMOE_MAX,
+}
+THROTTLED_LEFT_OUT = "overall, throttled points left out"
+
+
+def speedup_stats(speedup: pd.Series) -> dict:
+    """Geomean, median, min and max of ratios without CIs (the baselines' sections)."""
+    return {
+        "n": len(speedup),
+        "geomean": stats.geomean(speedup),
+        "median": float(speedup.median()),
+        "min": float(speedup.min()),
+        "max": float(speedup.max()),
+    }
+
+
+def speedup_summary(configs: pd.DataFrame, metric: megamoe.Metric) -> dict:
+    """One metric's speedup over `configs`: geomean and median with their two-level
+    bootstrap CIs (speedup_ci.headline_ci), min and max each with its own configuration's
+    CI and noisy flag, wins (interleaved faster: CI above 1), losses, ties, and how many
+    configurations are noisy and how many throttled."""
+    column = metric.column("speedup")
+    configs = configs[configs[column].notna()]
+    points = list(configs[metric.column("samples")])
+    row: dict = {"n": len(configs)}
+    for stat in ("geomean", "median"):
+        value, low, high = headline_ci(points, stat)
+        row.update({stat: value, f"{stat}_ci_low": low, f"{stat}_ci_high": high})
+    for stat, at in (("min", configs[column].idxmin()), ("max", configs[column].idxmax())):
+        extreme = configs.loc[at]
+        row.update(
+            {
+                stat: extreme[column],
+                f"{stat}_ci_low": extreme[metric.column("speedup_ci_low")],
+                f"{stat}_ci_high": extreme[metric.column("speedup_ci_high")],
+                f"{stat}_noisy": bool(extreme[metric.column("noisy")]),
+            }
+        )
+    verdicts = configs[metric.column("verdict")]
+    row.update(
+        wins=int((verdicts == stats.FASTER).sum()),
+        losses=int((verdicts == stats.SLOWER).sum()),
+        ties=int((verdicts == stats.TIE).sum()),
+        noisy=int(configs[metric.column("noisy")].sum()),
+        throttled=int(configs["throttled"].sum()),
+    )
+    return row
+
+
+def headline_rows(speedups: pd.DataFrame) -> list[dict]:
+    """Per path and metric, the overall rows (megamoe.headline_sets: natural routing, or
+    one per host share), each again without its throttled configurations where it has
+    any; the paper's columns beside every overall row but the local control's."""
+    rows = []
+    for path, what, configs in megamoe.headline_sets(speedups):
+        control = set(configs["remote_fraction"]) == {"0"}
+        for metric in megamoe.metrics_of(configs):
+            head = {"path": path, "metric": metric.label, "value": what}
+            paper_columns = {} if control else PAPER
+            rows.append(
+                {**head, "group": "overall", **speedup_summary(configs, metric), **paper_columns}
+            )
+            cool = configs[~configs["throttled"]]
+            if len(cool) < len(configs) and len(cool):
+                rows.append(
+                    {
+                        **head,
+                        "group": THROTTLED_LEFT_OUT,
+                        **speedup_summary(cool, metric),
+                        **paper_columns,
+                    }
+                )
+    return rows
+
+
+def group_rows(speedups: pd.DataFrame) -> list[dict]:
+    """Per path, metric and group (shape, precision, routing, f): the same summary."""
+    rows = []
+    for path in megamoe.ordered_paths(speedups["path"]):
+        part = speedups[speedups["path"] == path]
+        for metric in megamoe.metrics_of(part):
+            for group in megamoe.MEGAMOE_GROUPS:
+                if group not in part.columns:
+                    continue
+                for value, configs in part.groupby(group, sort=True):
+                    if configs[metric.column("speedup")].notna().any():
+                        head = {"path": path, "metric": metric.label, "group": group}
+                        rows.append({**head, "value": value, **speedup_summary(configs, metric)})
+    return rows
+
+
+def per_configuration(speedups: pd.DataFrame) -> pd.DataFrame:
+    """Every configuration: its ratios in each metric with CI, verdict and noisy flag,
+    whether its schedules were paired, and whether a record is flagged throttled."""
+    frame = pd.DataFrame(
+        {
+            "path": speedups["path"],
+            "configuration": [megamoe.megamoe_config_name(r) for r in speedups.to_dict("records")],
+        }
+    )
+    for metric in megamoe.metrics_of(speedups):
+        name = metric.name
+        frame[f"{name} speedup"] = speedups[metric.column("speedup")]
+        frame[f"{name} CI low"] = speedups[metric.column("speedup_ci_low")]
+        frame[f"{name} CI high"] = speedups[metric.column("speedup_ci_high")]
+        frame[f"{name} verdict"] = speedups[metric.column("verdict")]
+        frame[f"{name} noisy"] = speedups[metric.column("noisy")]
+    frame["paired"] = speedups["paired"]
+    frame["samples"] = speedups["n"]
+    frame["throttled"] = speedups["throttled"]
+    return frame
+
+
+def metric_notes(doc: dict, speedups: pd.DataFrame) -> list[str]:
+    """What each metric is, named as in the columns, with the raw config's definition."""
+    definitions = (doc.get("config") or {}).get("definitions") or {}
+    notes = []
+    for metric in megamoe.metrics_of(speedups):
+        defined = definitions.get(metric.sample)
+        text = f"'{metric.label}' = {metric.sample}" + (f": {defined}" if defined else "")
+        notes.append(
+            f"{text}; speedup = expert-wave {metric.name} / interleaved {metric.name} (medians)"
+        )
+    return notes
+
+
+def build(dataset_dir: Path) -> Table:
+    doc, speedups, incomplete = megamoe.megamoe_sweep(dataset_dir)
+    frame = pd.DataFrame(headline_rows(speedups) + group_rows(speedups))
+    columns = ["path", "metric", "group", "value"]
+    frame = frame[[*columns, *(c for c in frame.columns if c not in columns)]]
+    paths = megamoe.ordered_paths(speedups["path"])
+    notes = [
+        "our kernel (variant absent or 'ours'); the lead sweep's extra interleaved arms are "
+        "in tab-megamoe-lead, not here.",
+        *metric_notes(doc, speedups),
+        "headline CIs (geomean, median): 95% bootstrap over configurations and, within each, "
+        "its paired rounds (or, unpaired, each schedule's samples on its own); min and max: "
+        "that configuration's own ratio CI (stats.ratio_ci). wins / losses / ties: "
+        "configurations whose CI lies above 1 (interleaved faster) / below 1 / spans 1; "
+        f"noisy: a ratio CI reaching further than +-{NOISY_HALF_WIDTH:.0%} from its value.",
+        "paths: " + "; ".join(megamoe.path_title(p) for p in paths) + ".",
+    ]
+    if storepath.PEER in paths:
+        notes.append(
+            "peer path: remote_fraction is the share of the combine rows stored into the "
+            "other GPU; natural is routing's own ((P-1)/P), a number re-homes rows to carry "
+            "that share (0.875: an 8-GPU node's); the overall row is natural routing, the "
+            "paper's setting."
+        )
+    if storepath.HOST in paths:
+        notes.append(
+            "host path: f is the host share, the share of home tokens whose combine rows "
+            "are stored into host memory; f = 0 is the local control (no row leaves the "
+            "GPU); one overall row per f."
+        )
+    throttled = int(speedups["throttled"].sum())
+    notes.append(
+        f"throttled: {throttled} configuration(s) with a record flagged throttled"
+        + (f" (rows '{THROTTLED_LEFT_OUT}' leave them out)" if throttled else "")
+    )
+    unpaired = int((~speedups["paired"]).sum())
+    if unpaired:
+        notes.append(
+            f"{unpaired} configuration(s) timed unpaired (the schedules measured one after the "
+            "other, not in alternating rounds): their CIs resample each schedule on its own."
+        )
+    notes.append(
+        f"paper: {paper.MEGAMOE_CONFIGS} configurations on a {paper.B200}; geomean and max "
+        "from the abstract, median and min (summary)."
+    )
+    notes.append(frames.failure_note(frames.records_frame(doc), "left out"))
+    if len(incomplete):
+        notes.append(
+            f"{len(incomplete)} configuration(s) lack an ok time for both schedules "
+            "and are left out"
+        )
+    sections = [("Per configuration: speedups with CIs and verdicts", per_configuration(speedups))]
+    baselines = megamoe.natural_routing(megamoe.megamoe_baselines(doc))
+    if not baselines.empty:
+        flashinfer = megamoe.has_records(doc, "flashinfer")
+        sections += [
+            ("Our best schedule against the baselines", baseline_summary(baselines, flashinfer)),
+            (
+                "Our best schedule against the baselines, per configuration",
+                baseline_configs(baselines, flashinfer),
+            ),
+        ]
+        notes.append(
+            "baselines: ours/unfused and ours/DeepGEMM are time ratios, our best schedule's "
+            "median layer time over the baseline's (best schedule's) median time: below 1 ours "
+            "is faster. The unfused and DeepGEMM times include their dispatch; ours does not "
+            "(dispatch done once, outside the timed region). DeepGEMM L2-lag speedup = its "
+            "wave time / its L2-lag time, where both ran."
+        )
+        if flashinfer:
+            notes.append(flashinfer_note(doc))
+    ceiling = megamoe.kernel_vs_ceiling(doc)
+    if not ceiling.empty:
+        sections += [
+            ("Our kernel beside the GEMM ceiling", ceiling_summary(ceiling)),
+            ("Our kernel beside the GEMM ceiling, per configuration", ceiling_configs(ceiling)),
+        ]
+        notes.append(
+            "ceiling: cuBLAS on the same two GEMMs of one rank (rows = tokens x topk; FP8 "
+            "row-wise torch._scaled_mm, or bf16), on GPU 0; kernel TFLOP/s = useful FLOPs over "
+            f"the kernel time ({megamoe.KERNEL.sample}, extra {megamoe.KERNEL.tflops}; the "
+            f"raw config's '{megamoe.LAYER.tflops}' is over the layer time), the slowest "
+            "rank, best schedule; roofline = the larger of the FLOPs at the ceiling and the "
+            "rank's weights + activations at the measured HBM copy bandwidth "
+            "(megamoe/ceiling.py). Natural routing."
+        )
+    return Table(
+        frame,
+        "MegaMoE interleaved vs expert-wave speedup, " + megamoe.paths_text(paths),
+        labels.doc_label(dataset_dir, doc),
+        notes,
+        sections,
+    )
+
+
+# (name, column, only where this column is known): our speedup is summarized over the
+# configurations where DeepGEMM ran both schedules, to sit beside its L2-lag speedup
+COMPARISONS = (
+    ("ours/unfused, its fastest checked path (time)", "ours_over_unfused", None),
+    (
+        "ours/unfused FP8 grouped, per-token x per-channel scales (time)",
+        "ours_over_unfused_fp8",
+        None,
+    ),
+    ("ours/unfused bf16 grouped (time)", "ours_over_unfused_bf16", None),
+    ("ours/DeepGEMM (time)", "ours_over_deepgemm", None),
+    ("ours/FlashInfer SM90 FP8 (time)", "ours_over_flashinfer", None),
+    ("DeepGEMM L2-lag speedup", "deepgemm_lag_speedup", None),
+    ("our interleaved speedup, same configurations", "ours_speedup", "deepgemm_lag_speedup"),
+)
+
+
+def baseline_summary(baselines: pd.DataFrame, flashinfer: bool = False) -> pd.DataFrame:
+    """Geomean, median, min, max of each comparison, overall and per precision and shape;
+    a comparison with no configuration is one row with n = 0. FlashInfer's row only where
+    the sweep measured it."""
+    rows = []
+    for name, column, where in COMPARISONS:
+        if column in megamoe.UNFUSED_PATH_RATIOS and baselines[column].isna().all():
+            continue  # a sweep from before the unfused pipeline timed each path
+        if column == "ours_over_flashinfer" and not flashinfer:
+            continue
+        values = baselines[baselines[column].notna()]
+        if where is not None:
+            values = values[values[where].notna()]
+        if values.empty:
+            rows.append({"comparison": name, "group": "overall", "value": "all", "n": 0})
+            continue
+        head = {"comparison": name, "group": "overall", "value": "all"}
+        rows.append({**head, **speedup_stats(values[column])})
+        for group in ("precision", "shape"):
+            for value, part in values.groupby(group, sort=True):
+                head = {"comparison": name, "group": group, "value": value}
+                rows.append({**head, **speedup_stats(part[column])})
+    return pd.DataFrame(rows)
+
+
+def baseline_configs(baselines: pd.DataFrame, flashinfer: bool = False) -> pd.DataFrame:
+    """One row per configuration: the times (us) and the ratios (FlashInfer's only where
+    the sweep measured it)."""
+    frame = pd.DataFrame(
+        {
+            "configuration": [megamoe.megamoe_config_name(r) for r in baselines.to_dict("records")],
+            "ours best layer time us": baselines["ours_best_us"],
+            "unfused us": baselines["unfused_us"],
+            "unfused FP8 grouped us": baselines["unfused_fp8_us"],
+            "unfused bf16 grouped us": baselines["unfused_bf16_us"],
+            "DeepGEMM wave us": baselines["deepgemm_wave_us"],
+            "DeepGEMM L2-lag us": baselines["deepgemm_lag_us"],
+            "FlashInfer us": baselines["flashinfer_us"],
+            "ours/unfused": baselines["ours_over_unfused"],
+            "ours/unfused FP8": baselines["ours_over_unfused_fp8"],
+            "ours/unfused bf16": baselines["ours_over_unfused_bf16"],
+            "ours/DeepGEMM": baselines["ours_over_deepgemm"],
+            "ours/FlashInfer": baselines["ours_over_flashinfer"],
+            "our interleaved speedup": baselines["ours_speedup"],
+            "DeepGEMM L2-lag speedup": baselines["deepgemm_lag_speedup"],
+        }
+    )
+    # a sweep from before each unfused path was timed has no numbers for them
+    paths = ("unfused FP8 grouped us", "unfused bf16 grouped us")
+    paths += ("ours/unfused FP8", "ours/unfused bf16")
+    empty = [name for name in paths if frame[name].isna().all()]
+    if not flashinfer:
+        empty += ["FlashInfer us", "ours/FlashInfer"]
+    return frame.drop(columns=empty)  # in the configuration keys' order
+
+
+def flashinfer_note(doc: dict) -> str:
+    """What FlashInfer's time is, in the format its records name, and what became of its
+    points when none is ok."""
+    extras = [
+        r.get("extra") or {}
+        for r in doc["records"]
+        if r["point"].get("variant") == "flashinfer" and r["status"] == "ok"
+    ]
+    if not extras:
+        outcome = megamoe.variant_outcome(doc, "flashinfer", "FlashInfer")
+        return f"FlashInfer SM90 FP8 MegaMoE: no configuration with an ok time ({outcome})."
+    first = extras[0]
+    return (
+        f"ours/FlashInfer: FlashInfer {first.get('flashinfer_version', '')} "
+        f"{first.get('flashinfer_backend', '')}, {first.get('format', 'FP8')}; one time per "
+        "configuration (its own schedule), natural routing only; its time (compute_staged, "
+        "FP8 inputs staged beforehand) includes its dispatch and combine, ours does not."
+    )
+
+
+def ceiling_summary(ceiling: pd.DataFrame) -> pd.DataFrame:
+    """Per precision (and W8A8 at the most tokens): how close our kernel comes to cuBLAS on
+    the same GEMMs and to the roofline; and W4A8's time over W8A8's, configuration by
+    configuration."""
+    rows = []
+    top = ceiling["tokens_per_rank"].max()
+    for label, part in [
+        *((p, g) for p, g in ceiling.groupby("precision", sort=True)),
+        (
+            f"w8a8, {top} tokens",
+            ceiling[(ceiling["precision"] == "w8a8") & (ceiling["tokens_per_rank"] == top)],
+        ),
+    ]:
+        if part.empty:
+            continue
+        rows.append(
+            {
+                "precision": label,
+                "n": len(part),
+                "kernel TFLOP/s median": float(part["kernel_tflops"].median()),
+                "kernel TFLOP/s max": float(part["kernel_tflops"].max()),
+                "ceiling TFLOP/s median": float(part["ceiling_tflops"].median()),
+                "fraction of ceiling median": float(part["fraction_of_ceiling"].median()),
+                "roofline / kernel time median": float(part["roofline_over_kernel"].median()),
+            }
+        )
+    keys = ["shape", "routing", "tokens_per_rank"]
+    w4 = ceiling[ceiling["precision"] == "w4a8"].set_index(keys)["kernel_us"]
+    w8 = ceiling[ceiling["precision"] == "w8a8"].set_index(keys)["kernel_us"]
+    ratio = (w4 / w8).dropna()
+    if len(ratio):
+        rows.append(
+            {
+                "precision": "w4a8 time / w8a8 time",
+                "n": len(ratio),
+                "geomean": stats.geomean(ratio),
+                "max": float(ratio.max()),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def ceiling_configs(ceiling: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "configuration": [megamoe.megamoe_config_name(r) for r in ceiling.to_dict("records")],
+            "kernel TFLOP/s": ceiling["kernel_tflops"],
+            "cuBLAS ceiling TFLOP/s": ceiling["ceiling_tflops"],
+            "fraction of ceiling": ceiling["fraction_of_ceiling"],
+            "kernel us": ceiling["kernel_us"],
+            "roofline us": ceiling["roofline_us"],
+            "roofline / kernel": ceiling["roofline_over_kernel"],
+        }
+    )

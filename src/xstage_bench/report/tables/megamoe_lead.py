@@ -1,0 +1,146 @@
+"""tab-megamoe-lead: the real kernel's lead map (issue 25, items 3 and 7). Per
+configuration and share f: the interleaved-over-expert-wave speedup for every swept
+Linear-1 lead, the best swept lead with its CI, the model's `auto` lead (the rows it
+resolved to) with its CI, how far auto's speedup is from the best's, and whether the two
+leads' interleaved times are told apart (a verdict at 95%). Then a summary per path and f,
+and every lead's ratios in both metrics with CIs and verdicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from xstage_bench.data import stats
+from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_lead
+from xstage_bench.report.analysis.speedup_ci import NOISY_HALF_WIDTH
+from xstage_bench.report.tables.common import Table
+
+
+def configuration(row: dict) -> str:
+    """The configuration's name without its share (a column of its own)."""
+    return megamoe.megamoe_config_name({k: v for k, v in row.items() if k != "remote_fraction"})
+
+
+def lead_columns(leads: pd.DataFrame, metric: megamoe.Metric) -> pd.DataFrame:
+    """Per configuration and f, one speedup column per lead ('speedup lead=256')."""
+    keys = megamoe_lead.config_keys(leads)
+    wide = leads.pivot_table(
+        index=keys, columns="lead", values=metric.column("speedup"), aggfunc="first", sort=False
+    )
+    order = list(dict.fromkeys(leads["lead"]))
+    wide = wide.reindex(columns=order)
+    wide.columns = [f"speedup lead={lead}" for lead in wide.columns]
+    return wide.reset_index()
+
+
+def summary_per_share(best: pd.DataFrame) -> pd.DataFrame:
+    """Per path and f: how many configurations, which swept lead is best how often, and
+    how far auto is from the best (median and worst of auto/best, verdict counts)."""
+    rows = []
+    for (path, fraction), part in best.groupby(["path", "remote_fraction"], sort=True):
+        row = {"path": path, "f": fraction, "configurations": len(part)}
+        if "best_lead" in part.columns:
+            counts = part["best_lead"].dropna().astype(int).value_counts()
+            row["best swept lead (times best)"] = ", ".join(
+                f"{lead} ({n})" for lead, n in counts.sort_index().items()
+            )
+        if "auto_over_best" in part.columns:
+            ratio = part["auto_over_best"].dropna()
+            if len(ratio):
+                row.update(
+                    {
+                        "auto/best speedup median": float(ratio.median()),
+                        "auto/best speedup min": float(ratio.min()),
+                    }
+                )
+            verdicts = part["auto_vs_best"].value_counts()
+            for verdict in megamoe_lead.AUTO_VERDICT.values():
+                row[verdict] = int(verdicts.get(verdict, 0))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def per_lead(leads: pd.DataFrame) -> pd.DataFrame:
+    """Every (configuration, f, lead): its ratios in each metric with CI, verdict and
+    noisy flag; pairing and throttling."""
+    frame = pd.DataFrame(
+        {
+            "path": leads["path"],
+            "configuration": [configuration(r) for r in leads.to_dict("records")],
+            "f": leads["remote_fraction"],
+            "lead": leads["lead"],
+            "lead rows": leads["lead_rows"],
+        }
+    )
+    for metric in megamoe.metrics_of(leads):
+        frame[f"{metric.name} speedup"] = leads[metric.column("speedup")]
+        frame[f"{metric.name} CI low"] = leads[metric.column("speedup_ci_low")]
+        frame[f"{metric.name} CI high"] = leads[metric.column("speedup_ci_high")]
+        frame[f"{metric.name} verdict"] = leads[metric.column("verdict")]
+        frame[f"{metric.name} noisy"] = leads[metric.column("noisy")]
+    frame["paired"] = leads["paired"]
+    frame["throttled"] = leads["throttled"]
+    return frame
+
+
+def build(dataset_dir: Path) -> Table:
+    doc, leads = megamoe_lead.lead_sweep(dataset_dir)
+    metric = megamoe_lead.lead_metric(leads)
+    keys = megamoe_lead.config_keys(leads)
+    best = megamoe_lead.best_and_auto(leads, metric)
+    frame = lead_columns(leads, metric).merge(best, on=keys, how="left")
+    frame.insert(0, "configuration", [configuration(r) for r in frame.to_dict("records")])
+    frame = frame.rename(columns={"remote_fraction": "f"})
+    frame = frame.drop(columns=[k for k in keys if k not in ("path", "remote_fraction")])
+    first = ["path", "configuration", "f"]
+    frame = frame[[*first, *(c for c in frame.columns if c not in first)]]
+    paths = megamoe.ordered_paths(leads["path"])
+    swept = sorted({int(x) for x in leads.loc[leads["swept"] & ~leads["auto"], "lead"]})
+    noisy = int(leads[metric.column("noisy")].sum())
+    notes = [
+        f"speedup = expert-wave {metric.name} / interleaved {metric.name} (medians) of our "
+        f"kernel, '{metric.label}' = {metric.sample}: the lead changes the kernel alone"
+        + (
+            ""
+            if metric is megamoe.KERNEL
+            else " (these records have no kernel time; the layer time adds the same barrier "
+            "and reduction to both)"
+        )
+        + "; both metrics per lead in the last section.",
+        "paths: "
+        + "; ".join(megamoe.path_title(p) for p in paths)
+        + "; f: "
+        + "; ".join(f"{p}: {megamoe.share_word(p)}" for p in paths)
+        + " (0: the local control).",
+        f"lead = the interleaved schedule's lead_rows (Linear-1 rows run ahead of Linear-2); "
+        f"swept: {', '.join(str(x) for x in swept)}; auto: the model's choice (the smallest "
+        "lead whose Linear-1 work between Linear-2 bursts covers their drain, from the path's "
+        "fitted T0, R, Q and the tile costs), its resolved rows in auto_lead_rows; a lead "
+        "column not swept is the main grid's interleaved arm.",
+        "best_lead: the swept numeric lead with the largest speedup (a point estimate: its "
+        "CI beside it); auto_over_best: auto's speedup / the best's; auto_time_over_best: "
+        "auto's interleaved time / the best lead's, 95% bootstrap CI (paired where the arms "
+        "ran in the same rounds), verdict 'best swept lead faster', 'auto faster' or 'tie'.",
+        f"{noisy} of {len(leads)} (configuration, f, lead) ratio(s) noisy (CI beyond "
+        f"+-{NOISY_HALF_WIDTH:.0%}); {int(leads['throttled'].sum())} with a record flagged "
+        f"throttled; {int((~leads['paired']).sum())} unpaired.",
+        frames.failure_note(frames.records_frame(doc), "left out"),
+    ]
+    wins = leads[metric.column("verdict")].value_counts()
+    notes.append(
+        "per lead, interleaved faster / slower / tie: "
+        f"{int(wins.get(stats.FASTER, 0))} / {int(wins.get(stats.SLOWER, 0))} / "
+        f"{int(wins.get(stats.TIE, 0))}"
+    )
+    return Table(
+        frame,
+        f"MegaMoE lead map: interleaved vs expert-wave speedup by share f and lead "
+        f"({metric.name}), {megamoe.paths_text(paths)}",
+        labels.doc_label(dataset_dir, doc),
+        notes,
+        [
+            ("Per path and f: the best swept lead and the model's auto", summary_per_share(best)),
+            ("Per lead: both metrics with CIs and verdicts", per_lead(leads)),
+        ],
+    )

@@ -1,0 +1,299 @@
+"""A verdict per claim, computed from the data: reproduced, differs or not measured.
+
+`reproduced` means our number meets the claim's stated criterion (a tolerance, a range
+overlap, a bound, or the paper's value inside our 95% CI). `differs` comes with the
+measured reason: what differs between our setting and the paper's (link, GPU count,
+whether the combine backpressures at all), each fact read from the dataset's files.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from xstage_bench.data import storepath
+from xstage_bench.data.grid import LOCAL_CONTROL
+from xstage_bench.megamoe.schedule import WAVE
+from xstage_bench.model.document import LINE_RATE_KEY
+from xstage_bench.report import paper
+from xstage_bench.report.analysis import frames
+from xstage_bench.report.paper import Claim
+from xstage_bench.report.tables.claim_answers import (
+    Answer,
+    Found,
+    NotMeasured,
+    Sources,
+    attention_ranks,
+    span_medians,
+)
+
+REPRODUCED = "reproduced"
+DIFFERS = "differs"
+NOT_MEASURED = "not measured"
+# A count the grid fixes (the 84 configurations): reported, but no result to reproduce.
+NOT_A_RESULT = "not a result"
+VERDICTS = (REPRODUCED, DIFFERS, NOT_MEASURED, NOT_A_RESULT)
+
+# Tolerances: the Burst-Gap parameters are fits (10%, or the paper's value inside our
+# CI); speedups are ratios of medians, whose run-to-run drift is a few percent (5%).
+PARAMETER_TOLERANCE = 0.10
+SPEEDUP_TOLERANCE = 0.05
+SPAN_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class Criterion:
+    text: str
+    holds: Callable[[Claim, Answer], bool]
+
+
+def within(rel: float, *, ci: bool = False) -> Criterion:
+    def holds(claim: Claim, answer: Answer) -> bool:
+        if all(abs(v - claim.value) <= rel * claim.value for v in answer.values):
+            return True
+        return ci and answer.ci is not None and answer.ci[0] <= claim.value <= answer.ci[1]
+
+    text = f"within {rel:.0%}" + (" or the paper's value inside our 95% CI" if ci else "")
+    return Criterion(text, holds)
+
+
+def ranges_overlap(rel: float) -> Criterion:
+    def holds(claim: Claim, answer: Answer) -> bool:
+        upper = claim.upper if claim.upper is not None else claim.value
+        low, high = claim.value * (1 - rel), upper * (1 + rel)
+        return min(answer.values) <= high and max(answer.values) >= low
+
+    return Criterion(f"ranges overlap (paper's widened by {rel:.0%})", holds)
+
+
+AT_MOST = Criterion("at most the paper's bound", lambda c, a: max(a.values) <= c.value)
+EXACT = Criterion("equal", lambda c, a: all(v == c.value for v in a.values))
+
+
+def criterion(claim: Claim) -> Criterion:
+    if claim.at_most:
+        return AT_MOST
+    if claim.upper is not None:
+        return ranges_overlap(SPAN_TOLERANCE)
+    if claim.unit == "configs":
+        return EXACT
+    if claim.topic == "burst_gap":
+        return within(PARAMETER_TOLERANCE, ci=True)
+    return within(SPEEDUP_TOLERANCE)
+
+
+# ---------------------------------------------------------------- the setting, from data
+
+# NVLink generation by compute capability major (Ampere 3, Hopper 4, Blackwell 5).
+NVLINK_BY_CAPABILITY = {"8": "NVLink3", "9": "NVLink4", "10": "NVLink5"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a dataset ran on, for the reasons: hardware, world sizes, and whether the
+    MegaMoE combine backpressured (expert-wave spans against the local-store control)."""
+
+    hardware: str  # 'NVLink4 on 2x NVIDIA H200 (132 SMs, 450 GB/s line rate)'
+    path: str  # the store path the answers speak for
+    settings: dict  # per experiment, the setting its records are (Sources.settings)
+    moe_world: int | None
+    attention_world: int | None
+    wave_excess_us: float | None  # largest expert-wave minus local-control median span
+    local_spans: tuple[float, float] | None  # range of the local control's median spans
+    a2a_overhead: dict[int, float]  # per S: serial / alone - 1 (the All-to-All's share)
+
+    @classmethod
+    def of(cls, src: Sources) -> Setting:
+        return cls(
+            hardware=_hardware(src),
+            path=src.path,
+            settings=dict(src.settings),
+            moe_world=_world(src.megamoe),
+            attention_world=_ranks(src.attention),
+            wave_excess_us=_wave_excess(src),
+            local_spans=_local_spans(src),
+            a2a_overhead=_a2a_overhead(src),
+        )
+
+
+def _hardware(src: Sources) -> str:
+    environment = src.environment() or {}
+    profile = environment.get("hardware_profile")
+    if profile:
+        facts = [
+            f"{profile[key]:g} {unit}"
+            for key, unit in (("sm_count", "SMs"), ("drain_rate_GBps", "GB/s drain"))
+            if isinstance(profile.get(key), int | float)
+        ]
+        return f"the simulated profile '{profile.get('name', '?')}' ({', '.join(facts)})"
+    gpus = environment.get("gpus") or []
+    if not gpus:
+        return "GPUs not recorded"
+    name, n = Counter(g["name"] for g in gpus).most_common(1)[0]
+    first = gpus[0]
+    ceilings = (src.model or {}).get("ceilings") or {}
+    if src.path == storepath.HOST:
+        link = _host_link(environment)
+        line = ceilings.get(LINE_RATE_KEY[storepath.HOST])
+    else:
+        capability = str(first.get("capability", "")).split(".")[0]
+        link = NVLINK_BY_CAPABILITY.get(capability, "NVLink")
+        line = ceilings.get(LINE_RATE_KEY[storepath.PEER])
+    detail = f"{first.get('sm_count', '?')} SMs" + (f", {line:g} GB/s line rate" if line else "")
+    return f"{link} on {n}x {name} ({detail})"
+
+
+def _host_link(environment: dict) -> str:
+    """'PCIe Gen5 x16 to host memory' from the environment's host link, if recorded."""
+    links = [link for link in environment.get("host_links") or [] if link]
+    if not links:
+        return "the host link to host memory"
+    link = links[0]
+    if link.get("kind") == "pcie" and link.get("gen"):
+        return f"PCIe Gen{link['gen']} x{link.get('width', '?')} to host memory"
+    return f"{link.get('kind', 'the host link')} to host memory"
+
+
+def _world(doc: dict | None) -> int | None:
+    if doc is None:
+        return None
+    sizes = {r["point"].get("world_size") for r in doc["records"]} - {None}
+    if sizes:
+        return int(max(sizes))
+    configured = doc["config"].get("world_size")
+    return configured if isinstance(configured, int) else None
+
+
+def _ranks(doc: dict | None) -> int | None:
+    """The P the attention records stand for (emulated or real)."""
+    if doc is None or not doc["records"]:
+        return _world(doc)
+    return max(attention_ranks(r["point"]) for r in doc["records"])
+
+
+def _wave_excess(src: Sources) -> float | None:
+    wave, local = span_medians(src, WAVE), span_medians(src, LOCAL_CONTROL)
+    gaps = [wave[k] - local[k] for k in wave.keys() & local.keys()]
+    return max(gaps) if gaps else None
+
+
+def _local_spans(src: Sources) -> tuple[float, float] | None:
+    medians = list(span_medians(src, LOCAL_CONTROL).values())
+    return (min(medians), max(medians)) if medians else None
+
+
+def _a2a_overhead(src: Sources) -> dict[int, float]:
+    """Per sequence length, how much the serial All-to-All adds to attention alone (sender
+    clock, mean over head counts), for FA3 or else the simulated kernel."""
+    if src.attention is None:
+        return {}
+    frame = frames.records_frame(src.attention)
+    frame = frame[frame["status"] == "ok"]
+    for backend in ("fa3", "sim"):
+        rows = frame[frame["backend"] == backend] if "backend" in frame else frame.iloc[:0]
+        if rows.empty or "sender_us_median" not in rows:
+            continue
+        wide = rows.pivot_table(
+            index=["heads", "seq_len"], columns="mode", values="sender_us_median", aggfunc="first"
+        )
+        if {"alone", "serial"} <= set(wide.columns):
+            share = (wide["serial"] / wide["alone"] - 1).groupby("seq_len").mean()
+            return {int(s): float(v) for s, v in share.dropna().items()}
+    return {}
+
+
+# ---------------------------------------------------------------- reasons
+
+
+def _gpus(world: int | None) -> str | None:
+    """'P=2 vs 8 GPUs' where the GPU count differs from the paper's, else None."""
+    if world is None or world == paper.PAPER_GPUS:
+        return None
+    return f"P={world} vs {paper.PAPER_GPUS} GPUs"
+
+
+def _backpressure(setting: Setting) -> str | None:
+    if setting.wave_excess_us is None:
+        return None
+    excess = max(setting.wave_excess_us, 0.0)
+    if excess <= paper.CLAIMS_BY_ID["moe.span_vs_local"].value:
+        return (
+            f"expert-wave store spans match the local-store control (within {excess:.2f} us): "
+            "the combine never backpressures, so interleaving has no drain to hide"
+        )
+    return f"expert-wave store spans exceed the local-store control by up to {excess:.2f} us"
+
+
+def _remote_share(world: int | None, path: str = storepath.PEER) -> str | None:
+    paper_share = f"{paper.PAPER_GPUS - 1}/{paper.PAPER_GPUS}"
+    if path == storepath.HOST and world is not None:
+        return f"{world - 1}/{world} of the output goes to host memory, not to peer GPUs"
+    if world is None or world == paper.PAPER_GPUS:
+        return None
+    return f"{world - 1}/{world} of the output crosses NVLink vs {paper_share}"
+
+
+def _facts(claim: Claim, setting: Setting) -> list[str | None]:
+    if claim.topic == "burst_gap":
+        return [f"{setting.hardware} vs the paper's {paper.PAPER_NODE}"]
+    if claim.topic == "ulysses":
+        facts = [
+            setting.settings.get("attention"),
+            _gpus(setting.attention_world),
+            _remote_share(setting.attention_world, setting.path),
+        ]
+        seq_len = int(claim.id.split("=")[1]) if "=" in claim.id else None
+        if seq_len in setting.a2a_overhead:
+            facts.append(
+                f"the serial All-to-All adds {setting.a2a_overhead[seq_len]:.0%} to attention "
+                f"alone here at S={seq_len // 1024}K"
+            )
+        return facts
+    facts = [setting.settings.get("megamoe"), _gpus(setting.moe_world)]
+    if claim.id.startswith("moe.span") and setting.local_spans is not None:
+        low, high = setting.local_spans
+        facts.append(f"the local-store control's median spans here are {low:.2f}-{high:.2f} us")
+    if claim.id in ("moe.geomean", "moe.max", "moe.median", "moe.min") or claim.id.startswith(
+        "moe.span"
+    ):
+        facts.append(_backpressure(setting))
+    return facts
+
+
+def reason(claim: Claim, answer: Answer, setting: Setting) -> str:
+    """Why our number differs from the paper's: the facts of our setting that differ."""
+    head = f"{answer.text} vs {claim.paper_text()} {claim.unit}"
+    facts = [f for f in _facts(claim, setting) if f]
+    if not facts:
+        facts = [f"on {setting.hardware}, the same GPU count as the paper"]
+    return f"{head}: " + "; ".join(facts)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    why: str
+    criterion: str
+
+
+def judge(claim: Claim, found: Found, setting: Setting) -> Verdict:
+    rule = criterion(claim)
+    if isinstance(found, NotMeasured):
+        return Verdict(NOT_MEASURED, found.why, rule.text)
+    if not np.all(np.isfinite(found.values)):
+        return Verdict(NOT_MEASURED, "the computed value is not finite", rule.text)
+    if claim.unit == "configs":
+        return Verdict(
+            NOT_A_RESULT,
+            f"{found.text} vs {claim.paper_text()} {claim.unit}: the configuration count is a "
+            "property of the grid the config asks for, not something measured",
+            rule.text,
+        )
+    if rule.holds(claim, found):
+        return Verdict(
+            REPRODUCED, f"{found.text} vs {claim.paper_text()} {claim.unit}: {rule.text}", rule.text
+        )
+    return Verdict(DIFFERS, reason(claim, found, setting), rule.text)

@@ -1,5 +1,0 @@
-"""Tables: one module per table, each a pure function of a dataset's raw and model files.
-
-Every module has `build(dataset_dir) -> Table`; `xstage_bench.render` writes it as CSV and
-Markdown.
-"""
