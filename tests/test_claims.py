@@ -220,3 +220,15 @@ def test_the_configuration_count_is_reported_but_counts_as_no_result(root):
     row = frame_of(root / "h200x2-fixture").loc["moe.configs"]
     assert row["verdict"] == verdicts.NOT_A_RESULT
     assert "property of the grid" in row["why"]
+
+
+def test_a_simulated_dataset_does_not_reproduce_its_own_inputs(root):
+    """Issue 26: sim-b200 'reproduced' T0, R and Q because its profile holds the paper's
+    values; they are inputs there, not results. A measured dataset still gets a verdict."""
+    frame = frame_of(root / "sim-b200")
+    for claim_id in verdicts.SIMULATOR_INPUTS:
+        assert frame.loc[claim_id, "verdict"] == verdicts.NOT_A_RESULT, claim_id
+        assert "inputs of the simulated profile" in frame.loc[claim_id, "why"]
+    assert frame.loc["moe.geomean", "verdict"] != verdicts.NOT_A_RESULT  # a simulated result
+    measured = frame_of(root / "h200x2-fixture")
+    assert measured.loc["bg.R", "verdict"] == verdicts.DIFFERS

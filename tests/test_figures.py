@@ -67,6 +67,11 @@ def test_figure_renders_pdf_and_png_labelled_simulated(name, sim_dataset, tmp_pa
     # ...and inside the plot itself, in every panel that draws data
     panels = [ax for ax in fig.axes if ax.axison and ax.get_label() != "<colorbar>"]
     assert all("SIMULATED" in [t.get_text() for t in ax.texts] for ax in panels)
+    # ...on top of the data, not hidden under bars (fig-megamoe-timeline's were)
+    for ax in panels:
+        stamp = next(t for t in ax.texts if t.get_text() == "SIMULATED")
+        drawn = [a for a in ax.get_children() if a is not stamp and a.get_visible()]
+        assert stamp.get_zorder() > max(a.get_zorder() for a in drawn)
     out = tmp_path / f"{name}.pdf"
     save_figure(fig, out)
     assert out.read_bytes().startswith(b"%PDF")
@@ -261,9 +266,11 @@ def test_model_validation_marks_held_out_and_free_running(sim_dataset):
     fig = FIGURES["fig-model-validation"](sim_dataset)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert {"fitted", "held out", "never fitted: free-running", "period"} <= set(labels)
-    notes = " ".join(texts(fig))
-    assert "free-running records (never fitted)" in notes
-    assert "per-producer window variant" in notes
+    # Issue 27: the details are tab-model-checks' rows; the figure counts the checks in a line
+    notes = [n for n in texts(fig) if "checks:" in n]
+    assert len(notes) == 1 and "held out (shared Q): median |err|" in notes[0]
+    assert "(each in tab-model-checks)" in notes[0]
+    assert not any("free-running records" in n or "window variant" in n for n in texts(fig))
 
 
 def test_ulysses_without_model_omits_the_prediction_with_a_note(tmp_path):
@@ -500,7 +507,7 @@ def test_backpressure_map_and_model_validation_per_path(two_path_dataset):
     fig = FIGURES["fig-model-validation"](two_path_dataset)
     assert [ax.get_title().split(":")[0] for ax in fig.axes[::3]] == [PEER_FAR, HOST_FAR]
     notes = " ".join(texts(fig))
-    assert f"{HOST_FAR}: fit set, held out" in notes and f"{PEER_FAR}: fit set" in notes
+    assert f"{HOST_FAR}: held out" in notes and f"{PEER_FAR}: held out" in notes
 
 
 def test_a_host_only_dataset_renders_every_microbench_figure_labelled_host(tmp_path):

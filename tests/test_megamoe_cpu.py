@@ -1162,6 +1162,10 @@ def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
     )
     assert cfg["lead_auto"]["paths"]["host"]["R_GBps"] == 1.0
     assert cfg["lead_auto"]["tflops"] == 600.0
+    # Issue 26: each unfused GEMM path's bound is in the raw config, as the check applies it
+    bounds = cfg["baselines"]["unfused"]["tolerance_rel_l2"]
+    assert bounds["fp8_grouped_rowwise"] == 0.1
+    assert bounds["bf16_grouped"] == cfg["check"]["tolerance_rel_l2"]
     print_summary(out)
     printed = capsys.readouterr().out
     lead_line = next(line for line in printed.splitlines() if line.startswith("lead map"))

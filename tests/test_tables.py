@@ -462,7 +462,7 @@ def test_burst_gap_params_has_rows_per_path_and_K(tmp_path):
     assert one.iloc[2]["R_GBps"] == pytest.approx(HOST_TRUTH["R_GBps"])
 
 
-def test_markdown_is_written_without_tabulate():
+def test_markdown_is_written_without_tabulate(tmp_path):
     table = pd.DataFrame({"a": [1.23456789, float("nan")], "b": ["x|y", None]})
     assert to_markdown(table).splitlines() == [
         "| a | b |",
@@ -470,7 +470,12 @@ def test_markdown_is_written_without_tabulate():
         "| 1.235 | x\\|y |",
         "|  |  |",
     ]
-    assert isinstance(Table(table, "t", "l"), Table)
+    # a Table is written as its CSV (data only) and a Markdown copy: title, label, notes first
+    write_table(Table(table, "the title", "the label", ["a note"]), tmp_path / "t.csv")
+    assert pd.read_csv(tmp_path / "t.csv")["b"].tolist()[0] == "x|y"
+    assert (tmp_path / "t.md").read_text().splitlines()[:5] == [
+        "# the title", "", "the label", "", "- a note"
+    ]
 
 
 def test_claims_on_the_full_fixture(sim_dataset):

@@ -128,6 +128,7 @@ _CLAIMS_READS = (MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, MEGAMOE_EMULATED_RA
 
 TABLES = (
     Product("tab-burst-gap-params", (MODEL_JSON,)),
+    Product("tab-model-checks", (MODEL_JSON,)),
     Product("tab-megamoe", (MEGAMOE_RAW,)),
     Product("tab-ulysses", (ATTENTION_RAW,)),
     Product("tab-process-model", (MEGAMOE_RAW, MEGAMOE_PER_GPU_RAW)),

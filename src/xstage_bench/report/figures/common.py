@@ -65,8 +65,12 @@ def _wrap(notes: list[str | None], width_in: float) -> list[str]:
     return [line for n in notes if n for line in textwrap.wrap(n, chars, subsequent_indent="  ")]
 
 
+STAMP_ZORDER = 100  # above every artist a figure draws (matplotlib's legend is 5)
+
+
 def _stamp_simulated(fig: Figure) -> None:
-    """A faint 'simulated' across every panel, behind the data: the plot itself says so."""
+    """A faint 'simulated' across every panel, over the data (faint enough to read it
+    through; behind it, bars and filled areas would hide it): the plot itself says so."""
     for ax in fig.axes:
         if ax.get_label() == "<colorbar>" or not ax.get_visible() or not ax.axison:
             continue
@@ -82,7 +86,7 @@ def _stamp_simulated(fig: Figure) -> None:
             fontweight="bold",
             color="tab:purple",
             alpha=0.13,
-            zorder=0,
+            zorder=STAMP_ZORDER,
         )
 
 

@@ -6,8 +6,8 @@ t_iss_slowest and, for periodic records, the period), so a systematic miss (one 
 one regime) is visible rather than averaged away. Colours tell apart the records the
 laws were fitted to, the held-out ones, and those validated apart and never fitted:
 free-running producers and drain probes. One row of panels per store path the model
-fits (peer GPU, host memory), each with that path's validation; the model checks of every
-path are listed under the figure.
+fits (peer GPU, host memory), each with that path's validation; under the figure one line
+per path counts its checks, and tab-model-checks gives each with its detail.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from xstage_bench.data import layout, storepath
 from xstage_bench.report.analysis import fitted, labels, load
 from xstage_bench.report.figures import common
+from xstage_bench.report.tables import model_checks
 
 TARGET = 0.05  # the held-out median |error| the fit aims at (model.checks)
 CATEGORIES = {  # category -> (colour, marker size)
@@ -52,18 +53,6 @@ def _errors_text(summary: dict | None) -> str:
         f"median |err| {summary['median_abs_rel_error']:.1%}, "
         f"p90 {summary['p90_abs_rel_error']:.1%} (n={summary['n']})"
     )
-
-
-def _check_notes(checks: dict) -> list[str]:
-    """Checks that failed, then those the data could not answer, then those that passed."""
-    failed = [f"{n}: {c['detail']}" for n, c in checks.items() if c["passed"] is False]
-    unknown = [f"{n}: {c['detail']}" for n, c in checks.items() if c["passed"] is None]
-    notes = ["model check FAILED - " + f for f in failed]
-    notes += ["model check not evaluated - " + u for u in unknown]
-    passed = [n for n, c in checks.items() if c["passed"] is True]
-    if passed:
-        notes.append("model checks passed: " + ", ".join(passed))
-    return notes
 
 
 def _scatter(ax, val: pd.DataFrame, far: str) -> None:
@@ -162,21 +151,11 @@ def _validation(model: dict) -> pd.DataFrame:
 
 
 def _path_notes(model: dict, prefix: str) -> list[str]:
-    summary = model["validation_summary"]
-    notes = [f"{prefix}fit set, held out (shared Q): {_errors_text(summary)}"]
-    by_metric = model.get("validation_by_metric") or {}
-    if by_metric:
-        notes[0] += "; " + "; ".join(f"{m}: {_errors_text(s)}" for m, s in by_metric.items())
-    window = (model.get("variants") or {}).get(fitted.WINDOW_VARIANT)
-    if window:
-        notes.append(
-            f"{prefix}per-producer window variant, held out: "
-            f"{_errors_text(window['validation_summary'])}"
-        )
-    free = model.get("validation_summary_free")
-    if free and free.get("n"):
-        notes.append(f"{prefix}free-running records (never fitted): {_errors_text(free)}")
-    return notes + [prefix + note for note in _check_notes(model["checks"])]
+    """One line per path: the held-out error and the checks' count; every error per metric
+    and variant, and each check with its detail, are tab-model-checks' rows."""
+    held_out = _errors_text(model["validation_summary"])
+    return [f"{prefix}held out (shared Q): {held_out}; checks: {model_checks.counts(model)} "
+            "(each in tab-model-checks)"]
 
 
 def plot(dataset_dir: Path) -> Figure:

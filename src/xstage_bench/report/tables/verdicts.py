@@ -36,6 +36,8 @@ NOT_MEASURED = "not measured"
 # A count the grid fixes (the 84 configurations): reported, but no result to reproduce.
 NOT_A_RESULT = "not a result"
 VERDICTS = (REPRODUCED, DIFFERS, NOT_MEASURED, NOT_A_RESULT)
+# The Burst-Gap parameters a simulated dataset is given (config/hardware/*.yaml), not results.
+SIMULATOR_INPUTS = frozenset({"bg.T0", "bg.R", "bg.Q", "bg.Q_per_producer"})
 
 # Tolerances: the Burst-Gap parameters are fits (10%, or the paper's value inside our
 # CI); speedups are ratios of medians, whose run-to-run drift is a few percent (5%).
@@ -104,6 +106,7 @@ class Setting:
     wave_excess_us: float | None  # largest expert-wave minus local-control median span
     local_spans: tuple[float, float] | None  # range of the local control's median spans
     a2a_overhead: dict[int, float]  # per S: serial / alone - 1 (the All-to-All's share)
+    simulated_profile: str | None = None  # the hardware profile a simulated dataset ran on
 
     @classmethod
     def of(cls, src: Sources) -> Setting:
@@ -116,7 +119,13 @@ class Setting:
             wave_excess_us=_wave_excess(src),
             local_spans=_local_spans(src),
             a2a_overhead=_a2a_overhead(src),
+            simulated_profile=_simulated_profile(src),
         )
+
+
+def _simulated_profile(src: Sources) -> str | None:
+    profile = (src.environment() or {}).get("hardware_profile")
+    return profile.get("name", "?") if profile else None
 
 
 def _hardware(src: Sources) -> str:
@@ -290,6 +299,14 @@ def judge(claim: Claim, found: Found, setting: Setting) -> Verdict:
             NOT_A_RESULT,
             f"{found.text} vs {claim.paper_text()} {claim.unit}: the configuration count is a "
             "property of the grid the config asks for, not something measured",
+            rule.text,
+        )
+    if setting.simulated_profile is not None and claim.id in SIMULATOR_INPUTS:
+        return Verdict(
+            NOT_A_RESULT,
+            f"{found.text} vs {claim.paper_text()} {claim.unit}: T0, R and Q are inputs of the "
+            f"simulated profile '{setting.simulated_profile}'; the fit recovering them checks "
+            "the simulator and the fitter, it reproduces nothing",
             rule.text,
         )
     if rule.holds(claim, found):
