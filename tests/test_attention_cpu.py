@@ -194,10 +194,10 @@ def one_rank(interpreter, monkeypatch):
     torch, _ = interpreter
     import torch.distributed as dist
 
-    from xstage_bench.attention import runner
+    from xstage_bench.attention.rank import Rank
     from xstage_bench.measurement.fabric import HostFabric
     from xstage_bench.measurement.timing import TimingPolicy
-    from xstage_bench.measurement.workers import free_port
+    from xstage_bench.measurement.workers.launcher import free_port
 
     dist.init_process_group(
         "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}"
@@ -213,7 +213,7 @@ def one_rank(interpreter, monkeypatch):
     policy = TimingPolicy(
         warmup=0, min_reps=2, max_reps=2, target_rel_iqr=0.5, budget_s=5, flush_l2=False
     )
-    rank = runner.Rank(fabric, policy, torch.float16, TINY)
+    rank = Rank(fabric, policy, torch.float16, TINY)
     yield rank
     rank.close()
     dist.destroy_process_group()
@@ -285,6 +285,8 @@ def test_missing_backend_is_recorded_unsupported_with_the_import_error(one_rank)
 
 def test_sweep_config_applies_reductions_and_names_bad_keys():
     from xstage_bench.attention import runner
+    from xstage_bench.attention.points import ordered_points
+    from xstage_bench.attention.rank import point_seed
 
     cfg = load_config(ROOT / "config.yaml")
     before = copy.deepcopy(cfg)
@@ -295,9 +297,9 @@ def test_sweep_config_applies_reductions_and_names_bad_keys():
     assert cfg == before  # the caller's config is not modified
     with pytest.raises(ValueError, match="unknown timing key 'reps'"):
         runner.sweep_config(cfg, timing_overrides={"reps": 3})
-    points = runner.ordered_points(small["attention"] | {"modes": ["fused", "alone"]}, 2)
+    points = ordered_points(small["attention"] | {"modes": ["fused", "alone"]}, 2)
     assert [p["mode"] for p in points] == ["fused", "alone"]
-    assert len({runner.point_seed(p["id"], 0) for p in points}) == 2
+    assert len({point_seed(p["id"], 0) for p in points}) == 2
 
 
 # ---- the whole runner: two processes on gloo and the interpreter ----------------------
@@ -355,7 +357,7 @@ def _assert_paired(records: list[dict]) -> None:
 def test_runner_end_to_end_on_two_cpu_ranks(tmp_path):
     """Both paths on a world of two: the peer path in lockstep, then the host path with
     rank 0 alone (rank 1 waiting), each group's arms paired."""
-    from xstage_bench.measurement import workers
+    from xstage_bench.measurement.workers.drive import running_marker
 
     cfg = _small_config(["triton", "fa4"], 2, host_world_sizes=[2])
     out = tmp_path / "attention.json"
@@ -383,7 +385,7 @@ def test_runner_end_to_end_on_two_cpu_ranks(tmp_path):
     assert "host path completion" in doc["config"]["definitions"]
     assert doc["environment"]["device_type"] == "cpu"
     assert "not a measurement" in doc["environment"]["note"]
-    assert not workers.running_marker(out).exists()
+    assert not running_marker(out).exists()
     json.dumps(doc)  # plain JSON all the way down
 
 
@@ -629,7 +631,7 @@ def test_host_path_end_to_end_on_one_cpu_rank(tmp_path):
 
 
 def test_points_on_each_path():
-    from xstage_bench.attention import runner
+    from xstage_bench.attention.points import measured_paths, ordered_points, pairing_group
     from xstage_bench.data.grid import attention_points
 
     att = {
@@ -662,8 +664,8 @@ def test_points_on_each_path():
     assert {p["path"] for p in two} == {"peer", "host"}
     assert "emulated_world_size" not in by_id["fa3/fused/H=8/S=64/P=2/path=host"]
     # one pairing group per (path, P, shape), the peer path first
-    ordered = runner.ordered_points({**att, "emulated_world_sizes": [8]}, 2, ["peer", "host"])
-    groups = [runner.pairing_group(p) for p in ordered]
+    ordered = ordered_points({**att, "emulated_world_sizes": [8]}, 2, ["peer", "host"])
+    groups = [pairing_group(p) for p in ordered]
     assert len(set(groups)) == 4 and groups == sorted(groups, key=groups.index)
     assert [p["path"] for p in ordered] == ["peer"] * 4 + ["host"] * 4
     with pytest.raises(ValueError, match=r"heads=8 do not divide .*attention.host_world_sizes"):
@@ -672,8 +674,8 @@ def test_points_on_each_path():
         attention_points({**att, "host_world_sizes": [1]}, 1, ["host"])
     with pytest.raises(ValueError, match="peer path of attention needs 2 or more GPUs"):
         attention_points(att, 1, ["peer"])
-    assert runner.measured_paths({}, 1) == ["host"]
-    assert runner.measured_paths({"store_paths": "auto"}, 2) == ["peer", "host"]
+    assert measured_paths({}, 1) == ["host"]
+    assert measured_paths({"store_paths": "auto"}, 2) == ["peer", "host"]
 
 
 @needs_torch

@@ -13,6 +13,7 @@ from fixtures import TRUTH, make_dataset, megamoe_configs, write_megamoe
 from xstage_bench.report import paper
 from xstage_bench.report.tables import claim_answers, claims, counterparts, verdicts
 from xstage_bench.report.tables.claim_answers import Answer, NotMeasured
+from xstage_bench.report.tables.claim_sources import Sources
 
 VERDICTS = set(verdicts.VERDICTS)
 SIM_COLUMN = counterparts.SIM_B200.column
@@ -103,7 +104,7 @@ def test_a_new_counterpart_is_one_more_column(root, monkeypatch):
     emulated = counterparts.Counterpart(
         column="emulated (P=8)",
         kind="emulated",
-        sources=lambda dataset_dir: claim_answers.Sources.load(dataset_dir),
+        sources=lambda dataset_dir: Sources.load(dataset_dir),
         answers={"moe.geomean": lambda src: Answer((1.2,), "1.200", "emulated crossover")},
     )
     monkeypatch.setattr(claims, "COUNTERPARTS", (counterparts.SIM_B200, emulated))
@@ -147,20 +148,20 @@ def test_an_emulated_file_of_the_dataset_answers_through_the_same_functions(root
     ],
 )
 def test_criteria(claim_id, values, expected, root):
-    setting = verdicts.Setting.of(claim_answers.Sources.load(root / "h200x2-fixture"))
+    setting = verdicts.Setting.of(Sources.load(root / "h200x2-fixture"))
     claim = paper.CLAIMS_BY_ID[claim_id]
     found = Answer(values, ", ".join(f"{v:g}" for v in values), "")
     assert verdicts.judge(claim, found, setting).verdict == expected
 
 
 def test_the_paper_value_inside_our_ci_reproduces_a_parameter(root):
-    setting = verdicts.Setting.of(claim_answers.Sources.load(root / "h200x2-fixture"))
+    setting = verdicts.Setting.of(Sources.load(root / "h200x2-fixture"))
     found = Answer((500.0,), "500", "", ci=(400.0, 800.0))
     assert verdicts.judge(paper.CLAIMS_BY_ID["bg.R"], found, setting).verdict == "reproduced"
 
 
 def test_not_measured_keeps_the_why(root):
-    setting = verdicts.Setting.of(claim_answers.Sources.load(root / "h200x2-fixture"))
+    setting = verdicts.Setting.of(Sources.load(root / "h200x2-fixture"))
     result = verdicts.judge(paper.CLAIMS_BY_ID["bg.R"], NotMeasured("no model"), setting)
     assert (result.verdict, result.why) == (verdicts.NOT_MEASURED, "no model")
 

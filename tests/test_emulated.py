@@ -20,7 +20,7 @@ from xstage_bench.data.results import read_raw
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.emulated import emulated_points
 from xstage_bench.report import paper
-from xstage_bench.report.analysis import megamoe
+from xstage_bench.report.analysis import megamoe_emulated
 from xstage_bench.report.figures import megamoe_crossover as megamoe_crossover_figure
 from xstage_bench.report.render import render_product
 
@@ -71,7 +71,9 @@ def test_tile_waits_follow_the_flops_at_the_emulated_rate():
 
 
 def test_speedups_pair_the_schedules_per_rate_and_fraction(measured):
-    speedups = megamoe.emulated_speedups(read_raw(measured / "raw" / "megamoe_emulated.json"))
+    speedups = megamoe_emulated.emulated_speedups(
+        read_raw(measured / "raw" / "megamoe_emulated.json")
+    )
     assert len(speedups) == len(EMULATED_RATES) * len(EMULATED_FRACTIONS)
     row = speedups[(speedups["remote_fraction"] == "0.875") & (speedups["emulated_tflops"] == 4500)]
     assert row["speedup"].item() == pytest.approx((1 + 0.3 * 0.875) / (1 + 0.05 * 0.875))
@@ -168,16 +170,16 @@ def test_a_model_fitted_per_path_gives_each_path_its_own_r():
     """The model file's shape (model/document.py): the top level is its first path's fit,
     `other_paths` holds the rest; a file older than paths fits the peer path."""
     top = {"params": {"R_GBps": {"value": 350.0}}}
-    assert megamoe.path_drain_rate_GBps(top, "peer") == 350.0  # before paths: one fit
-    assert megamoe.path_drain_rate_GBps(top, "host") is None  # not fitted for it
+    assert megamoe_emulated.path_drain_rate_GBps(top, "peer") == 350.0  # before paths: one fit
+    assert megamoe_emulated.path_drain_rate_GBps(top, "host") is None  # not fitted for it
     both = {
         **top,
         "path": "peer",
         "paths": ["peer", "host"],
         "other_paths": {"host": {"params": {"R_GBps": {"value": 52.0}}}},
     }
-    assert megamoe.path_drain_rate_GBps(both, "host") == 52.0
-    assert megamoe.path_drain_rate_GBps(both, "peer") == 350.0
+    assert megamoe_emulated.path_drain_rate_GBps(both, "host") == 52.0
+    assert megamoe_emulated.path_drain_rate_GBps(both, "peer") == 350.0
     host_only = {"path": "host", "paths": ["host"], "params": {"R_GBps": {"value": 51.0}}}
-    assert megamoe.path_drain_rate_GBps(host_only, "host") == 51.0
-    assert megamoe.path_drain_rate_GBps(host_only, "peer") is None
+    assert megamoe_emulated.path_drain_rate_GBps(host_only, "host") == 51.0
+    assert megamoe_emulated.path_drain_rate_GBps(host_only, "peer") is None

@@ -12,7 +12,8 @@ from fixtures import MICROBENCH_DEFAULTS
 
 from xstage_bench.data.hardware import load_profile
 from xstage_bench.data.results import RawResultError, ok_record, read_raw, write_raw
-from xstage_bench.model import checks, fit
+from xstage_bench.model import checks, fit, validation
+from xstage_bench.model.stages import FitError
 from xstage_bench.sim import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,8 +248,8 @@ def test_a_Q_that_grows_with_K_fails_the_one_Q_check(tmp_path):
 
 def test_holdout_split_is_deterministic_and_about_a_fifth():
     ids = [f"gap_sweep/K=132/V={v}/gap_us={g}" for v in range(100) for g in range(10)]
-    held = [fit.held_out(i) for i in ids]
-    assert held == [fit.held_out(i) for i in ids]
+    held = [validation.held_out(i) for i in ids]
+    assert held == [validation.held_out(i) for i in ids]
     assert 0.15 < np.mean(held) < 0.25
 
 
@@ -383,7 +384,7 @@ def test_a_failing_fit_names_the_files(tmp_path, monkeypatch):
         raise ValueError("Residuals are not finite in the initial point.")
 
     monkeypatch.setattr(fit, "fit_chain", broken)
-    with pytest.raises(fit.FitError, match=r"fitting .*drain\.json, .*isolated\.json: ValueError"):
+    with pytest.raises(FitError, match=r"fitting .*drain\.json, .*isolated\.json: ValueError"):
         fit_dir(tmp_path, paths, n_bootstrap=2)
     assert not (tmp_path / "model" / "burst_gap.json").exists()
 

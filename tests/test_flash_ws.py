@@ -64,7 +64,7 @@ def test_a_call_picks_the_gluon_kernel_only_where_it_applies(monkeypatch):
 
 
 def test_a_kernel_change_of_one_backend_makes_only_its_points_stale():
-    from xstage_bench.attention.runner import TL_KERNEL, kernel_refresh
+    from xstage_bench.attention.raw_config import TL_KERNEL, kernel_refresh
 
     older = {"attention": {"backends": ["fa3", "triton"]}, "timing": {}, "world_size": "auto"}
     ws = {"kernel": "ws", "source": "kernels/xstage_kernels/flash_ws.py"}

@@ -554,7 +554,8 @@ def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
     import torch
 
     from xstage_bench.megamoe import reference
-    from xstage_bench.megamoe.problem import MoEProblem, make_expert_weights
+    from xstage_bench.megamoe.inputs import make_expert_weights
+    from xstage_bench.megamoe.problem import MoEProblem
 
     moe = {
         "skew_zipf": 1.2,
@@ -628,7 +629,9 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
     from xstage_bench.data.config import load_config
     from xstage_bench.data.results import read_raw
     from xstage_bench.megamoe import distributed
-    from xstage_bench.megamoe.problem import MoEProblem, make_expert_weights
+    from xstage_bench.megamoe.inputs import make_expert_weights
+    from xstage_bench.megamoe.points import CPU_PROGRAMS
+    from xstage_bench.megamoe.problem import MoEProblem
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "config.yaml")
     cfg["timing"].update({"warmup": 0, "min_reps": 1, "max_reps": 2, "flush_l2": False})
@@ -674,7 +677,7 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
     compared = 0
     for point in grid.megamoe_points(moe, 2):
         weights = [make_expert_weights(point, "w8a8", q, d) for q, d in enumerate(devices)]
-        prob = MoEProblem(point, moe, devices, weights, num_programs=distributed.CPU_PROGRAMS)
+        prob = MoEProblem(point, moe, devices, weights, num_programs=CPU_PROGRAMS)
         for name in moe["schedules"]:
             pid = f"{point['id']}/{name}"
             if status[pid][0] != "ok":

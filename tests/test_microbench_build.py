@@ -13,8 +13,16 @@ from fixtures import MICROBENCH_DEFAULTS, environment
 from xstage_bench.data import grid, results
 from xstage_bench.data.config import load_config
 from xstage_bench.measurement import sweep
-from xstage_bench.microbench import build, launch, runner
-from xstage_bench.microbench.launch import PointUnsupported
+from xstage_bench.microbench import (
+    build,
+    gap_calibration,
+    launch,
+    planning,
+    runner,
+    stamp_metrics,
+    store_pattern,
+)
+from xstage_bench.microbench.errors import MicrobenchError, PointUnsupported
 
 ENVIRONMENT = environment(simulated=False)
 
@@ -120,13 +128,13 @@ def point(**over) -> dict:
 
 
 def test_plan_same_pattern_uses_one_slot_and_whole_lines():
-    p = launch.plan_train(point(), bursts=6, warmup_bursts=2, world_size=2)
+    p = planning.plan_train(point(), bursts=6, warmup_bursts=2, world_size=2)
     assert p.n_slots == 1 and p.n_dst == 1 and p.idle_us == 0
     assert p.slot_stride % 128 == 0 and p.slot_stride >= p.K * p.B
 
 
 def test_plan_rotate_fills_the_buffer_with_slots():
-    p = launch.plan_train(
+    p = planning.plan_train(
         point(pattern="rotate"), bursts=6, warmup_bursts=2, world_size=2, buffer_bytes=64 << 20
     )
     assert p.n_slots == (64 << 20) // p.slot_stride >= 15
@@ -134,10 +142,10 @@ def test_plan_rotate_fills_the_buffer_with_slots():
 
 def test_plan_refuses_more_peers_than_the_machine_has():
     with pytest.raises(PointUnsupported, match="peers=2 needs 3 GPUs.*world_size=2"):
-        launch.plan_train(point(peers=2), bursts=6, warmup_bursts=2, world_size=2)
+        planning.plan_train(point(peers=2), bursts=6, warmup_bursts=2, world_size=2)
     # The local control has no peers to run out of: it mimics them with local buffers.
     assert (
-        launch.plan_train(
+        planning.plan_train(
             point(peers=2, dest="local"), bursts=6, warmup_bursts=2, world_size=2
         ).n_dst
         == 2
@@ -152,9 +160,9 @@ def test_plan_refuses_bad_axes_and_oversized_rotation():
         ({"pattern": "x"}, "pattern"),
     ]:
         with pytest.raises(PointUnsupported, match=msg):
-            launch.plan_train(point(**over), bursts=6, warmup_bursts=2, world_size=2)
+            planning.plan_train(point(**over), bursts=6, warmup_bursts=2, world_size=2)
     with pytest.raises(PointUnsupported, match="rotate"):
-        launch.plan_train(
+        planning.plan_train(
             point(pattern="rotate", V=16 << 20),
             bursts=6,
             warmup_bursts=2,
@@ -164,76 +172,78 @@ def test_plan_refuses_bad_axes_and_oversized_rotation():
 
 
 def test_isolated_idle_drains_the_largest_burst():
-    assert launch.isolated_idle_us(1 << 20) == launch.ISOLATED_MIN_IDLE_US
-    assert launch.isolated_idle_us(32 << 20) == pytest.approx(3 * (32 << 20) / 300e3)
-    p = launch.plan_train(
+    assert planning.isolated_idle_us(1 << 20) == planning.ISOLATED_MIN_IDLE_US
+    assert planning.isolated_idle_us(32 << 20) == pytest.approx(3 * (32 << 20) / 300e3)
+    p = planning.plan_train(
         point(kind="isolated", V=32 << 20), bursts=6, warmup_bursts=2, world_size=2
     )
-    assert p.idle_us == pytest.approx(launch.isolated_idle_us(p.K * p.B))
+    assert p.idle_us == pytest.approx(planning.isolated_idle_us(p.K * p.B))
 
 
 def test_plan_host_has_one_buffer_per_destination_index_on_one_gpu():
-    p = launch.plan_train(point(dest="host", peers=2), bursts=6, warmup_bursts=2, world_size=1)
+    p = planning.plan_train(point(dest="host", peers=2), bursts=6, warmup_bursts=2, world_size=1)
     assert p.dest == "host" and p.n_dst == 2  # host memory is not limited by the GPU count
     assert p.producers_of(0) + p.producers_of(1) == p.K
 
 
 def test_plan_refuses_the_peer_path_on_one_gpu_and_says_what_one_gpu_measures():
     with pytest.raises(PointUnsupported, match=r"world_size=1 \(no peer GPU\).*dest 'host'"):
-        launch.plan_train(point(), bursts=6, warmup_bursts=2, world_size=1)
+        planning.plan_train(point(), bursts=6, warmup_bursts=2, world_size=1)
     with pytest.raises(PointUnsupported, match="dest must be one of"):
-        launch.plan_train(point(dest="nvme"), bursts=6, warmup_bursts=2, world_size=2)
+        planning.plan_train(point(dest="nvme"), bursts=6, warmup_bursts=2, world_size=2)
 
 
 def test_isolated_idle_is_sized_from_the_path():
     V = 32 << 20
-    host = launch.plan_train(
+    host = planning.plan_train(
         point(kind="isolated", V=V, dest="host"), bursts=6, warmup_bursts=2, world_size=1
     )
-    peer = launch.plan_train(point(kind="isolated", V=V), bursts=6, warmup_bursts=2, world_size=2)
+    peer = planning.plan_train(point(kind="isolated", V=V), bursts=6, warmup_bursts=2, world_size=2)
     # 3 V at 40 GB/s on the host path (its SM stores drain at ~52), 300 GB/s on the peer path
     assert host.idle_us == pytest.approx(3 * host.K * host.B / 40e3)
     assert peer.idle_us == pytest.approx(3 * peer.K * peer.B / 300e3)
-    assert launch.ISOLATED_IDLE_RATE_GBps["host"] < 52.0 < launch.ISOLATED_IDLE_RATE_GBps["peer"]
-    assert launch.isolated_idle_rule("host") == "max(200, 3 V / 40 GB/s) us"
+    assert (
+        planning.ISOLATED_IDLE_RATE_GBps["host"] < 52.0 < planning.ISOLATED_IDLE_RATE_GBps["peer"]
+    )
+    assert planning.isolated_idle_rule("host") == "max(200, 3 V / 40 GB/s) us"
 
 
 def test_destinations_of_a_one_gpu_bench():
     """Sender GPU 3 alone: host buffers (one per index) and local ones; no peer."""
-    host = launch.destination_specs("host", 2, 3, [])
+    host = planning.destination_specs("host", 2, 3, [])
     assert [(s.on_host, s.role, s.index) for s in host] == [
         (True, "host_dest", 0),
         (True, "host_dest", 1),
     ]
     assert host[1].label("host", 1) == "host destination 1 (host memory)"
-    local = launch.destination_specs("local", 2, 3, [])
+    local = planning.destination_specs("local", 2, 3, [])
     assert [(s.device, s.role, s.index) for s in local] == [(3, "local", 0), (3, "local", 1)]
     with pytest.raises(PointUnsupported, match="needs a peer GPU.*only the sender \\(GPU 3\\)"):
-        launch.destination_specs("peer", 1, 3, [])
-    peer = launch.destination_specs("peer", 2, 0, [1, 2])
+        planning.destination_specs("peer", 1, 3, [])
+    peer = planning.destination_specs("peer", 2, 0, [1, 2])
     assert [(s.device, s.role) for s in peer] == [(1, "dest"), (2, "dest")]
-    assert launch.ceiling_spec("host", 3, []) == launch.DestinationSpec(None, "ceiling_dst", 0)
-    assert launch.ceiling_spec("peer", 0, [1]).device == 1
-    assert launch.ceiling_spec("local", 0, [1]).device == 0
+    assert planning.ceiling_spec("host", 3, []) == planning.DestinationSpec(None, "ceiling_dst", 0)
+    assert planning.ceiling_spec("peer", 0, [1]).device == 1
+    assert planning.ceiling_spec("local", 0, [1]).device == 0
 
 
 def test_pattern_mismatches_checks_a_large_buffer_chunk_by_chunk():
-    words = np.arange(1000, dtype=np.uint32) ^ np.uint32(launch.mix(9))
-    assert launch.pattern_mismatches(words, 9, chunk_words=64) == (0, None)
-    words[[130, 131, 999]] = launch.POISON_WORD
-    assert launch.pattern_mismatches(words, 9, chunk_words=64) == (3, 130)
-    assert launch.pattern_mismatches(words, 8, chunk_words=64)[0] == 1000  # another tag
+    words = np.arange(1000, dtype=np.uint32) ^ np.uint32(store_pattern.mix(9))
+    assert store_pattern.pattern_mismatches(words, 9, chunk_words=64) == (0, None)
+    words[[130, 131, 999]] = store_pattern.POISON_WORD
+    assert store_pattern.pattern_mismatches(words, 9, chunk_words=64) == (3, 130)
+    assert store_pattern.pattern_mismatches(words, 8, chunk_words=64)[0] == 1000  # another tag
     # a view that starts inside the buffer counts its words from there
-    tail = np.arange(500, 600, dtype=np.uint32) ^ np.uint32(launch.mix(9))
-    assert launch.pattern_mismatches(tail, 9, first_word=500, chunk_words=7) == (0, None)
+    tail = np.arange(500, 600, dtype=np.uint32) ^ np.uint32(store_pattern.mix(9))
+    assert store_pattern.pattern_mismatches(tail, 9, first_word=500, chunk_words=7) == (0, None)
 
 
 # --- the pattern ------------------------------------------------------------------------
 
 
-def simulate_launch(p: launch.TrainPlan, d: int, tag_base: int, slot_base: int, nbytes: int):
+def simulate_launch(p: planning.TrainPlan, d: int, tag_base: int, slot_base: int, nbytes: int):
     """burst_train's stores into destination d, replayed burst by burst on the host."""
-    buf = np.full(nbytes // 4, launch.POISON_WORD, dtype=np.uint32)
+    buf = np.full(nbytes // 4, store_pattern.POISON_WORD, dtype=np.uint32)
     for n in range(p.n_bursts):
         m = (tag_base + n) * 0x9E3779B1 % 2**32
         for k in range(d, p.K, p.n_dst):
@@ -253,13 +263,13 @@ def simulate_launch(p: launch.TrainPlan, d: int, tag_base: int, slot_base: int, 
 )
 def test_expected_words_match_a_replay_of_the_stores(over):
     nbytes = 2048 if over.get("pattern") == "rotate" else 8192
-    p = launch.plan_train(
+    p = planning.plan_train(
         point(**over), bursts=5, warmup_bursts=1, world_size=4, buffer_bytes=nbytes
     )
     slot_base = 3
-    last = launch.last_burst_per_slot(p.n_bursts, p.n_slots, slot_base)
+    last = store_pattern.last_burst_per_slot(p.n_bursts, p.n_slots, slot_base)
     for d in range(p.n_dst):
-        want = launch.expected_words(
+        want = store_pattern.expected_words(
             producers=p.producers_of(d),
             B=p.B,
             slot_stride=p.slot_stride,
@@ -268,20 +278,20 @@ def test_expected_words_match_a_replay_of_the_stores(over):
             buffer_bytes=nbytes,
         )
         got = simulate_launch(p, d, 77, slot_base, nbytes)[: want.size]
-        assert launch.compare_words(got, want, "dest") is None
-        written = (want != launch.POISON_WORD).sum()
+        assert store_pattern.compare_words(got, want, "dest") is None
+        written = (want != store_pattern.POISON_WORD).sum()
         assert written == len(last) * p.producers_of(d) * p.B // 4
 
 
 def test_compare_words_names_the_first_wrong_word():
-    want = launch.expected_words(
+    want = store_pattern.expected_words(
         producers=2, B=64, slot_stride=128, last_burst={0: 4}, tag_base=1, buffer_bytes=1 << 20
     )
-    assert want.size == (128 + launch.GUARD_BYTES) // 4
+    assert want.size == (128 + store_pattern.GUARD_BYTES) // 4
     got = want.copy()
-    got[5] = launch.POISON_WORD
+    got[5] = store_pattern.POISON_WORD
     got[40] = 0  # past the footprint: the guard band must keep its poison
-    msg = launch.compare_words(got, want, "peer destination 0")
+    msg = store_pattern.compare_words(got, want, "peer destination 0")
     assert msg.startswith("peer destination 0: 2 of")
     assert "first at byte 20" in msg and "never written" in msg
 
@@ -300,7 +310,7 @@ def synthetic_stamps(n_bursts=6, K=4, period=10_000, loop=2_000, skew=100):
 
 def test_train_metrics_of_a_periodic_launch():
     start, end = synthetic_stamps()
-    m = launch.train_metrics(start, end, warmup=2, kind="periodic", producer_bytes=1000)
+    m = stamp_metrics.train_metrics(start, end, warmup=2, kind="periodic", producer_bytes=1000)
     assert m["t_iss_slowest_us"] == [2.03] * 4
     assert m["t_iss_window_us"] == pytest.approx([2.33] * 4)  # 3 skews + slowest loop
     assert m["start_skew_us"] == [0.3] * 4
@@ -319,7 +329,7 @@ def test_issue_rate_is_the_aggregate_rate_of_drifting_producers():
     periods = 10_000 * (1 + np.arange(K) / 5)
     start = (1_000_000 + np.arange(n_bursts)[:, None] * periods[None, :]).astype(np.uint64)
     end = start + 3_000
-    m = launch.train_metrics(start, end, warmup=4, kind="periodic", producer_bytes=B)
+    m = stamp_metrics.train_metrics(start, end, warmup=4, kind="periodic", producer_bytes=B)
     true_rate = (B / periods).sum()
     assert m["issue_rate_GBps"][0] == pytest.approx(true_rate, rel=0.03)
     leader_rate = K * B / np.median(np.diff(start.min(axis=1).astype(float)))  # bytes/ns
@@ -329,77 +339,81 @@ def test_issue_rate_is_the_aggregate_rate_of_drifting_producers():
 
 def test_issue_rate_needs_a_window_where_every_producer_is_steady():
     start, end = synthetic_stamps(n_bursts=3, K=2, period=1_000, loop=500, skew=5_000)
-    assert launch.issue_rate_GBps(start.astype(np.int64), end.astype(np.int64), 1, 64) is None
+    assert (
+        stamp_metrics.issue_rate_GBps(start.astype(np.int64), end.astype(np.int64), 1, 64) is None
+    )
 
 
 def test_warmup_bursts_are_kept_apart():
     start, end = synthetic_stamps()
     end[0] += 50_000  # a slow first burst must not leak into the steady samples
-    m = launch.train_metrics(start, end, warmup=1, kind="periodic", producer_bytes=1000)
+    m = stamp_metrics.train_metrics(start, end, warmup=1, kind="periodic", producer_bytes=1000)
     assert max(m["t_iss_slowest_us"]) == pytest.approx(2.03)
     assert m["warmup_t_iss_slowest_us"][0] == pytest.approx(52.03)
 
 
 def test_isolated_metrics_have_no_period_and_bad_warmup_is_refused():
     start, end = synthetic_stamps()
-    m = launch.train_metrics(start, end, warmup=0, kind="isolated", producer_bytes=1000)
+    m = stamp_metrics.train_metrics(start, end, warmup=0, kind="isolated", producer_bytes=1000)
     assert "period_us" not in m and len(m["t_iss_slowest_us"]) == 6
     with pytest.raises(ValueError, match="warmup"):
-        launch.train_metrics(start, end, warmup=6, kind="isolated", producer_bytes=1000)
+        stamp_metrics.train_metrics(start, end, warmup=6, kind="isolated", producer_bytes=1000)
 
 
 def test_probe_metrics_use_the_earliest_ack_and_the_last_fence():
     start, end = synthetic_stamps(n_bursts=3)
     fence = end + 500
     ack = start.min(axis=1, keepdims=True) + np.array([[9_000, 8_000, 7_000, 9_500]])
-    m = launch.probe_metrics(np.stack([start, end, fence, ack]), warmup=1)
+    m = stamp_metrics.probe_metrics(np.stack([start, end, fence, ack]), warmup=1)
     assert m["visible_us"] == [7.0, 7.0]
     assert m["fence_us"] == pytest.approx([(300 + 2_030 + 500) / 1e3] * 2)
 
 
 def test_check_stamps_catches_missing_and_reversed_stamps():
     start, end = synthetic_stamps()
-    launch.check_stamps(np.stack([start, end]), "ok")
+    stamp_metrics.check_stamps(np.stack([start, end]), "ok")
     bad = np.stack([start, end])
     bad[1, 2, 1] = 0
-    with pytest.raises(launch.MicrobenchError, match="never written"):
-        launch.check_stamps(bad, "x")
-    with pytest.raises(launch.MicrobenchError, match="ends before"):
-        launch.check_stamps(np.stack([end, start]), "x")
+    with pytest.raises(MicrobenchError, match="never written"):
+        stamp_metrics.check_stamps(bad, "x")
+    with pytest.raises(MicrobenchError, match="ends before"):
+        stamp_metrics.check_stamps(np.stack([end, start]), "x")
 
 
 def test_stamps_extra_is_relative_to_the_first_start():
     start, end = synthetic_stamps(n_bursts=2, K=2)
-    extra = launch.stamps_extra(start, end)
+    extra = stamp_metrics.stamps_extra(start, end)
     assert extra["start"] == [[0, 100], [10_000, 10_100]]
     assert extra["end"][0] == [2_000, 2_110]
 
 
 def test_gap_calibration_fit_and_iterations():
-    cal = launch.fit_gap_calibration([0, 1000, 4000], [500.0, 5500.0, 20500.0])
+    cal = gap_calibration.fit_gap_calibration([0, 1000, 4000], [500.0, 5500.0, 20500.0])
     assert cal["ns_per_iter"] == pytest.approx(5.0) and cal["fixed_ns"] == pytest.approx(500.0)
-    assert launch.gap_iterations(cal, 0.0) == 0
-    assert launch.gap_iterations(cal, 10.0) == 1900  # (10000 - 500) / 5
-    assert launch.gap_iterations(cal, 0.1) == 0  # shorter than the fixed cost
-    with pytest.raises(launch.MicrobenchError, match="not increasing"):
-        launch.fit_gap_calibration([0, 1000], [500.0, 400.0])
+    assert gap_calibration.gap_iterations(cal, 0.0) == 0
+    assert gap_calibration.gap_iterations(cal, 10.0) == 1900  # (10000 - 500) / 5
+    assert gap_calibration.gap_iterations(cal, 0.1) == 0  # shorter than the fixed cost
+    with pytest.raises(MicrobenchError, match="not increasing"):
+        gap_calibration.fit_gap_calibration([0, 1000], [500.0, 400.0])
 
 
 def test_gap_calibration_reaches_hundreds_of_us_and_refuses_to_extrapolate():
     # At H200's ~5 ns per FMA-loop iteration the calibration spans about 640 us, past the
     # longest configured gap and past V/R of a 16 MiB burst on the host path (~320 us).
     iters = launch.GAP_CALIBRATION_ITERS
-    cal = launch.fit_gap_calibration(iters, [284.0 + 4.96 * i for i in iters])
+    cal = gap_calibration.fit_gap_calibration(iters, [284.0 + 4.96 * i for i in iters])
     assert cal["longest_calibrated_us"] == pytest.approx(635, rel=0.01)
     config = load_config(ROOT / "config.yaml")["microbench"]
     longest_gap = max(max(s.get("gap_us", [0])) for s in config["studies"].values())
     assert 16 * (1 << 20) / 52e3 < longest_gap <= cal["longest_calibrated_us"]
-    assert launch.gap_iterations(cal, longest_gap) == round((longest_gap * 1e3 - 284) / 4.96)
+    assert gap_calibration.gap_iterations(cal, longest_gap) == round(
+        (longest_gap * 1e3 - 284) / 4.96
+    )
     with pytest.raises(PointUnsupported, match="beyond the calibrated compute gaps"):
-        launch.gap_iterations(cal, 2 * cal["longest_calibrated_us"])
+        gap_calibration.gap_iterations(cal, 2 * cal["longest_calibrated_us"])
     bent = [284.0 + 4.96 * i * (1.3 if i == max(iters) else 1.0) for i in iters]
-    with pytest.raises(launch.MicrobenchError, match="not linear"):
-        launch.fit_gap_calibration(iters, bent)
+    with pytest.raises(MicrobenchError, match="not linear"):
+        gap_calibration.fit_gap_calibration(iters, bent)
 
 
 # --- the runner, against a fake GPU -----------------------------------------------------
@@ -422,7 +436,9 @@ class FakeBench:
 
     def gap_calibration(self, K):
         # 5 ns per iteration past 100 ns, calibrated up to 500 us
-        cal = launch.fit_gap_calibration([0, 20_000, 100_000], [100.0, 100_100.0, 500_100.0])
+        cal = gap_calibration.fit_gap_calibration(
+            [0, 20_000, 100_000], [100.0, 100_100.0, 500_100.0]
+        )
         return {"K": K, "threads": 512, **cal}
 
     def check_train(self, plan, *, gap_iters, tag_base, kernel_tag_base=None):
@@ -615,7 +631,7 @@ def one_gpu_bench(monkeypatch, buffer_bytes: int, replay):
         for d, (_, dest) in enumerate(bench.destinations(plan.dest, plan.n_dst)):
             written = replay(plan, d, tag_base, slot_base)
             memory = dest.buf.array().view("<u4")
-            touched = written != launch.POISON_WORD
+            touched = written != store_pattern.POISON_WORD
             memory[: written.size][touched] = written[touched]
 
     bench.run_train = run_train
@@ -627,7 +643,7 @@ def test_check_train_on_host_destinations_poisons_and_reads_back_on_the_host(mon
     bench = one_gpu_bench(
         monkeypatch, nbytes, lambda p, d, tag, base: simulate_launch(p, d, tag, base, nbytes)
     )
-    plan = launch.plan_train(
+    plan = planning.plan_train(
         point(dest="host", peers=2, K=6, V=6 * 4096), bursts=5, warmup_bursts=1, world_size=1
     )
     # stale data from an earlier point must not pass for this launch's stores
@@ -640,8 +656,8 @@ def test_check_train_on_host_destinations_poisons_and_reads_back_on_the_host(mon
     # the guard band past the footprint was poisoned; beyond what the check reads, untouched
     memory = dests[0][1].buf.array()
     footprint = plan.producers_of(0) * plan.B
-    assert (memory[footprint : footprint + launch.GUARD_BYTES] == 0xFF).all()
-    assert (memory[footprint + launch.GUARD_BYTES :] == 0x11).all()
+    assert (memory[footprint : footprint + store_pattern.GUARD_BYTES] == 0xFF).all()
+    assert (memory[footprint + store_pattern.GUARD_BYTES :] == 0x11).all()
 
 
 def test_check_train_names_the_host_destination_a_store_missed(monkeypatch):
@@ -650,11 +666,11 @@ def test_check_train_names_the_host_destination_a_store_missed(monkeypatch):
     def lossy(p, d, tag, base):
         words = simulate_launch(p, d, tag, base, nbytes)
         if d == 1:
-            words[3] = launch.POISON_WORD  # a store that never arrived
+            words[3] = store_pattern.POISON_WORD  # a store that never arrived
         return words
 
     bench = one_gpu_bench(monkeypatch, nbytes, lossy)
-    plan = launch.plan_train(
+    plan = planning.plan_train(
         point(dest="host", peers=2, K=6, V=6 * 4096), bursts=5, warmup_bursts=1, world_size=1
     )
     wrong = bench.check_train(plan, gap_iters=0, tag_base=7)
@@ -668,7 +684,7 @@ def test_host_ceiling_destination_is_checked_on_the_host():
     dest = HostDestination(NumpyHostBuffer(1 << 16))
     dest.poison()
     assert dest.pattern_errors(1 << 16, tag=3) == (1 << 16) // 4
-    words = np.arange((1 << 16) // 4, dtype=np.uint32) ^ np.uint32(launch.mix(3))
+    words = np.arange((1 << 16) // 4, dtype=np.uint32) ^ np.uint32(store_pattern.mix(3))
     dest.buf.array()[:] = words.view(np.uint8)
     assert dest.pattern_errors(1 << 16, tag=3) == 0
     dest.buf.array()[100] ^= 1

@@ -117,6 +117,64 @@ def test_every_figure_is_an_image_on_the_summary(dom):
     assert len(dom.images) == len(expected)
 
 
+# Run in the page: each summary figure's shown and natural width, as attributes that
+# --dump-dom keeps (the report is an app that renders the summary after it loads).
+MEASURE_FIGURES = """<script>setInterval(() => {
+  for (const fig of document.querySelectorAll('#xstage-summary figure')) {
+    const img = fig.querySelector('img');
+    if (img && img.naturalWidth) {
+      fig.setAttribute('data-shown-width', img.getBoundingClientRect().width);
+      fig.setAttribute('data-natural-width', img.naturalWidth);
+    }
+  }
+}, 100);</script>"""
+REPORT_WINDOW = "1400,1000"  # a laptop browser; the summary column is at most 1280 px
+
+
+def shown_widths(report: Path, tmp_path: Path) -> dict[str, tuple[float, int]]:
+    """figure id ('<dataset>-<fig-name>') -> (shown width in CSS px, the PNG's width)."""
+    page = tmp_path / "measured-report.html"
+    html = report.read_text()
+    end = html.rindex("</body>")  # the page's own (the report's scripts hold others)
+    page.write_text(html[:end] + MEASURE_FIGURES + html[end:])
+    dom = _chromium(
+        f"--window-size={REPORT_WINDOW}", "--virtual-time-budget=20000", "--dump-dom", page.as_uri()
+    )
+    found = {}
+    for tag in re.findall(r"<figure [^>]*>", dom):
+        attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', tag))
+        if "data-shown-width" in attrs:
+            shown, natural = attrs["data-shown-width"], attrs["data-natural-width"]
+            found[attrs["id"]] = (float(shown), int(natural))
+    return found
+
+
+def test_every_figure_is_shown_with_its_text_at_8_pt_or_more(report, tmp_path):
+    """Issue 27: the rendered sizes, in the browser. Each figure's smallest text, scaled as
+    the page shows its PNG, is at least 8 pt (fig-ulysses once was 12 panels at 2765 px)."""
+    from xstage_bench.report import render
+    from xstage_bench.report.figures import common
+
+    widths = shown_widths(report, tmp_path)
+    expected = expected_figures()
+    assert {f"{p.parent.parent.name}-{p.stem}" for p in expected} <= set(widths)
+    small = []
+    for png in expected:
+        shown, natural = widths[f"{png.parent.parent.name}-{png.stem}"]
+        fig = render.FIGURES[png.stem](png.parent.parent)
+        fig.canvas.draw()
+        texts = [
+            a.get_fontsize()
+            for a in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_fontsize"))
+            if a.get_visible() and a.get_text().strip()
+        ]
+        # a point of text is DPI/72 PNG pixels, shown at shown/natural CSS px, 96/72 per pt
+        smallest_pt = min(texts) * common.DPI / 72 * (shown / natural) * 72 / 96
+        if smallest_pt < 8.0:
+            small.append(f"{png}: {smallest_pt:.1f} pt at {shown:.0f} of {natural} px")
+    assert not small, small
+
+
 def test_the_rule_graph_lists_each_rule_once(report):
     spec = re.search(r"var rulegraph_spec = (.*?);\n\s*</script>", report.read_text(), re.S)
     nodes = [n["rule"] for n in json.loads(spec.group(1))["data"][0]["values"]]

@@ -47,7 +47,7 @@ def moe_point(routing: str = "balanced", tokens: int = 1024, precision: str = "w
 
 
 def kernel_grid(point: dict, rank: int = 0) -> schedule.TileGrid:
-    """The rank's grid exactly as the kernel's problem builds it (problem.rank_buffers)."""
+    """The rank's grid exactly as the kernel's problem builds it (rank.rank_buffers)."""
     P = point["world_size"]
     ids = [routing.route(point, MOE["skew_zipf"], r)[0] for r in range(P)]
     plan = routing.dispatch_plan(ids, point["E"], MOE["block_m"])[rank]

@@ -141,7 +141,7 @@ def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path)
 def test_megamoe_flashinfer_beside_the_other_baselines_per_configuration_and_precision(
     tmp_path,
 ):
-    from xstage_bench.report.analysis.megamoe import megamoe_baselines
+    from xstage_bench.report.analysis.megamoe_baselines import megamoe_baselines
 
     ds = tmp_path / "h200x2-moe"
     speedups = [1.25, 0.8] * 4  # ours best: 80 or 100 us

@@ -54,7 +54,7 @@ __device__ __forceinline__ void store_release_sys(unsigned int* p, uint32_t v) {
 }
 
 // The pattern: a burst's tag scrambled once, then xor-ed with the word's index in the
-// destination buffer (the host recomputes it in launch.expected_words).
+// destination buffer (the host recomputes it in store_pattern.expected_words).
 __device__ __forceinline__ uint32_t mix(uint32_t tag) { return tag * 0x9E3779B1u; }
 
 template <int W>

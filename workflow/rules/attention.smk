@@ -2,7 +2,7 @@
 # measured store path (config["store_paths"]): peer (P GPUs, or two emulating a P-GPU node)
 # and host (one GPU as rank 0 of a P-GPU node, host memory the other owners; one GPU
 # measures only this). The modes and backends of one setting and shape are timed in paired
-# rounds (attention/runner.py).
+# rounds (attention/rank.py).
 
 
 rule attention_measure:

@@ -285,7 +285,7 @@ PEAK_HEADROOM = 1.05
 PCIE_GEN6_X16_GBps = storepath.pcie_line_rate_GBps(6, 16)  # a host link that said nothing
 NVLINK_C2C_GBps = 450.0  # Grace Hopper's chip-to-chip link, per direction
 TIMER_TICK_US = 0.032  # %globaltimer's tick on the GPUs measured here (cudaEvent: coarser)
-# Rates of issue, not of drain (microbench/launch.py's issue_rate_GBps).
+# Rates of issue, not of drain (microbench/stamp_metrics.py's issue_rate_GBps).
 ISSUE_RATES = frozenset({"issue_rate_GBps"})
 # Extras that are TFLOP/s of work the GPU did (not the emulated sweep's equivalent rate).
 TFLOPS_EXTRAS = ("tflops", "tflops_kernel", "gemm_tflops")

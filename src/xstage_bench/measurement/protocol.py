@@ -9,7 +9,7 @@ The experiment supplies two steps:
   keeps, or raises `PointFailed` (a wrong result, an unsupported point, a failure): the
   point is then recorded with that reason and never timed.
 - `measure(facts)` times it (through the timing module) and returns `Measured`, or raises
-  `PointFailed` too. It returns None on a rank that only follows rank 0 (workers.py).
+  `PointFailed` too. It returns None on a rank that only follows rank 0 (measurement/workers).
 
 The clocks are sampled before the check and after the measurement; `clocks.record_fields`
 turns the two samples into the record's clocks and throttle verdict.

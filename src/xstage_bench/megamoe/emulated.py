@@ -234,6 +234,7 @@ class EmulatedMeasurer:
 def raw_config(
     config: dict, devices: list, paths=(storepath.PEER,), leads: LeadChooser | None = None
 ) -> dict:
+    from xstage_bench.megamoe import reduction
     from xstage_kernels import megamoe as kernel
 
     common = {
@@ -274,6 +275,7 @@ def raw_config(
             "block_n": kernel.BLOCK_N,
             "precision": PRECISION,
         },
+        "combine": reduction.describe(reduction.default_reduction(devices[0].type)),
         "definitions": {path: {**per_path[path], **common} for path in paths},
     }
     if storepath.HOST in paths:

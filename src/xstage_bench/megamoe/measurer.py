@@ -113,7 +113,8 @@ class MoEMeasurer:
     # ---- the problem of a configuration ---------------------------------------------
 
     def problem(self, point: dict):
-        from xstage_bench.megamoe.problem import MoEProblem, make_expert_weights
+        from xstage_bench.megamoe.inputs import make_expert_weights
+        from xstage_bench.megamoe.problem import MoEProblem
 
         cid = config_id(point)
         if cid == self._problem_id:

@@ -3,14 +3,16 @@
 Each rank holds E/P experts (expert parallelism) and T tokens of its own (its home
 tokens). Dispatch happens once, when the problem is built (torch copies between the
 GPUs; it is not part of the timed kernel): every rank receives the FP8 (or bf16) rows of
-the tokens routed to its experts, in the padded expert-major layout of routing.py.
+the tokens routed to its experts, in the padded expert-major layout of routing.py. The
+inputs are inputs.py's, each rank's buffers and launch rank.py's.
 
 `forward` is what is timed: on every rank, zero the sync buffer and launch the fused
 kernel, whose Linear-2 epilogue stores each output row into its home rank's combine
 buffer (peer memory: the GPUs have peer access, and a row's destination is an element
 offset from the launching rank's buffer); then a cross-GPU barrier (every rank's stream
 waits for every kernel) and, on each home rank, the top-k weighted reduction of its
-combine buffer (a bf16 batched GEMV with fp32 accumulation).
+combine buffer (reduction.py: the Triton kernel xstage_kernels.combine on GPUs, torch.bmm
+on the CPU; the check runs the same one).
 
 On the host store path (storepath.HOST) a share f of each home rank's tokens (the point's
 `remote_fraction`, routing.host_tokens) is host-homed: all their top-k combine rows are
@@ -29,31 +31,25 @@ stamps stand in for the kernel events).
 
 from __future__ import annotations
 
-import math
 import time
-import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
-from xstage_bench.data import grid, storepath
+from xstage_bench.data import storepath
 from xstage_bench.measurement import hostmem
-from xstage_bench.megamoe import routing, schedule
-from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision, pack_int4, quantize_rows
-from xstage_bench.megamoe.reference import ExpertWeights, HomeTokens
+from xstage_bench.megamoe import accounting, reduction, routing, schedule
+from xstage_bench.megamoe.inputs import host_share, make_home_tokens
+from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision
+from xstage_bench.megamoe.rank import (
+    act_dtype,
+    check_tiles,
+    launch_rank,
+    poison_rank,
+    rank_buffers,
+    tiles_for,
+)
+from xstage_bench.megamoe.reference import ExpertWeights
 from xstage_kernels import megamoe as kernel
-
-INT4_STD = math.sqrt((16**2 - 1) / 12)  # standard deviation of integers uniform in [-8, 7]
-
-
-def _seed(*parts: object) -> int:
-    return zlib.crc32("/".join(str(p) for p in parts).encode())
-
-
-def _generator(torch, device, *parts: object):
-    gen = torch.Generator(device=device)
-    gen.manual_seed(_seed(*parts))
-    return gen
 
 
 def enable_peer_access(devices: list) -> None:
@@ -85,267 +81,6 @@ def enable_peer_access(devices: list) -> None:
                     except cupy.cuda.runtime.CUDARuntimeError as e:
                         if "PeerAccessAlreadyEnabled" not in str(e):
                             raise
-
-
-def make_expert_weights(point: dict, precision: str, rank: int, device, seed: int = 0):
-    """Random weights of one rank's E/P experts in the kernel's storage format.
-
-    Values are normal (bf16, w8a8) or uniform 4-bit integers (w4a8), with block scales
-    uniform in [0.5, 1.5] over the fan-in's square root, so activations stay of order one.
-    Seeded by shape, precision and rank: every configuration of a shape shares them.
-    """
-    import torch
-
-    check_precision(precision)
-    H, I, E, P = point["H"], point["I"], point["E"], point["world_size"]  # noqa: E741
-    local = E // P
-    gen = _generator(torch, device, seed, point["shape"], precision, f"rank={rank}")
-
-    def one(n: int, k: int):
-        if precision == "bf16":
-            w = torch.empty(local, n, k, dtype=torch.bfloat16, device=device)
-            for e in range(local):
-                w[e] = torch.randn(n, k, generator=gen, device=device) / math.sqrt(k)
-            return w, None
-        spread = 1.0 if precision == "w8a8" else INT4_STD
-        scales = (
-            torch.rand(local, n // SCALE_BLOCK, k // SCALE_BLOCK, generator=gen, device=device)
-            + 0.5
-        ) / (spread * math.sqrt(k))
-        if precision == "w8a8":
-            w = torch.empty(local, n, k, dtype=torch.float8_e4m3fn, device=device)
-            for e in range(local):
-                w[e] = torch.randn(n, k, generator=gen, device=device).to(torch.float8_e4m3fn)
-        else:
-            w = torch.empty(local, n, k // 2, dtype=torch.uint8, device=device)
-            for e in range(local):
-                ints = torch.randint(-8, 8, (n, k), generator=gen, device=device)
-                w[e] = pack_int4(ints.to(torch.int8))
-        return w, scales
-
-    w1, s1 = one(2 * I, H)
-    w2, s2 = one(H, I)
-    return ExpertWeights(w1, s1, w2, s2)
-
-
-def host_share(point: dict) -> float:
-    """The share of each home rank's tokens whose combine rows go to host memory: the
-    point's remote_fraction on the host path ('natural' there is 0), else 0."""
-    if storepath.point_path(point) != storepath.HOST:
-        return 0.0
-    f = point.get("remote_fraction", 0.0)
-    return 0.0 if f == grid.NATURAL else float(f)
-
-
-def routing_point(point: dict) -> dict:
-    """The point as routing sees it: on the host path the remote fraction is a host share,
-    not a re-homing, so routing stays natural."""
-    if storepath.point_path(point) == storepath.HOST:
-        return {k: v for k, v in point.items() if k != "remote_fraction"}
-    return point
-
-
-def make_home_tokens(point: dict, precision: str, rank: int, device, seed: int = 0) -> HomeTokens:
-    """One home rank's tokens (normal, then FP8-quantized per 128 channels unless bf16),
-    their experts and combine weights (routing.route)."""
-    import torch
-
-    moe_key = (point["shape"], f"T={point['tokens_per_rank']}", f"P={point['world_size']}")
-    gen = _generator(torch, device, seed, *moe_key, f"home={rank}")
-    x = torch.randn(point["tokens_per_rank"], point["H"], generator=gen, device=device)
-    ids, weights = routing.route(routing_point(point), point["skew_zipf"], rank, seed)
-    if precision == "bf16":
-        return HomeTokens(x.to(torch.bfloat16), None, ids, weights)
-    xq, xs = quantize_rows(x)
-    return HomeTokens(xq, xs, ids, weights)
-
-
-@dataclass
-class RankBuffers:
-    """Everything one rank's kernel reads and writes."""
-
-    plan: routing.RankRows
-    grid: schedule.TileGrid
-    x: object  # received rows (padded_rows, H)
-    xs: object  # their scales, or a 1-element dummy (bf16)
-    h: object  # intermediate (padded_rows, I)
-    hs: object
-    comb: object  # this rank's combine buffer (T * topk, H) bf16: peers write into it
-    out: object  # (T, H) bf16 MoE output of this rank's tokens
-    combine_weights: object  # (T, 1, topk) bf16
-    row_dst: object  # int64 (padded_rows,): offsets from comb to each row's destination
-    sync: object  # int32 (2 + blocks,)
-    tiles: dict  # arm key (arm_key) -> int32 (n, 4) tile list on the device, built on demand
-    sink: object = None  # local-control destination (P * T * topk, H) bf16, on demand
-    row_dst_local: object = None
-
-
-def act_dtype(torch, precision: str):
-    """What the kernel stores activations and the intermediate as."""
-    return torch.bfloat16 if precision == "bf16" else torch.float8_e4m3fn
-
-
-def scale_buffer(torch, precision: str, rows: int, channels: int, device):
-    """FP8 scales per 128 channels, or a 1-element dummy (bf16 has none)."""
-    if precision == "bf16":
-        return torch.zeros(1, dtype=torch.float32, device=device)
-    return torch.zeros(rows, channels // SCALE_BLOCK, dtype=torch.float32, device=device)
-
-
-def useful_flops(point: dict, plans: list[routing.RankRows]) -> float:
-    """6 H I FLOPs per routed row (Linear-1: 4 H I, Linear-2: 2 H I), all ranks."""
-    return 6.0 * point["H"] * point["I"] * sum(plan.rows for plan in plans)
-
-
-def nvlink_bytes(
-    point: dict, plans: list[routing.RankRows], host_homed: np.ndarray | None = None
-) -> list[int]:
-    """Bytes each rank's combine epilogue stores into peers (routing.peer_rows)."""
-    return [int(np.count_nonzero(routing.peer_rows(p, host_homed))) * point["H"] * 2 for p in plans]
-
-
-def host_bytes(
-    point: dict, plans: list[routing.RankRows], host_homed: np.ndarray | None
-) -> list[int]:
-    """Bytes each rank's combine epilogue stores into host memory (routing.host_rows)."""
-    return [int(np.count_nonzero(routing.host_rows(p, host_homed))) * point["H"] * 2 for p in plans]
-
-
-def check_tiles(megamoe: dict) -> None:
-    """The config's tile sizes must be the kernel's (they are recorded, not chosen)."""
-    if megamoe["block_m"] != kernel.BLOCK_M or megamoe["block_n"] != kernel.BLOCK_N:
-        raise ValueError(
-            f"the kernel's tiles are {kernel.BLOCK_M}x{kernel.BLOCK_N}; config asks "
-            f"block_m={megamoe['block_m']}, block_n={megamoe['block_n']}"
-        )
-
-
-def rank_buffers(
-    point: dict,
-    megamoe: dict,
-    plan: routing.RankRows,
-    *,
-    device,
-    x,
-    xs,
-    comb,
-    comb_offsets: np.ndarray,
-    combine_weights: np.ndarray,
-    num_programs: int,
-    host_offsets: np.ndarray | None = None,
-    host_homed: np.ndarray | None = None,
-) -> RankBuffers:
-    """One rank's buffers around its dispatched rows `x`, `xs` (tile lists: `tiles_for`).
-
-    comb_offsets[r]: the element offset from this rank's combine buffer `comb` to rank
-    r's, however the buffers are mapped (peer access in one process, a peer window
-    across processes); host_offsets[r] the same to rank r's host combine buffer, used for
-    the rows of host_homed[r] tokens (row_destinations).
-    """
-    import torch
-
-    H, I, T, topk = point["H"], point["I"], point["tokens_per_rank"], point["topk"]  # noqa: E741
-    precision = point["precision"]
-    grid = schedule.TileGrid(
-        plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
-    )
-    row_dst = routing.row_destinations(
-        plan, comb_offsets, H, host_offsets, host_homed, pad=kernel.PAD_DST
-    )
-    weights = torch.as_tensor(combine_weights, device=device)
-    return RankBuffers(
-        plan=plan,
-        grid=grid,
-        x=x,
-        xs=xs,
-        h=torch.empty(plan.padded_rows, I, dtype=act_dtype(torch, precision), device=device),
-        hs=scale_buffer(torch, precision, plan.padded_rows, I, device),
-        comb=comb,
-        out=torch.empty(T, H, dtype=torch.bfloat16, device=device),
-        combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
-        row_dst=torch.as_tensor(row_dst, device=device),
-        sync=torch.zeros(kernel.SYNC_HEADER + plan.blocks, dtype=torch.int32, device=device),
-        tiles={},
-    )
-
-
-def arm_key(point: dict) -> str:
-    """Which tile list a point runs: its schedule, and the lead of an interleaved point
-    that names one ('interleaved/lead=1024'); a point without lead_rows uses the config's."""
-    if point["schedule"] == schedule.INTERLEAVED and "lead_rows" in point:
-        return f"{schedule.INTERLEAVED}/lead={int(point['lead_rows'])}"
-    return point["schedule"]
-
-
-def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) -> str:
-    """The point's tile list on this rank, built (and checked) once: its key in rb.tiles.
-    Knobs come from the point (lead_rows) or else the megamoe config."""
-    import torch
-
-    key = arm_key(point)
-    if key not in rb.tiles:
-        knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
-        tiles = schedule.build(point["schedule"], rb.grid, num_programs, knobs)
-        rb.tiles[key] = torch.as_tensor(tiles, device=rb.x.device)
-    return key
-
-
-def poison_rank(torch, rb: RankBuffers) -> None:
-    """NaN everywhere one rank's kernel and combine (or the local control) write."""
-    for t in (rb.comb, rb.out):
-        t.fill_(float("nan"))
-    if rb.h.dtype == torch.float8_e4m3fn:
-        rb.h.view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
-        rb.hs.fill_(float("nan"))
-    else:
-        rb.h.fill_(float("nan"))
-    if rb.sink is not None:
-        rb.sink.fill_(float("nan"))
-
-
-def launch_rank(
-    rb: RankBuffers,
-    ex: ExpertWeights,
-    point: dict,
-    name: str,
-    num_programs: int,
-    *,
-    local: bool = False,
-    trace=None,
-    emulate_ns: tuple[int, int] | None = None,
-) -> None:
-    """Zero the rank's sync buffer and enqueue its fused kernel with schedule `name`
-    (emulate_ns: the compute-emulated build, see xstage_kernels.megamoe)."""
-    dummy = rb.xs if point["precision"] == "bf16" else None
-    rb.sync.zero_()
-    kernel.launch(
-        precision=point["precision"],
-        tiles=rb.tiles[name],
-        sync=rb.sync,
-        x=rb.x,
-        xs=rb.xs,
-        w1=ex.w1,
-        s1=dummy if ex.s1 is None else ex.s1,
-        w2=ex.w2,
-        s2=dummy if ex.s2 is None else ex.s2,
-        h=rb.h,
-        hs=rb.hs,
-        out=rb.sink if local else rb.comb,
-        row_dst=rb.row_dst_local if local else rb.row_dst,
-        H=point["H"],
-        I=point["I"],
-        num_programs=num_programs,
-        trace=trace,
-        emulate_ns=emulate_ns,
-    )
-
-
-def combine_rank(rb: RankBuffers, point: dict) -> None:
-    """The home rank's top-k weighted reduction of its combine buffer (bf16 batched GEMV)."""
-    import torch
-
-    T, topk, H = point["tokens_per_rank"], point["topk"], point["H"]
-    torch.bmm(rb.combine_weights, rb.comb.view(T, topk, H), out=rb.out.view(T, 1, H))
 
 
 class HostStamp:
@@ -383,6 +118,8 @@ class MoEProblem:
         self.experts = experts
         self.num_programs = num_programs
         self.cuda = devices[0].type == "cuda"
+        # The top-k reduction both the check and the timed runs use (reduction.py).
+        self.reduction = reduction.default_reduction(devices[0].type)
         self.path = storepath.point_path(point)
         H = point["H"]
         check_tiles(megamoe)
@@ -488,13 +225,13 @@ class MoEProblem:
     # ---- what the measurement reads -------------------------------------------------
 
     def useful_flops(self) -> float:
-        return useful_flops(self.point, [rb.plan for rb in self.ranks])
+        return accounting.useful_flops(self.point, [rb.plan for rb in self.ranks])
 
     def nvlink_bytes(self) -> list[int]:
-        return nvlink_bytes(self.point, [rb.plan for rb in self.ranks], self.host_homed)
+        return accounting.nvlink_bytes(self.point, [rb.plan for rb in self.ranks], self.host_homed)
 
     def host_bytes(self) -> list[int]:
-        return host_bytes(self.point, [rb.plan for rb in self.ranks], self.host_homed)
+        return accounting.host_bytes(self.point, [rb.plan for rb in self.ranks], self.host_homed)
 
     def remote_bytes(self) -> list[int]:
         """Bytes each rank stores across its path: into host memory on the host path, into
@@ -567,7 +304,9 @@ class MoEProblem:
                 out = out.clone()
                 idx = torch.as_tensor(tokens, device=out.device)
                 rows = self.host_comb[r].to(out.device).view(T, topk, H)[idx]
-                out[idx] = torch.bmm(rb.combine_weights[idx], rows).view(len(tokens), H)
+                part = torch.empty(len(tokens), H, dtype=torch.bfloat16, device=out.device)
+                reduction.reduce(rb.combine_weights[idx], rows.view(-1, H), part, self.reduction)
+                out[idx] = part
             outs.append(out)
         return outs
 
@@ -587,7 +326,7 @@ class MoEProblem:
         )
 
     def _combine(self, q: int) -> None:
-        combine_rank(self.ranks[q], self.point)
+        reduction.combine_rank(self.ranks[q], self.point, self.reduction)
 
     def forward(
         self,

@@ -8,7 +8,7 @@ One record per (configuration, arm) of our kernel, id '<config id>/<schedule>' (
 '<config id>/interleaved/lead=<n|auto>' for the lead map, points.py); the arms of one
 configuration are timed together in paired rounds (measurer.py). Every path of
 config["store_paths"] is measured ("auto" resolved with the GPU count, storepath.resolve):
-on the host path a configuration's remote_fraction is its host share (problem.py) and its
+on the host path a configuration's remote_fraction is its host share (inputs.py) and its
 id says the path ('<...>/P=<P>/path=host/f=<f>'). With
 `megamoe.variants` (default: ours, unfused, deepgemm) also one record per configuration of
 the unfused torch pipeline ('<config id>/unfused', baselines/unfused.py) and one per
@@ -159,8 +159,9 @@ HOST_SHARE_RULE = (
 )
 
 
-def definitions(paths: Sequence[str]) -> dict:
-    """What every metric of our kernel's records means, per store path."""
+def definitions(paths: Sequence[str], combine: str) -> dict:
+    """What every metric of our kernel's records means, per store path; `combine` names
+    the top-k reduction that ran (reduction.py, the raw config's `combine`)."""
     common = {
         "kernel_us": "max over ranks of the fused kernel alone (events on its stream; on the "
         "CPU test backend host clocks around each launch)",
@@ -174,8 +175,8 @@ def definitions(paths: Sequence[str]) -> dict:
     per_path = {
         storepath.PEER: {
             "time_us": "GPU 0 events around: every rank's fused kernel, the cross-GPU "
-            "barrier and every home rank's top-k weighted reduction (dispatch excluded, "
-            "done once)",
+            f"barrier and every home rank's top-k weighted reduction, by {combine} "
+            "(`combine`; dispatch excluded, done once)",
             "remote_fraction": "share of the combine rows that cross NVLink: absent at "
             "natural routing (about (P-1)/P), else rows re-homed (routing.py)",
             "remote_bytes": "bf16 output bytes the combine epilogues store into peers, all "
@@ -184,9 +185,10 @@ def definitions(paths: Sequence[str]) -> dict:
         },
         storepath.HOST: {
             "time_us": "GPU 0 events around: every rank's fused kernel, the cross-GPU "
-            "barrier and every home rank's top-k weighted reduction over its whole device "
-            "combine buffer (a fixed cost at every f); the host-homed tokens' reduction "
-            "belongs to the far end and is not timed (dispatch excluded, done once)",
+            f"barrier and every home rank's top-k weighted reduction, by {combine} (`combine`), "
+            "over its whole device combine buffer (a fixed cost at every f); the host-homed "
+            "tokens' reduction belongs to the far end and is not timed (dispatch excluded, "
+            "done once)",
             "remote_fraction": "the host share f (host_share)",
             "remote_bytes": "bf16 output bytes the combine epilogues store into host "
             "memory, all ranks (= host_bytes)",
@@ -212,8 +214,10 @@ def raw_config(
     paths: Sequence[str] = (storepath.PEER,),
     leads: LeadChooser | None = None,
 ) -> dict:
+    from xstage_bench.megamoe import reduction
     from xstage_kernels import megamoe as kernel
 
+    combine = reduction.default_reduction(device_type)
     raw = {
         "megamoe": moe,
         "timing": config["timing"],
@@ -234,7 +238,8 @@ def raw_config(
             "tokens_per_rank": check_tokens,
             "tolerance_rel_l2": reference.tolerance(device_type),
         },
-        "definitions": definitions(paths),
+        "combine": reduction.describe(combine),
+        "definitions": definitions(paths, combine),
         "variants": moe.get("variants", list(VARIANTS)),
         "baselines": {
             "unfused": {

@@ -1,8 +1,8 @@
 """The GPU half of the microbenchmarks: the loaded kernels of burst.cu, their destination
 buffers and peer mappings, one launch at a time (CuPy). Everything that can be decided
-without a GPU (plans, which buffers a destination is, argument packing, the expected
-pattern, stamps to metrics) is in launch.py and tested on the CPU; this module is kept
-thin because no CPU test can run it.
+without a GPU (plans and destinations: planning.py; argument packing: launch.py; the
+expected pattern: store_pattern.py; stamps to metrics: stamp_metrics.py) is tested on the
+CPU; this module is kept thin because no CPU test can run it.
 
 A destination is a `Destination`: its address for the kernels, how to poison it and how
 to read it back. Device buffers (a peer's, or the sender's for the local control) are
@@ -18,31 +18,33 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage_bench.microbench.errors import KernelTimeout, MicrobenchError, PointUnsupported
+from xstage_bench.microbench.gap_calibration import fit_gap_calibration
 from xstage_bench.microbench.launch import (
     CEILING_GRID_PER_SM,
     GAP_CALIBRATION_BURSTS,
     GAP_CALIBRATION_ITERS,
     GAP_MODES,
     KERNEL_PARAMS,
-    ROTATE_BYTES,
     SYNC_MODES,
     THREADS,
     TIMEOUT_NS,
+    describe_error,
+    pack_args,
+)
+from xstage_bench.microbench.planning import (
+    ROTATE_BYTES,
     DestinationSpec,
-    KernelTimeout,
-    MicrobenchError,
-    PointUnsupported,
     TrainPlan,
     ceiling_spec,
-    check_stamps,
-    compare_words,
-    describe_error,
     destination_specs,
+)
+from xstage_bench.microbench.stamp_metrics import check_stamps
+from xstage_bench.microbench.store_pattern import (
+    compare_words,
     expected_words,
-    fit_gap_calibration,
     last_burst_per_slot,
     mix,
-    pack_args,
     pattern_mismatches,
 )
 
@@ -103,7 +105,7 @@ class HostDestination:
         return self.buf.words(n)
 
     def pattern_errors(self, nbytes: int, tag: int) -> int:
-        # Host memory is checked where it is, chunk by chunk (launch.pattern_mismatches).
+        # Host memory is checked where it is, chunk by chunk (store_pattern.pattern_mismatches).
         words = self.buf.array()[:nbytes].view("<u4")
         return pattern_mismatches(words, tag)[0]
 

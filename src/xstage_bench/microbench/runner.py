@@ -35,9 +35,9 @@ from xstage_bench.measurement.clocks import ClockSampler
 from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point
 from xstage_bench.measurement.sweep import run_sweep
-from xstage_bench.microbench import launch
+from xstage_bench.microbench import gap_calibration, launch, planning, stamp_metrics
 from xstage_bench.microbench.bench import BurstBench
-from xstage_bench.microbench.launch import MicrobenchError, PointUnsupported
+from xstage_bench.microbench.errors import MicrobenchError, PointUnsupported, WrongResult
 
 CHECK_TAG = 0x5EED  # pattern tag of the checked launch; timed launch L uses (L + 1) << 20
 # Every in-kernel wait is bounded, so the watchdog is only a last resort.
@@ -106,7 +106,7 @@ class PointMeasurer:
 
     def _check_train(self, point: dict) -> dict:
         bench = self.bench
-        plan = launch.plan_train(
+        plan = planning.plan_train(
             point,
             bursts=self.mb["bursts"],
             warmup_bursts=self.mb["warmup_bursts"],
@@ -123,7 +123,7 @@ class PointMeasurer:
         gap_iters = 0
         if plan.gap_mode == "compute" and plan.gap_us > 0:
             calibration = bench.gap_calibration(plan.K)
-            gap_iters = launch.gap_iterations(calibration, plan.gap_us)
+            gap_iters = gap_calibration.gap_iterations(calibration, plan.gap_us)
             extra.update(gap_calibration=calibration, gap_iters=gap_iters)
         # An injected 'wrong' fault launches a kernel that writes another pattern.
         kernel_tag = CHECK_TAG + 1 if faults.injected("wrong", point["id"]) else CHECK_TAG
@@ -131,7 +131,7 @@ class PointMeasurer:
             plan, gap_iters=gap_iters, tag_base=CHECK_TAG, kernel_tag_base=kernel_tag
         )
         if wrong:
-            raise launch.WrongResult(wrong)
+            raise WrongResult(wrong)
         return {"plan": plan, "gap_iters": gap_iters, "extra": extra}
 
     def _time_train(self, point: dict, run: dict) -> tuple[dict, dict]:
@@ -142,10 +142,10 @@ class PointMeasurer:
             start, end = bench.run_train(
                 plan, tag_base=(n + 1) << 20, slot_base=n * plan.n_bursts, gap_iters=gap_iters
             )
-            metrics = launch.train_metrics(start, end, plan.warmup, plan.kind, plan.B)
-            launch.pool(samples, metrics)
+            metrics = stamp_metrics.train_metrics(start, end, plan.warmup, plan.kind, plan.B)
+            stamp_metrics.pool(samples, metrics)
             if keep and n == 0:
-                extra["stamps_ns"] = launch.stamps_extra(start, end)
+                extra["stamps_ns"] = stamp_metrics.stamps_extra(start, end)
         return samples, extra
 
     def _check_probe(self, point: dict) -> dict:
@@ -157,15 +157,15 @@ class PointMeasurer:
                 "the drain probe measures one peer with 16-byte stores "
                 f"(got dest={point['dest']}, peers={point['peers']}, width={point['width']})"
             )
-        launch.require_peer_gpus(1, self.world_size)
+        planning.require_peer_gpus(1, self.world_size)
         K, B = point["K"], point["B"]
         n_bursts = self.mb["bursts"]
-        idle_us = launch.isolated_idle_us(K * B, "peer")
+        idle_us = planning.isolated_idle_us(K * B, "peer")
         limit = bench.require_coresident("drain_probe_send", K, 4 * n_bursts * 8)
         run = {"K": K, "n_bursts": n_bursts, "idle_us": idle_us}
         wrong = bench.check_probe(B=B, tag_base=CHECK_TAG, **run)
         if wrong:
-            raise launch.WrongResult(wrong)
+            raise WrongResult(wrong)
         return {"run": run, "limit": limit}
 
     def _time_probe(self, point: dict, checked: dict) -> tuple[dict, dict]:
@@ -173,12 +173,12 @@ class PointMeasurer:
         samples: dict[str, list[float]] = {}
         for n in range(self.mb["launches"]):
             stamps = bench.run_probe(B=point["B"], tag_base=(n + 1) << 20, **run)
-            launch.pool(samples, launch.probe_metrics(stamps, warmup))
+            stamp_metrics.pool(samples, stamp_metrics.probe_metrics(stamps, warmup))
         # The same protocol with no data: what the signal/ack round trip costs by itself.
         handshake: list[float] = []
         for _ in range(self.mb["launches"]):
             stamps = bench.run_probe(B=0, tag_base=0, **run)
-            handshake += launch.probe_metrics(stamps, warmup)["visible_us"]
+            handshake += stamp_metrics.probe_metrics(stamps, warmup)["visible_us"]
         samples["handshake_us"] = handshake
         extra = {
             "threads": bench.threads,
@@ -199,10 +199,10 @@ class PointMeasurer:
     def _check_ceiling(self, point: dict) -> dict:
         bench = self.bench
         V, dest, method = int(point["V"]), point["dest"], point["method"]
-        if dest not in launch.DESTS:
-            raise PointUnsupported(f"dest must be one of {launch.DESTS}, got {dest!r}")
+        if dest not in planning.DESTS:
+            raise PointUnsupported(f"dest must be one of {planning.DESTS}, got {dest!r}")
         if dest == "peer":
-            launch.require_peer_gpus(1, self.world_size)
+            planning.require_peer_gpus(1, self.world_size)
         tag = CHECK_TAG + 1
         if method == "sm_store":
             fn, info = bench.bulk_store_fn(dest, V, tag)
@@ -214,7 +214,7 @@ class PointMeasurer:
             raise PointUnsupported(f"ceiling method must be sm_store or copy_engine: {method!r}")
         wrong = bench.check_ceiling(fn, dest, V, tag)
         if wrong:
-            raise launch.WrongResult(wrong)
+            raise WrongResult(wrong)
         return {"fn": fn, "info": info}
 
     def _time_ceiling(self, point: dict, checked: dict) -> tuple[dict, dict]:
@@ -259,8 +259,8 @@ def path_constants(paths: Sequence[str]) -> dict:
     """What the raw config records per measured path and for the local control."""
     return {
         dest: {
-            "isolated_idle_rate_GBps": launch.ISOLATED_IDLE_RATE_GBps[dest],
-            "isolated_idle_us": launch.isolated_idle_rule(dest),
+            "isolated_idle_rate_GBps": planning.ISOLATED_IDLE_RATE_GBps[dest],
+            "isolated_idle_us": planning.isolated_idle_rule(dest),
             "destination": DESTINATION[dest],
             "drain_probe": "measured" if dest == storepath.PEER else HOST_PROBE_UNSUPPORTED,
         }
@@ -282,11 +282,11 @@ def raw_config(
         "kernel": {
             "cubin": str(cubin),
             "threads_per_cta": launch.THREADS,
-            "destination_buffer_bytes": launch.ROTATE_BYTES,
+            "destination_buffer_bytes": planning.ROTATE_BYTES,
             "timeout_ns": launch.TIMEOUT_NS,
             "ceiling_ctas_per_sm": launch.CEILING_GRID_PER_SM,
             "gap_calibration_iters": list(launch.GAP_CALIBRATION_ITERS),
-            "gap_extrapolation": launch.GAP_EXTRAPOLATION,
+            "gap_extrapolation": gap_calibration.GAP_EXTRAPOLATION,
             "paths": path_constants(paths),
         },
     }

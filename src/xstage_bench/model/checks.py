@@ -281,7 +281,7 @@ def _group_line(name: str, g: dict) -> str:
 
 def heldout_error_within_target(shared: dict, window: dict, fit_set: dict) -> dict:
     """Does the model (shared Q) predict held-out records of the fit set within the target
-    median error? shared and window are the two variants' summaries (fit.summaries).
+    median error? shared and window are the two variants' summaries (validation.summaries).
 
     The detail says by how much the target is met or missed, per metric, which aligned
     study/sync groups miss it, how the per-producer window does, and how the free-running

@@ -3,7 +3,7 @@ against the X-Stage path.
 
 Nothing here decides an order or a routing: the rows come from routing.route and
 routing.dispatch_plan, the tile grid and list from schedule.build, exactly as the kernel
-builds them (megamoe/problem.py), so a simulated schedule is the measured one. The list
+builds them (megamoe/rank.py), so a simulated schedule is the measured one. The list
 is then played event by event as the persistent kernel runs it: num_programs programs
 take entries in list order (the atomic counter); a Linear-2 tile waits for every Linear-1
 tile of its row block (the row-block counter); a tile lasts its FLOPs at one program's
@@ -98,7 +98,7 @@ class RankWork:
 
 
 def rank_work(rows: routing.RankRows, point: dict, block_n: int, local_control: bool) -> RankWork:
-    """The grid as problem.rank_buffers builds it; local_control keeps every row local."""
+    """The grid as rank.rank_buffers builds it; local_control keeps every row local."""
     widths = point["I"] // block_n, point["H"] // block_n
     grid = schedule.TileGrid(rows.block_expert, rows.block_rows, *widths)
     remote_row = ((rows.home >= 0) & (rows.home != rows.rank)).reshape(-1, rows.block_m)

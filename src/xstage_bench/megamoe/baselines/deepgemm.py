@@ -179,7 +179,7 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
     import torch
     import torch.distributed as dist
 
-    from xstage_bench.megamoe.problem import make_expert_weights, make_home_tokens
+    from xstage_bench.megamoe.inputs import make_expert_weights, make_home_tokens
 
     try:
         deep_gemm = _import_deep_gemm()

@@ -3,7 +3,7 @@
 DeepGEMM (symmetric memory) and FlashInfer (NVSHMEM) exchange tokens between processes,
 while our runner drives every GPU from one process. So such a baseline runs in worker
 processes of its own, one rank each, spawned on first use, joined over NCCL (NVLink
-multicast off: workers.SAFE_ENV) and kept for the sweep. The runner sends them one
+multicast off: workers.launcher.SAFE_ENV) and kept for the sweep. The runner sends them one
 configuration at a time and waits a bounded time for the answer: a hang or a crash kills
 the pair and fails the point, and the next point starts a fresh pair.
 
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from xstage_bench.measurement.workers import SAFE_ENV, free_port
+from xstage_bench.measurement.workers.launcher import SAFE_ENV, free_port
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ PANEL_TITLE_FONT = 10.5
 LEGEND_FONT = 9.5
 NOTE_FONT = 9
 NOTE_LINE_IN = 0.17  # height of one line of notes, in inches
+# The widest a figure is drawn, legend included: the report's summary column shows about
+# 1190 CSS px at a 1400 px window, where a figure of this width shows its 9-pt notes at
+# 8 pt (9 * 1190 / (96 * 13.9)); wider figures get narrower panels, not smaller text.
+MAX_WIDTH_IN = 13.5
 
 sns.set_theme(style="whitegrid", context="paper", font_scale=1.3)
 
@@ -90,6 +94,26 @@ def _stamp_simulated(fig: Figure) -> None:
         )
 
 
+def _panel_columns(fig: Figure) -> int:
+    spec = next((ax.get_subplotspec() for ax in fig.axes if ax.get_subplotspec()), None)
+    return spec.get_gridspec().ncols if spec is not None else 1
+
+
+def _wrap_panel_text(fig: Figure, panel_in: float) -> None:
+    """Panel titles and x labels wrapped to a narrowed panel's width (never overlapping)."""
+    for ax in fig.axes:
+        for get, put in ((ax.get_title, ax.set_title), (ax.get_xlabel, ax.set_xlabel)):
+            text = get()
+            if not text:
+                continue
+            size = (ax.title if get == ax.get_title else ax.xaxis.label).get_fontsize()
+            chars = max(12, int(panel_in * 72 / (size * 0.55)))
+            parts = text.split("\n")
+            wrapped = (textwrap.wrap(part, chars, break_on_hyphens=False) for part in parts)
+            lines = [line for part in wrapped for line in part or [""]]
+            put("\n".join(lines))
+
+
 def finish_figure(
     fig: Figure,
     title: str,
@@ -104,14 +128,17 @@ def finish_figure(
     if "(simulated" in label:  # dataset_label marks every simulated dataset so
         _stamp_simulated(fig)
     width, height = fig.get_size_inches()
-    right = 1.0
+    legend_in = 0.0
     handle = None
     if legend:
         handle = fig.legend(handles=legend, loc="upper left", fontsize=LEGEND_FONT, frameon=False)
         extent = handle.get_window_extent(fig.canvas.get_renderer())
         legend_in = extent.width / fig.dpi + 0.2
-        fig.set_size_inches(width + legend_in, height)  # the panels keep their size
-        right = width / (width + legend_in)
+    total = min(width + legend_in, MAX_WIDTH_IN)  # the panels keep their size where they fit
+    fig.set_size_inches(total, height)
+    right = (total - legend_in) / total
+    if total < width + legend_in:
+        _wrap_panel_text(fig, (total - legend_in) / (width / _panel_columns(fig)))
     lines = _wrap(notes, fig.get_size_inches()[0])
     notes_in = 0.25 + NOTE_LINE_IN * len(lines)
     fig.set_size_inches(fig.get_size_inches()[0], height + notes_in)  # panels keep their size

@@ -21,7 +21,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from xstage_bench.report.analysis import frames, labels, megamoe
+from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_emulated
 from xstage_bench.report.figures import common
 
 
@@ -50,7 +50,7 @@ def fraction_legend(path: str, fraction: str) -> str:
 
 
 def plot(dataset_dir: Path) -> Figure:
-    doc, speedups = megamoe.emulated_sweep(dataset_dir)
+    doc, speedups = megamoe_emulated.emulated_sweep(dataset_dir)
     x = x_column(speedups)
     paths = megamoe.ordered_paths(speedups["path"])
     shapes = list(dict.fromkeys(speedups["shape"]))
@@ -68,7 +68,7 @@ def plot(dataset_dir: Path) -> Figure:
         frames.failure_note(frames.records_frame(doc)),
     ]
     for row, path in enumerate(paths):
-        marker = megamoe.crossover_rate_tflops(dataset_dir, path)
+        marker = megamoe_emulated.crossover_rate_tflops(dataset_dir, path)
         seen: list[str] = []
         for ax, shape in zip(axes[row], shapes, strict=True):
             for fraction, rows in lines(speedups, path, shape):

@@ -28,7 +28,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
 from xstage_bench.data import stats
-from xstage_bench.report.analysis import frames, labels, megamoe
+from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines
 from xstage_bench.report.analysis.speedup_ci import NOISY_HALF_WIDTH, headline_ci
 from xstage_bench.report.figures import common
 
@@ -41,7 +41,7 @@ def plot(dataset_dir: Path) -> Figure:
     paths = megamoe.ordered_paths(every_fraction["path"])
     shapes = sorted(every_fraction["shape"].unique())
     palette = dict(zip(shapes, sns.color_palette("tab10", len(shapes)), strict=True))
-    baselines = megamoe.natural_routing(megamoe.megamoe_baselines(doc))
+    baselines = megamoe.natural_routing(megamoe_baselines.megamoe_baselines(doc))
 
     # One bars row per headline set, one groups row per path, one baselines row per path
     # that has baselines.
@@ -212,15 +212,15 @@ def _series(doc: dict, baselines) -> tuple[list, dict]:
     """The ratio series to draw, and for the fused baselines' columns what happened to
     their records (said where one has no ok time)."""
     unfused = UNFUSED_SERIES
-    if baselines[list(megamoe.UNFUSED_PATH_RATIOS)].isna().all(axis=None):
+    if baselines[list(megamoe_baselines.UNFUSED_PATH_RATIOS)].isna().all(axis=None):
         unfused = (UNFUSED_BEST,)
     fused = [
         (label, column, marker)
         for variant, _, label, column, marker in FUSED_SERIES
-        if variant == "deepgemm" or megamoe.has_records(doc, variant)
+        if variant == "deepgemm" or megamoe_baselines.has_records(doc, variant)
     ]
     outcomes = {
-        column: megamoe.variant_outcome(doc, variant, name)
+        column: megamoe_baselines.variant_outcome(doc, variant, name)
         for variant, name, _, column, _ in FUSED_SERIES
     }
     return [*unfused, *fused], outcomes

@@ -16,7 +16,8 @@ import pandas as pd
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import labels
 from xstage_bench.report.tables import claim_answers, verdicts
-from xstage_bench.report.tables.claim_answers import Answer, NotMeasured, Sources
+from xstage_bench.report.tables.claim_answers import Answer, NotMeasured
+from xstage_bench.report.tables.claim_sources import Sources
 from xstage_bench.report.tables.common import Table
 from xstage_bench.report.tables.counterparts import COUNTERPARTS, Counterpart
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xstage_bench.data import layout, stats, storepath
-from xstage_bench.report.analysis import load, megamoe
+from xstage_bench.report.analysis import load, megamoe_emulated
 from xstage_bench.report.tables import claim_answers
-from xstage_bench.report.tables.claim_answers import AnswerFn, Sources
+from xstage_bench.report.tables.claim_answers import AnswerFn
+from xstage_bench.report.tables.claim_sources import Sources
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def rehomed(fraction: float) -> Callable[[Path], Sources | None]:
 def emulated_at_top_rate(src: Sources, fraction: float = 7 / 8) -> claim_answers.Found:
     """The emulated sweep's speedups at its highest rate, f = 7/8 (an 8-GPU node's share),
     one per shape, with the rate the kernel achieved there."""
-    speedups = megamoe.emulated_speedups(src.megamoe)
+    speedups = megamoe_emulated.emulated_speedups(src.megamoe)
     if "path" in speedups.columns:
         speedups = speedups[speedups["path"] == storepath.PEER]
     if speedups.empty:

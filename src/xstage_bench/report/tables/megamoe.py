@@ -15,7 +15,7 @@ import pandas as pd
 
 from xstage_bench.data import stats, storepath
 from xstage_bench.report import paper
-from xstage_bench.report.analysis import frames, labels, megamoe
+from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines
 from xstage_bench.report.analysis.speedup_ci import NOISY_HALF_WIDTH, headline_ci
 from xstage_bench.report.tables.common import Table
 
@@ -201,9 +201,9 @@ def build(dataset_dir: Path) -> Table:
             "and are left out"
         )
     sections = [("Per configuration: speedups with CIs and verdicts", per_configuration(speedups))]
-    baselines = megamoe.natural_routing(megamoe.megamoe_baselines(doc))
+    baselines = megamoe.natural_routing(megamoe_baselines.megamoe_baselines(doc))
     if not baselines.empty:
-        flashinfer = megamoe.has_records(doc, "flashinfer")
+        flashinfer = megamoe_baselines.has_records(doc, "flashinfer")
         sections += [
             ("Our best schedule against the baselines", baseline_summary(baselines, flashinfer)),
             (
@@ -220,7 +220,7 @@ def build(dataset_dir: Path) -> Table:
         )
         if flashinfer:
             notes.append(flashinfer_note(doc))
-    ceiling = megamoe.kernel_vs_ceiling(doc)
+    ceiling = megamoe_baselines.kernel_vs_ceiling(doc)
     if not ceiling.empty:
         sections += [
             ("Our kernel beside the GEMM ceiling", ceiling_summary(ceiling)),
@@ -267,7 +267,7 @@ def baseline_summary(baselines: pd.DataFrame, flashinfer: bool = False) -> pd.Da
     the sweep measured it."""
     rows = []
     for name, column, where in COMPARISONS:
-        if column in megamoe.UNFUSED_PATH_RATIOS and baselines[column].isna().all():
+        if column in megamoe_baselines.UNFUSED_PATH_RATIOS and baselines[column].isna().all():
             continue  # a sweep from before the unfused pipeline timed each path
         if column == "ours_over_flashinfer" and not flashinfer:
             continue
@@ -326,7 +326,7 @@ def flashinfer_note(doc: dict) -> str:
         if r["point"].get("variant") == "flashinfer" and r["status"] == "ok"
     ]
     if not extras:
-        outcome = megamoe.variant_outcome(doc, "flashinfer", "FlashInfer")
+        outcome = megamoe_baselines.variant_outcome(doc, "flashinfer", "FlashInfer")
         return f"FlashInfer SM90 FP8 MegaMoE: no configuration with an ok time ({outcome})."
     first = extras[0]
     return (

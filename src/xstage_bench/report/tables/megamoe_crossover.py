@@ -12,7 +12,7 @@ import pandas as pd
 
 from xstage_bench.data import layout, storepath
 from xstage_bench.data.hardware import load_profile
-from xstage_bench.report.analysis import frames, labels, megamoe
+from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_emulated
 from xstage_bench.report.tables.common import Table
 from xstage_bench.sim.emulated import compare_emulated
 
@@ -59,7 +59,7 @@ def mechanism(doc: dict) -> pd.DataFrame:
 
 
 def build(dataset_dir: Path) -> Table:
-    doc, speedups = megamoe.emulated_sweep(dataset_dir)
+    doc, speedups = megamoe_emulated.emulated_sweep(dataset_dir)
     columns = ["wave_us", "interleaved_us", "speedup", "speedup_ci_low", "speedup_ci_high"]
     columns += ["verdict", "noisy"]
     kernel = megamoe.KERNEL
@@ -114,7 +114,7 @@ def build(dataset_dir: Path) -> Table:
             f"profile ({PROFILE_READ}) describes one store path."
         )
     for path in paths:
-        marker = megamoe.crossover_rate_tflops(dataset_dir, path)
+        marker = megamoe_emulated.crossover_rate_tflops(dataset_dir, path)
         if marker:
             notes.append(
                 f"{path} path: the paper's compute-to-drain ratio corresponds to X = "

@@ -21,14 +21,8 @@ from xstage_bench.model.document import LINE_RATE_KEY
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import frames
 from xstage_bench.report.paper import Claim
-from xstage_bench.report.tables.claim_answers import (
-    Answer,
-    Found,
-    NotMeasured,
-    Sources,
-    attention_ranks,
-    span_medians,
-)
+from xstage_bench.report.tables.claim_answers import Answer, Found, NotMeasured, span_medians
+from xstage_bench.report.tables.claim_sources import Sources, attention_ranks
 
 REPRODUCED = "reproduced"
 DIFFERS = "differs"

@@ -1,0 +1,69 @@
+"""What an attention raw file records as its config, beyond the run's own: the store paths
+measured, which kernel ran our backend, and what the pairing and the host path's modes and
+clocks are; and sweep.run_sweep's refresh rule, which makes a finished sweep measure a
+backend's points again when the kernel that ran it changes.
+"""
+
+from __future__ import annotations
+
+from xstage_bench.data import storepath
+from xstage_bench.measurement.sweep import Refresh, records_refresh
+
+TL_KERNEL = {"kernel": "tl", "source": "kernels/xstage_kernels/flash_ulysses.py"}
+
+
+def kernels_that_ran(device_type: str) -> dict:
+    """Which kernel ran our backend ('triton'); each record's extra.triton_config says it per
+    point. A backend's entry changes only when its kernel does, so a finished sweep measures
+    only that backend's points again (kernel_refresh)."""
+    from xstage_kernels import flash_ulysses
+
+    if device_type != "cuda" or flash_ulysses.attention_kernel() == "tl":
+        return {"triton": TL_KERNEL}
+    return {
+        "triton": {
+            "kernel": "ws",
+            "source": "kernels/xstage_kernels/flash_ws.py (Gluon, warp-specialized: one TMA "
+            "producer warp, two math warpgroups of 64 query rows)",
+            "where": "S a multiple of 128, contiguous q/k/v, head_dim 64 or 128; "
+            "else kernels/xstage_kernels/flash_ulysses.py",
+            "launch": "a call with the last call's arguments reuses its compiled kernel and "
+            "TMA descriptors",
+        }
+    }
+
+
+def kernel_refresh(previous: dict, config: dict) -> Refresh | None:
+    """sweep.run_sweep's refresh rule: when two raw configs differ only in the kernel that
+    ran some backends, those backends' points are stale. Raw files written before `kernels`
+    existed ran the tl kernel."""
+    return records_refresh(
+        previous,
+        config,
+        lambda cfg: (cfg, cfg.pop("kernels", {"triton": TL_KERNEL})),
+        lambda point, changed: point["backend"] in changed,
+    )
+
+
+PAIRED_DEFINITION = (
+    "the backends and modes of one (path, P, heads, S) are checked, then timed together in "
+    "rounds (timing.measure_paired): sample i of each from round i; extra.paired.group is "
+    "the same for the records of one timing and unique to it"
+)
+
+
+def raw_config(config: dict, device_type: str, paths: list[str]) -> dict:
+    """What the raw file records as its config: the run's config with the store paths it
+    measured, which kernel ran our backend, and what the pairing and (where measured) the
+    host path's modes and clocks are (attention/host.py)."""
+    from xstage_bench.attention.host import DEFINITIONS
+
+    definitions = {"paired": PAIRED_DEFINITION}
+    if storepath.HOST in paths:
+        definitions.update(DEFINITIONS)
+    return {
+        **config,
+        "store_paths": list(paths),
+        "kernels": kernels_that_ran(device_type),
+        "definitions": definitions,
+    }

@@ -1,0 +1,181 @@
+"""One rank's part of a configuration: the buffers its fused kernel reads and writes, its
+tile lists, and the launch.
+
+Both process models build a rank the same way from here: one process driving every GPU
+(problem.MoEProblem, one RankBuffers per GPU, peer access) and one process per GPU
+(distributed.py, its combine buffer a chunk of a peer window). Only how the combine
+buffers are mapped differs, and that reaches a rank as element offsets (`rank_buffers`).
+The home rank's top-k reduction of its combine buffer is reduction.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from xstage_bench.megamoe import routing, schedule
+from xstage_bench.megamoe.quant import SCALE_BLOCK
+from xstage_bench.megamoe.reference import ExpertWeights
+from xstage_kernels import megamoe as kernel
+
+
+@dataclass
+class RankBuffers:
+    """Everything one rank's kernel reads and writes."""
+
+    plan: routing.RankRows
+    grid: schedule.TileGrid
+    x: object  # received rows (padded_rows, H)
+    xs: object  # their scales, or a 1-element dummy (bf16)
+    h: object  # intermediate (padded_rows, I)
+    hs: object
+    comb: object  # this rank's combine buffer (T * topk, H) bf16: peers write into it
+    out: object  # (T, H) bf16 MoE output of this rank's tokens
+    combine_weights: object  # (T, 1, topk) bf16
+    row_dst: object  # int64 (padded_rows,): offsets from comb to each row's destination
+    sync: object  # int32 (2 + blocks,)
+    tiles: dict  # arm key (arm_key) -> int32 (n, 4) tile list on the device, built on demand
+    sink: object = None  # local-control destination (P * T * topk, H) bf16, on demand
+    row_dst_local: object = None
+
+
+def act_dtype(torch, precision: str):
+    """What the kernel stores activations and the intermediate as."""
+    return torch.bfloat16 if precision == "bf16" else torch.float8_e4m3fn
+
+
+def scale_buffer(torch, precision: str, rows: int, channels: int, device):
+    """FP8 scales per 128 channels, or a 1-element dummy (bf16 has none)."""
+    if precision == "bf16":
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    return torch.zeros(rows, channels // SCALE_BLOCK, dtype=torch.float32, device=device)
+
+
+def check_tiles(megamoe: dict) -> None:
+    """The config's tile sizes must be the kernel's (they are recorded, not chosen)."""
+    if megamoe["block_m"] != kernel.BLOCK_M or megamoe["block_n"] != kernel.BLOCK_N:
+        raise ValueError(
+            f"the kernel's tiles are {kernel.BLOCK_M}x{kernel.BLOCK_N}; config asks "
+            f"block_m={megamoe['block_m']}, block_n={megamoe['block_n']}"
+        )
+
+
+def rank_buffers(
+    point: dict,
+    megamoe: dict,
+    plan: routing.RankRows,
+    *,
+    device,
+    x,
+    xs,
+    comb,
+    comb_offsets: np.ndarray,
+    combine_weights: np.ndarray,
+    num_programs: int,
+    host_offsets: np.ndarray | None = None,
+    host_homed: np.ndarray | None = None,
+) -> RankBuffers:
+    """One rank's buffers around its dispatched rows `x`, `xs` (tile lists: `tiles_for`).
+
+    comb_offsets[r]: the element offset from this rank's combine buffer `comb` to rank
+    r's, however the buffers are mapped (peer access in one process, a peer window
+    across processes); host_offsets[r] the same to rank r's host combine buffer, used for
+    the rows of host_homed[r] tokens (row_destinations).
+    """
+    import torch
+
+    H, I, T, topk = point["H"], point["I"], point["tokens_per_rank"], point["topk"]  # noqa: E741
+    precision = point["precision"]
+    grid = schedule.TileGrid(
+        plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
+    )
+    row_dst = routing.row_destinations(
+        plan, comb_offsets, H, host_offsets, host_homed, pad=kernel.PAD_DST
+    )
+    weights = torch.as_tensor(combine_weights, device=device)
+    return RankBuffers(
+        plan=plan,
+        grid=grid,
+        x=x,
+        xs=xs,
+        h=torch.empty(plan.padded_rows, I, dtype=act_dtype(torch, precision), device=device),
+        hs=scale_buffer(torch, precision, plan.padded_rows, I, device),
+        comb=comb,
+        out=torch.empty(T, H, dtype=torch.bfloat16, device=device),
+        combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
+        row_dst=torch.as_tensor(row_dst, device=device),
+        sync=torch.zeros(kernel.SYNC_HEADER + plan.blocks, dtype=torch.int32, device=device),
+        tiles={},
+    )
+
+
+def arm_key(point: dict) -> str:
+    """Which tile list a point runs: its schedule, and the lead of an interleaved point
+    that names one ('interleaved/lead=1024'); a point without lead_rows uses the config's."""
+    if point["schedule"] == schedule.INTERLEAVED and "lead_rows" in point:
+        return f"{schedule.INTERLEAVED}/lead={int(point['lead_rows'])}"
+    return point["schedule"]
+
+
+def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) -> str:
+    """The point's tile list on this rank, built (and checked) once: its key in rb.tiles.
+    Knobs come from the point (lead_rows) or else the megamoe config."""
+    import torch
+
+    key = arm_key(point)
+    if key not in rb.tiles:
+        knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
+        tiles = schedule.build(point["schedule"], rb.grid, num_programs, knobs)
+        rb.tiles[key] = torch.as_tensor(tiles, device=rb.x.device)
+    return key
+
+
+def poison_rank(torch, rb: RankBuffers) -> None:
+    """NaN everywhere one rank's kernel and combine (or the local control) write."""
+    for t in (rb.comb, rb.out):
+        t.fill_(float("nan"))
+    if rb.h.dtype == torch.float8_e4m3fn:
+        rb.h.view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
+        rb.hs.fill_(float("nan"))
+    else:
+        rb.h.fill_(float("nan"))
+    if rb.sink is not None:
+        rb.sink.fill_(float("nan"))
+
+
+def launch_rank(
+    rb: RankBuffers,
+    ex: ExpertWeights,
+    point: dict,
+    name: str,
+    num_programs: int,
+    *,
+    local: bool = False,
+    trace=None,
+    emulate_ns: tuple[int, int] | None = None,
+) -> None:
+    """Zero the rank's sync buffer and enqueue its fused kernel with schedule `name`
+    (emulate_ns: the compute-emulated build, see xstage_kernels.megamoe)."""
+    dummy = rb.xs if point["precision"] == "bf16" else None
+    rb.sync.zero_()
+    kernel.launch(
+        precision=point["precision"],
+        tiles=rb.tiles[name],
+        sync=rb.sync,
+        x=rb.x,
+        xs=rb.xs,
+        w1=ex.w1,
+        s1=dummy if ex.s1 is None else ex.s1,
+        w2=ex.w2,
+        s2=dummy if ex.s2 is None else ex.s2,
+        h=rb.h,
+        hs=rb.hs,
+        out=rb.sink if local else rb.comb,
+        row_dst=rb.row_dst_local if local else rb.row_dst,
+        H=point["H"],
+        I=point["I"],
+        num_programs=num_programs,
+        trace=trace,
+        emulate_ns=emulate_ns,
+    )
