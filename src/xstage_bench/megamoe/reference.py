@@ -7,12 +7,12 @@ kernel's data path performs by design are applied here too, so that the toleranc
 measures the kernel rather than the formats: the intermediate is requantized as the
 kernel stores it (FP8 per 128 channels, or bf16), and each expert output is rounded to
 bf16 (the combine buffer's type) before the weighted sum. Kernels that store the
-intermediate differently (DeepGEMM's SM90 MegaMoE: per-64-channel scales, the top-k weight
-applied before quantization) are checked against the same reference told their format
-(`Intermediate`), so that the tolerance still measures the kernel; so is the unfused
-torch pipeline, whose Linear-1 GEMM returns bf16. A kernel that quantizes the weights
-itself (FlashInfer, given their bf16 values) is checked with the weights as it stores
-them (`stored_weights`).
+intermediate differently (DeepGEMM's SM90 MegaMoE: per-64-channel power-of-two scales, the
+top-k weight applied before quantization) are checked against the same reference told
+their format (`Intermediate`, `stored_intermediate`), so that the tolerance still measures
+the kernel; so is the unfused torch pipeline, whose Linear-1 GEMM returns bf16. A kernel
+that quantizes the weights itself (FlashInfer, given their bf16 values) is checked with
+the weights as it stores them (`stored_weights`).
 """
 
 from __future__ import annotations
@@ -93,11 +93,14 @@ def reference_outputs(
     precision: str,
     intermediate_format: Intermediate = OURS,
     stored_weights: Callable | None = None,
+    stored_intermediate: Callable | None = None,
 ) -> list:
     """fp32 (len(tokens[r]), H) MoE outputs of the sampled tokens of every home rank r,
     on that rank's device. Work is grouped by expert so each expert is dequantized once;
     `stored_weights(w1, w2) -> (w1, w2)`, if given, turns its fp32 weights into what the
-    kernel under test computes with.
+    kernel under test computes with; `stored_intermediate(h) -> h`, if given, is the
+    intermediate as that kernel stores and reloads it, in place of FP8 with one exact
+    scale per `intermediate_format.block` channels (DeepGEMM's power-of-two scales).
 
     `experts` maps expert ranks to their weights; given only some ranks (a process that
     holds one rank's experts), the outputs are the partial sums over those ranks' experts.
@@ -143,7 +146,11 @@ def reference_outputs(
         h = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
         if intermediate_format.weighted:
             h = h * w
-        y = _intermediate(h, precision, intermediate_format.block) @ w2.T
+        if stored_intermediate is not None:
+            h = stored_intermediate(h)
+        else:
+            h = _intermediate(h, precision, intermediate_format.block)
+        y = h @ w2.T
         y = y.to(torch.bfloat16).float()
         if not intermediate_format.weighted:
             y = w * y

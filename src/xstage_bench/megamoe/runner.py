@@ -263,11 +263,13 @@ def raw_config(
                 "product is checked first at 1%",
             },
             "deepgemm": {
-                "source": "sgl-deep-gemm (PyPI) deep_gemm.fp8_mega_moe, SM90, "
-                "src/xstage_bench/megamoe/baselines/deepgemm.py",
+                "source": "deep_gemm.fp8_mega_moe, SM90: the fork AichenF/DeepGEMM "
+                "megamoe_sm90_fp8_dev built by envs/deepgemm-sm90.sh (XSTAGE_DEEPGEMM_SITE), "
+                "or sgl-deep-gemm (PyPI); src/xstage_bench/megamoe/baselines/deepgemm.py",
                 "processes": "one torch.distributed (NCCL) process per GPU, symmetric memory",
                 "schedule": "chosen by DeepGEMM's host heuristics, read from its printed "
-                "MegaMoESM90Config (l2_lag_units > 0: L2-lag = interleaved, 0: wave)",
+                "MegaMoESM90Config (l2_lag_units > 0: L2-lag = interleaved, 0: wave; the fork "
+                "runs Linear-1 and Linear-2 as two launches: recorded expert_wave)",
                 "time_us": "slowest rank's CUDA-event time of one fp8_mega_moe call, after a "
                 "barrier, inputs already in its symmetric buffer (its in-kernel dispatch, "
                 "expert GEMMs, combine and top-k sum are inside)",

@@ -314,10 +314,7 @@ class DeepGemmBaseline(PairBaseline):
             )
         if ran != point["schedule"]:
             raise PointFailed(
-                f"sgl-deep-gemm {first.version} chose its {deepgemm.SCHEDULE_NAMES[ran]} "
-                f"schedule for this configuration and has no knob for its "
-                f"{deepgemm.SCHEDULE_NAMES[point['schedule']]} schedule (buffers of >= 1024 "
-                f"tokens per rank run L2-lag); it ran: {first.config_line}",
+                deepgemm.other_schedule_reason(first.config_line, point["schedule"]),
                 status="unsupported",
                 extra=facts,
             )
@@ -325,7 +322,12 @@ class DeepGemmBaseline(PairBaseline):
         prob = m.problem(point)
         fmt = reference.Intermediate(block=first.block, weighted=True)
         ref = reference.reference_outputs(
-            prob.homes, prob.experts, m.tokens, prob.precision, intermediate_format=fmt
+            prob.homes,
+            prob.experts,
+            m.tokens,
+            prob.precision,
+            intermediate_format=fmt,
+            stored_intermediate=lambda h: deepgemm.stored_intermediate(h, first.block),
         )
         rel = self._errors([r.rows for r in results], ref)
         facts.update(
@@ -333,6 +335,8 @@ class DeepGemmBaseline(PairBaseline):
             rel_error_vs_our_format=self._errors([r.rows for r in results], m.reference()),
             checked_tokens_per_rank=len(m.tokens[0]),
             intermediate_block=first.block,
+            intermediate_scales="powers of two (amax / 448 rounded up)",
+            time_includes=deepgemm.TIME_INCLUDES,
         )
         nan = [q for q, r in enumerate(results) if r.nan_rows]
         text = (f"output rows left NaN on ranks {nan}" if nan else None) or verdict.too_far(

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import queue
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from xstage_bench.measurement.workers.launcher import SAFE_ENV, free_port
 
@@ -33,6 +35,22 @@ class Task:
     prepare: Callable[[], object] = lambda: None  # before torch is imported (site dirs)
     env: dict = field(default_factory=dict)  # set in the workers, over SAFE_ENV
     env_defaults: dict = field(default_factory=dict)  # set only where the user has not
+
+
+STEPS_ENV = "XSTAGE_WORKER_STEPS"  # a folder where each worker notes the step it is in
+
+
+def announce_step(name: str) -> None:
+    """Note the step this worker process starts, so that a crash (a segfault leaves no
+    exception) is reported with the step it happened in."""
+    folder = os.environ.get(STEPS_ENV)
+    if folder:
+        Path(folder, str(os.getpid())).write_text(name)
+
+
+def last_step(folder: str, pid: int | None) -> str | None:
+    path = Path(folder, str(pid))
+    return path.read_text() if pid is not None and path.exists() else None
 
 
 class WorkerPair:
@@ -50,6 +68,8 @@ class WorkerPair:
         import multiprocessing as mp
 
         os.environ.update(SAFE_ENV)  # inherited by the spawned workers
+        self.steps = tempfile.mkdtemp(prefix="xstage-worker-steps-")
+        os.environ[STEPS_ENV] = self.steps
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.jobs = [ctx.Queue() for _ in range(self.world_size)]
@@ -86,8 +106,12 @@ class WorkerPair:
             dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
             if dead:
                 codes = [self.procs[r].exitcode for r in dead]
+                steps = {last_step(self.steps, self.procs[r].pid) for r in dead} - {None}
                 self.close()
-                raise RuntimeError(f"{self.task.name} worker(s) {dead} died (exit codes {codes})")
+                where = f" in step {', '.join(repr(s) for s in sorted(steps))}" if steps else ""
+                raise RuntimeError(
+                    f"{self.task.name} worker(s) {dead} died (exit codes {codes}){where}"
+                )
             if time.monotonic() > deadline:
                 self.close()
                 raise TimeoutError(f"{self.task.name} workers gave no answer within {waited:.0f} s")
