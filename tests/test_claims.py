@@ -11,9 +11,10 @@ import pytest
 from fixtures import TRUTH, make_dataset, megamoe_configs, write_megamoe
 
 from xstage_bench.report import paper
-from xstage_bench.report.tables import claim_answers, claims, counterparts, verdicts
-from xstage_bench.report.tables.claim_answers import Answer, NotMeasured
-from xstage_bench.report.tables.claim_sources import Sources
+from xstage_bench.report.claims import claim_answers, counterparts, verdicts
+from xstage_bench.report.claims.claim_answers import Answer, NotMeasured
+from xstage_bench.report.claims.claim_sources import Sources
+from xstage_bench.report.tables import claims
 
 VERDICTS = set(verdicts.VERDICTS)
 SIM_COLUMN = counterparts.SIM_B200.column

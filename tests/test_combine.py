@@ -85,7 +85,7 @@ SHAPES = [
 def test_the_kernel_matches_torch_bmm_and_the_exact_sum(interpreted, T, topk, H):
     import torch
 
-    from xstage_bench.megamoe.reduction import combine_reference
+    from xstage_bench.megamoe.layer.reduction import combine_reference
 
     weights, comb, out, buf = _inputs(T, topk, H, seed=T * 1000 + topk * 10 + H)
     interpreted.combine(weights, comb, out)
@@ -143,8 +143,8 @@ def test_bad_buffers_are_refused_by_name(interpreted):
 def test_combine_rank_runs_the_named_reduction_and_cpu_defaults_to_bmm(interpreted):
     import torch
 
-    from xstage_bench.megamoe import reduction
-    from xstage_bench.megamoe.rank import RankBuffers
+    from xstage_bench.megamoe.layer import reduction
+    from xstage_bench.megamoe.layer.rank import RankBuffers
 
     T, topk, H = 12, 4, 256
     weights, comb, out, _ = _inputs(T, topk, H, seed=7)
@@ -190,7 +190,7 @@ def _measurer(world: int):
     import torch
 
     from xstage_bench.measurement import timing
-    from xstage_bench.megamoe.measurer import MoEMeasurer
+    from xstage_bench.megamoe.ours.measurer import MoEMeasurer
 
     moe = {
         "skew_zipf": 1.2,
@@ -207,7 +207,8 @@ def test_the_layer_check_reads_the_triton_reduction_and_fails_a_wrong_one(interp
     """The host path at f=0.5 on two CPU ranks, the problem switched to the Triton
     reduction (a GPU's): the check passes on its output, device rows and host rows alike;
     a reduction that leaves its output unwritten, or sums the wrong rows, fails it."""
-    from xstage_bench.megamoe import reduction, reference
+    from xstage_bench.megamoe import reference
+    from xstage_bench.megamoe.layer import reduction
 
     m = _measurer(2)
     point = {

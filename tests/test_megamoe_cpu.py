@@ -21,6 +21,7 @@ import pytest
 
 from xstage_bench.megamoe import quant, reference, routing, schedule
 from xstage_bench.megamoe.baselines import deepgemm, flashinfer, unfused
+from xstage_bench.megamoe.ours.summary import linear2_waits, print_summary, trace_summary
 from xstage_bench.megamoe.points import (
     config_id,
     expand_points,
@@ -28,7 +29,6 @@ from xstage_bench.megamoe.points import (
     select,
     trace_points,
 )
-from xstage_bench.megamoe.summary import linear2_waits, print_summary, trace_summary
 
 HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
 needs_torch = pytest.mark.skipif(not HAVE_TORCH_TRITON, reason="torch and triton not installed")
@@ -554,8 +554,8 @@ def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
     import torch
 
     from xstage_bench.megamoe import reference
-    from xstage_bench.megamoe.inputs import make_expert_weights
-    from xstage_bench.megamoe.problem import MoEProblem
+    from xstage_bench.megamoe.layer.inputs import make_expert_weights
+    from xstage_bench.megamoe.layer.problem import MoEProblem
 
     moe = {
         "skew_zipf": 1.2,
@@ -598,7 +598,7 @@ def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
 
 
 def test_per_gpu_verdict_names_the_first_failure_in_runner_order(interpreted_kernel):
-    from xstage_bench.megamoe.verdict import of_ranks
+    from xstage_bench.megamoe.ours.verdict import of_ranks
 
     good = {"flag": 0, "nan": False, "rel_error": 0.01, "checked_tokens": 32}
     assert of_ranks([good, good]) == (
@@ -629,9 +629,9 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
     from xstage_bench.data.config import load_config
     from xstage_bench.data.results import read_raw
     from xstage_bench.megamoe import distributed
-    from xstage_bench.megamoe.inputs import make_expert_weights
+    from xstage_bench.megamoe.layer.inputs import make_expert_weights
+    from xstage_bench.megamoe.layer.problem import MoEProblem
     from xstage_bench.megamoe.points import CPU_PROGRAMS
-    from xstage_bench.megamoe.problem import MoEProblem
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "config.yaml")
     cfg["timing"].update({"warmup": 0, "min_reps": 1, "max_reps": 2, "flush_l2": False})
@@ -837,7 +837,7 @@ def _model_file(tmp_path, *, path=None, per_path=None, R=50.0, Q=100_000.0):
 
 
 def test_lead_auto_is_the_smallest_block_multiple_whose_linear1_time_covers_the_drain(tmp_path):
-    from xstage_bench.megamoe import lead
+    from xstage_bench.megamoe.ours import lead
 
     drain = lead.read_drain(_model_file(tmp_path, path="host"), "host")
     # by hand: f = 1, H = 4096: V = 128 * 4096 * 2 = 1 MiB; B = 32 KiB per tile, T0 = 0.5 +
@@ -860,7 +860,7 @@ def test_lead_auto_is_the_smallest_block_multiple_whose_linear1_time_covers_the_
 
 
 def test_lead_model_is_read_per_path_and_a_missing_path_names_the_file(tmp_path):
-    from xstage_bench.megamoe import lead
+    from xstage_bench.megamoe.ours import lead
 
     peer_only = _model_file(tmp_path)  # today's file: top-level params, the peer path's
     assert lead.read_drain(peer_only, "peer").R_GBps == 50.0
@@ -888,7 +888,7 @@ def test_lead_model_is_read_per_path_and_a_missing_path_names_the_file(tmp_path)
 
 def test_lead_sweep_adds_interleaved_arms_per_lead_with_their_expert_wave_counterpart(tmp_path):
     from xstage_bench.data import grid
-    from xstage_bench.megamoe import lead
+    from xstage_bench.megamoe.ours import lead
     from xstage_bench.megamoe.points import arm_sets, lead_sweep_configs
 
     model = _model_file(tmp_path, per_path={"host": {"params": {}}})  # host fit missing
@@ -961,7 +961,7 @@ def test_traces_on_the_host_path_take_its_largest_share_against_the_local_contro
 
 def test_paired_arms_are_checked_alone_then_timed_together_one_record_each():
     from xstage_bench.measurement.protocol import Measured, wrong
-    from xstage_bench.megamoe.paired import measure_arms
+    from xstage_bench.megamoe.ours.paired import measure_arms
 
     arms = [{"id": f"c/{n}"} for n in ("expert_wave", "interleaved", "interleaved/lead=0")]
     timed = []
@@ -1002,8 +1002,8 @@ def test_an_interrupted_set_of_arms_is_measured_again_whole(tmp_path):
 
 
 def test_emulated_points_on_the_host_path_carry_it_in_id_and_point(tmp_path):
-    from xstage_bench.megamoe import lead
     from xstage_bench.megamoe.emulated import emulated_points
+    from xstage_bench.megamoe.ours import lead
 
     moe = {
         **LEAD_MOE,
@@ -1040,7 +1040,7 @@ def test_host_path_rows_land_in_host_memory_and_the_check_catches_an_unwritten_o
     import torch
 
     from xstage_bench.measurement import timing
-    from xstage_bench.megamoe.measurer import MoEMeasurer
+    from xstage_bench.megamoe.ours.measurer import MoEMeasurer
 
     moe = {
         "skew_zipf": 1.2,

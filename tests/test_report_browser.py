@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xstage_bench.report.tables import verdicts
+from xstage_bench.report.claims import verdicts
 
 ROOT = Path(__file__).parent.parent
 CONFIG = os.environ.get("XSTAGE_BROWSER_TEST")

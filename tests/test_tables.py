@@ -34,8 +34,9 @@ from xstage_bench.data.results import RawResultError, ok_record, raw_document, r
 from xstage_bench.report import paper, products
 from xstage_bench.report.analysis import megamoe as analysis_megamoe
 from xstage_bench.report.analysis.load import NoDataError
+from xstage_bench.report.claims import claim_answers
 from xstage_bench.report.render import TABLES, render_product
-from xstage_bench.report.tables import claim_answers, claims, megamoe, noise
+from xstage_bench.report.tables import claims, megamoe, noise
 from xstage_bench.report.tables import megamoe_lead as megamoe_lead_table
 from xstage_bench.report.tables import ulysses as ulysses_table
 from xstage_bench.report.tables.common import Table, to_markdown, write_table

@@ -18,7 +18,7 @@ from xstage_bench.data.config import (
 )
 from xstage_bench.measurement.machine import dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config
-from xstage_bench.megamoe.lead import AUTO, needs_model
+from xstage_bench.megamoe.ours.lead import AUTO, needs_model
 from xstage_bench.run.runlock import RunLockBusy, hold_run_lock
 from xstage_bench.run.stale_lock import clear_stale_locks
 from snakemake.exceptions import WorkflowError
@@ -331,7 +331,7 @@ def built_kernels():
 
 def megamoe_model(experiment):
     """The dataset's fitted Burst-Gap model, an input of a MegaMoE measuring rule when one of
-    its leads is 'auto' (megamoe/lead.py): the microbenchmarks and the fit then run first."""
+    its leads is 'auto' (megamoe/ours/lead.py): the microbenchmarks and the fit then run first."""
 
     def model(wildcards):
         moe = config["megamoe"]

@@ -27,9 +27,9 @@ from xstage_bench.measurement import timing
 from xstage_bench.measurement.workers import groups, launcher
 from xstage_bench.measurement.workers.drive import drive
 from xstage_bench.megamoe import reference
-from xstage_bench.megamoe.lead import LeadChooser
+from xstage_bench.megamoe.layer.per_gpu_rank import MoERank
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
-from xstage_bench.megamoe.per_gpu_rank import MoERank
+from xstage_bench.megamoe.ours.lead import LeadChooser
 from xstage_bench.megamoe.points import CHECK_TOKENS, POINT_TIMEOUT_S, expand_schedules, select
 from xstage_bench.megamoe.runner import kernel_refresh, raw_config
 

@@ -39,13 +39,14 @@ from xstage_bench.measurement.clocks import ClockSampler
 from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.measurement.protocol import Measured, measure_point, wrong
 from xstage_bench.measurement.sweep import run_sweep
-from xstage_bench.megamoe import schedule, verdict
-from xstage_bench.megamoe.lead import LeadChooser
-from xstage_bench.megamoe.measurer import valid_local_slots
+from xstage_bench.megamoe import schedule
+from xstage_bench.megamoe.ours import verdict
+from xstage_bench.megamoe.ours.lead import LeadChooser
+from xstage_bench.megamoe.ours.measurer import valid_local_slots
+from xstage_bench.megamoe.ours.summary import linear2_waits, trace_summary
 from xstage_bench.megamoe.points import POINT_TIMEOUT_S, lead_failure, with_lead
 from xstage_bench.megamoe.reference import ExpertWeights
 from xstage_bench.megamoe.runner import HOST_SHARE_RULE, default_devices, measured_paths
-from xstage_bench.megamoe.summary import linear2_waits, trace_summary
 
 PRECISION = "w8a8"  # the Linear-1 epilogue stores an FP8 intermediate, as the real kernel's
 NEEDS_GPU = "the emulated build waits on %globaltimer, which the Triton interpreter cannot run"
@@ -120,7 +121,7 @@ class EmulatedMeasurer:
         return (torch.float8_e4m3fn, torch.float32, torch.float8_e4m3fn, torch.float32)
 
     def problem(self, point: dict):
-        from xstage_bench.megamoe.problem import MoEProblem
+        from xstage_bench.megamoe.layer.problem import MoEProblem
 
         # The local control keeps natural routing and redirects the stores (as the trace's).
         local = grid.is_local_control(point["remote_fraction"])
@@ -234,7 +235,7 @@ class EmulatedMeasurer:
 def raw_config(
     config: dict, devices: list, paths=(storepath.PEER,), leads: LeadChooser | None = None
 ) -> dict:
-    from xstage_bench.megamoe import reduction
+    from xstage_bench.megamoe.layer import reduction
     from xstage_kernels import megamoe as kernel
 
     common = {
@@ -304,7 +305,7 @@ def run_emulated(
     leads = LeadChooser.of(moe, model_file)
     points = emulated_points(moe, len(devices), paths, leads)
     if device_type == "cuda":
-        from xstage_bench.megamoe.problem import enable_peer_access
+        from xstage_bench.megamoe.layer.problem import enable_peer_access
 
         if len(devices) > 1:
             enable_peer_access(devices)

@@ -23,7 +23,7 @@ from xstage_bench.data.grid import LOCAL_CONTROL
 from xstage_bench.measurement.protocol import PointFailed
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.baselines import VARIANTS
-from xstage_bench.megamoe.lead import LeadChooser, LeadModelError
+from xstage_bench.megamoe.ours.lead import LeadChooser, LeadModelError
 
 CPU_PROGRAMS = 3  # persistent programs per rank under the Triton interpreter
 POINT_TIMEOUT_S = 600.0  # spins are bounded in the kernel; this is only a last resort

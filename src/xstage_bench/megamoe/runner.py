@@ -49,9 +49,10 @@ from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.measurement.sweep import Refresh, partial_path, records_refresh, run_sweep
 from xstage_bench.megamoe import reference
 from xstage_bench.megamoe.baselines import BASELINES, VARIANTS, flashinfer, unfused
-from xstage_bench.megamoe.lead import LeadChooser
-from xstage_bench.megamoe.measurer import MoEMeasurer
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
+from xstage_bench.megamoe.ours.lead import LeadChooser
+from xstage_bench.megamoe.ours.measurer import MoEMeasurer
+from xstage_bench.megamoe.ours.summary import print_summary
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
     POINT_TIMEOUT_S,
@@ -62,7 +63,6 @@ from xstage_bench.megamoe.points import (
     trace_first_configs,
     trace_points,
 )
-from xstage_bench.megamoe.summary import print_summary
 from xstage_kernels.formats import PRECISIONS
 
 _log = log.get(__name__)
@@ -214,7 +214,7 @@ def raw_config(
     paths: Sequence[str] = (storepath.PEER,),
     leads: LeadChooser | None = None,
 ) -> dict:
-    from xstage_bench.megamoe import reduction
+    from xstage_bench.megamoe.layer import reduction
     from xstage_kernels import megamoe as kernel
 
     combine = reduction.default_reduction(device_type)
@@ -370,7 +370,7 @@ def run_megamoe(
     run"). `model_file`: the dataset's model/burst_gap.json, for leads that are 'auto'.
     device_type="cpu": every rank on the CPU under the Triton interpreter, our kernel
     only (CI's test of the rule; the traces are unsupported)."""
-    from xstage_bench.megamoe.problem import enable_peer_access
+    from xstage_bench.megamoe.layer.problem import enable_peer_access
 
     moe = megamoe or config["megamoe"]
     devices = default_devices(config, world_size, device_type)

@@ -226,7 +226,7 @@ def knobs(name: str, config: Mapping[str, object] | None = None) -> dict[str, in
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ValueError(
                 f"{k} must be an integer to build a tile list, got {value!r} ('auto' is "
-                "resolved per point from the Burst-Gap model: megamoe/lead.py)"
+                "resolved per point from the Burst-Gap model: megamoe/ours/lead.py)"
             )
         chosen[k] = int(value)
     return chosen

@@ -259,6 +259,6 @@ class Holding:
 
 def counterpart_datasets(dataset: str) -> list[str]:
     """The datasets tab-claims shows beside `dataset` (tables.counterparts)."""
-    from xstage_bench.report.tables import counterparts  # pandas: only a rendering run needs it
+    from xstage_bench.report.claims import counterparts  # pandas: only a rendering run needs it
 
     return [d for d in counterparts.datasets_read(dataset) if d != dataset]

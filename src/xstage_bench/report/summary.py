@@ -20,8 +20,8 @@ import pandas as pd
 from xstage_bench.data import origins
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.report import products
-from xstage_bench.report.tables import verdicts
-from xstage_bench.report.tables.counterparts import COUNTERPARTS
+from xstage_bench.report.claims import verdicts
+from xstage_bench.report.claims.counterparts import COUNTERPARTS
 
 PAPER = (
     '"X-Stage: An Overlooked Pipeline Stage for Communication-Computation Overlap in DiT '

@@ -3,7 +3,7 @@ against the X-Stage path.
 
 Nothing here decides an order or a routing: the rows come from routing.route and
 routing.dispatch_plan, the tile grid and list from schedule.build, exactly as the kernel
-builds them (megamoe/rank.py), so a simulated schedule is the measured one. The list
+builds them (megamoe/layer/rank.py), so a simulated schedule is the measured one. The list
 is then played event by event as the persistent kernel runs it: num_programs programs
 take entries in list order (the atomic counter); a Linear-2 tile waits for every Linear-1
 tile of its row block (the row-block counter); a tile lasts its FLOPs at one program's

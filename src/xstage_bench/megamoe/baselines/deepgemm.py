@@ -409,7 +409,7 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
     point, seed = job["point"], job["seed"]
     T, H, I = point["tokens_per_rank"], point["H"], point["I"]  # noqa: E741
     with step("build our inputs"):
-        from xstage_bench.megamoe.inputs import make_expert_weights, make_home_tokens
+        from xstage_bench.megamoe.layer.inputs import make_expert_weights, make_home_tokens
 
         device = torch.device("cuda", rank)
         home = make_home_tokens(point, PRECISION, rank, device, seed)

@@ -202,7 +202,7 @@ def _bf16_weights(point: dict, rank: int, device, seed: int):
     time so that no fp32 copy of them all is ever made."""
     import torch
 
-    from xstage_bench.megamoe.inputs import make_expert_weights
+    from xstage_bench.megamoe.layer.inputs import make_expert_weights
     from xstage_bench.megamoe.quant import dequantize_weight
 
     ex = make_expert_weights(point, PRECISION, rank, device, seed)
@@ -221,7 +221,7 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
     import torch
     import torch.distributed as dist
 
-    from xstage_bench.megamoe.inputs import make_home_tokens
+    from xstage_bench.megamoe.layer.inputs import make_home_tokens
     from xstage_bench.megamoe.quant import dequantize_rows
 
     moe_ep = _import_moe_ep()

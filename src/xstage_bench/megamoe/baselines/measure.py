@@ -21,9 +21,10 @@ import time
 
 from xstage_bench.measurement import timing
 from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point, wrong
-from xstage_bench.megamoe import ceiling, reference, verdict
+from xstage_bench.megamoe import ceiling, reference
 from xstage_bench.megamoe.baselines import deepgemm, flashinfer, unfused
 from xstage_bench.megamoe.baselines.worker_pair import WorkerPair
+from xstage_bench.megamoe.ours import verdict
 from xstage_bench.megamoe.points import config_id
 
 

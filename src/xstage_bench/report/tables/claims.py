@@ -15,11 +15,11 @@ import pandas as pd
 
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import labels
-from xstage_bench.report.tables import claim_answers, verdicts
-from xstage_bench.report.tables.claim_answers import Answer, NotMeasured
-from xstage_bench.report.tables.claim_sources import Sources
+from xstage_bench.report.claims import claim_answers, verdicts
+from xstage_bench.report.claims.claim_answers import Answer, NotMeasured
+from xstage_bench.report.claims.claim_sources import Sources
+from xstage_bench.report.claims.counterparts import COUNTERPARTS, Counterpart
 from xstage_bench.report.tables.common import Table
-from xstage_bench.report.tables.counterparts import COUNTERPARTS, Counterpart
 
 NOT_MEASURED = verdicts.NOT_MEASURED
 NOT_ANSWERED = "n/a"  # a counterpart cell where that source has no number

@@ -16,7 +16,7 @@ reduction fails the check.
 
 from __future__ import annotations
 
-from xstage_bench.megamoe.rank import RankBuffers
+from xstage_bench.megamoe.layer.rank import RankBuffers
 from xstage_kernels import combine as combine_kernel
 
 TRITON = "triton"

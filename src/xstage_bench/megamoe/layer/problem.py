@@ -37,10 +37,10 @@ import numpy as np
 
 from xstage_bench.data import storepath
 from xstage_bench.measurement import hostmem
-from xstage_bench.megamoe import accounting, reduction, routing, schedule
-from xstage_bench.megamoe.inputs import host_share, make_home_tokens
-from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision
-from xstage_bench.megamoe.rank import (
+from xstage_bench.megamoe import routing, schedule
+from xstage_bench.megamoe.layer import accounting, reduction
+from xstage_bench.megamoe.layer.inputs import host_share, make_home_tokens
+from xstage_bench.megamoe.layer.rank import (
     act_dtype,
     check_tiles,
     launch_rank,
@@ -48,6 +48,7 @@ from xstage_bench.megamoe.rank import (
     rank_buffers,
     tiles_for,
 )
+from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision
 from xstage_bench.megamoe.reference import ExpertWeights
 from xstage_kernels import megamoe as kernel
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from xstage_bench.data import layout, stats, storepath
 from xstage_bench.report.analysis import load, megamoe_emulated
-from xstage_bench.report.tables import claim_answers
-from xstage_bench.report.tables.claim_answers import AnswerFn
-from xstage_bench.report.tables.claim_sources import Sources
+from xstage_bench.report.claims import claim_answers
+from xstage_bench.report.claims.claim_answers import AnswerFn
+from xstage_bench.report.claims.claim_sources import Sources
 
 
 @dataclass(frozen=True)

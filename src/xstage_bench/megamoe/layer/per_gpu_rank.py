@@ -33,11 +33,10 @@ import numpy as np
 from xstage_bench.measurement import faults, timing
 from xstage_bench.measurement.protocol import Measured, PointFailed, wrong
 from xstage_bench.measurement.workers.lockstep import Lockstep
-from xstage_bench.megamoe import reference, routing, schedule, verdict
-from xstage_bench.megamoe.accounting import nvlink_bytes, useful_flops
-from xstage_bench.megamoe.inputs import make_expert_weights, make_home_tokens
-from xstage_bench.megamoe.points import CPU_PROGRAMS, config_id, lead_failure, sampled_tokens
-from xstage_bench.megamoe.rank import (
+from xstage_bench.megamoe import reference, routing, schedule
+from xstage_bench.megamoe.layer.accounting import nvlink_bytes, useful_flops
+from xstage_bench.megamoe.layer.inputs import make_expert_weights, make_home_tokens
+from xstage_bench.megamoe.layer.rank import (
     RankBuffers,
     check_tiles,
     launch_rank,
@@ -45,7 +44,9 @@ from xstage_bench.megamoe.rank import (
     rank_buffers,
     tiles_for,
 )
-from xstage_bench.megamoe.reduction import combine_rank
+from xstage_bench.megamoe.layer.reduction import combine_rank
+from xstage_bench.megamoe.ours import verdict
+from xstage_bench.megamoe.points import CPU_PROGRAMS, config_id, lead_failure, sampled_tokens
 from xstage_bench.megamoe.reference import HomeTokens
 from xstage_kernels import megamoe as kernel
 

@@ -33,14 +33,16 @@ from xstage_bench.data import storepath
 from xstage_bench.measurement import log, timing
 from xstage_bench.measurement.clocks import ClockSampler
 from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point, wrong
-from xstage_bench.megamoe import reference, schedule, verdict
+from xstage_bench.megamoe import reference, schedule
 from xstage_bench.megamoe.baselines.measure import (
     DeepGemmBaseline,
     FlashInferBaseline,
     GemmCeiling,
     UnfusedBaseline,
 )
-from xstage_bench.megamoe.paired import measure_arms
+from xstage_bench.megamoe.ours import verdict
+from xstage_bench.megamoe.ours.paired import measure_arms
+from xstage_bench.megamoe.ours.summary import linear2_waits, trace_summary
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
     CPU_PROGRAMS,
@@ -49,7 +51,6 @@ from xstage_bench.megamoe.points import (
     lead_failure,
     sampled_tokens,
 )
-from xstage_bench.megamoe.summary import linear2_waits, trace_summary
 
 TRACE_NEEDS_GPU = "the traced build reads %globaltimer, which the Triton interpreter cannot run"
 
@@ -113,8 +114,8 @@ class MoEMeasurer:
     # ---- the problem of a configuration ---------------------------------------------
 
     def problem(self, point: dict):
-        from xstage_bench.megamoe.inputs import make_expert_weights
-        from xstage_bench.megamoe.problem import MoEProblem
+        from xstage_bench.megamoe.layer.inputs import make_expert_weights
+        from xstage_bench.megamoe.layer.problem import MoEProblem
 
         cid = config_id(point)
         if cid == self._problem_id:

@@ -212,7 +212,7 @@ class LeadChooser:
         return {
             "rule": "smallest multiple of block_m with 4 H I lead / X >= [V - R T0 - Q]+ / R, "
             "V = f block_m H 2 (one row block's remote Linear-2 bytes), T0 = t0_fixed + B / "
-            "issue rate, B = f block_m block_n 2 (src/xstage_bench/megamoe/lead.py)",
+            "issue rate, B = f block_m block_n 2 (src/xstage_bench/megamoe/ours/lead.py)",
             "model_file": self.model_file,
             "tflops": self.tflops,
             "paths": {p: d.describe() for p, d in sorted(self._drains.items())},

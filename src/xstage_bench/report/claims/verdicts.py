@@ -20,9 +20,9 @@ from xstage_bench.megamoe.schedule import WAVE
 from xstage_bench.model.document import LINE_RATE_KEY
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import frames
+from xstage_bench.report.claims.claim_answers import Answer, Found, NotMeasured, span_medians
+from xstage_bench.report.claims.claim_sources import Sources, attention_ranks
 from xstage_bench.report.paper import Claim
-from xstage_bench.report.tables.claim_answers import Answer, Found, NotMeasured, span_medians
-from xstage_bench.report.tables.claim_sources import Sources, attention_ranks
 
 REPRODUCED = "reproduced"
 DIFFERS = "differs"

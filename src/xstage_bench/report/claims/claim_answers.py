@@ -20,7 +20,7 @@ from xstage_bench.data.grid import LOCAL_CONTROL
 from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import attention, fitted, labels, megamoe
-from xstage_bench.report.tables.claim_sources import Sources
+from xstage_bench.report.claims.claim_sources import Sources
 
 
 @dataclass(frozen=True)
