@@ -689,3 +689,19 @@ def test_host_ceiling_destination_is_checked_on_the_host():
     assert dest.pattern_errors(1 << 16, tag=3) == 0
     dest.buf.array()[100] ^= 1
     assert dest.pattern_errors(1 << 16, tag=3) == 1
+
+
+def test_a_metric_no_launch_could_give_is_left_out_and_said_so():
+    """Issue 26: a drain record of ref-h200x2 held `issue_rate_GBps: []` (no launch had a
+    steady window): the record now leaves the metric out and says why in extra."""
+    from xstage_bench.microbench import runner
+
+    point = {"kind": "periodic", "id": "drain/K=33"}
+    measured = runner.PointMeasurer._measured(
+        point, ({"period_us": [1.0, 2.0], "issue_rate_GBps": []}, {"launches": 2})
+    )
+    assert measured.samples == {"period_us": [1.0, 2.0]}
+    assert measured.extra["launches"] == 2
+    assert "steady bursts" in measured.extra["metrics_without_samples"]["issue_rate_GBps"]
+    kept = runner.PointMeasurer._measured(point, ({"period_us": [1.0]}, {}))
+    assert "metrics_without_samples" not in kept.extra

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,6 +67,12 @@ HEADLINE = {  # the metric printed in a point's progress line
     "ceiling": ("bandwidth_GBps",),
 }
 
+NO_SAMPLES = defaultdict(
+    lambda: "no launch gave a sample",
+    issue_rate_GBps="no launch had a window where every producer was in its steady bursts "
+    "(stamp_metrics.issue_rate_GBps)",
+)
+
 _log = log.get(__name__)
 
 
@@ -97,6 +104,12 @@ class PointMeasurer:
     @staticmethod
     def _measured(point: dict, timed: tuple[dict, dict]) -> Measured:
         samples, extra = timed
+        # A metric no launch could give (issue_rate_GBps without a steady window) is left
+        # out and said so, never recorded as an empty sample list.
+        empty = sorted(name for name, values in samples.items() if not values)
+        if empty:
+            samples = {name: values for name, values in samples.items() if values}
+            extra = {**extra, "metrics_without_samples": {name: NO_SAMPLES[name] for name in empty}}
         heads = [m for m in HEADLINE[point["kind"]] if samples.get(m)]
         line = "  " + "  ".join(f"{m}={np.median(samples[m]):.3f}" for m in heads)
         return Measured(samples, extra, line=line)
