@@ -973,7 +973,9 @@ def test_paired_arms_are_checked_alone_then_timed_together_one_record_each():
 
     def measure(passed, facts):
         timed.append([p["id"] for p in passed])
-        return {p["id"]: Measured({"time_us": [1.0, 2.0]}, facts[p["id"]]) for p in passed}
+        return {
+            p["id"]: Measured({"time_us": [1.0, 2.0]}, facts[p["id"]], correct=True) for p in passed
+        }
 
     records = measure_arms(arms, check, measure)
     assert list(records) == [a["id"] for a in arms]

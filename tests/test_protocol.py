@@ -25,7 +25,9 @@ def test_a_checked_point_is_measured_and_recorded_with_its_clocks():
 
     def measure(facts):
         steps.append(("measure", facts))
-        return Measured({"time_us": [1.0, 2.0, 3.0]}, {**facts, "tflops": 1.0}, line="  ok")
+        return Measured(
+            {"time_us": [1.0, 2.0, 3.0]}, {**facts, "tflops": 1.0}, correct=True, line="  ok"
+        )
 
     record = measure_point(POINT, check, measure, sampler=sampler)
     assert steps == [("check", 1), ("measure", {"rel_error": [0.01]})]
@@ -67,3 +69,11 @@ def test_a_failure_while_timing_keeps_the_check_facts(status):
     record = measure_point(POINT, lambda: {"max_abs_err": 0.0}, measure)
     assert record["status"] == status and record["correct"] is True
     assert record["extra"] == {"max_abs_err": 0.0}
+
+
+def test_a_measurement_must_say_what_its_check_established():
+    """Issue 26: `Measured.correct` once defaulted to True, so a measurer that never checked
+    claimed it had. It has no default now."""
+    with pytest.raises(TypeError, match="correct"):
+        Measured({"time_us": [1.0]}, {})
+    assert Measured({"time_us": [1.0]}, {}, correct=None).correct is None

@@ -218,7 +218,9 @@ class Rank(Lockstep):
             from xstage_kernels.flash_ulysses import launch_config
 
             extra["triton_config"] = launch_config(ws.q, ws.k, ws.v, self.triton_config)
-        return Measured({"sender_us": list(samples), "completion_us": completion}, extra)
+        return Measured(
+            {"sender_us": list(samples), "completion_us": completion}, extra, correct=True
+        )
 
     def close(self) -> None:
         """Free this rank's buffers (call when no rank still writes into them)."""

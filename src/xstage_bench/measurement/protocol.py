@@ -51,11 +51,13 @@ def wrong(error: str, facts: dict | None = None) -> PointFailed:
 @dataclass
 class Measured:
     """A timed point: its samples (name -> list), its extra facts, whether it was checked
-    correct (None: nothing to check against), and a progress line."""
+    correct (None: nothing to check against), and a progress line. `correct` has no
+    default: each measurer says what its check established (issue 26: a default of True
+    let a point claim a check it never had)."""
 
     samples: dict
     extra: dict
-    correct: bool | None = True
+    correct: bool | None
     line: str | None = None
 
 

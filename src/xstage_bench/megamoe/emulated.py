@@ -73,9 +73,7 @@ def emulated_points(
     fractions = {
         storepath.PEER: list(spec["remote_fractions"]),
         storepath.HOST: list(
-            dict.fromkeys(
-                0.0 if f == grid.NATURAL else float(f) for f in spec["remote_fractions"]
-            )
+            dict.fromkeys(0.0 if f == grid.NATURAL else float(f) for f in spec["remote_fractions"])
         ),
     }
     points = []
@@ -213,7 +211,9 @@ class EmulatedMeasurer:
                 f"wait p90={extra['wait_us_p90']:.2f} us "
                 f"span={extra['store_span_us_median']:.2f} us"
             )
-            return Measured({"time_us": list(times), "kernel_us": kernel_us}, extra, line=line)
+            return Measured(
+                {"time_us": list(times), "kernel_us": kernel_us}, extra, correct=True, line=line
+            )
 
         return measure_point(point, check, measure, sampler=self.sampler)
 

@@ -112,7 +112,7 @@ class PointMeasurer:
             extra = {**extra, "metrics_without_samples": {name: NO_SAMPLES[name] for name in empty}}
         heads = [m for m in HEADLINE[point["kind"]] if samples.get(m)]
         line = "  " + "  ".join(f"{m}={np.median(samples[m]):.3f}" for m in heads)
-        return Measured(samples, extra, line=line)
+        return Measured(samples, extra, correct=True, line=line)
 
     # Each kind: a check (plan, then one launch with a known pattern, every byte compared)
     # that returns what its timing needs, and the timing -> (samples, extra).

@@ -139,7 +139,7 @@ class UnfusedBaseline:
         }
         text = " ".join(f"{g}={us:.1f}" for g, us in medians.items())
         line = f"  unfused time_us: {text} (err {max(rel[gemm]):.2e})"
-        return Measured({"time_us": list(times)}, extra, line=line)
+        return Measured({"time_us": list(times)}, extra, correct=True, line=line)
 
 
 class GemmCeiling:
@@ -170,7 +170,7 @@ class GemmCeiling:
             m.torch, point, m.devices[0], m.policy, self._hbm_gbs
         )
         line = f"  ceiling {facts['tflops']:.0f} TFLOP/s, roofline {facts['roofline_us']:.1f} us"
-        return Measured({"time_us": times}, facts, line=line)
+        return Measured({"time_us": times}, facts, correct=True, line=line)
 
 
 def _per_rank(errors: list[str | None]) -> str:
@@ -355,7 +355,7 @@ class DeepGemmBaseline(PairBaseline):
             f"  deepgemm ({facts['deepgemm_schedule']}) time_us={median:.1f} "
             f"err={max(facts['rel_error']):.2e} first call {max(facts['first_call_s']):.1f} s"
         )
-        return Measured({"time_us": times}, facts, line=line)
+        return Measured({"time_us": times}, facts, correct=True, line=line)
 
 
 class FlashInferBaseline(PairBaseline):
@@ -434,4 +434,4 @@ class FlashInferBaseline(PairBaseline):
             f"  flashinfer time_us={median:.1f} (forward, bf16 in: {facts['forward_us']:.1f}) "
             f"err={max(facts['rel_error']):.2e} first call {max(facts['first_call_s']):.1f} s"
         )
-        return Measured({"time_us": times}, facts, line=line)
+        return Measured({"time_us": times}, facts, correct=True, line=line)

@@ -326,4 +326,4 @@ class MoERank(Lockstep):
             "padded_rows_per_rank": [p.padded_rows for p in plans],
             "stop_reason": times.stop_reason,
         }
-        return Measured({"time_us": list(times), "kernel_us": kernel_us}, extra)
+        return Measured({"time_us": list(times), "kernel_us": kernel_us}, extra, correct=True)

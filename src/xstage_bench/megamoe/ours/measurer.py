@@ -306,7 +306,9 @@ class MoEMeasurer:
                 f"  {i}: time_us={median:.1f} kernel_us={statistics.median(kernel_us):.1f} "
                 f"tflops={extra['tflops']:.0f} err={max(facts[i]['rel_error']):.2e}"
             )
-            out[i] = Measured({"time_us": list(t), "kernel_us": kernel_us}, extra, line=line)
+            out[i] = Measured(
+                {"time_us": list(t), "kernel_us": kernel_us}, extra, correct=True, line=line
+            )
         return out
 
     def close(self) -> None:
