@@ -108,6 +108,28 @@ ATTENTION = {
 }
 WORLD_SIZE = 2
 
+# Our MegaMoE kernel's keys for the tiny configurations run under the Triton interpreter.
+TINY_MOE = {
+    "skew_zipf": 1.2,
+    "block_m": 128,
+    "block_n": 128,
+    "lead_rows": 0,
+    "schedules": ["expert_wave", "interleaved"],
+}
+
+
+def tiny_cpu_measurer(world: int, check_tokens: int = 24):
+    """Our MegaMoE measurer on `world` CPU ranks, one untimed-rule repetition per arm."""
+    import torch
+
+    from xstage_bench.measurement import timing
+    from xstage_bench.megamoe.ours.measurer import MoEMeasurer
+
+    policy = timing.TimingPolicy(0, 1, 1, 1.0, 1.0, False)
+    return MoEMeasurer(
+        dict(TINY_MOE), policy, [torch.device("cpu")] * world, check_tokens=check_tokens
+    )
+
 
 def environment(simulated: bool, paths: tuple[str, ...] = ("peer",)) -> dict:
     env = {

@@ -186,31 +186,16 @@ def test_the_raw_config_names_the_reduction_inside_time_us():
             assert f"reduction, by {name} (`combine`" in raw["definitions"][path]["time_us"]
 
 
-def _measurer(world: int):
-    import torch
-
-    from xstage_bench.measurement import timing
-    from xstage_bench.megamoe.ours.measurer import MoEMeasurer
-
-    moe = {
-        "skew_zipf": 1.2,
-        "block_m": 128,
-        "block_n": 128,
-        "lead_rows": 0,
-        "schedules": ["expert_wave", "interleaved"],
-    }
-    policy = timing.TimingPolicy(0, 1, 1, 1.0, 1.0, False)
-    return MoEMeasurer(moe, policy, [torch.device("cpu")] * world, check_tokens=24)
-
-
 def test_the_layer_check_reads_the_triton_reduction_and_fails_a_wrong_one(interpreted, monkeypatch):
     """The host path at f=0.5 on two CPU ranks, the problem switched to the Triton
     reduction (a GPU's): the check passes on its output, device rows and host rows alike;
     a reduction that leaves its output unwritten, or sums the wrong rows, fails it."""
+    from fixtures import tiny_cpu_measurer
+
     from xstage_bench.megamoe import reference
     from xstage_bench.megamoe.layer import reduction
 
-    m = _measurer(2)
+    m = tiny_cpu_measurer(2)
     point = {
         "shape": "tiny",
         "H": 256,

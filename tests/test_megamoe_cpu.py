@@ -552,18 +552,13 @@ def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
     interpreted_kernel, precision, routing_
 ):
     import torch
+    from fixtures import TINY_MOE
 
     from xstage_bench.megamoe import reference
     from xstage_bench.megamoe.layer.inputs import make_expert_weights
     from xstage_bench.megamoe.layer.problem import MoEProblem
 
-    moe = {
-        "skew_zipf": 1.2,
-        "block_m": 128,
-        "block_n": 128,
-        "lead_rows": 0,
-        "schedules": ["expert_wave", "interleaved"],
-    }
+    moe = dict(TINY_MOE)
     p = _point(E=4, topk=2, tokens_per_rank=48, precision=precision, routing=routing_)
     devices = [torch.device("cpu")] * 2
     weights = [make_expert_weights(p, precision, q, d) for q, d in enumerate(devices)]
@@ -1040,19 +1035,9 @@ def test_host_path_rows_land_in_host_memory_and_the_check_catches_an_unwritten_o
     interpreted_kernel, world
 ):
     import torch
+    from fixtures import tiny_cpu_measurer
 
-    from xstage_bench.measurement import timing
-    from xstage_bench.megamoe.ours.measurer import MoEMeasurer
-
-    moe = {
-        "skew_zipf": 1.2,
-        "block_m": 128,
-        "block_n": 128,
-        "lead_rows": 0,
-        "schedules": ["expert_wave", "interleaved"],
-    }
-    policy = timing.TimingPolicy(0, 1, 1, 1.0, 1.0, False)
-    m = MoEMeasurer(moe, policy, [torch.device("cpu")] * world, check_tokens=24)
+    m = tiny_cpu_measurer(world)
     base = _point(E=4, tokens_per_rank=24, world_size=world, path="host", remote_fraction=0.5)
     points = [
         {**base, "schedule": s, "id": f"tiny/h/P={world}/path=host/f=0.5/{s}"}

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Sequence
 
 from xstage_bench.data.storepath import pcie_line_rate_GBps
+from xstage_bench.measurement.vmm import ChunkRange, VmmRange
 
 
 class HostMemoryUnsupported(RuntimeError):
@@ -98,34 +99,17 @@ class PinnedHostBuffer:
             self.ptr = 0
 
 
-class _Chunks:
-    """Chunks of `chunk_bytes` laid end to end from `base`: the first `device_chunks` on the
-    device, the rest in host memory (what both windows below share)."""
+class _Chunks(ChunkRange):
+    """The first `device_chunks` on the device, the rest in host memory (what both windows
+    below share)."""
 
-    base: int
-    chunk_bytes: int
-    world_size: int
     device_chunks: int
-    device: object
-
-    def chunk_ptr(self, c: int) -> int:
-        return self.base + c * self.chunk_bytes
 
     def on_host(self, c: int) -> bool:
         return c >= self.device_chunks
 
-    def view(self, dtype, shape, strides, offset_bytes: int = 0):
-        """A tensor on the window's device over the range from `offset_bytes` (device and
-        host chunks alike)."""
-        from xstage_bench.measurement.peer import tensor_at
 
-        total = self.chunk_bytes * self.world_size
-        return tensor_at(
-            self.base + offset_bytes, total - offset_bytes, self.device, dtype, shape, strides
-        )
-
-
-class CudaHostWindow(_Chunks):
+class CudaHostWindow(VmmRange, _Chunks):
     """`chunks` equal chunks in one reserved virtual range: the first `device_chunks` in
     the GPU's memory, the rest in host memory (cuMemCreate with a host-NUMA location),
     all mapped read-write for the GPU. An unmodified kernel given one strided tensor over
@@ -173,31 +157,13 @@ class CudaHostWindow(_Chunks):
                 addr = self.chunk_ptr(c)
                 _drv("cuMemMap", cu.CUdeviceptr(addr), self.chunk_bytes, 0, handle, 0)
                 self._mapped.append(addr)
-            access = cu.CUmemAccessDesc()
-            access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            access.location.id = device
-            access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            _drv("cuMemSetAccess", cu.CUdeviceptr(self.base), total, [access], 1)
+            self.grant_read_write(device)
         except PeerMemoryError as e:
             self.close()
             raise HostMemoryUnsupported(f"host-NUMA memory in a VMM range: {e}") from e
         except BaseException:
             self.close()
             raise
-
-    def close(self) -> None:
-        from xstage_bench.measurement.peer import _driver, _drv
-
-        cu = _driver()
-        for addr in self._mapped:
-            _drv("cuMemUnmap", cu.CUdeviceptr(addr), self.chunk_bytes)
-        self._mapped = []
-        if self.base:
-            _drv("cuMemAddressFree", cu.CUdeviceptr(self.base), self.chunk_bytes * self.world_size)
-            self.base = 0
-        for handle in self._handles:
-            _drv("cuMemRelease", handle)
-        self._handles = []
 
 
 class CpuHostWindow(_Chunks):

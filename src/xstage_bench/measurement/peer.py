@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from xstage_bench.measurement.vmm import VmmRange
+
 
 class PeerMemoryError(RuntimeError):
     """Peer memory could not be created, shared or mapped; the message names the call."""
@@ -133,7 +135,7 @@ def _drv(name: str, *args):
     return rest[0] if len(rest) == 1 else rest
 
 
-class CudaPeerWindow:
+class CudaPeerWindow(VmmRange):
     """One chunk per rank, chunk r on GPU r, all mapped in rank order into one range."""
 
     contiguous = True
@@ -181,43 +183,10 @@ class CudaPeerWindow:
                 addr = self.base + r * self.chunk_bytes
                 _drv("cuMemMap", cu.CUdeviceptr(addr), self.chunk_bytes, 0, handle, 0)
                 self._mapped.append(addr)
-            access = cu.CUmemAccessDesc()
-            access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            access.location.id = device
-            access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            _drv("cuMemSetAccess", cu.CUdeviceptr(self.base), total, [access], 1)
+            self.grant_read_write(device)
         except BaseException:
             self.close()
             raise
-
-    def chunk_ptr(self, r: int) -> int:
-        return self.base + r * self.chunk_bytes
-
-    def view(
-        self,
-        dtype: torch.dtype,
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        offset_bytes: int = 0,
-    ) -> torch.Tensor:
-        """A tensor over the range from `offset_bytes` (it may span several ranks' chunks)."""
-        total = self.chunk_bytes * self.world_size
-        return tensor_at(
-            self.base + offset_bytes, total - offset_bytes, self.device, dtype, shape, strides
-        )
-
-    def close(self) -> None:
-        """Unmap and release (call only when no rank still writes into this window)."""
-        cu = _driver()
-        for addr in self._mapped:
-            _drv("cuMemUnmap", cu.CUdeviceptr(addr), self.chunk_bytes)
-        self._mapped = []
-        if self.base:
-            _drv("cuMemAddressFree", cu.CUdeviceptr(self.base), self.chunk_bytes * self.world_size)
-            self.base = 0
-        for handle in self._handles:
-            _drv("cuMemRelease", handle)
-        self._handles = []
 
 
 class HostPeerWindow:

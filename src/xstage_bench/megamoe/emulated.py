@@ -44,7 +44,7 @@ from xstage_bench.megamoe.ours import verdict
 from xstage_bench.megamoe.ours.lead import LeadChooser
 from xstage_bench.megamoe.ours.measurer import valid_local_slots
 from xstage_bench.megamoe.ours.summary import linear2_waits, trace_summary
-from xstage_bench.megamoe.points import POINT_TIMEOUT_S, lead_failure, with_lead
+from xstage_bench.megamoe.points import POINT_TIMEOUT_S, lead_failure, shapes_named, with_lead
 from xstage_bench.megamoe.reference import ExpertWeights
 from xstage_bench.megamoe.runner import HOST_SHARE_RULE, default_devices, measured_paths
 
@@ -61,13 +61,7 @@ def emulated_points(
     """Per shape, path and remote fraction (they share a problem), every rate and schedule;
     on the host path 'natural' is f = 0 (the local control)."""
     spec = megamoe["emulated"]
-    shapes = {s["name"]: s for s in megamoe["shapes"]}
-    unknown = sorted(set(spec["shapes"]) - set(shapes))
-    if unknown:
-        raise ValueError(
-            f"config key 'megamoe.emulated.shapes': unknown shape(s) {unknown}; "
-            f"megamoe.shapes has {sorted(shapes)}"
-        )
+    shapes = shapes_named(megamoe, "emulated")
     T = spec["tokens_per_rank"]
     routed_by = spec.get("routing", "balanced")
     fractions = {

@@ -85,21 +85,28 @@ def _baseline_configs(points: list[dict]) -> list[dict]:
     return [p for p in points if _natural(p)]
 
 
+def shapes_named(megamoe: dict, sub_grid: str) -> dict[str, dict]:
+    """The shapes a sub-grid of megamoe (`lead_sweep`, `emulated`) names, by name and in its
+    order, from megamoe.shapes; a name megamoe.shapes lacks is an error naming the key."""
+    known = {s["name"]: s for s in megamoe["shapes"]}
+    names = megamoe[sub_grid]["shapes"]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(
+            f"config key 'megamoe.{sub_grid}.shapes': unknown shape(s) {unknown}; "
+            f"megamoe.shapes has {sorted(known)}"
+        )
+    return {name: known[name] for name in names}
+
+
 def lead_sweep_configs(megamoe: dict, world_size: int, paths: Sequence[str]) -> list[dict]:
     """The configurations of `megamoe.lead_sweep` (absent keys: the main grid's precisions
     and routings), per path, as grid.megamoe_points lays them out."""
     spec = megamoe.get("lead_sweep")
     if not spec:
         return []
-    known = {s["name"]: s for s in megamoe["shapes"]}
-    unknown = sorted(set(spec["shapes"]) - set(known))
-    if unknown:
-        raise ValueError(
-            f"config key 'megamoe.lead_sweep.shapes': unknown shape(s) {unknown}; "
-            f"megamoe.shapes has {sorted(known)}"
-        )
     sub = {
-        "shapes": [known[name] for name in spec["shapes"]],
+        "shapes": list(shapes_named(megamoe, "lead_sweep").values()),
         "precisions": spec.get("precisions", megamoe["precisions"]),
         "routings": spec.get("routings", megamoe["routings"]),
         "tokens_per_rank": spec["tokens_per_rank"],

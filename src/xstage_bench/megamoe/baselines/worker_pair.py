@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -63,6 +64,7 @@ class WorkerPair:
         self.procs: list = []
         self.jobs: list = []
         self.results = None
+        self.steps: str | None = None  # the folder of the workers' step notes
 
     def _start(self) -> None:
         import multiprocessing as mp
@@ -123,6 +125,9 @@ class WorkerPair:
                 p.kill()
             p.join(timeout=10)
         self.procs = []
+        if self.steps:  # the workers' step notes go with them
+            shutil.rmtree(self.steps, ignore_errors=True)
+            self.steps = None
 
 
 def serve(task: Task, rank: int, world: int, port: int, jobs, results) -> None:

@@ -114,6 +114,24 @@ def group_rows(speedups: pd.DataFrame) -> list[dict]:
     return rows
 
 
+# Each metric's columns in a per-row table, and the speedup-frame column each one shows.
+SPEEDUP_COLUMNS = {
+    "speedup": "speedup",
+    "CI low": "speedup_ci_low",
+    "CI high": "speedup_ci_high",
+    "verdict": "verdict",
+    "noisy": "noisy",
+}
+
+
+def add_speedup_columns(frame: pd.DataFrame, speedups: pd.DataFrame) -> None:
+    """Per metric of `speedups`: its ratio, CI, verdict and noisy flag as columns of `frame`
+    (one row per row of `speedups`)."""
+    for metric in megamoe.metrics_of(speedups):
+        for shown, column in SPEEDUP_COLUMNS.items():
+            frame[f"{metric.name} {shown}"] = speedups[metric.column(column)]
+
+
 def per_configuration(speedups: pd.DataFrame) -> pd.DataFrame:
     """Every configuration: its ratios in each metric with CI, verdict and noisy flag,
     whether its schedules were paired, and whether a record is flagged throttled."""
@@ -123,13 +141,7 @@ def per_configuration(speedups: pd.DataFrame) -> pd.DataFrame:
             "configuration": [megamoe.megamoe_config_name(r) for r in speedups.to_dict("records")],
         }
     )
-    for metric in megamoe.metrics_of(speedups):
-        name = metric.name
-        frame[f"{name} speedup"] = speedups[metric.column("speedup")]
-        frame[f"{name} CI low"] = speedups[metric.column("speedup_ci_low")]
-        frame[f"{name} CI high"] = speedups[metric.column("speedup_ci_high")]
-        frame[f"{name} verdict"] = speedups[metric.column("verdict")]
-        frame[f"{name} noisy"] = speedups[metric.column("noisy")]
+    add_speedup_columns(frame, speedups)
     frame["paired"] = speedups["paired"]
     frame["samples"] = speedups["n"]
     frame["throttled"] = speedups["throttled"]

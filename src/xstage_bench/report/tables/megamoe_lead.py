@@ -15,6 +15,7 @@ from xstage_bench.data import stats
 from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_lead
 from xstage_bench.report.analysis.speedup_ci import NOISY_HALF_WIDTH
 from xstage_bench.report.tables.common import Table
+from xstage_bench.report.tables.megamoe import add_speedup_columns
 
 
 def configuration(row: dict) -> str:
@@ -73,12 +74,7 @@ def per_lead(leads: pd.DataFrame) -> pd.DataFrame:
             "lead rows": leads["lead_rows"],
         }
     )
-    for metric in megamoe.metrics_of(leads):
-        frame[f"{metric.name} speedup"] = leads[metric.column("speedup")]
-        frame[f"{metric.name} CI low"] = leads[metric.column("speedup_ci_low")]
-        frame[f"{metric.name} CI high"] = leads[metric.column("speedup_ci_high")]
-        frame[f"{metric.name} verdict"] = leads[metric.column("verdict")]
-        frame[f"{metric.name} noisy"] = leads[metric.column("noisy")]
+    add_speedup_columns(frame, leads)
     frame["paired"] = leads["paired"]
     frame["throttled"] = leads["throttled"]
     return frame
