@@ -351,6 +351,12 @@ def _assert_paired(records: list[dict]) -> None:
         # round 0 runs the arms as listed, round 1 reversed
         first = arms.index(paired["arm"])
         assert paired["position"][:2] == [first, len(arms) - 1 - first]
+        # each backend's serial over fused time was checked for noise (timing.NoisyRemeasure)
+        backends = {a.split("/")[0] for a in arms}
+        compared = {
+            f"{b}/serial/{b}/fused" for b in backends if {f"{b}/serial", f"{b}/fused"} <= set(arms)
+        }
+        assert set(paired.get("remeasure", {}).get("ratios", {})) == compared
 
 
 @needs_torch

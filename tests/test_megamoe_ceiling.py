@@ -49,6 +49,6 @@ def test_the_ceiling_on_a_machine_without_a_gpu_is_recorded_unsupported():
     from xstage_bench.megamoe.baselines.measure import GemmCeiling
 
     point = {"id": "flash/w8a8/balanced/T=1024/P=2/gemm_ceiling", **FLASH, "tokens_per_rank": 1024}
-    record = GemmCeiling(SimpleNamespace(cuda=False)).measure(point)
+    record = GemmCeiling(SimpleNamespace(cuda=False, sampler=None)).measure(point)
     assert record["status"] == "unsupported"
     assert "cuBLAS on a GPU" in record["error"]

@@ -637,6 +637,7 @@ def test_per_gpu_processes_reproduce_the_single_process_outputs_bitwise(
         "routings": ["balanced", "skewed"],
         "tokens_per_rank": [48, 32],
         "lead_rows": 0,
+        "schedules": list(schedule.COMPARED),  # the faults below name these two
     }
     monkeypatch.setenv(
         "XSTAGE_INJECT_FAULT",
@@ -1137,6 +1138,11 @@ def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
         assert extra["paired"]["rounds"] == 2 == len(r["samples"]["time_us"])
         assert len(r["samples"]["kernel_us"]) == 2
         assert extra["paired"]["position"] == [i, len(arms) - 1 - i]  # A B .., then reversed
+        # the ratios the report takes (expert waves over each other arm) were checked for
+        # noise; this config gives no budget to measure a noisy one again
+        remeasure = extra["paired"]["remeasure"]
+        assert list(remeasure["ratios"]) == [f"{arms[0]}/{a}" for a in arms[1:]]
+        assert remeasure["rounds_added"] == 0
         assert extra["remote_bytes"] == extra["host_bytes"] == 12 * 2 * 256 * 2
         assert extra["nvlink_bytes"] == 0 and extra["tflops_kernel"] > 0
         assert r["clocks"] == recs[arms[0]]["clocks"]  # one clock sample around the set

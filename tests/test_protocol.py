@@ -77,3 +77,24 @@ def test_a_measurement_must_say_what_its_check_established():
     with pytest.raises(TypeError, match="correct"):
         Measured({"time_us": [1.0]}, {})
     assert Measured({"time_us": [1.0]}, {}, correct=None).correct is None
+
+
+def test_the_gemm_ceiling_samples_clocks_like_every_other_record(monkeypatch):
+    """Issue 26: the 84 gemm_ceiling records of ref-h200x2 carried no clock samples."""
+    from types import SimpleNamespace
+
+    from xstage_bench.megamoe import ceiling
+    from xstage_bench.megamoe.baselines.measure import GemmCeiling
+
+    monkeypatch.setattr(ceiling, "check_gemm", lambda torch, precision, device: 0.0)
+    monkeypatch.setattr(ceiling, "measure_hbm_gbs", lambda torch, device, policy: 4000.0)
+    monkeypatch.setattr(
+        ceiling,
+        "measure_ceiling",
+        lambda torch, point, device, policy, hbm: ([2.0, 3.0], {"tflops": 9.0, "roofline_us": 1.0}),
+    )
+    sampler = Sampler()
+    measurer = SimpleNamespace(cuda=True, torch=None, devices=[0], policy=None, sampler=sampler)
+    record = GemmCeiling(measurer).measure({"id": "c/gemm_ceiling", "precision": "w8a8"})
+    assert record["status"] == "ok" and sampler.calls == 2
+    assert record["clocks"]["before"] == {"available": False, "reason": "test"}

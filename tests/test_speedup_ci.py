@@ -5,12 +5,8 @@ import numpy as np
 import pytest
 
 from xstage_bench.data import stats
-from xstage_bench.report.analysis.speedup_ci import (
-    NOISY_HALF_WIDTH,
-    RatioSamples,
-    headline_ci,
-    is_noisy,
-)
+from xstage_bench.data.stats import NOISY_HALF_WIDTH, is_noisy
+from xstage_bench.report.analysis.speedup_ci import RatioSamples, headline_ci
 
 
 def drifting(base: float, drift: np.ndarray, own: float, rng) -> np.ndarray:

@@ -3,6 +3,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from xstage_bench.data.config import load_config
@@ -261,3 +262,79 @@ def test_paired_stops_when_every_arm_is_stable():
     )
     out = timing.measure_paired({"s": steady, "n": lambda: next(noisy)}, policy)
     assert len(out["s"]) == 20 and out["s"].stop_reason == timing.MAX_REPS
+
+
+def test_policy_noisy_budget_is_optional_and_checked():
+    good = dict(warmup=1, min_reps=3, max_reps=5, target_rel_iqr=0.1, budget_s=1.0, flush_l2=False)
+    assert TimingPolicy.from_config(good).noisy_budget_s == 0.0
+    assert TimingPolicy.from_config({**good, "noisy_budget_s": 2.5}).noisy_budget_s == 2.5
+    with pytest.raises(ValueError, match="timing.noisy_budget_s"):
+        TimingPolicy.from_config({**good, "noisy_budget_s": -1})
+
+
+def noisy_pair(spread: float, rounds_until_quiet: int = 10**9):
+    """Arms a and b (b 10% faster), b's samples spread by +-`spread` until
+    `rounds_until_quiet` samples of b were taken, then steady."""
+    rng = np.random.default_rng(0)
+    taken = {"b": 0}
+
+    def a():
+        return 110.0
+
+    def b():
+        taken["b"] += 1
+        if taken["b"] > rounds_until_quiet:
+            return 100.0
+        return 100.0 * (1 + spread * rng.uniform(-1, 1))
+
+    return {"a": a, "b": b}
+
+
+def test_a_noisy_ratio_is_measured_again_until_its_ci_is_within_target():
+    # b is noisy for the first 12 samples (the whole first phase), steady after: the
+    # extra rounds bring the paired CI within +-3% and the record says how many it took.
+    p = policy(warmup=0, min_reps=4, max_reps=12, target_rel_iqr=0.01, noisy_budget_s=100.0)
+    out = timing.measure_paired(noisy_pair(0.3, rounds_until_quiet=12), p, ratios=[("a", "b")])
+    added = out["a"].remeasure.rounds_added
+    assert added > 0 and added % p.min_reps == 0 and len(out["a"]) == 12 + added
+    assert out["a"].remeasure.still_noisy == []
+    extra = timing.paired_extra(["a", "b"], "a", out["a"])["remeasure"]
+    assert extra["rounds_added"] == added and extra["ratios"]["a/b"]["noisy"] is False
+    assert extra["ratios"]["a/b"]["ci_low"] > 1.0  # b faster, now clearly
+
+
+def test_a_ratio_that_stays_noisy_is_left_noisy_after_max_reps_more_rounds():
+    p = policy(warmup=0, min_reps=4, max_reps=12, target_rel_iqr=0.01, noisy_budget_s=100.0)
+    out = timing.measure_paired(noisy_pair(0.6), p, ratios=[("a", "b")])
+    assert out["a"].remeasure.rounds_added == 12 and len(out["b"]) == 24
+    assert out["a"].remeasure.still_noisy == ["a/b"]
+    assert timing.paired_extra(["a", "b"], "b", out["b"])["remeasure"]["still_noisy"] == ["a/b"]
+
+
+def test_no_rounds_added_without_budget_or_when_quiet():
+    p = policy(warmup=0, min_reps=4, max_reps=12, target_rel_iqr=0.01)  # noisy_budget_s 0
+    out = timing.measure_paired(noisy_pair(0.6), p, ratios=[("a", "b")])
+    assert out["a"].remeasure.rounds_added == 0 and out["a"].remeasure.still_noisy == ["a/b"]
+    quiet = policy(warmup=0, min_reps=4, max_reps=12, noisy_budget_s=100.0)
+    out = timing.measure_paired(noisy_pair(0.0), quiet, ratios=[("a", "b")])
+    assert out["a"].remeasure.rounds_added == 0 and len(out["a"]) == 4
+    plain = timing.measure_paired(noisy_pair(0.0), quiet)
+    assert plain["a"].remeasure is None
+    assert "remeasure" not in timing.paired_extra(["a", "b"], "a", plain["a"])
+
+
+def test_the_noisy_budget_bounds_the_extra_rounds():
+    ticks = iter(range(10**6))
+    p = policy(warmup=0, min_reps=4, max_reps=1000, target_rel_iqr=0.01, budget_s=1000.0)
+    p = TimingPolicy(**{**p.__dict__, "noisy_budget_s": 10.0})
+    out = timing.measure_paired(
+        noisy_pair(0.6), p, ratios=[("a", "b")], clock=lambda: float(next(ticks))
+    )
+    # one clock tick per round's check: the first phase stops at max_reps (budget 2000
+    # ticks not reached), the extra rounds stop once 10 ticks have passed
+    assert 0 < out["a"].remeasure.rounds_added <= 11 * p.min_reps
+
+
+def test_a_ratio_of_an_unknown_arm_is_an_error():
+    with pytest.raises(ValueError, match=r"\['c'\]"):
+        timing.measure_paired(noisy_pair(0.0), policy(), ratios=[("a", "c")])

@@ -51,6 +51,16 @@ def arm_name(point: dict) -> str:
     return f"{point['backend']}/{point['mode']}"
 
 
+def compared_ratios(arms) -> list[tuple[str, str]]:
+    """What tab-ulysses compares among a group's arm names, as timing.measure_paired's
+    `ratios`: each backend's serial time over its fused time."""
+    return [
+        (f"{b}/serial", f"{b}/fused")
+        for b in dict.fromkeys(a.split("/")[0] for a in arms)
+        if f"{b}/serial" in arms and f"{b}/fused" in arms
+    ]
+
+
 def measured_paths(config: dict, world_size: int) -> list[str]:
     """The store paths this run measures: config["store_paths"] as the Snakefile resolved
     it, or `auto` resolved here (a runner started by hand)."""

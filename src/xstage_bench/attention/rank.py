@@ -11,7 +11,7 @@ import contextlib
 import statistics
 import uuid
 
-from xstage_bench.attention.points import arm_name
+from xstage_bench.attention.points import arm_name, compared_ratios
 from xstage_bench.data import storepath
 from xstage_bench.measurement import timing
 from xstage_bench.measurement.protocol import Measured, PointFailed, wrong
@@ -185,7 +185,7 @@ class Rank(Lockstep):
         for arm, (point, _) in arms.items():
             backend, ws = found[point["id"]]
             reps[arm] = lambda b=backend, m=point["mode"], w=ws: timed_rep(b, m, w, self.flush)
-        timed = self.timed_paired(reps, 2, self.policy)
+        timed = self.timed_paired(reps, 2, self.policy, compared_ratios(arms))
         if timed is None:  # ranks > 0
             return None
         self._timings += 1

@@ -10,6 +10,10 @@ every read and write, so such a file stops rendering with the record and the bou
   CI is reproduced exactly (same seed, same resamples) for up to `EXACT_CI_MAX_N` samples;
   above that (per-tile spans of a trace: tens of thousands) it must lie in the band of
   order statistics where the bootstrap's 2.5% and 97.5% quantiles of the median fall.
+- Samples: every metric of an ok record holds at least one sample. A metric no launch could
+  give is left out and named, with the reason, in `extra.metrics_without_samples`
+  (microbench/runner.py): an empty list says nothing of why. microbench/repair.py rewrote
+  the committed files written before that.
 - Ids: the fields an id encodes (`K=132`, `T=1024`, a MegaMoE shape, an attention backend)
   equal the point's (grid.py makes both; V in a microbench id is the requested size, the
   point's V is it rounded to K whole producers).
@@ -128,6 +132,20 @@ def _summary_without_ci(x: np.ndarray) -> dict:
         "min": float(x.min()),
         "max": float(x.max()),
     }
+
+
+def empty_samples(record: dict) -> str | None:
+    """What is wrong with an ok record's first empty sample list, or None."""
+    if record["status"] != "ok":
+        return None
+    for name, values in (record.get("samples") or {}).items():
+        if not values:
+            return (
+                f"samples '{name}' is an empty list: a metric no launch gave is left out and "
+                "named in extra.metrics_without_samples (python -m "
+                "xstage_bench.microbench.repair repairs a file written before)"
+            )
+    return None
 
 
 # --- ids --------------------------------------------------------------------------------

@@ -60,7 +60,8 @@ def _json_path(error: jsonschema.ValidationError) -> str:
 def validate_raw(doc: Any, source: str) -> None:
     """Raise RawResultError naming `source`, the record and the first problem: the schema,
     then what the schema cannot say (rawchecks.py: summaries recomputed from the samples,
-    ids against points, one record per point, physical bounds from the environment)."""
+    no empty sample list in an ok record, ids against points, one record per point,
+    physical bounds from the environment)."""
     validator = jsonschema.Draft202012Validator(raw_schema())
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
@@ -76,7 +77,11 @@ def validate_raw(doc: Any, source: str) -> None:
         raise RawResultError(f"{source}: {duplicate}")
     bounds = rawchecks.Bounds.of(doc)
     for record in doc["records"]:
-        problem = _bad_values(record) or rawchecks.id_problem(doc["experiment"], record)
+        problem = (
+            _bad_values(record)
+            or rawchecks.empty_samples(record)
+            or rawchecks.id_problem(doc["experiment"], record)
+        )
         if not problem and bounds is not None and record["status"] == OK:
             problem = rawchecks.bound_problem(bounds, record, POSITIVE_METRICS)
         if problem:

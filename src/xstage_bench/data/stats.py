@@ -57,6 +57,18 @@ def geomean(values: Sequence[float]) -> float:
     return float(np.exp(np.mean(np.log(np.asarray(values, dtype=float)))))
 
 
+# A ratio whose 95% CI reaches further than this share from its value on either side is
+# `noisy`: its verdict may be a tie for want of samples, and an extreme taken over many
+# such points says more about noise than about what is compared (issue 26, item 2). The
+# paired timing measures such a point again (timing.NoisyRemeasure); the report flags it.
+NOISY_HALF_WIDTH = 0.03
+
+
+def is_noisy(ratio: float, ci_low: float, ci_high: float) -> bool:
+    """Whether a ratio's CI reaches further than NOISY_HALF_WIDTH from it on either side."""
+    return bool(max(ratio - ci_low, ci_high - ratio) > NOISY_HALF_WIDTH * ratio)
+
+
 # A ratio's verdict: its CI excludes 1 (faster or slower), or it does not (tie).
 FASTER, SLOWER, TIE = "faster", "slower", "tie"
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 import numpy as np
+
+from xstage_bench.data import stats
 
 STABLE = "stable"
 MAX_REPS = "max_reps"
@@ -35,6 +37,10 @@ class TimingPolicy:
     target_rel_iqr: float
     budget_s: float
     flush_l2: bool
+    # Seconds more per paired set to spend on rounds while a compared ratio's CI reaches
+    # beyond stats.NOISY_HALF_WIDTH (issue 26: a noisy point is measured again, within a
+    # budget, before it is flagged); 0 turns it off.
+    noisy_budget_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -49,18 +55,22 @@ class TimingPolicy:
             raise ValueError(f"timing.target_rel_iqr must be > 0, got {self.target_rel_iqr}")
         if not self.budget_s > 0:
             raise ValueError(f"timing.budget_s must be > 0, got {self.budget_s}")
+        if not self.noisy_budget_s >= 0:
+            raise ValueError(f"timing.noisy_budget_s must be >= 0, got {self.noisy_budget_s}")
 
     @classmethod
     def from_config(cls, timing: Mapping) -> TimingPolicy:
-        """Build from `cfg["timing"]`; a missing or unknown key is named in the error."""
+        """Build from `cfg["timing"]`; a missing or unknown key is named in the error (keys
+        with a default, like noisy_budget_s, may be left out)."""
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in timing]
+        optional = {f.name for f in fields(cls) if f.default is not MISSING}
+        missing = [n for n in names if n not in timing and n not in optional]
         unknown = sorted(set(timing) - set(names))
         if missing:
             raise ValueError(f"timing config: missing key 'timing.{missing[0]}'")
         if unknown:
             raise ValueError(f"timing config: unknown key 'timing.{unknown[0]}'")
-        return cls(**{n: timing[n] for n in names})
+        return cls(**{n: timing[n] for n in names if n in timing})
 
 
 class Samples(list):
@@ -135,6 +145,7 @@ def measure_paired(
     run_onces: Mapping[str, Callable[[], float]],
     policy: TimingPolicy,
     *,
+    ratios: Sequence[tuple[str, str]] = (),
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Samples]:
     """Time several arms (what a ratio compares) in rounds, interleaved in time.
@@ -143,28 +154,30 @@ def measure_paired(
     round i and a ratio of two arms is a ratio of samples taken seconds apart, under the
     same clocks and heat. Warm-up is `policy.warmup` rounds. Stops when every arm is
     stable (n >= min_reps and each relative IQR <= target: STABLE), at max_reps rounds
-    (MAX_REPS), or when n >= min_reps and `budget_s` per arm has passed (BUDGET). Every
-    arm's Samples carry the same stop reason and `rounds` (the round of each sample).
+    (MAX_REPS), or when n >= min_reps and `budget_s` per arm has passed (BUDGET).
+
+    `ratios` names what the caller compares, (numerator arm, denominator arm). When one of
+    them is noisy at the stop (its paired CI reaches beyond stats.NOISY_HALF_WIDTH), the
+    point is measured again: more rounds, up to max_reps more and `noisy_budget_s`, until
+    no ratio is noisy (see `NoisyRemeasure`). Every arm's Samples carry the same stop
+    reason, `rounds` (the round of each sample) and `remeasure` (None without ratios).
     """
     arms = list(run_onces)
     if not arms:
         raise ValueError("measure_paired needs at least one arm")
+    unknown = sorted({a for pair in ratios for a in pair} - set(arms))
+    if unknown:
+        raise ValueError(f"measure_paired: ratio arm(s) {unknown} are not among {arms}")
     for r in range(policy.warmup):
         for arm in paired_order(arms, r):
             run_onces[arm]()
-    samples: dict[str, list[float]] = {arm: [] for arm in arms}
+    rounds = _Rounds(run_onces, arms)
     start = clock()
     budget = policy.budget_s * len(arms)
     while True:
-        n = len(samples[arms[0]])
-        for arm in paired_order(arms, n):
-            value = float(run_onces[arm]())
-            if not np.isfinite(value) or value < 0:
-                raise TimingError(f"{arm}: run_once returned {value!r}, not a finite time")
-            samples[arm].append(value)
-        n += 1
-        elapsed = clock() - start
-        stable = all(relative_iqr(v) <= policy.target_rel_iqr for v in samples.values())
+        rounds.run_one()
+        n, elapsed = rounds.n, clock() - start
+        stable = all(relative_iqr(v) <= policy.target_rel_iqr for v in rounds.samples.values())
         if n >= policy.min_reps and stable:
             reason = STABLE
         elif n >= policy.max_reps:
@@ -173,17 +186,101 @@ def measure_paired(
             reason = BUDGET
         else:
             continue
-        out = {}
-        for arm, values in samples.items():
-            out[arm] = Samples(values, stop_reason=reason, warmup=policy.warmup, elapsed_s=elapsed)
-            out[arm].rounds = list(range(n))
-        return out
+        break
+    remeasure = NoisyRemeasure.run(rounds, ratios, policy, clock) if ratios else None
+    elapsed = clock() - start
+    out = {}
+    for arm, values in rounds.samples.items():
+        out[arm] = Samples(values, stop_reason=reason, warmup=policy.warmup, elapsed_s=elapsed)
+        out[arm].rounds = list(range(rounds.n))
+        out[arm].remeasure = remeasure
+    return out
+
+
+class _Rounds:
+    """The samples of paired rounds so far; `run_one` adds a round."""
+
+    def __init__(self, run_onces: Mapping[str, Callable[[], float]], arms: list[str]):
+        self.run_onces, self.arms = run_onces, arms
+        self.samples: dict[str, list[float]] = {arm: [] for arm in arms}
+
+    @property
+    def n(self) -> int:
+        return len(self.samples[self.arms[0]])
+
+    def run_one(self) -> None:
+        for arm in paired_order(self.arms, self.n):
+            value = float(self.run_onces[arm]())
+            if not np.isfinite(value) or value < 0:
+                raise TimingError(f"{arm}: run_once returned {value!r}, not a finite time")
+            self.samples[arm].append(value)
+
+
+@dataclass(frozen=True)
+class NoisyRemeasure:
+    """What measuring a noisy point again did: the rounds it added (0: no ratio was noisy
+    at the stop), the seconds they took, each compared ratio's paired CI at the end
+    (name "numerator/denominator" -> stats.ratio_ci and `noisy`), and which stay noisy
+    (the record is then flagged noisy by the report, as every ratio is, from its CI)."""
+
+    half_width: float
+    budget_s: float
+    rounds_added: int
+    elapsed_s: float
+    ratios: dict[str, dict]
+
+    @property
+    def still_noisy(self) -> list[str]:
+        return [name for name, found in self.ratios.items() if found["noisy"]]
+
+    @classmethod
+    def run(cls, rounds: _Rounds, ratios, policy: TimingPolicy, clock) -> NoisyRemeasure:
+        """Add rounds while a ratio is noisy, checked every min_reps rounds (a bootstrap
+        per round would cost more than a short round), within max_reps more rounds and
+        `noisy_budget_s`."""
+        start, first_n = clock(), rounds.n
+        found = _ratio_cis(rounds.samples, ratios)
+        while any(f["noisy"] for f in found.values()):
+            if clock() - start >= policy.noisy_budget_s or rounds.n - first_n >= policy.max_reps:
+                break
+            for _ in range(policy.min_reps):
+                rounds.run_one()
+            found = _ratio_cis(rounds.samples, ratios)
+        return cls(
+            stats.NOISY_HALF_WIDTH,
+            policy.noisy_budget_s,
+            rounds.n - first_n,
+            clock() - start,
+            found,
+        )
+
+    def as_extra(self) -> dict:
+        """The raw record's `extra.paired.remeasure`."""
+        return {
+            "rule": "while a compared ratio's paired 95% CI reaches further than "
+            f"+-{self.half_width:.0%} from it, more rounds (checked every min_reps rounds), "
+            f"within max_reps more rounds and {self.budget_s:g} s",
+            "rounds_added": self.rounds_added,
+            "elapsed_s": self.elapsed_s,
+            "ratios": self.ratios,
+            "still_noisy": self.still_noisy,
+        }
+
+
+def _ratio_cis(samples: Mapping[str, list[float]], ratios) -> dict[str, dict]:
+    found = {}
+    for numerator, denominator in ratios:
+        ci = stats.ratio_ci(samples[numerator], samples[denominator], paired=True)
+        noisy = stats.is_noisy(ci["ratio"], ci["ci_low"], ci["ci_high"])
+        found[f"{numerator}/{denominator}"] = {**ci, "noisy": noisy}
+    return found
 
 
 def paired_extra(arms: Sequence[str], arm: str, samples: Samples) -> dict:
     """What a record of one arm says about its pairing (raw records keep it in extra):
-    the arms measured with it, and that its sample i ran in round i, with the order."""
-    return {
+    the arms measured with it, and that its sample i ran in round i, with the order; with
+    compared ratios, what measuring it again for noise did (`remeasure`)."""
+    extra = {
         "arms": list(arms),
         "arm": arm,
         "rounds": len(samples),
@@ -191,6 +288,10 @@ def paired_extra(arms: Sequence[str], arm: str, samples: Samples) -> dict:
         "sample i of every arm is from round i",
         "position": [paired_order(arms, i).index(arm) for i in range(len(samples))],
     }
+    remeasure = getattr(samples, "remeasure", None)
+    if remeasure is not None:
+        extra["remeasure"] = remeasure.as_extra()
+    return extra
 
 
 def measure_fixed(

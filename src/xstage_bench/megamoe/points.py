@@ -182,6 +182,7 @@ def expand_points(
             out += [
                 {**p, "variant": "deepgemm", "schedule": s, "id": f"{p['id']}/deepgemm/{s}"}
                 for s in megamoe["schedules"]
+                if s in schedule.COMPARED  # DeepGEMM's own two (baselines/deepgemm.py)
             ]
         if "flashinfer" in variants and _natural(p):
             out.append(

@@ -29,11 +29,24 @@ interleaved  the paper's order: an L1 cursor and an L2 cursor. The next tile is 
              instead, "one round of programs earlier", assumed tiles of equal length: with
              L1 tiles 4x longer than L2 tiles, as for DeepSeek-V4-Flash, Linear-2 tiles
              waited, measured with compute emulated and every store local.)
+deepgemm_interleaved
+             DeepGEMM's own interleaving (the scheduler of its SM100 MegaMoE), counted
+             rather than timed: W waves of L1 tiles first (a wave is P = num_programs
+             tiles), then one L2 tile and one L1 tile in turn, then the L2 tiles left.
+             W is upstream's count, max(A, B) and at most all of L1, taken in our tiles
+             (n1, n2: the L1 and L2 tiles of a row block; upstream's L2 task is 256
+             channels wide): A = ceil(ceil(P / n2) n1 / P) waves hold every L1 tile of the row
+             blocks that the first P L2 tiles touch, and B = ceil((n1 + (blocks - 1)
+             max(n1 - n2, 0)) / P) + 1 waves keep L1 ahead of L2 down to the last block
+             when a block has more L1 than L2 tiles (the + 1 covers a partial wave). An
+             L2 tile comes when its block's L1 tiles are all listed, else an L1 tile;
+             after B waves it always is. No knob: upstream has none.
 
 Every schedule is registered once, in SCHEDULES, with its own knobs (keys of the config's
 megamoe section, with their defaults): the config schema's schedule names, the simulator,
 the figures and the tables take the names from here. A speedup is always the time under
-WAVE over the time under INTERLEAVED (COMPARED).
+WAVE over the time under another schedule; COMPARED is the pair the headlines compare,
+(WAVE, INTERLEAVED).
 """
 
 from __future__ import annotations
@@ -46,8 +59,6 @@ import numpy as np
 
 L1, L2 = 0, 1
 COLUMNS = ("kind", "expert", "block", "n_block")
-# What the kernel's TRACE build stamps for each list entry (%globaltimer, ns), in order.
-
 
 
 class ScheduleError(ValueError):
@@ -174,6 +185,37 @@ def interleaved(grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray
     return _as_array(tiles)
 
 
+def deepgemm_warmup_waves(grid: TileGrid, num_programs: int) -> int:
+    """DeepGEMM's count of Linear-1 warm-up waves, max(A, B), at most every L1 tile's
+    waves (see module doc)."""
+    n1, n2, p = grid.l1_per_block, grid.l2_per_block, num_programs
+    first_l2_wave = _ceil_div(_ceil_div(p, n2) * n1, p)  # A
+    l1_behind = (grid.blocks - 1) * max(n1 - n2, 0)  # L1 tiles the 1:1 turns leave behind
+    keep_ahead = _ceil_div(n1 + l1_behind, p) + 1  # B
+    return min(max(first_l2_wave, keep_ahead), _ceil_div(grid.blocks * n1, p))
+
+
+def deepgemm_interleaved(grid: TileGrid, num_programs: int) -> np.ndarray:
+    """DeepGEMM's warm-up of L1 waves, then L2 and L1 tiles in turn (see module doc); an
+    L2 tile only once all L1 tiles of its block are listed, else an L1 tile."""
+    l1 = [t for b in range(grid.blocks) for t in _l1_tiles(grid, b)]
+    l2 = [t for b in range(grid.blocks) for t in _l2_tiles(grid, b)]
+    listed = min(deepgemm_warmup_waves(grid, num_programs) * num_programs, len(l1))
+    tiles, taken = l1[:listed], 0  # L1 tiles listed, L2 tiles listed
+    while taken < len(l2):
+        block = l2[taken][2]
+        if listed < len(l1) and listed < (block + 1) * grid.l1_per_block:
+            tiles.append(l1[listed])  # L1 is listed in block order: the block is not ready
+            listed += 1
+        else:
+            tiles.append(l2[taken])
+            taken += 1
+        if listed < len(l1):
+            tiles.append(l1[listed])
+            listed += 1
+    return _as_array(tiles)
+
+
 def play(tiles: np.ndarray, grid: TileGrid, num_programs: int) -> tuple[np.ndarray, np.ndarray]:
     """(start, wait) of every list entry when num_programs programs run the list with
     `tile_costs` durations and nothing else (no memory, no stores): an L2 tile starts when
@@ -207,14 +249,16 @@ class Schedule:
 
 
 WAVE, INTERLEAVED = "expert_wave", "interleaved"  # the baseline and the paper's order
+DEEPGEMM_INTERLEAVED = "deepgemm_interleaved"  # DeepGEMM's own interleaving (SM100)
 SCHEDULES = {
     s.name: s
     for s in (
         Schedule(WAVE, "expert waves", expert_wave),
         Schedule(INTERLEAVED, "interleaved", interleaved, {"lead_rows": 0}),
+        Schedule(DEEPGEMM_INTERLEAVED, "DeepGEMM interleaved", deepgemm_interleaved),
     )
 }
-COMPARED = (WAVE, INTERLEAVED)  # speedup = time under WAVE / time under INTERLEAVED
+COMPARED = (WAVE, INTERLEAVED)  # the headline pair: time under WAVE / time under INTERLEAVED
 
 
 def knobs(name: str, config: Mapping[str, object] | None = None) -> dict[str, int]:
@@ -275,6 +319,10 @@ def check_dependencies(tiles: np.ndarray, grid: TileGrid) -> None:
             )
     if len(seen) != grid.tiles:
         raise ScheduleError(f"the list has {len(seen)} distinct tiles, the grid {grid.tiles}")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _as_array(tiles: list[tuple[int, int, int, int]]) -> np.ndarray:

@@ -28,7 +28,9 @@ Every store path the records measured (peer, host) is fitted on its own, from it
 records: its T0, R and Q with CIs, its validation and its checks (R against that path's
 SM-store ceiling of the same run and against its line rate: NVLink's from the base profile
 for the peer path, the host link's from the raw files' environment for the host path).
-The local control is never fitted. model/document.py says how one file holds the paths:
+The local control is never fitted. A parameter a path's records cannot give is null, its
+reason naming the path and why (e.g. "host path: T0 needs backpressure-free bursts ..."),
+never a guess. model/document.py says how one file holds the paths:
 the top level is the peer path's fit where there is one (else the host path's), the
 others sit in `other_paths`; the refit hardware profile is the top level's.
 
@@ -57,6 +59,8 @@ validation_summary, checks):
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -195,6 +199,12 @@ def _ceilings(loaded: Loaded, base_profile: str | None) -> dict:
     }
 
 
+def _naming_path(p: Params, path: str) -> Params:
+    """p with the reason of each parameter it lacks naming the store path, so that a
+    missing T0 says whose it is wherever the reason is read (a figure's panel, a table)."""
+    return replace(p, reasons={name: f"{path} path: {why}" for name, why in p.reasons.items()})
+
+
 def _fit_path(
     loaded: Loaded, base_profile: str | None, n_bootstrap: int, seed: int
 ) -> tuple[dict, Params]:
@@ -204,7 +214,7 @@ def _fit_path(
     window = fit_chain(data, window=True)
     Ks = sorted(set(data.zero_gap.K) | set(data.periodic.K) | set(data.isolated.K))
     reps = bootstrap(data, pooled, window, Ks, n_bootstrap, seed) if pooled.R is not None else {}
-    params = params_block(pooled, reps)
+    params = params_block(_naming_path(pooled, loaded.path), reps)
     per_K = _per_K(data, pooled, Ks, reps)
     validation, train_shared = validate(loaded)
     shared_summaries = summaries(validation)
@@ -234,7 +244,12 @@ def _fit_path(
         "ceilings": ceilings,
         "validation": validation,
         **shared_summaries,
-        "variants": {WINDOW: {"params": params_block(window, reps, "w:"), **window_summaries}},
+        "variants": {
+            WINDOW: {
+                "params": params_block(_naming_path(window, loaded.path), reps, "w:"),
+                **window_summaries,
+            }
+        },
         "checks": {
             "split_consistency": checks.split_consistency(
                 data.zero_gap, pooled.R, pooled.T0 if pooled.has_T0 else None

@@ -14,6 +14,9 @@ validation (validation.py); all three call these stages.
 
 The stages depend on each other (R's fit needs T0 where a burst is issue-bound, T0's needs
 Q, Q's needs T0 and R), so fit_chain alternates them a few rounds from a robust start;
+where a Q leaves no burst backpressure-free for T0 (isolated bursts that drain slower than
+R pull the knee's Q towards 0), T0 is fitted again with q_held, what the bursts are seen
+to hold, and a T0 that still cannot be fitted is None with its reason, never a guess.
 fit_per_K refits R, Q and T0 on one K's records with the others held at the pool's.
 """
 
@@ -109,11 +112,45 @@ def _scale(iso: Recs, window: bool) -> np.ndarray:
     return iso.K if window else np.ones(len(iso))
 
 
+def q_held(iso: Recs, R: float, window: bool = False) -> float:
+    """The largest Q (or q) that puts no K's capacity above what its isolated bursts are
+    seen to hold, a floor that the records measure whatever the drain beyond the knee.
+
+    A burst that issued V bytes in T_iss on a path that drains at most R left at least
+    V - R*T_iss of them queued, so the capacity of its K (Q, or K*q) is at least the most
+    any burst of that K held. A capacity at or below that at every K lets no burst that
+    stalled pass as backpressure-free in T0's fit; the most over all K would, at the K's
+    that hold less (where the variant's law is not the data's, or by noise).
+    """
+    return min(
+        float(np.max((iso.V - R * iso.y)[iso.K == K])) / (K if window else 1.0)
+        for K in np.unique(iso.K)
+    )
+
+
 def q_start(iso: Recs, R: float, window: bool = False) -> float:
-    """A robust start for Q (or q): beyond the knee, V - R*T_iss is about Q whatever V is."""
+    """A robust start for Q (or q): beyond the knee, V - R*T_iss is about Q whatever V is.
+
+    That holds where the bursts beyond the knee drain at R. Where they drain slower (host
+    bursts into pinned memory at ~0.87 R on one H200), V - R*T_iss falls with V and its
+    median can be 0 or below: no estimate at all, and a start of ~0 leaves no burst
+    backpressure-free for T0. The start is then q_held, what the bursts are seen to hold.
+    A positive median is kept as the start (the committed references' fits begin there);
+    one too low for T0 is fit_chain's to mend.
+    """
     top = iso.V >= np.quantile(iso.V, 2 / 3)
-    Q = (iso.V[top] - R * iso.y[top]) / _scale(iso, window)[top]
-    return max(float(np.median(Q)), float(np.min(iso.V / _scale(iso, window))) * 1e-2)
+    knee = float(np.median((iso.V[top] - R * iso.y[top]) / _scale(iso, window)[top]))
+    floor = float(np.min(iso.V / _scale(iso, window))) * 1e-2  # least_squares needs Q > 0
+    return max(knee if knee > floor else q_held(iso, R, window), floor)
+
+
+def _drain_beyond_knee(iso: Recs) -> float | None:
+    """The isolated bursts' drain rate beyond the knee (bytes/us): the slope of V over
+    T_iss in the top third of V, where the law is (V - Q)/R; None with one T_iss there."""
+    top = iso.V >= np.quantile(iso.V, 2 / 3)
+    if len(np.unique(iso.y[top])) < 2:
+        return None
+    return float(np.polyfit(iso.y[top], iso.V[top], 1)[0])
 
 
 def fit_Q(iso: Recs, R: float, p: Params, Q0: float | None = None) -> float:
@@ -162,10 +199,7 @@ def fit_chain(
     for _ in range(rounds):
         reasons = {}
         try:
-            recs = concat(plateau(data.periodic, R), data.isolated)
-            Q_recs = None if Q is None else replace(p, Q=Q).Q_for(recs.K)
-            t0_fixed, rate = fit_T0(recs, R, Q_recs, p if p.has_T0 else None)
-            p = replace(p, t0_fixed=t0_fixed, issue_rate=rate)
+            p, Q = _T0_stage(data, R, p, Q)
         except FitError as e:
             return Params(R=R, window=window, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
         try:
@@ -177,6 +211,46 @@ def fit_chain(
         R = fit_R(data.zero_gap, p, R)
         p = replace(p, R=R)
     return replace(p, reasons=reasons)
+
+
+def _T0_stage(data: FitData, R: float, p: Params, Q: float | None) -> tuple[Params, float | None]:
+    """T0 fitted with the chain's Q; returns it and the Q the chain goes on with.
+
+    A Q below what the bursts are seen to hold makes bursts that never stalled stall in
+    the isolated law, and with Q ~ 0 none is left backpressure-free for T0: a knee start
+    that is positive but low gives that where the bursts beyond the knee drain slower than
+    R (q_start), and so can fit_Q. Where T0 cannot be fitted with Q it is fitted again with
+    q_held, a floor the records measure whatever the drain rate, and the chain goes on
+    from it.
+    """
+    recs = concat(plateau(data.periodic, R), data.isolated)
+
+    def with_Q(Q_try: float | None) -> Params:
+        Q_recs = None if Q_try is None else replace(p, Q=Q_try).Q_for(recs.K)
+        t0_fixed, rate = fit_T0(recs, R, Q_recs, p if p.has_T0 else None)
+        return replace(p, t0_fixed=t0_fixed, issue_rate=rate)
+
+    tries = [Q]
+    held = q_held(data.isolated, R, p.window) if Q is not None and len(data.isolated) else None
+    if held is not None and held > Q:
+        tries.append(held)
+    for Q_try in tries:
+        try:
+            return with_Q(Q_try), Q_try
+        except FitError as e:
+            error = str(e)
+    if Q_try is not None:
+        name, unit, unit_name = ("q", KiB, "KiB") if p.window else ("Q", MiB, "MiB")
+        what = " (what the bursts are seen to hold)" if Q_try == held else ""
+        error += f"; with {name} = {Q_try / unit:.3g} {unit_name}{what} and R = {R / 1e3:.1f} GB/s"
+        error += ", fewer are"
+    rate = _drain_beyond_knee(data.isolated) if len(data.isolated) else None
+    if rate is not None and rate < R:
+        error += (
+            f"; the isolated bursts beyond the knee drain at about {rate / 1e3:.1f} GB/s, "
+            "below R from the zero-gap periods"
+        )
+    raise FitError(error)
 
 
 @dataclass(frozen=True)

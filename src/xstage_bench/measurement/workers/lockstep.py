@@ -190,11 +190,16 @@ class Lockstep:
         return Timed(samples, rest)
 
     def timed_paired(
-        self, reps: dict[str, Callable[[], tuple[float, ...]]], width: int, policy
+        self,
+        reps: dict[str, Callable[[], tuple[float, ...]]],
+        width: int,
+        policy,
+        ratios: list[tuple[str, str]] = (),
     ) -> dict[str, Timed | str] | None:
         """Time the arms `reps` (name -> one repetition -> `width` times) together, in
-        rounds (timing.measure_paired over the first of their times): rank 0 broadcasts
-        each repetition's arm, every rank runs it, each time is the maximum over ranks.
+        rounds (timing.measure_paired over the first of their times, with the compared
+        `ratios` measured again while noisy): rank 0 broadcasts each repetition's arm,
+        every rank runs it, each time is the maximum over ranks.
 
         Rank 0 gets {arm: Timed} for the arms timed to the end and {arm: error} for any
         that failed; an arm that fails is dropped and the others are timed again from
@@ -229,7 +234,10 @@ class Lockstep:
                     return run_once
 
                 try:
-                    samples = timing.measure_paired({a: run_once_of(a) for a in arms}, policy)
+                    compared = [r for r in ratios if set(r) <= set(arms)]
+                    samples = timing.measure_paired(
+                        {a: run_once_of(a) for a in arms}, policy, ratios=compared
+                    )
                 except ArmFailed as failed:
                     results[failed.arm] = failed.error
                     arms.remove(failed.arm)

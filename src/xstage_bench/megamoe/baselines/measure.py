@@ -150,8 +150,13 @@ class GemmCeiling:
         self._hbm_gbs: float | None = None
 
     def measure(self, point: dict) -> dict:
+        # Clocks sampled like every other record (issue 26: a ceiling at a lower clock
+        # than the kernel it bounds would flatter the kernel).
         return measure_point(
-            point, lambda: self._check(point), lambda facts: self._time(point), sampler=None
+            point,
+            lambda: self._check(point),
+            lambda facts: self._time(point),
+            sampler=self.m.sampler,
         )
 
     def _check(self, point: dict) -> dict:

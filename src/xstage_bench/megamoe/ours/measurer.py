@@ -41,7 +41,7 @@ from xstage_bench.megamoe.baselines.measure import (
     UnfusedBaseline,
 )
 from xstage_bench.megamoe.ours import verdict
-from xstage_bench.megamoe.ours.paired import measure_arms
+from xstage_bench.megamoe.ours.paired import compared_ratios, measure_arms
 from xstage_bench.megamoe.ours.summary import linear2_waits, trace_summary
 from xstage_bench.megamoe.points import (
     CHECK_TOKENS,
@@ -272,7 +272,9 @@ class MoEMeasurer:
             return timing.host_timer(fn)
 
         ids = [a["id"] for a in arms]
-        times = timing.measure_paired({i: timer(i) for i in ids}, self.policy)
+        times = timing.measure_paired(
+            {i: timer(i) for i in ids}, self.policy, ratios=compared_ratios(arms)
+        )
         flops = prob.useful_flops() / len(self.devices)
         nvlink, host = prob.nvlink_bytes(), prob.host_bytes()
         remote = prob.remote_bytes()

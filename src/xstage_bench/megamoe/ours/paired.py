@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from xstage_bench.measurement.clocks import record_fields
 from xstage_bench.measurement.protocol import Measured, PointFailed, failed_point, measured_point
+from xstage_bench.megamoe.schedule import WAVE
 
 
 def measure_arms(
@@ -47,3 +48,13 @@ def measure_arms(
             for point in passed:
                 records[point["id"]] = measured_point(point, measured[point["id"]], fields)
     return {p["id"]: records[p["id"]] for p in arms}
+
+
+def compared_ratios(arms: list[dict]) -> list[tuple[str, str]]:
+    """What the report compares within a set, as timing.measure_paired's `ratios`: the
+    expert-wave arm's time over every other arm's (each speedup of tab-megamoe and of the
+    lead map); none when the set has no expert-wave arm."""
+    waves = [a["id"] for a in arms if a.get("schedule") == WAVE]
+    if not waves:
+        return []
+    return [(waves[0], a["id"]) for a in arms if a["id"] != waves[0]]

@@ -19,11 +19,8 @@ from functools import cached_property
 import numpy as np
 
 from xstage_bench.data import stats
+from xstage_bench.data.stats import is_noisy
 
-# A ratio whose 95% CI reaches further than this share from its value on either side is
-# `noisy`: its verdict may be a tie for want of samples, and an extreme taken over many
-# such points says more about noise than about the schedules (issue 26, item 2).
-NOISY_HALF_WIDTH = 0.03
 CONFIDENCE = 0.95
 
 
@@ -70,11 +67,6 @@ class RatioSamples:
         ia = rng.integers(0, a.size, size=(resamples, a.size))
         ib = rng.integers(0, b.size, size=(resamples, b.size))
         return np.median(a[ia], axis=1) / np.median(b[ib], axis=1)
-
-
-def is_noisy(ratio: float, ci_low: float, ci_high: float) -> bool:
-    """Whether a ratio's CI reaches further than NOISY_HALF_WIDTH from it on either side."""
-    return bool(max(ratio - ci_low, ci_high - ratio) > NOISY_HALF_WIDTH * ratio)
 
 
 def _median(values: np.ndarray) -> np.ndarray:

@@ -1,9 +1,16 @@
 """How one dataset answers each claim of the paper (xstage_bench.report.paper.CLAIMS).
 
 An answer function takes the dataset's files (claim_sources.Sources) and returns an
-Answer (the numbers, as printed and as values the verdict compares) or NotMeasured (why
-there is no number: which file is absent, which points failed and how). A file that is
-present but malformed still stops the render: it is never silently skipped.
+Answer (the numbers, as printed and as values the verdict compares, each with its 95% CI
+where one exists) or NotMeasured (why there is no number: which file is absent, which
+points failed and how). A file that is present but malformed still stops the render: it
+is never silently skipped.
+
+The CIs are the other tables' own, from the raw samples: MegaMoE headlines by
+tables.megamoe.speedup_summary (speedup_ci.headline_ci), ratios over the unfused baseline
+by the same bootstrap, Ulysses rows by analysis.attention, T0, R and Q from the model
+document as tab-burst-gap-params reads them. A value without a CI says why (`no_ci`); a
+simulated source's values carry none (the simulator's spread is no measurement's noise).
 """
 
 from __future__ import annotations
@@ -15,23 +22,37 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from xstage_bench.data import layout, stats
+from xstage_bench.data import layout
 from xstage_bench.data.grid import LOCAL_CONTROL
 from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import attention, fitted, labels, megamoe
+from xstage_bench.report.analysis.speedup_ci import RatioSamples, headline_ci
 from xstage_bench.report.claims.claim_sources import Sources
+from xstage_bench.report.tables.burst_gap_params import _pooled_t0 as pooled_t0
+from xstage_bench.report.tables.megamoe import speedup_summary
+
+CI = tuple[float, float]
+SIMULATED_NO_CI = "simulated: the simulator's spread is no measurement's noise"
 
 
 @dataclass(frozen=True)
 class Answer:
     """Our number for a claim: `values` are what the verdict compares (several for a range
-    or one per head count), `text` what the table prints, `note` how it was obtained."""
+    or one per head count), `text` what the table prints, `note` how it was obtained;
+    `cis` the 95% CI of each value, or none and `no_ci` saying why."""
 
     values: tuple[float, ...]
     text: str
     note: str
-    ci: tuple[float, float] | None = None  # 95% CI of a single fitted value
+    cis: tuple[CI, ...] = ()
+    no_ci: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cis and len(self.cis) != len(self.values):
+            raise ValueError(f"{len(self.cis)} CIs for {len(self.values)} values")
+        if not self.cis and not self.no_ci:
+            raise ValueError(f"answer {self.text!r} has no CI and does not say why (no_ci)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +62,37 @@ class NotMeasured:
 
 Found = Answer | NotMeasured
 AnswerFn = Callable[[Sources], Found]
+
+
+def with_ci(value: float, ci: CI | None, fmt: str) -> str:
+    """'1.045 (1.039–1.051)': a value and its 95% CI in one format; the value alone
+    without a CI."""
+    text = f"{value:{fmt}}"
+    return text if ci is None else f"{text} ({ci[0]:{fmt}}–{ci[1]:{fmt}})"
+
+
+def answer_of(
+    src: Sources,
+    values: tuple[float, ...],
+    cis: tuple[CI, ...],
+    fmt: str,
+    note: str,
+    no_ci: str = "",
+) -> Answer:
+    """An Answer printing each value with its CI (`with_ci`, comma-separated); a simulated
+    source's CIs are left out, its values printed alone."""
+    if src.simulated:
+        cis, no_ci = (), SIMULATED_NO_CI
+    elif cis:
+        no_ci = ""
+    shown = cis or (None,) * len(values)
+    text = ", ".join(with_ci(v, ci, fmt) for v, ci in zip(values, shown, strict=True))
+    return Answer(tuple(float(v) for v in values), text, note, cis, no_ci)
+
+
+def _ci_of(low: float, high: float) -> tuple[CI, ...]:
+    """(low, high) as one value's CIs; none where the source gave none (NaN)."""
+    return () if np.isnan(low) or np.isnan(high) else ((float(low), float(high)),)
 
 
 def _noted(src: Sources, experiment: str, note: str) -> str:
@@ -65,19 +117,23 @@ def _statuses(records: list[dict]) -> str:
 
 # ---------------------------------------------------------------- Burst-Gap parameters
 
+NO_FIT_CI = "the fit gave no CI (no bootstrap replicate determined it)"
+
 
 def _no_model(src: Sources) -> NotMeasured | None:
     return _missing(f"fitted model ({layout.MODEL_JSON})") if src.model is None else None
 
 
 def t0(src: Sources) -> Found:
+    """T0 of one producer of B = 32 KiB (it depends on B only), with tab-burst-gap-params'
+    pooled interval: the ends of the t0_fixed and issue-rate CIs combined."""
     if (missing := _no_model(src)) is not None:
         return missing
-    B = paper.B200_T0_B_BYTES
-    value = fitted.t0_us(src.model, 1, B)  # one producer of B bytes: T0 depends on B only
-    if value is None:
+    if fitted.t0_us(src.model, 1, paper.B200_T0_B_BYTES) is None:
         return NotMeasured("the fit gave no T0 (t0_fixed_us, issue_rate_per_sm_GBps)")
-    return Answer((float(value),), f"{value:.3g}", "fitted t0_fixed + B/issue_rate, B=32 KiB")
+    value, low, high = pooled_t0(src.model["params"])
+    note = "fitted t0_fixed + B/issue_rate, B=32 KiB"
+    return answer_of(src, (value,), _ci_of(low, high), ".3g", note, NO_FIT_CI)
 
 
 def drain_rate(src: Sources) -> Found:
@@ -87,8 +143,7 @@ def drain_rate(src: Sources) -> Found:
     if np.isnan(value):
         reason = (src.model["params"].get("R_GBps") or {}).get("reason", "no reason given")
         return NotMeasured(f"the fit gave no R: {reason}")
-    ci = None if np.isnan(low) else (low, high)
-    return Answer((value,), f"{value:.4g}", "fitted, all K pooled (95% CI in the verdict)", ci)
+    return answer_of(src, (value,), _ci_of(low, high), ".4g", "fitted, all K pooled", NO_FIT_CI)
 
 
 def _largest_K_capacity(src: Sources) -> tuple[int, dict] | None:
@@ -109,9 +164,8 @@ def _capacity(per_producer: bool) -> AnswerFn:
         K, entry = found
         scale = K * labels.KIB if per_producer else labels.MIB
         value, low, high = (v / scale for v in fitted.param_ci(entry))
-        ci = None if np.isnan(low) else (low, high)
         note = f"Q/K at K={K}" if per_producer else f"fitted at K={K} (the largest K fitted)"
-        return Answer((value,), f"{value:.3g}", note, ci)
+        return answer_of(src, (value,), _ci_of(low, high), ".3g", note, NO_FIT_CI)
 
     return answer
 
@@ -131,22 +185,22 @@ def _speedups(src: Sources) -> pd.DataFrame | NotMeasured:
 
 
 def moe_stat(stat: str) -> AnswerFn:
+    """A headline (geomean, median) with its two-level bootstrap CI, or an extreme (min,
+    max) with its own configuration's CI: tab-megamoe's speedup_summary (layer time)."""
+
     def answer(src: Sources) -> Found:
         speedups = _speedups(src)
         if isinstance(speedups, NotMeasured):
             return speedups
-        s = speedups["speedup"]
-        value = {
-            "geomean": stats.geomean(s),
-            "median": s.median(),
-            "min": s.min(),
-            "max": s.max(),
-        }[stat]
-        return Answer(
-            (float(value),), f"{value:.3f}", _noted(src, "megamoe", f"over {len(s)} configurations")
-        )
+        summary = speedup_summary(speedups, megamoe.LAYER)
+        ci = _ci_of(summary[f"{stat}_ci_low"], summary[f"{stat}_ci_high"])
+        note = _noted(src, "megamoe", f"over {summary['n']} configurations")
+        return answer_of(src, (summary[stat],), ci, ".3f", note)
 
     return answer
+
+
+CONFIG_COUNT_NO_CI = "a count of the grid's configurations, not an estimate"
 
 
 def moe_configs(src: Sources) -> Found:
@@ -154,7 +208,8 @@ def moe_configs(src: Sources) -> Found:
     if isinstance(speedups, NotMeasured):
         return speedups
     n = len(speedups)
-    return Answer((float(n),), str(n), _noted(src, "megamoe", "with both schedules ok"))
+    note = _noted(src, "megamoe", "with both schedules ok")
+    return Answer((float(n),), str(n), note, no_ci=CONFIG_COUNT_NO_CI)
 
 
 def span_medians(src: Sources, series: str) -> dict[tuple, float]:
@@ -171,6 +226,9 @@ def span_medians(src: Sources, series: str) -> dict[tuple, float]:
     }
 
 
+SPAN_NO_CI = "store spans are medians of one traced run each; no table computes a CI for them"
+
+
 def span_range(series: str) -> AnswerFn:
     def answer(src: Sources) -> Found:
         if src.trace is None:
@@ -181,7 +239,7 @@ def span_range(series: str) -> AnswerFn:
         low, high = min(medians), max(medians)
         text = f"{low:.3g}" if f"{low:.3g}" == f"{high:.3g}" else f"{low:.3g}-{high:.3g}"
         note = f"range of per-configuration medians, {len(medians)} configuration(s)"
-        return Answer((low, high), text, note)
+        return Answer((low, high), text, note, no_ci=SPAN_NO_CI)
 
     return answer
 
@@ -194,29 +252,64 @@ def span_vs_local(src: Sources) -> Found:
     gaps = [interleaved[k] - local[k] for k in interleaved.keys() & local.keys()]
     if not gaps:
         return NotMeasured("no configuration traced both interleaved and the local control")
-    return Answer((max(gaps),), f"{max(gaps):.3g}", f"largest over {len(gaps)} configuration(s)")
+    note = f"largest over {len(gaps)} configuration(s)"
+    return Answer((max(gaps),), f"{max(gaps):.3g}", note, no_ci=SPAN_NO_CI)
 
 
-def _ok_times(src: Sources) -> tuple[dict, dict, dict]:
-    """Per configuration: our interleaved time, the unfused baseline's time, and the largest
-    remote combine bytes of one rank (from our interleaved record)."""
-    ours, unfused, remote = {}, {}, {}
+@dataclass(frozen=True)
+class BaselinePair:
+    """One configuration at natural routing: our interleaved record, the unfused
+    baseline's, and the largest remote combine bytes of one rank (None: not recorded)."""
+
+    ours: dict
+    unfused: dict
+    remote_bytes: float | None
+
+    def samples(self) -> tuple[np.ndarray, np.ndarray]:
+        """Layer times (us) of the unfused baseline and of ours."""
+        return (
+            np.asarray(self.unfused["samples"]["time_us"], dtype=float),
+            np.asarray(self.ours["samples"]["time_us"], dtype=float),
+        )
+
+    @property
+    def paired(self) -> bool:
+        return megamoe.in_same_rounds(self.unfused, self.ours)
+
+
+def _remote_bytes(record: dict) -> float | None:
+    extra = record.get("extra") or {}
+    per_rank = extra.get("remote_bytes_per_rank") or extra.get("nvlink_bytes_per_rank")
+    if per_rank:
+        return float(max(per_rank))
+    if extra.get("nvlink_bytes") and record["point"].get("world_size"):
+        return float(extra["nvlink_bytes"]) / record["point"]["world_size"]
+    return None
+
+
+def _natural_ok(record: dict) -> bool:
+    # natural routing only: re-homed rows answer in their own column
+    point = record["point"]
+    return (
+        record["status"] == "ok"
+        and point.get("remote_fraction", "natural") == "natural"
+        and bool((record.get("samples") or {}).get("time_us"))
+    )
+
+
+def _baseline_pairs(src: Sources) -> list[BaselinePair]:
+    """Per configuration with an ok interleaved record of ours and an ok unfused one, in
+    the records' order (the bootstrap resamples configurations by position)."""
+    ours, unfused = {}, {}
     for r in src.megamoe["records"]:
-        # natural routing only: re-homed rows answer in their own column
-        if r["status"] != "ok" or r["point"].get("remote_fraction", "natural") != "natural":
+        if not _natural_ok(r):
             continue
         point, key = r["point"], megamoe.megamoe_config_key(r["point"])
         if point.get("variant") == "unfused":
-            unfused[key] = r["summary"]["time_us"]["median"]
+            unfused[key] = r
         elif point.get("variant", "ours") == "ours" and point.get("schedule") == INTERLEAVED:
-            ours[key] = r["summary"]["time_us"]["median"]
-            extra = r.get("extra") or {}
-            per_rank = extra.get("remote_bytes_per_rank") or extra.get("nvlink_bytes_per_rank")
-            if per_rank:
-                remote[key] = float(max(per_rank))
-            elif extra.get("nvlink_bytes") and point.get("world_size"):
-                remote[key] = float(extra["nvlink_bytes"]) / point["world_size"]
-    return ours, unfused, remote
+            ours[key] = r
+    return [BaselinePair(r, unfused[k], _remote_bytes(r)) for k, r in ours.items() if k in unfused]
 
 
 def _no_unfused(src: Sources) -> NotMeasured:
@@ -226,31 +319,34 @@ def _no_unfused(src: Sources) -> NotMeasured:
     return NotMeasured(f"no ok unfused-baseline record ({_statuses(tried)})")
 
 
+def _geomean_over_unfused(pairs: list[BaselinePair]) -> tuple[float, float, float]:
+    """Geomean of unfused / interleaved with its two-level bootstrap CI."""
+    return headline_ci([RatioSamples.of(*p.samples(), p.paired) for p in pairs], "geomean")
+
+
 def over_unfused(src: Sources) -> Found:
     if src.megamoe is None:
         return _missing(layout.MEGAMOE_RAW)
-    ours, unfused, _ = _ok_times(src)
-    ratios = [unfused[k] / ours[k] for k in unfused.keys() & ours.keys()]
-    if not ratios:
+    pairs = _baseline_pairs(src)
+    if not pairs:
         return _no_unfused(src)
-    value = stats.geomean(np.array(ratios))
-    gemms = Counter(
-        (r.get("extra") or {}).get("gemm")
-        for r in src.megamoe["records"]
-        if r["point"].get("variant") == "unfused" and r["status"] == "ok"
-    )
+    value, low, high = _geomean_over_unfused(pairs)
+    gemms = Counter((p.unfused.get("extra") or {}).get("gemm") for p in pairs)
     formats = ", ".join(f"{g} {n}" for g, n in sorted(gemms.items()) if g)
-    note = f"geomean of unfused / interleaved over {len(ratios)} configuration(s)"
+    note = f"geomean of unfused / interleaved over {len(pairs)} configuration(s)"
     if formats:
         note += f"; the unfused pipeline's GEMMs: {formats}"
-    return Answer((value,), f"{value:.3f}", note)
+    return answer_of(src, (value,), _ci_of(low, high), ".3f", note)
 
 
 def completion_coupled_ceiling(src: Sources) -> Found:
     """The completion-coupled model of our fused kernel: the issuer waits for each remote
     store to land, so no drain overlaps compute: T = interleaved time + a rank's remote
     combine bytes / R. Its speedup over the unfused baseline is the ceiling such an issuer
-    could reach; a measured speedup above it is drain the issuer did not wait for."""
+    could reach; a measured speedup above it is drain the issuer did not wait for.
+
+    CIs: the same bootstrap as the headlines, over configurations and each one's samples,
+    with R held at its fitted value (its own CI is not carried into them)."""
     if src.megamoe is None:
         return _missing(layout.MEGAMOE_RAW)
     if (missing := _no_model(src)) is not None:
@@ -258,22 +354,29 @@ def completion_coupled_ceiling(src: Sources) -> Found:
     R = fitted.drain_rate(src.model)
     if R is None:
         return NotMeasured("needs the fitted R; the fit gave none")
-    ours, unfused, remote = _ok_times(src)
-    keys = unfused.keys() & ours.keys() & remote.keys()
-    if not keys:
-        if not unfused.keys() & ours.keys():
-            return _no_unfused(src)
+    pairs = _baseline_pairs(src)
+    if not pairs:
+        return _no_unfused(src)
+    pairs = [p for p in pairs if p.remote_bytes is not None]
+    if not pairs:
         return NotMeasured("our records carry no nvlink_bytes (remote combine bytes)")
-    coupled = np.array([unfused[k] / (ours[k] + remote[k] / R) for k in keys])
-    measured = np.array([unfused[k] / ours[k] for k in keys])
-    value, above = stats.geomean(coupled), stats.geomean(measured)
-    drain_share = np.median([remote[k] / R / ours[k] for k in keys])
+    coupled, drains = [], []
+    for p in pairs:
+        unfused, ours = p.samples()
+        drain_us = p.remote_bytes / R
+        coupled.append(RatioSamples.of(unfused, ours + drain_us, p.paired))
+        drains.append(RatioSamples.of([drain_us], ours, paired=False))
+    value, low, high = headline_ci(coupled, "geomean")
+    above = _geomean_over_unfused(pairs)
+    share = headline_ci(drains, "median")
+    measured = with_ci(above[0], None if src.simulated else above[1:], ".3f")
+    drain = with_ci(share[0], None if src.simulated else share[1:], ".1%")
     note = (
         f"unfused / (interleaved + remote combine bytes per rank / R), geomean over "
-        f"{len(keys)} configuration(s); measured {above:.3f} is above it (the drain, a median "
-        f"{drain_share:.1%} of the kernel time, overlaps work)"
+        f"{len(pairs)} configuration(s); measured {measured} is above it (the drain, a "
+        f"median {drain} of our interleaved layer time, overlaps work)"
     )
-    return Answer((value,), f"{value:.3f}", note)
+    return answer_of(src, (value,), _ci_of(low, high), ".3f", note)
 
 
 # ---------------------------------------------------------------- Ulysses
@@ -298,18 +401,29 @@ def _ulysses(src: Sources, backends: tuple[str, ...]) -> pd.DataFrame | NotMeasu
     )
 
 
+def _sender_cis(rows: pd.DataFrame) -> tuple[CI, ...]:
+    """Each row's sender-visible speedup CI (analysis.attention.serial_over_fused)."""
+    lows, highs = rows["speedup_sender_ci_low"], rows["speedup_sender_ci_high"]
+    return tuple((float(lo), float(hi)) for lo, hi in zip(lows, highs, strict=True))
+
+
 def uly_max(*backends: str) -> AnswerFn:
+    """The largest sender-visible speedup, with its own configuration's CI (as
+    tab-ulysses' headlines)."""
+
     def answer(src: Sources) -> Found:
         rows = _ulysses(src, backends)
         if isinstance(rows, NotMeasured):
             return rows
-        best = rows.loc[rows["speedup_sender"].idxmax()]
+        best = rows.loc[[rows["speedup_sender"].idxmax()]]
         note = _noted(
             src,
             "attention",
-            f"{best['backend']} at S={int(best['seq_len'])}, {int(best['heads'])} heads",
+            f"{best['backend'].iloc[0]} at S={int(best['seq_len'].iloc[0])}, "
+            f"{int(best['heads'].iloc[0])} heads",
         )
-        return Answer((float(best["speedup_sender"]),), f"{best['speedup_sender']:.3f}", note)
+        values = (float(best["speedup_sender"].iloc[0]),)
+        return answer_of(src, values, _sender_cis(best), ".3f", note)
 
     return answer
 
@@ -325,11 +439,8 @@ def uly_at(seq_len: int, *backends: str) -> AnswerFn:
             return NotMeasured(f"{backend} was not run at S={seq_len}")
         values = tuple(float(v) for v in rows["speedup_sender"])
         heads = ", ".join(str(int(h)) for h in rows["heads"])
-        return Answer(
-            values,
-            ", ".join(f"{v:.3f}" for v in values),
-            _noted(src, "attention", f"{backend}, sender-visible, heads {heads}"),
-        )
+        note = _noted(src, "attention", f"{backend}, sender-visible, heads {heads}")
+        return answer_of(src, values, _sender_cis(rows), ".3f", note)
 
     return answer
 

@@ -19,8 +19,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from xstage_bench.data import layout, stats, storepath
+import pandas as pd
+
+from xstage_bench.data import layout, storepath
 from xstage_bench.report.analysis import load, megamoe_emulated
+from xstage_bench.report.analysis.speedup_ci import headline_ci
 from xstage_bench.report.claims import claim_answers
 from xstage_bench.report.claims.claim_answers import AnswerFn
 from xstage_bench.report.claims.claim_sources import Sources
@@ -111,9 +114,12 @@ def rehomed(fraction: float) -> Callable[[Path], Sources | None]:
     return sources
 
 
-def emulated_at_top_rate(src: Sources, fraction: float = 7 / 8) -> claim_answers.Found:
+def emulated_at_top_rate(
+    src: Sources, fraction: float = 7 / 8
+) -> tuple[pd.DataFrame, str] | claim_answers.NotMeasured:
     """The emulated sweep's speedups at its highest rate, f = 7/8 (an 8-GPU node's share),
-    one per shape, with the rate the kernel achieved there."""
+    one row per shape (with its CI and samples), and a note with the rate the kernel
+    achieved there."""
     speedups = megamoe_emulated.emulated_speedups(src.megamoe)
     if "path" in speedups.columns:
         speedups = speedups[speedups["path"] == storepath.PEER]
@@ -129,20 +135,24 @@ def emulated_at_top_rate(src: Sources, fraction: float = 7 / 8) -> claim_answers
     note = f"nominal X = {top['emulated_tflops'].iloc[0]:g} TFLOP/s, f = {fraction:g}"
     if achieved is not None:
         note += f", achieved {achieved.min():.0f}-{achieved.max():.0f} TFLOP/s"
-    return claim_answers.Answer(
-        tuple(float(v) for v in top["speedup"]),
-        ", ".join(f"{v:.3f}" for v in top["speedup"]),
-        note + f" ({', '.join(top['shape'])})",
-    )
+    return top, note + f" ({', '.join(top['shape'])})"
 
 
 def _emulated_stat(stat: str) -> claim_answers.AnswerFn:
+    """The geomean over the shapes at the top rate with its two-level bootstrap CI, or the
+    largest with its own point's CI (layer time, as tab-megamoe reads our sweep)."""
+
     def answer(src: Sources) -> claim_answers.Found:
         found = emulated_at_top_rate(src)
         if isinstance(found, claim_answers.NotMeasured):
             return found
-        value = stats.geomean(found.values) if stat == "geomean" else max(found.values)
-        return claim_answers.Answer((value,), f"{value:.3f}", found.note)
+        top, note = found
+        if stat == "geomean":
+            value, low, high = headline_ci(list(top["samples"]), "geomean")
+        else:
+            best = top.loc[top["speedup"].idxmax()]
+            value, low, high = best["speedup"], best["speedup_ci_low"], best["speedup_ci_high"]
+        return claim_answers.answer_of(src, (value,), ((low, high),), ".3f", note)
 
     return answer
 

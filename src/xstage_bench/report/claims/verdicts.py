@@ -1,13 +1,17 @@
-"""A verdict per claim, computed from the data: reproduced, differs or not measured.
+"""A verdict per claim, computed from the data: reproduced, differs, tie or not measured.
 
-`reproduced` means our number meets the claim's stated criterion (a tolerance, a range
-overlap, a bound, or the paper's value inside our 95% CI). `differs` comes with the
-measured reason: what differs between our setting and the paper's (link, GPU count,
-whether the combine backpressures at all), each fact read from the dataset's files.
+A criterion (a tolerance band around the paper's value, a bound, a range overlap) is
+applied to each value's 95% CI where the value has one, to the value itself where not:
+`reproduced` when the whole CI meets it, `differs` when a whole CI misses it, `tie` when a
+CI straddles the criterion's threshold (an edge of the band, the bound), so the data can
+tell the claim neither reproduced nor contradicted. `differs` comes with the measured
+reason: what differs between our setting and the paper's (link, GPU count, whether the
+combine backpressures at all), each fact read from the dataset's files.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,47 +30,91 @@ from xstage_bench.report.paper import Claim
 
 REPRODUCED = "reproduced"
 DIFFERS = "differs"
+# The 95% CI straddles the criterion's threshold: neither reproduced nor contradicted.
+TIE = "tie"
 NOT_MEASURED = "not measured"
 # A count the grid fixes (the 84 configurations): reported, but no result to reproduce.
 NOT_A_RESULT = "not a result"
-VERDICTS = (REPRODUCED, DIFFERS, NOT_MEASURED, NOT_A_RESULT)
+VERDICTS = (REPRODUCED, DIFFERS, TIE, NOT_MEASURED, NOT_A_RESULT)
 # The Burst-Gap parameters a simulated dataset is given (config/hardware/*.yaml), not results.
 SIMULATOR_INPUTS = frozenset({"bg.T0", "bg.R", "bg.Q", "bg.Q_per_producer"})
 
-# Tolerances: the Burst-Gap parameters are fits (10%, or the paper's value inside our
-# CI); speedups are ratios of medians, whose run-to-run drift is a few percent (5%).
+# Tolerances: the Burst-Gap parameters are fits (10%); speedups are ratios of medians,
+# whose run-to-run drift is a few percent (5%). A CI is of one run: the tolerance is
+# what it must fall within.
 PARAMETER_TOLERANCE = 0.10
 SPEEDUP_TOLERANCE = 0.05
 SPAN_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """What a criterion makes of an answer: REPRODUCED, DIFFERS or TIE, and for a tie
+    the threshold the CI straddles ('1.121, the paper's 1.18 less 5%')."""
+
+    verdict: str
+    straddled: str = ""
+
+
+@dataclass(frozen=True)
 class Criterion:
     text: str
-    holds: Callable[[Claim, Answer], bool]
+    test: Callable[[Claim, Answer], Outcome]
 
 
-def within(rel: float, *, ci: bool = False) -> Criterion:
-    def holds(claim: Claim, answer: Answer) -> bool:
-        if all(abs(v - claim.value) <= rel * claim.value for v in answer.values):
-            return True
-        return ci and answer.ci is not None and answer.ci[0] <= claim.value <= answer.ci[1]
+def _intervals(answer: Answer) -> list[tuple[float, float]]:
+    """Each value's 95% CI, or the value itself (an interval of width 0) where it has none."""
+    return list(answer.cis) if answer.cis else [(v, v) for v in answer.values]
 
-    text = f"within {rel:.0%}" + (" or the paper's value inside our 95% CI" if ci else "")
-    return Criterion(text, holds)
+
+def _inside(answer: Answer, low: float, high: float, edges: tuple[str, str]) -> Outcome:
+    """Whether every value's interval lies within [low, high] (reproduced), some lies
+    wholly outside it (differs), or some straddles an edge (tie; `edges` name them)."""
+    spans = _intervals(answer)
+    if all(low <= a and b <= high for a, b in spans):
+        return Outcome(REPRODUCED)
+    if any(b < low or a > high for a, b in spans):
+        return Outcome(DIFFERS)
+    crossed = []
+    for a, b in spans:
+        crossed += [edges[0]] if a < low else []
+        crossed += [edges[1]] if b > high else []
+    return Outcome(TIE, " and ".join(dict.fromkeys(crossed)))
+
+
+def within(rel: float) -> Criterion:
+    def test(claim: Claim, answer: Answer) -> Outcome:
+        low, high = claim.value - rel * claim.value, claim.value + rel * claim.value
+        paper_value = f"the paper's {claim.paper_text()}"
+        edges = (
+            f"{low:.4g}, {paper_value} less {rel:.0%}",
+            f"{high:.4g}, {paper_value} plus {rel:.0%}",
+        )
+        return _inside(answer, low, high, edges)
+
+    return Criterion(f"within {rel:.0%}, the whole 95% CI where there is one", test)
 
 
 def ranges_overlap(rel: float) -> Criterion:
-    def holds(claim: Claim, answer: Answer) -> bool:
+    """On the values (the span answers carry no CI)."""
+
+    def test(claim: Claim, answer: Answer) -> Outcome:
         upper = claim.upper if claim.upper is not None else claim.value
         low, high = claim.value * (1 - rel), upper * (1 + rel)
-        return min(answer.values) <= high and max(answer.values) >= low
+        overlap = min(answer.values) <= high and max(answer.values) >= low
+        return Outcome(REPRODUCED if overlap else DIFFERS)
 
-    return Criterion(f"ranges overlap (paper's widened by {rel:.0%})", holds)
+    return Criterion(f"ranges overlap (paper's widened by {rel:.0%})", test)
 
 
-AT_MOST = Criterion("at most the paper's bound", lambda c, a: max(a.values) <= c.value)
-EXACT = Criterion("equal", lambda c, a: all(v == c.value for v in a.values))
+AT_MOST = Criterion(
+    "at most the paper's bound, the whole 95% CI where there is one",
+    lambda c, a: _inside(a, -math.inf, c.value, ("", f"the paper's bound {c.paper_text()}")),
+)
+EXACT = Criterion(
+    "equal",
+    lambda c, a: Outcome(REPRODUCED if all(v == c.value for v in a.values) else DIFFERS),
+)
 
 
 def criterion(claim: Claim) -> Criterion:
@@ -77,7 +125,7 @@ def criterion(claim: Claim) -> Criterion:
     if claim.unit == "configs":
         return EXACT
     if claim.topic == "burst_gap":
-        return within(PARAMETER_TOLERANCE, ci=True)
+        return within(PARAMETER_TOLERANCE)
     return within(SPEEDUP_TOLERANCE)
 
 
@@ -266,13 +314,17 @@ def _facts(claim: Claim, setting: Setting) -> list[str | None]:
     return facts
 
 
-def reason(claim: Claim, answer: Answer, setting: Setting) -> str:
-    """Why our number differs from the paper's: the facts of our setting that differ."""
-    head = f"{answer.text} vs {claim.paper_text()} {claim.unit}"
+def setting_facts(claim: Claim, setting: Setting) -> str:
+    """The facts of our setting that differ from the paper's, '; '-separated."""
     facts = [f for f in _facts(claim, setting) if f]
     if not facts:
         facts = [f"on {setting.hardware}, the same GPU count as the paper"]
-    return f"{head}: " + "; ".join(facts)
+    return "; ".join(facts)
+
+
+def reason(claim: Claim, answer: Answer, setting: Setting) -> str:
+    """Why our number differs from the paper's: the facts of our setting that differ."""
+    return f"{answer.text} vs {claim.paper_text()} {claim.unit}: {setting_facts(claim, setting)}"
 
 
 @dataclass(frozen=True)
@@ -288,23 +340,29 @@ def judge(claim: Claim, found: Found, setting: Setting) -> Verdict:
         return Verdict(NOT_MEASURED, found.why, rule.text)
     if not np.all(np.isfinite(found.values)):
         return Verdict(NOT_MEASURED, "the computed value is not finite", rule.text)
+    head = f"{found.text} vs {claim.paper_text()} {claim.unit}"
     if claim.unit == "configs":
         return Verdict(
             NOT_A_RESULT,
-            f"{found.text} vs {claim.paper_text()} {claim.unit}: the configuration count is a "
-            "property of the grid the config asks for, not something measured",
+            f"{head}: the configuration count is a property of the grid the config asks for, "
+            "not something measured",
             rule.text,
         )
     if setting.simulated_profile is not None and claim.id in SIMULATOR_INPUTS:
         return Verdict(
             NOT_A_RESULT,
-            f"{found.text} vs {claim.paper_text()} {claim.unit}: T0, R and Q are inputs of the "
-            f"simulated profile '{setting.simulated_profile}'; the fit recovering them checks "
-            "the simulator and the fitter, it reproduces nothing",
+            f"{head}: T0, R and Q are inputs of the simulated profile "
+            f"'{setting.simulated_profile}'; the fit recovering them checks the simulator and "
+            "the fitter, it reproduces nothing",
             rule.text,
         )
-    if rule.holds(claim, found):
-        return Verdict(
-            REPRODUCED, f"{found.text} vs {claim.paper_text()} {claim.unit}: {rule.text}", rule.text
+    outcome = rule.test(claim, found)
+    if outcome.verdict == REPRODUCED:
+        return Verdict(REPRODUCED, f"{head}: {rule.text}", rule.text)
+    if outcome.verdict == TIE:
+        why = (
+            f"{head}: our 95% CI straddles {outcome.straddled}, so the data neither reproduce "
+            f"nor contradict the claim; {setting_facts(claim, setting)}"
         )
+        return Verdict(TIE, why, rule.text)
     return Verdict(DIFFERS, reason(claim, found, setting), rule.text)

@@ -7,11 +7,14 @@ each (K, V). Per K, the measured overhead sits beside the model's (the steady-tr
 time with the fitted T0, R and the K's Q), on one colour scale; the white curve is the
 hiding gap G* = [V/R - T0]+, right of which the periodic law expects no overhead (only an
 isolated burst's stall beyond Q). One pair of rows per store path (peer GPU, host memory)
-and K, each with its path's fit; the local control is not drawn.
+and K, each with its path's fit; a path whose fit has no T0 (the overhead is measured
+against it) gets one panel saying "no data" and the fit's reason. The local control is
+not drawn.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +75,33 @@ def _annotate(ax, columns: np.ndarray, sizes: np.ndarray, cells: np.ndarray, nor
                 ax.text(x, V, label, ha="center", va="center", fontsize=CELL_FONT, color=color)
 
 
+def _no_T0_reason(model: dict, path: str) -> str | None:
+    """Why the model gives `path` no T0 (the fit's own reason), or None where it has one."""
+    if path not in fitted.paths(model):
+        return f"the model file has no fit for the {path} path"
+    params = fitted.for_path(model, path)["params"]
+    for name in ("t0_fixed_us", "issue_rate_per_sm_GBps"):  # T0 = t0_fixed + B / issue rate
+        entry = params.get(name) or {}
+        if entry.get("value") is None:
+            return entry.get("reason", "T0 was not fitted")
+    return None
+
+
+def _no_data(ax, far: str, reason: str) -> None:
+    ax.text(
+        0.5,
+        0.5,
+        textwrap.fill(f"no data: {reason}", 120),
+        ha="center",
+        va="center",
+        fontsize=common.NOTE_FONT,
+        transform=ax.transAxes,
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(f"{far}: issue overhead t_iss - T0", fontsize=common.PANEL_TITLE_FONT)
+
+
 def plot(dataset_dir: Path) -> Figure:
     study, doc = _study(dataset_dir)
     model = load.model_doc(dataset_dir)
@@ -82,20 +112,9 @@ def plot(dataset_dir: Path) -> Figure:
         raise load.NoDataError(
             f"dataset '{dataset_dir.name}': microbench/{study}.json has no ok peer or host record"
         )
-    # The overhead needs the path's fitted T0: a path without one is left out and named.
-    fits, unfitted = {}, []
-    for path in paths:
-        fit = fitted.for_path(model, path) if path in fitted.paths(model) else None
-        if fit is None or fitted.t0_us(fit, 1, 1.0) is None:
-            unfitted.append(path)
-        else:
-            fits[path] = fit
-    if not fits:
-        raise load.NoDataError(
-            f"dataset '{dataset_dir.name}': {dataset_dir / 'model/burst_gap.json'} has no "
-            f"fitted T0 (t0_fixed_us, issue_rate_per_sm_GBps) for the {', '.join(unfitted)} "
-            "path, needed for the overhead"
-        )
+    # The overhead needs the path's fitted T0: a path without one gets a panel saying why.
+    unfitted = {path: why for path in paths if (why := _no_T0_reason(model, path)) is not None}
+    fits = {path: fitted.for_path(model, path) for path in paths if path not in unfitted}
     sync = "barrier" if study == "gap_sweep_barrier" else "free"
 
     grids = {}
@@ -111,22 +130,36 @@ def plot(dataset_dir: Path) -> Figure:
     values = [g[2] for g in grids.values()] + [g[3] for g in grids.values() if g[3] is not None]
     # A square-root scale, so that sub-microsecond overheads stay visible beside stalls of
     # tens of microseconds; overheads below zero (issue faster than the fitted T0) clip to 0.
-    norm = PowerNorm(0.5, vmin=0.0, vmax=max(float(np.nanmax(v)) for v in values), clip=True)
+    vmax = max((float(np.nanmax(v)) for v in values), default=1.0)
+    norm = PowerNorm(0.5, vmin=0.0, vmax=vmax, clip=True)
 
     # Measured above model, one pair of rows per (path, K): wide panels, so every cell's
-    # number has room at a readable size.
+    # number has room at a readable size; one row for a path without a T0 (K None).
+    rows = [
+        row
+        for path in paths
+        for row in ([(path, None)] if path in unfitted else [k for k in grids if k[0] == path])
+    ]
     fig, axes = common.new_figure(
-        2 * len(grids), 1, width=10.5, height=2.2 + 0.35 * max(len(g[0]) for g in grids.values())
+        sum(1 if K is None else 2 for _, K in rows),
+        1,
+        width=10.5,
+        height=2.2 + 0.35 * max((len(g[0]) for g in grids.values()), default=4),
     )
+    panel = iter(axes[:, 0])
     no_R = []
-    for row_axes, (path, K) in zip(axes.reshape(len(grids), 2), grids, strict=True):
-        fit, far = fits[path], storepath.far_end(path)
+    for path, K in rows:
+        far = storepath.far_end(path)
+        if K is None:
+            _no_data(next(panel), far, unfitted[path])
+            continue
+        fit = fits[path]
         R = fitted.drain_rate(fit)
         sizes, gaps, measured, predicted = grids[path, K]
         # Gaps are swept unevenly (dense near 0), so each gap gets a column of equal width.
         columns = np.arange(gaps.size, dtype=float)
         panels = (("measured", measured), ("model: steady-train law", predicted))
-        for ax, (what, cells) in zip(row_axes, panels, strict=True):
+        for ax, (what, cells) in zip((next(panel), next(panel)), panels, strict=True):
             if cells is None:
                 ax.set_axis_off()
                 ax.set_title(
@@ -170,9 +203,6 @@ def plot(dataset_dir: Path) -> Figure:
         "no ok measurement",
         frames.failure_note(df),
     ]
-    if unfitted:
-        omitted = ", ".join(storepath.far_end(p) for p in unfitted)
-        notes.append(f"{omitted} omitted: the model file has no fitted T0 for it")
     if no_R:
         notes.append(f"G* curve and model panel omitted for {', '.join(no_R)}: R was not fitted")
     return common.finish_figure(

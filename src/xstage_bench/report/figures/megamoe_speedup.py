@@ -28,8 +28,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
 from xstage_bench.data import stats
+from xstage_bench.data.stats import NOISY_HALF_WIDTH
 from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines
-from xstage_bench.report.analysis.speedup_ci import NOISY_HALF_WIDTH, headline_ci
+from xstage_bench.report.analysis.speedup_ci import headline_ci
 from xstage_bench.report.figures import common
 
 LAYER, KERNEL = megamoe.LAYER, megamoe.KERNEL

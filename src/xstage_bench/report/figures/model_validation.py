@@ -6,12 +6,15 @@ t_iss_slowest and, for periodic records, the period), so a systematic miss (one 
 one regime) is visible rather than averaged away. Colours tell apart the records the
 laws were fitted to, the held-out ones, and those validated apart and never fitted:
 free-running producers and drain probes. One row of panels per store path the model
-fits (peer GPU, host memory), each with that path's validation; under the figure one line
-per path counts its checks, and tab-model-checks gives each with its detail.
+fits (peer GPU, host memory), each with that path's validation; a path whose fit has no
+T0 (so no law to validate) or no validated record gets one panel saying "no data" and the
+fit's reason. Under the figure one line per path counts its checks, and tab-model-checks
+gives each with its detail.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from xstage_bench.data import layout, storepath
+from xstage_bench.data import storepath
 from xstage_bench.report.analysis import fitted, labels, load
 from xstage_bench.report.figures import common
 from xstage_bench.report.tables import model_checks
@@ -154,8 +157,34 @@ def _path_notes(model: dict, prefix: str) -> list[str]:
     """One line per path: the held-out error and the checks' count; every error per metric
     and variant, and each check with its detail, are tab-model-checks' rows."""
     held_out = _errors_text(model["validation_summary"])
-    return [f"{prefix}held out (shared Q): {held_out}; checks: {model_checks.counts(model)} "
-            "(each in tab-model-checks)"]
+    return [
+        f"{prefix}held out (shared Q): {held_out}; checks: {model_checks.counts(model)} "
+        "(each in tab-model-checks)"
+    ]
+
+
+def _no_data_reason(model: dict, val: pd.DataFrame) -> str | None:
+    """Why a path's fit has nothing to draw (its T0's reason first), or None."""
+    if fitted.param(model, "t0_fixed_us") is None:
+        return (model["params"].get("t0_fixed_us") or {}).get("reason", "T0 was not fitted")
+    if val.empty:
+        return model["validation_summary"].get("reason", "no validated record")
+    return None
+
+
+def _no_data(ax, far: str, reason: str) -> None:
+    ax.text(
+        0.5,
+        0.5,
+        textwrap.fill(f"no data: {reason}", 40),
+        ha="center",
+        va="center",
+        fontsize=common.NOTE_FONT,
+        transform=ax.transAxes,
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(f"{far}: predicted vs measured", fontsize=common.PANEL_TITLE_FONT)
 
 
 def plot(dataset_dir: Path) -> Figure:
@@ -163,29 +192,27 @@ def plot(dataset_dir: Path) -> Figure:
     paths = fitted.paths(model)
     fits = {path: fitted.for_path(model, path) for path in paths}
     vals = {path: _validation(fit) for path, fit in fits.items()}
-    drawn = [path for path in paths if not vals[path].empty]
-    if not drawn:
-        reason = "; ".join(
-            f"{path}: {fits[path]['validation_summary'].get('reason', 'no reason given')}"
-            for path in paths
-        )
-        raise load.NoDataError(
-            f"dataset '{dataset_dir.name}': {layout.MODEL_JSON} has no validation points ({reason})"
-        )
+    why = {path: _no_data_reason(fits[path], vals[path]) for path in paths}
+    drawn = [path for path in paths if why[path] is None]
     metrics = [m for m in METRIC_MARKER if any((vals[p]["metric"] == m).any() for p in drawn)]
 
-    fig, axes = common.new_figure(len(drawn), 1 + len(metrics), width=5.0, height=5.4)
-    for row_axes, path in zip(axes, drawn, strict=True):
+    fig, axes = common.new_figure(len(paths), 1 + len(metrics), width=5.0, height=5.4)
+    for row_axes, path in zip(axes, paths, strict=True):
         far = storepath.far_end(path)
+        if why[path] is not None:  # one panel says why; the row's others stay empty
+            _no_data(row_axes[0], far, why[path])
+            for ax in row_axes[1:]:
+                ax.set_axis_off()
+            continue
         _scatter(row_axes[0], vals[path], far)
         for ax, metric in zip(row_axes[1:], metrics, strict=True):
             _residuals(ax, vals[path], metric, far)
 
-    every = pd.concat([vals[p] for p in drawn])
+    present = {category for p in drawn for category in vals[p]["category"]}
     handles = [
         Line2D([], [], color=color, marker="o", linestyle="none", label=category)
         for category, (color, _) in CATEGORIES.items()
-        if (every["category"] == category).any()
+        if category in present
     ]
     handles += [
         Line2D([], [], color="0.3", marker=marker, linestyle="none", label=METRIC_NAME[m])
@@ -196,8 +223,6 @@ def plot(dataset_dir: Path) -> Figure:
     for path in paths:
         prefix = f"{storepath.far_end(path)}: " if len(paths) > 1 else ""
         notes += _path_notes(fits[path], prefix)
-        if path not in drawn:
-            notes.append(f"{prefix}no validation points, no panels")
     return common.finish_figure(
         fig,
         "Burst-Gap model: predicted vs measured",

@@ -100,7 +100,9 @@ def build(dataset_dir: Path) -> Table:
         for name in POOLED_PARAMS:
             if fitted.param(fit, name) is None:
                 reason = fit["params"][name].get("reason", "no reason given")
-                notes.append(f"{path} path: {name} not determined by the fit: {reason}")
+                prefix = f"{path} path: "  # newer fits name the path in the reason
+                reason = reason.removeprefix(prefix)
+                notes.append(f"{prefix}{name} not determined by the fit: {reason}")
     rows.append(
         _row(
             storepath.PEER,

@@ -3,9 +3,11 @@
 summary: every headline with a CI over configurations and samples, every extreme with its
 own configuration's CI, win/loss/tie counts, noisy and throttled points counted (and the
 headline without the throttled ones where there are any); then every configuration's
-ratios with CIs and verdicts. Where the dataset holds the baselines, our best schedule
-against the unfused torch pipeline, DeepGEMM's SM90 MegaMoE and (where measured)
-FlashInfer's SM90 FP8 MegaMoE (summary per group), and the same per configuration."""
+ratios with CIs and verdicts (and, where the data has a registered schedule beyond the
+two compared, its ratios over expert waves too). Where the dataset holds the baselines,
+our best schedule against the unfused torch pipeline, DeepGEMM's SM90 MegaMoE and (where
+measured) FlashInfer's SM90 FP8 MegaMoE (summary per group), and the same per
+configuration."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from pathlib import Path
 import pandas as pd
 
 from xstage_bench.data import stats, storepath
+from xstage_bench.data.stats import NOISY_HALF_WIDTH
+from xstage_bench.megamoe import schedule
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines
-from xstage_bench.report.analysis.speedup_ci import NOISY_HALF_WIDTH, headline_ci
+from xstage_bench.report.analysis.speedup_ci import headline_ci
 from xstage_bench.report.tables.common import Table
 
 PAPER = {
@@ -26,6 +30,8 @@ PAPER = {
     "paper_max": paper.MEGAMOE_MAX,
 }
 THROTTLED_LEFT_OUT = "overall, throttled points left out"
+# Registered schedules beyond the compared pair: their per-configuration ratios, if measured.
+OTHER_SCHEDULES = tuple(name for name in schedule.SCHEDULES if name not in schedule.COMPARED)
 
 
 def speedup_stats(speedup: pd.Series) -> dict:
@@ -132,9 +138,37 @@ def add_speedup_columns(frame: pd.DataFrame, speedups: pd.DataFrame) -> None:
             frame[f"{metric.name} {shown}"] = speedups[metric.column(column)]
 
 
-def per_configuration(speedups: pd.DataFrame) -> pd.DataFrame:
+def other_schedule_speedups(doc: dict, speedups: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per schedule of OTHER_SCHEDULES with an ok record of our kernel's main grid: each
+    configuration of `speedups` (a row per row, empty where it lacks that schedule) with
+    its expert-wave time over that schedule's (megamoe.ratio_columns)."""
+    found: dict[str, dict[tuple, dict]] = {}
+    for record in doc["records"]:
+        point = record["point"]
+        if (
+            point.get("schedule") in OTHER_SCHEDULES
+            and megamoe.is_ours(point)
+            and not point.get("lead_sweep")
+            and record["status"] == "ok"
+            and (record.get("samples") or {}).get(megamoe.LAYER.sample)
+        ):
+            found.setdefault(point["schedule"], {})[megamoe.megamoe_config_key(point)] = record
+    by_id = {r["id"]: r for r in doc["records"]}
+    others = {}
+    for name, by_config in found.items():
+        rows = []
+        for wave_id in speedups["wave_id"]:
+            wave = by_id[wave_id]
+            other = by_config.get(megamoe.megamoe_config_key(wave["point"]))
+            rows.append({} if other is None else megamoe.ratio_columns(wave, other))
+        others[name] = pd.DataFrame(rows, index=speedups.index)
+    return others
+
+
+def per_configuration(speedups: pd.DataFrame, others: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Every configuration: its ratios in each metric with CI, verdict and noisy flag,
-    whether its schedules were paired, and whether a record is flagged throttled."""
+    whether its schedules were paired, and whether a record is flagged throttled; then,
+    per schedule in `others` (other_schedule_speedups), its ratios the same way."""
     frame = pd.DataFrame(
         {
             "path": speedups["path"],
@@ -145,6 +179,11 @@ def per_configuration(speedups: pd.DataFrame) -> pd.DataFrame:
     frame["paired"] = speedups["paired"]
     frame["samples"] = speedups["n"]
     frame["throttled"] = speedups["throttled"]
+    for name, ratios in others.items():
+        label = schedule.SCHEDULES[name].label
+        for metric in megamoe.metrics_of(ratios):
+            for shown, column in SPEEDUP_COLUMNS.items():
+                frame[f"{label} {metric.name} {shown}"] = ratios[metric.column(column)]
     return frame
 
 
@@ -212,7 +251,17 @@ def build(dataset_dir: Path) -> Table:
             f"{len(incomplete)} configuration(s) lack an ok time for both schedules "
             "and are left out"
         )
-    sections = [("Per configuration: speedups with CIs and verdicts", per_configuration(speedups))]
+    others = other_schedule_speedups(doc, speedups)
+    for name, ratios in others.items():
+        label = schedule.SCHEDULES[name].label
+        for metric in megamoe.metrics_of(ratios):
+            n = int(ratios[metric.column("speedup")].notna().sum())
+            notes.append(
+                f"'{label} {metric.name} speedup' (per configuration, {n} of {len(speedups)}) "
+                f"= expert-wave {metric.name} / {label} {metric.name} (medians), CI as above."
+            )
+    per_config = per_configuration(speedups, others)
+    sections = [("Per configuration: speedups with CIs and verdicts", per_config)]
     baselines = megamoe.natural_routing(megamoe_baselines.megamoe_baselines(doc))
     if not baselines.empty:
         flashinfer = megamoe_baselines.has_records(doc, "flashinfer")

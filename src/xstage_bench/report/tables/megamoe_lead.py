@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from xstage_bench.data import stats
+from xstage_bench.data.stats import NOISY_HALF_WIDTH
 from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_lead
-from xstage_bench.report.analysis.speedup_ci import NOISY_HALF_WIDTH
 from xstage_bench.report.tables.common import Table
 from xstage_bench.report.tables.megamoe import add_speedup_columns
 
