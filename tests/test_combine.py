@@ -103,12 +103,13 @@ def test_the_kernel_matches_torch_bmm_and_the_exact_sum(interpreted, T, topk, H)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2.0**-7, atol=magnitude.max() * 1e-6)
 
 
-def test_blocks_fill_a_tile_with_the_widest_width_dividing_h(interpreted):
+def test_blocks_take_the_widest_width_dividing_h(interpreted):
     blocks = interpreted.blocks
-    assert blocks(4096) == (4, 1024) and blocks(7168) == (4, 1024) and blocks(6144) == (4, 1024)
+    # 1024-wide blocks take 2 tokens (timed faster on one H200); narrower ones fill TILE
+    assert blocks(4096) == (2, 1024) and blocks(7168) == (2, 1024) and blocks(6144) == (2, 1024)
     assert blocks(1408) == (32, 128) and blocks(2560) == (8, 512) and blocks(768) == (16, 256)
     assert blocks(200) == (16, 256) and blocks(1000) == (8, 512)  # masked last block
-    for H in (128, 1408, 4096, 7168):
+    for H in (128, 1408, 2560):
         block_t, block_h = blocks(H)
         assert block_t * block_h == interpreted.TILE and H % block_h == 0
 

@@ -297,24 +297,27 @@ def test_a_noisy_ratio_is_measured_again_until_its_ci_is_within_target():
     out = timing.measure_paired(noisy_pair(0.3, rounds_until_quiet=12), p, ratios=[("a", "b")])
     added = out["a"].remeasure.rounds_added
     assert added > 0 and added % p.min_reps == 0 and len(out["a"]) == 12 + added
-    assert out["a"].remeasure.still_noisy == []
+    assert out["a"].remeasure.still_noisy == 0
     extra = timing.paired_extra(["a", "b"], "a", out["a"])["remeasure"]
-    assert extra["rounds_added"] == added and extra["ratios"]["a/b"]["noisy"] is False
-    assert extra["ratios"]["a/b"]["ci_low"] > 1.0  # b faster, now clearly
+    (ratio,) = extra["ratios"]
+    assert extra["rounds_added"] == added and ratio["noisy"] is False
+    assert (ratio["numerator"], ratio["denominator"]) == ("a", "b")
+    assert ratio["ci_low"] > 1.0  # b faster, now clearly
 
 
-def test_a_ratio_that_stays_noisy_is_left_noisy_after_max_reps_more_rounds():
-    p = policy(warmup=0, min_reps=4, max_reps=12, target_rel_iqr=0.01, noisy_budget_s=100.0)
-    out = timing.measure_paired(noisy_pair(0.6), p, ratios=[("a", "b")])
-    assert out["a"].remeasure.rounds_added == 12 and len(out["b"]) == 24
-    assert out["a"].remeasure.still_noisy == ["a/b"]
-    assert timing.paired_extra(["a", "b"], "b", out["b"])["remeasure"]["still_noisy"] == ["a/b"]
+def test_a_ratio_that_stays_noisy_is_left_noisy_at_the_round_cap():
+    p = policy(warmup=0, min_reps=3, max_reps=3, target_rel_iqr=0.01, noisy_budget_s=100.0)
+    out = timing.measure_paired(noisy_pair(0.9), p, ratios=[("a", "b")])
+    cap = timing.NOISY_MAX_ROUNDS_FACTOR * p.max_reps
+    assert out["a"].remeasure.rounds_added == cap and len(out["b"]) == p.max_reps + cap
+    assert out["a"].remeasure.still_noisy == 1
+    assert timing.paired_extra(["a", "b"], "b", out["b"])["remeasure"]["still_noisy"] == 1
 
 
 def test_no_rounds_added_without_budget_or_when_quiet():
     p = policy(warmup=0, min_reps=4, max_reps=12, target_rel_iqr=0.01)  # noisy_budget_s 0
     out = timing.measure_paired(noisy_pair(0.6), p, ratios=[("a", "b")])
-    assert out["a"].remeasure.rounds_added == 0 and out["a"].remeasure.still_noisy == ["a/b"]
+    assert out["a"].remeasure.rounds_added == 0 and out["a"].remeasure.still_noisy == 1
     quiet = policy(warmup=0, min_reps=4, max_reps=12, noisy_budget_s=100.0)
     out = timing.measure_paired(noisy_pair(0.0), quiet, ratios=[("a", "b")])
     assert out["a"].remeasure.rounds_added == 0 and len(out["a"]) == 4

@@ -158,7 +158,7 @@ def measure_paired(
 
     `ratios` names what the caller compares, (numerator arm, denominator arm). When one of
     them is noisy at the stop (its paired CI reaches beyond stats.NOISY_HALF_WIDTH), the
-    point is measured again: more rounds, up to max_reps more and `noisy_budget_s`, until
+    point is measured again: more rounds, within `noisy_budget_s` (and a round cap), until
     no ratio is noisy (see `NoisyRemeasure`). Every arm's Samples carry the same stop
     reason, `rounds` (the round of each sample) and `remeasure` (None without ratios).
     """
@@ -216,32 +216,40 @@ class _Rounds:
             self.samples[arm].append(value)
 
 
+# How many more rounds than max_reps a noisy point may get: the budget in seconds is the
+# real bound, this one only keeps a record of short rounds from growing without end.
+NOISY_MAX_ROUNDS_FACTOR = 4
+
+
 @dataclass(frozen=True)
 class NoisyRemeasure:
     """What measuring a noisy point again did: the rounds it added (0: no ratio was noisy
-    at the stop), the seconds they took, each compared ratio's paired CI at the end
-    (name "numerator/denominator" -> stats.ratio_ci and `noisy`), and which stay noisy
-    (the record is then flagged noisy by the report, as every ratio is, from its CI)."""
+    at the stop), the seconds they took, and each compared ratio's paired CI at the end
+    (stats.ratio_ci with its numerator and denominator arm and `noisy`; a ratio still noisy
+    is flagged so by the report, as every ratio is, from its CI)."""
 
     half_width: float
     budget_s: float
+    max_rounds: int
     rounds_added: int
     elapsed_s: float
-    ratios: dict[str, dict]
+    ratios: list[dict]
 
     @property
-    def still_noisy(self) -> list[str]:
-        return [name for name, found in self.ratios.items() if found["noisy"]]
+    def still_noisy(self) -> int:
+        return sum(found["noisy"] for found in self.ratios)
 
     @classmethod
     def run(cls, rounds: _Rounds, ratios, policy: TimingPolicy, clock) -> NoisyRemeasure:
         """Add rounds while a ratio is noisy, checked every min_reps rounds (a bootstrap
-        per round would cost more than a short round), within max_reps more rounds and
-        `noisy_budget_s`."""
+        per round would cost more than a short round), within `noisy_budget_s` and
+        NOISY_MAX_ROUNDS_FACTOR x max_reps more rounds."""
         start, first_n = clock(), rounds.n
+        max_rounds = NOISY_MAX_ROUNDS_FACTOR * policy.max_reps
         found = _ratio_cis(rounds.samples, ratios)
-        while any(f["noisy"] for f in found.values()):
-            if clock() - start >= policy.noisy_budget_s or rounds.n - first_n >= policy.max_reps:
+        while any(f["noisy"] for f in found):
+            spent = clock() - start >= policy.noisy_budget_s
+            if spent or rounds.n - first_n + policy.min_reps > max_rounds:
                 break
             for _ in range(policy.min_reps):
                 rounds.run_one()
@@ -249,6 +257,7 @@ class NoisyRemeasure:
         return cls(
             stats.NOISY_HALF_WIDTH,
             policy.noisy_budget_s,
+            max_rounds,
             rounds.n - first_n,
             clock() - start,
             found,
@@ -259,7 +268,7 @@ class NoisyRemeasure:
         return {
             "rule": "while a compared ratio's paired 95% CI reaches further than "
             f"+-{self.half_width:.0%} from it, more rounds (checked every min_reps rounds), "
-            f"within max_reps more rounds and {self.budget_s:g} s",
+            f"within {self.budget_s:g} s and {self.max_rounds} rounds",
             "rounds_added": self.rounds_added,
             "elapsed_s": self.elapsed_s,
             "ratios": self.ratios,
@@ -267,12 +276,12 @@ class NoisyRemeasure:
         }
 
 
-def _ratio_cis(samples: Mapping[str, list[float]], ratios) -> dict[str, dict]:
-    found = {}
+def _ratio_cis(samples: Mapping[str, list[float]], ratios) -> list[dict]:
+    found = []
     for numerator, denominator in ratios:
         ci = stats.ratio_ci(samples[numerator], samples[denominator], paired=True)
         noisy = stats.is_noisy(ci["ratio"], ci["ci_low"], ci["ci_high"])
-        found[f"{numerator}/{denominator}"] = {**ci, "noisy": noisy}
+        found.append({"numerator": numerator, "denominator": denominator, **ci, "noisy": noisy})
     return found
 
 
