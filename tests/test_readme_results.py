@@ -2,10 +2,14 @@
 recompute found README numbers that no file held): the block between its markers must be
 exactly what `xstage readme` makes of results/ref-* today."""
 
+import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from xstage_bench.data import layout
+from xstage_bench.megamoe import schedule
 from xstage_bench.report import readme_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,3 +33,18 @@ def test_every_number_of_the_block_comes_from_a_file_not_from_the_readme(tmp_pat
     assert block in readme_results.replace_in(tampered, block)
     with pytest.raises(ValueError, match="no generated results block"):
         readme_results.replace_in("no markers here", block)
+
+
+def test_a_third_schedule_and_the_layer_over_the_kernel_have_lines_where_measured():
+    """DeepGEMM upstream's order has a line exactly where a reference measured it (from
+    tab-megamoe's rows of it); every reference with kernel times has its whole-layer line."""
+    for name in readme_results.REFERENCES:
+        ds = ROOT / "results" / name
+        doc = json.loads((ds / layout.MEGAMOE_RAW).read_text())
+        schedules = {r["point"].get("schedule") for r in doc["records"]}
+        table = pd.read_csv(ds / "tables" / "tab-megamoe.csv")
+        lines = readme_results.other_schedule_lines(table)
+        assert bool(lines) == (schedule.DEEPGEMM_INTERLEAVED in schedules), name
+        assert all("over expert waves" in line and "ours faster" in line for line in lines)
+        whole = readme_results.layer_over_kernel_lines(ds)
+        assert len(whole) == 1 and "whole layer over kernel time" in whole[0], name

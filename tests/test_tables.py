@@ -11,6 +11,7 @@ from fixtures import (
     AUTO_LEAD_ROWS,
     HOST_FRACTIONS,
     HOST_TRUTH,
+    LAYER_EXTRA_US,
     MAIN_LEAD,
     ROOT,
     SIMULATED_HOLDING,
@@ -29,8 +30,9 @@ from fixtures import (
     write_model,
 )
 
-from xstage_bench.data import layout
+from xstage_bench.data import layout, stats
 from xstage_bench.data.results import RawResultError, ok_record, raw_document, read_raw, write_raw
+from xstage_bench.megamoe import schedule
 from xstage_bench.report import paper, products
 from xstage_bench.report.analysis import megamoe as analysis_megamoe
 from xstage_bench.report.analysis.load import NoDataError
@@ -739,6 +741,156 @@ def test_megamoe_lead_table_without_a_lead_sweep_is_no_data(tmp_path):
     write_megamoe(ds)
     with pytest.raises(NoDataError, match="has no lead-sweep arm"):
         megamoe_lead_table.build(ds)
+
+
+# ---------------------------------- MegaMoE: a third schedule, and the layer over the kernel
+
+DEEPGEMM = schedule.DEEPGEMM_INTERLEAVED
+OVER_WAVES = megamoe.over_group(DEEPGEMM, schedule.WAVE)
+HEAD_TO_HEAD = megamoe.over_group(schedule.INTERLEAVED, DEEPGEMM)
+DEEPGEMM_OVER_OURS = 1.1  # the third arm's time over our interleaved's, round by round
+
+
+def add_third_schedule(ds: Path, where=lambda point: True) -> None:
+    """write_megamoe_host's sweep with DeepGEMM upstream's interleaved order as a third arm
+    of each main-grid configuration `where` holds: our interleaved's samples times
+    DEEPGEMM_OVER_OURS, in the configuration's paired rounds (every arm names it)."""
+    path = ds / layout.MEGAMOE_RAW
+    doc = json.loads(path.read_text())
+    by_id = {r["id"]: r for r in doc["records"]}
+    added = []
+    for record in doc["records"]:
+        point = record["point"]
+        if point["schedule"] != schedule.INTERLEAVED or point.get("lead_sweep"):
+            continue
+        if not where(point):
+            continue
+        record_id = record["id"].rsplit("/", 1)[0] + f"/{DEEPGEMM}"
+        paired = record["extra"]["paired"]
+        arms = [*paired["arms"], record_id]
+        for arm in paired["arms"]:
+            by_id[arm]["extra"]["paired"]["arms"] = arms
+        knobs = ("lead_rows", "lead_rows_requested")
+        third = {k: v for k, v in point.items() if k not in knobs}
+        samples = {k: [v * DEEPGEMM_OVER_OURS for v in vs] for k, vs in record["samples"].items()}
+        extra = {**record["extra"], "paired": {**paired, "arms": arms, "arm": record_id}}
+        added.append(
+            ok_record(
+                record_id, {**third, "id": record_id, "schedule": DEEPGEMM}, samples, extra=extra
+            )
+        )
+    doc["records"] += added
+    path.write_text(json.dumps(doc))
+
+
+def _host_sweep(ds: Path, third=None) -> Path:
+    write_megamoe_host(ds)
+    if third is not None:
+        add_third_schedule(ds, third)
+    return ds
+
+
+def test_megamoe_third_schedule_rows_appear_exactly_where_it_was_measured(tmp_path):
+    two = megamoe.build(_host_sweep(tmp_path / "h200x1-two"))
+    assert not two.frame["group"].isin([OVER_WAVES, HEAD_TO_HEAD]).any()
+    assert not any(OVER_WAVES in n for n in two.notes)
+
+    three = megamoe.build(_host_sweep(tmp_path / "h200x1-three", third=lambda p: True)).frame
+    new = three["group"].isin([OVER_WAVES, HEAD_TO_HEAD])
+    assert new.sum() == len(HOST_FRACTIONS) * 2 * 2  # per share, metric and pair
+    # everything else as without the third schedule, columns included
+    pd.testing.assert_frame_equal(three[~new].reset_index(drop=True), two.frame)
+    for _, row in three[three["group"] == HEAD_TO_HEAD].iterrows():
+        # its time over ours, the same rounds: exactly the factor, and ours faster everywhere
+        assert (row["n"], row["wins"], row["losses"], row["ties"]) == (8, 8, 0, 0)
+        for stat in ("geomean", "median", "min", "max"):
+            assert row[stat] == pytest.approx(DEEPGEMM_OVER_OURS)
+            assert row[f"{stat}_ci_low"] == pytest.approx(DEEPGEMM_OVER_OURS)
+        assert np.isnan(row["paper_geomean"])
+    for _, row in three[three["group"] == OVER_WAVES].iterrows():
+        ours = _rows(three, group="overall", metric=row["metric"], value=row["value"]).iloc[0]
+        for stat in ("geomean", "median", "min", "max"):
+            assert row[stat] == pytest.approx(ours[stat] / DEEPGEMM_OVER_OURS)
+        assert row["throttled"] == 0  # the flagged record is our interleaved arm, not in this pair
+    half = _rows(three, group=HEAD_TO_HEAD, metric="kernel time", value="host share f = 0.5")
+    assert half["throttled"].tolist() == [1]
+
+    quarter = megamoe.build(
+        _host_sweep(tmp_path / "h200x1-quarter", third=lambda p: p["remote_fraction"] == 0.25)
+    )
+    rows = quarter.frame[quarter.frame["group"].isin([OVER_WAVES, HEAD_TO_HEAD])]
+    assert set(rows["value"]) == {"host share f = 0.25"} and len(rows) == 4
+    assert any(f"'{HEAD_TO_HEAD}'" in n and "paired in 8 of 8" in n for n in quarter.notes)
+
+
+def test_megamoe_head_to_head_is_the_third_schedules_time_over_ours():
+    """One configuration, three arms in the same rounds (a drift common to all): waves at
+    1.2x, DeepGEMM's order at 1.1x our interleaved time."""
+    config, f = host_configs()[1]
+    cid = host_config_id(config, f)
+    drift = np.array([100.0, 104.0, 98.0, 101.0, 99.0, 103.0, 97.0])
+    times = {schedule.WAVE: 1.2, schedule.INTERLEAVED: 1.0, DEEPGEMM: 1.1}
+    ids = [f"{cid}/{name}" for name in times]
+    records = [
+        ok_record(
+            record_id,
+            {**config, "id": record_id, "schedule": name},
+            {"time_us": factor * drift + 20.0, "kernel_us": factor * drift},
+            extra={"paired": {"arms": ids, "arm": record_id, "rounds": len(drift)}},
+        )
+        for (name, factor), record_id in zip(times.items(), ids, strict=True)
+    ]
+    doc = {"records": records}
+    speedups, _ = analysis_megamoe.megamoe_speedups(doc)
+    ratios = megamoe.other_schedule_ratios(doc, speedups)[DEEPGEMM]
+    head, over = ratios.head_to_head.iloc[0], ratios.over_waves.iloc[0]
+    assert head["paired"] and over["paired"]
+    assert head["kernel_speedup"] == pytest.approx(1.1)  # its time / ours: above 1, ours faster
+    assert head["kernel_verdict"] == stats.FASTER
+    assert over["kernel_speedup"] == pytest.approx(1.2 / 1.1)
+    assert speedups["kernel_speedup"].iloc[0] == pytest.approx(1.2)
+    assert head["speedup"] == pytest.approx(
+        (1.1 * 100 + 20) / (100 + 20)
+    )  # the drift's median: 100
+    rows = megamoe.other_schedule_rows(speedups, {DEEPGEMM: ratios})
+    kernel = {r["group"]: r for r in rows if r["metric"] == "kernel time"}
+    assert kernel[HEAD_TO_HEAD]["geomean"] == pytest.approx(1.1)
+    assert (kernel[HEAD_TO_HEAD]["wins"], kernel[OVER_WAVES]["wins"]) == (1, 1)
+
+
+def test_megamoe_whole_layer_over_kernel_time_of_the_interleaved_arm(host_dataset, tmp_path):
+    """The fixture's layer adds LAYER_EXTRA_US to every kernel sample: per configuration
+    the ratio is 1 + 20 / its median kernel time, computed here from the raw samples."""
+    doc = json.loads((host_dataset / layout.MEGAMOE_RAW).read_text())
+    ratio, name = {}, {}
+    for r in doc["records"]:
+        point = r["point"]
+        if point["schedule"] == schedule.INTERLEAVED and not point.get("lead_sweep"):
+            key = (point["precision"], r["id"])
+            ratio[key] = np.median(r["samples"]["time_us"]) / np.median(r["samples"]["kernel_us"])
+            name[key] = analysis_megamoe.megamoe_config_name(analysis_megamoe.config_fields(point))
+    table = megamoe.build(host_dataset)
+    section = dict(table.sections)["Whole layer over kernel time, interleaved"]
+    assert section["precision"].tolist() == ["all", "w4a8", "w8a8"]
+    assert (section["tokens_per_rank"] == 1024).all() and (section["path"] == "host").all()
+    target = megamoe.LAYER_OVER_KERNEL_TARGETS[1024]
+    for _, row in section.iterrows():
+        mine = {k: v for k, v in ratio.items() if row["precision"] in ("all", k[0])}
+        values = np.array(list(mine.values()))
+        top = max(mine, key=mine.get)
+        assert row["n"] == len(mine) == (24 if row["precision"] == "all" else 12)
+        assert row["layer / kernel time median"] == pytest.approx(np.median(values))
+        assert row["layer / kernel time max"] == pytest.approx(mine[top])
+        assert row["max at"] == name[top]
+        assert row["layer - kernel time us median"] == pytest.approx(LAYER_EXTRA_US)
+        assert row["target"] == target
+        assert row["median meets target"] == (np.median(values) <= target)
+        assert row["above target"] == (values > target).sum()
+    assert any(n.startswith("whole layer over kernel time") for n in table.notes)
+    # the simulator times the layer only: no section
+    ds = tmp_path / "sim-moe"
+    write_megamoe(ds)
+    assert "Whole layer over kernel time, interleaved" not in dict(megamoe.build(ds).sections)
 
 
 def test_megamoe_products_of_the_committed_reference_still_render(tmp_path):

@@ -2,16 +2,19 @@
 (layer time and kernel time), overall and per group, beside the paper's 84-configuration
 summary: every headline with a CI over configurations and samples, every extreme with its
 own configuration's CI, win/loss/tie counts, noisy and throttled points counted (and the
-headline without the throttled ones where there are any); then every configuration's
-ratios with CIs and verdicts (and, where the data has a registered schedule beyond the
-two compared, its ratios over expert waves too). Where the dataset holds the baselines,
-our best schedule against the unfused torch pipeline, DeepGEMM's SM90 MegaMoE and (where
-measured) FlashInfer's SM90 FP8 MegaMoE (summary per group), and the same per
-configuration."""
+headline without the throttled ones where there are any). Where the data has a registered
+schedule beyond the two compared, overall rows of its speedup over expert waves and of our
+interleaved over it, the same statistics. Then the whole layer's time over the kernel's
+(interleaved) per path, tokens per rank and precision; every configuration's ratios with
+CIs and verdicts (and the other schedules' ratios over expert waves too). Where the
+dataset holds the baselines, our best schedule against the unfused torch pipeline,
+DeepGEMM's SM90 MegaMoE and (where measured) FlashInfer's SM90 FP8 MegaMoE (summary per
+group), and the same per configuration."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -32,6 +35,10 @@ PAPER = {
 THROTTLED_LEFT_OUT = "overall, throttled points left out"
 # Registered schedules beyond the compared pair: their per-configuration ratios, if measured.
 OTHER_SCHEDULES = tuple(name for name in schedule.SCHEDULES if name not in schedule.COMPARED)
+# Issue 29: the project's targets for the whole layer's time over the kernel's, per tokens
+# per rank (the barrier and the top-k reduction should cost little beside the kernel).
+LAYER_OVER_KERNEL_TARGETS = {1024: 1.15, 16384: 1.05}
+LAYER_OVER_KERNEL = "layer / kernel time"  # how the section's ratio columns begin
 
 
 def speedup_stats(speedup: pd.Series) -> dict:
@@ -104,6 +111,39 @@ def headline_rows(speedups: pd.DataFrame) -> list[dict]:
     return rows
 
 
+class ScheduleRatios(NamedTuple):
+    """One schedule beyond the compared pair against each of them, a row per configuration
+    of the speedups frame (empty where it lacks that schedule; megamoe.ratio_columns)."""
+
+    over_waves: pd.DataFrame  # expert-wave time / its time: its speedup over expert waves
+    head_to_head: pd.DataFrame  # its time / our interleaved time: interleaved's over it
+
+
+def over_group(faster: str, baseline: str) -> str:
+    """The group of an overall row of schedule `faster`'s speedup over `baseline` (the
+    baseline's time over its): 'overall, DeepGEMM interleaved over expert waves'."""
+    return f"overall, {schedule.SCHEDULES[faster].label} over {schedule.SCHEDULES[baseline].label}"
+
+
+def other_schedule_rows(speedups: pd.DataFrame, others: dict[str, ScheduleRatios]) -> list[dict]:
+    """Per headline set of `speedups` (the "overall" rows' path and share), metric and
+    schedule of `others` (other_schedule_ratios): the summary of its speedup over expert
+    waves, then of our interleaved over it, over the set's configurations that have it."""
+    rows = []
+    for path, what, configs in megamoe.headline_sets(speedups):
+        for name, ratios in others.items():
+            pairs = (
+                (over_group(name, schedule.WAVE), ratios.over_waves.loc[configs.index]),
+                (over_group(schedule.INTERLEAVED, name), ratios.head_to_head.loc[configs.index]),
+            )
+            both = megamoe.metrics_of(pairs[1][1])
+            for metric in (m for m in megamoe.metrics_of(pairs[0][1]) if m in both):
+                for group, part in pairs:
+                    head = {"path": path, "metric": metric.label, "group": group, "value": what}
+                    rows.append({**head, **speedup_summary(part, metric)})
+    return rows
+
+
 def group_rows(speedups: pd.DataFrame) -> list[dict]:
     """Per path, metric and group (shape, precision, routing, f): the same summary."""
     rows = []
@@ -138,10 +178,10 @@ def add_speedup_columns(frame: pd.DataFrame, speedups: pd.DataFrame) -> None:
             frame[f"{metric.name} {shown}"] = speedups[metric.column(column)]
 
 
-def other_schedule_speedups(doc: dict, speedups: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per schedule of OTHER_SCHEDULES with an ok record of our kernel's main grid: each
-    configuration of `speedups` (a row per row, empty where it lacks that schedule) with
-    its expert-wave time over that schedule's (megamoe.ratio_columns)."""
+def other_schedule_ratios(doc: dict, speedups: pd.DataFrame) -> dict[str, ScheduleRatios]:
+    """Per schedule of OTHER_SCHEDULES with an ok record of our kernel's main grid: its
+    ScheduleRatios over the configurations of `speedups`, each ratio paired where its two
+    records were timed in the same rounds (the arms of a configuration are)."""
     found: dict[str, dict[tuple, dict]] = {}
     for record in doc["records"]:
         point = record["point"]
@@ -156,19 +196,74 @@ def other_schedule_speedups(doc: dict, speedups: pd.DataFrame) -> dict[str, pd.D
     by_id = {r["id"]: r for r in doc["records"]}
     others = {}
     for name, by_config in found.items():
-        rows = []
-        for wave_id in speedups["wave_id"]:
+        over_waves, head_to_head = [], []
+        for wave_id, interleaved_id in zip(
+            speedups["wave_id"], speedups["interleaved_id"], strict=True
+        ):
             wave = by_id[wave_id]
             other = by_config.get(megamoe.megamoe_config_key(wave["point"]))
-            rows.append({} if other is None else megamoe.ratio_columns(wave, other))
-        others[name] = pd.DataFrame(rows, index=speedups.index)
+            if other is None:
+                over_waves.append({})
+                head_to_head.append({})
+                continue
+            over_waves.append(megamoe.ratio_columns(wave, other))
+            head_to_head.append(megamoe.ratio_columns(other, by_id[interleaved_id]))
+        others[name] = ScheduleRatios(
+            pd.DataFrame(over_waves, index=speedups.index),
+            pd.DataFrame(head_to_head, index=speedups.index),
+        )
     return others
 
 
-def per_configuration(speedups: pd.DataFrame, others: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def layer_over_kernel(speedups: pd.DataFrame) -> pd.DataFrame:
+    """Per path, tokens per rank and precision (first all precisions together): over the
+    configurations, the median and the maximum (and where) of the interleaved arm's
+    median layer time over its median kernel time, the median of their difference (us),
+    and, at the tokens per rank with a target (LAYER_OVER_KERNEL_TARGETS), whether the
+    median meets it and how many configurations are above it. Empty without kernel times."""
+    layer = megamoe.LAYER.column("interleaved_us")
+    kernel = megamoe.KERNEL.column("interleaved_us")
+    if kernel not in speedups.columns:
+        return pd.DataFrame()
+    measured = speedups[speedups[kernel].notna()]
+    ratio = measured[layer] / measured[kernel]
+    names = pd.Series(
+        [megamoe.megamoe_config_name(r) for r in measured.to_dict("records")], index=measured.index
+    )
+    rows = []
+    for path in megamoe.ordered_paths(measured["path"]):
+        on_path = measured[measured["path"] == path]
+        for tokens, part in on_path.groupby("tokens_per_rank", sort=True):
+            target = LAYER_OVER_KERNEL_TARGETS.get(tokens)
+            sets = [("all", part), *part.groupby("precision", sort=True)]
+            for precision, configs in sets:
+                ratios = ratio.loc[configs.index]
+                median = float(ratios.median())
+                rows.append(
+                    {
+                        "path": path,
+                        "tokens_per_rank": tokens,
+                        "precision": precision,
+                        "n": len(configs),
+                        f"{LAYER_OVER_KERNEL} median": median,
+                        f"{LAYER_OVER_KERNEL} max": float(ratios.max()),
+                        "max at": names[ratios.idxmax()],
+                        "layer - kernel time us median": float(
+                            (configs[layer] - configs[kernel]).median()
+                        ),
+                        "target": target,
+                        "median meets target": None if target is None else median <= target,
+                        "above target": None if target is None else int((ratios > target).sum()),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def per_configuration(speedups: pd.DataFrame, others: dict[str, ScheduleRatios]) -> pd.DataFrame:
     """Every configuration: its ratios in each metric with CI, verdict and noisy flag,
     whether its schedules were paired, and whether a record is flagged throttled; then,
-    per schedule in `others` (other_schedule_speedups), its ratios the same way."""
+    per schedule in `others` (other_schedule_ratios), its speedups over expert waves the
+    same way."""
     frame = pd.DataFrame(
         {
             "path": speedups["path"],
@@ -181,9 +276,9 @@ def per_configuration(speedups: pd.DataFrame, others: dict[str, pd.DataFrame]) -
     frame["throttled"] = speedups["throttled"]
     for name, ratios in others.items():
         label = schedule.SCHEDULES[name].label
-        for metric in megamoe.metrics_of(ratios):
+        for metric in megamoe.metrics_of(ratios.over_waves):
             for shown, column in SPEEDUP_COLUMNS.items():
-                frame[f"{label} {metric.name} {shown}"] = ratios[metric.column(column)]
+                frame[f"{label} {metric.name} {shown}"] = ratios.over_waves[metric.column(column)]
     return frame
 
 
@@ -200,9 +295,48 @@ def metric_notes(doc: dict, speedups: pd.DataFrame) -> list[str]:
     return notes
 
 
+def other_schedule_notes(name: str, ratios: ScheduleRatios, configurations: int) -> list[str]:
+    """What the rows and columns of one schedule beyond the compared pair are."""
+    label = schedule.SCHEDULES[name].label
+    ours = schedule.SCHEDULES[schedule.INTERLEAVED].label
+    notes = []
+    for metric in megamoe.metrics_of(ratios.over_waves):
+        n = int(ratios.over_waves[metric.column("speedup")].notna().sum())
+        notes.append(
+            f"'{label} {metric.name} speedup' (per configuration, {n} of {configurations}) "
+            f"= expert-wave {metric.name} / {label} {metric.name} (medians), CI as above."
+        )
+    head = ratios.head_to_head
+    paired = int(head["paired"].sum()) if "paired" in head.columns else 0
+    measured = int(head["n"].notna().sum()) if "n" in head.columns else 0
+    notes.append(
+        f"rows '{over_group(name, schedule.WAVE)}': expert-wave time / {label} time, wins "
+        f"where {label} is faster; rows '{over_group(schedule.INTERLEAVED, name)}': {label} "
+        f"time / {ours} time, wins where {ours} is faster, paired in {paired} of {measured} "
+        "configurations (the arms timed in the same rounds); over the overall rows' "
+        "configurations that have it, CIs and counts as above."
+    )
+    return notes
+
+
+def layer_over_kernel_note() -> str:
+    targets = ", ".join(f"{t:g} at {n} tokens" for n, t in LAYER_OVER_KERNEL_TARGETS.items())
+    return (
+        f"whole layer over kernel time ({schedule.INTERLEAVED} arm, every configuration of "
+        f"the path and tokens per rank, all shares): per configuration median "
+        f"{megamoe.LAYER.sample} / median {megamoe.KERNEL.sample}, and median "
+        f"{megamoe.LAYER.sample} - median {megamoe.KERNEL.sample} (the barrier and the "
+        f"top-k reduction); the median and max over configurations. Targets (issue 29): "
+        f"{targets} per rank; 'median meets target': the median at or below it; 'above "
+        "target': configurations over it."
+    )
+
+
 def build(dataset_dir: Path) -> Table:
     doc, speedups, incomplete = megamoe.megamoe_sweep(dataset_dir)
-    frame = pd.DataFrame(headline_rows(speedups) + group_rows(speedups))
+    others = other_schedule_ratios(doc, speedups)
+    rows = headline_rows(speedups) + other_schedule_rows(speedups, others)
+    frame = pd.DataFrame(rows + group_rows(speedups))
     columns = ["path", "metric", "group", "value"]
     frame = frame[[*columns, *(c for c in frame.columns if c not in columns)]]
     paths = megamoe.ordered_paths(speedups["path"])
@@ -251,17 +385,15 @@ def build(dataset_dir: Path) -> Table:
             f"{len(incomplete)} configuration(s) lack an ok time for both schedules "
             "and are left out"
         )
-    others = other_schedule_speedups(doc, speedups)
     for name, ratios in others.items():
-        label = schedule.SCHEDULES[name].label
-        for metric in megamoe.metrics_of(ratios):
-            n = int(ratios[metric.column("speedup")].notna().sum())
-            notes.append(
-                f"'{label} {metric.name} speedup' (per configuration, {n} of {len(speedups)}) "
-                f"= expert-wave {metric.name} / {label} {metric.name} (medians), CI as above."
-            )
+        notes += other_schedule_notes(name, ratios, len(speedups))
+    sections = []
+    whole = layer_over_kernel(speedups)
+    if not whole.empty:
+        sections.append((f"Whole layer over kernel time, {schedule.INTERLEAVED}", whole))
+        notes.append(layer_over_kernel_note())
     per_config = per_configuration(speedups, others)
-    sections = [("Per configuration: speedups with CIs and verdicts", per_config)]
+    sections.append(("Per configuration: speedups with CIs and verdicts", per_config))
     baselines = megamoe.natural_routing(megamoe_baselines.megamoe_baselines(doc))
     if not baselines.empty:
         flashinfer = megamoe_baselines.has_records(doc, "flashinfer")
