@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -354,3 +355,19 @@ def test_one_head_count_outside_makes_a_row_differ_one_straddling_a_tie(root):
     assert verdict(inside, inside) == verdicts.REPRODUCED
     assert verdict(inside, straddling) == verdicts.TIE
     assert verdict(straddling, outside) == verdicts.DIFFERS
+
+
+def test_host_path_baseline_claims_are_answered_where_the_baselines_run():
+    """One GPU: the baselines run at the host path's f = 0 control, so the claims on them
+    pair ours there and say so in the note and the reason, never the claims' own f = 0.25
+    (issue 26: one setting per row); the completion-coupled ceiling has no drain to add."""
+    ds = Path(__file__).resolve().parents[1] / "results" / "ref-h200x1"
+    frame = frame_of(ds)
+    unfused = frame.loc["moe.over_unfused"]
+    setting = claim_answers.HOST_BASELINE_SETTING
+    assert unfused["verdict"] in VERDICTS - {verdicts.NOT_MEASURED}
+    assert unfused["ours_note"].startswith(setting) and setting in unfused["why"]
+    assert "f = 0.25" not in unfused["why"] and CELL_WITH_CI.match(unfused["ours"])
+    ceiling = frame.loc["moe.completion_coupled_ceiling"]
+    assert ceiling["verdict"] == verdicts.NOT_MEASURED
+    assert ceiling["why"].startswith(setting) and "no drain" in ceiling["why"]

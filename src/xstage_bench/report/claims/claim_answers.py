@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from xstage_bench.data import layout
+from xstage_bench.data import layout, storepath
 from xstage_bench.data.grid import LOCAL_CONTROL
 from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
 from xstage_bench.report import paper
@@ -47,6 +47,9 @@ class Answer:
     note: str
     cis: tuple[CI, ...] = ()
     no_ci: str = ""
+    # The MegaMoE setting its records are where it is not the claims' own (the baselines
+    # run at the host path's f = 0): the row's reason names this one.
+    setting: str = ""
 
     def __post_init__(self) -> None:
         if self.cis and len(self.cis) != len(self.values):
@@ -297,11 +300,33 @@ def _natural_ok(record: dict) -> bool:
     )
 
 
+# Where the baselines run on the host path (megamoe.points): its f = 0 control.
+HOST_BASELINE_SETTING = "host path, f = 0 (the local control, where the baselines run)"
+
+
+def _at_baselines(src: Sources, answer: Found) -> Found:
+    """`answer` (of records where the baselines run) saying so on the host path: its note
+    and its setting name the f = 0 control, not the claims' own host share."""
+    if src.path != storepath.HOST:
+        return answer
+    if isinstance(answer, NotMeasured):
+        return NotMeasured(f"{HOST_BASELINE_SETTING}: {answer.why}")
+    return replace(
+        answer, note=f"{HOST_BASELINE_SETTING}: {answer.note}", setting=HOST_BASELINE_SETTING
+    )
+
+
+def _baseline_records(src: Sources) -> list[dict]:
+    """The records where the baselines run (Sources.baselines; a Sources made by hand
+    without them: the claims' own records)."""
+    return (src.baselines if src.baselines is not None else src.megamoe)["records"]
+
+
 def _baseline_pairs(src: Sources) -> list[BaselinePair]:
     """Per configuration with an ok interleaved record of ours and an ok unfused one, in
     the records' order (the bootstrap resamples configurations by position)."""
     ours, unfused = {}, {}
-    for r in src.megamoe["records"]:
+    for r in _baseline_records(src):
         if not _natural_ok(r):
             continue
         point, key = r["point"], megamoe.megamoe_config_key(r["point"])
@@ -313,7 +338,7 @@ def _baseline_pairs(src: Sources) -> list[BaselinePair]:
 
 
 def _no_unfused(src: Sources) -> NotMeasured:
-    tried = [r for r in src.megamoe["records"] if r["point"].get("variant") == "unfused"]
+    tried = [r for r in _baseline_records(src) if r["point"].get("variant") == "unfused"]
     if not tried:
         return NotMeasured(f"{layout.MEGAMOE_RAW} has no unfused-baseline record")
     return NotMeasured(f"no ok unfused-baseline record ({_statuses(tried)})")
@@ -325,6 +350,10 @@ def _geomean_over_unfused(pairs: list[BaselinePair]) -> tuple[float, float, floa
 
 
 def over_unfused(src: Sources) -> Found:
+    return _at_baselines(src, _over_unfused(src))
+
+
+def _over_unfused(src: Sources) -> Found:
     if src.megamoe is None:
         return _missing(layout.MEGAMOE_RAW)
     pairs = _baseline_pairs(src)
@@ -347,6 +376,10 @@ def completion_coupled_ceiling(src: Sources) -> Found:
 
     CIs: the same bootstrap as the headlines, over configurations and each one's samples,
     with R held at its fitted value (its own CI is not carried into them)."""
+    return _at_baselines(src, _completion_coupled_ceiling(src))
+
+
+def _completion_coupled_ceiling(src: Sources) -> Found:
     if src.megamoe is None:
         return _missing(layout.MEGAMOE_RAW)
     if (missing := _no_model(src)) is not None:
@@ -360,6 +393,11 @@ def completion_coupled_ceiling(src: Sources) -> Found:
     pairs = [p for p in pairs if p.remote_bytes is not None]
     if not pairs:
         return NotMeasured("our records carry no nvlink_bytes (remote combine bytes)")
+    if not any(p.remote_bytes for p in pairs):
+        return NotMeasured(
+            "no combine row leaves the GPU where the baselines run, so there is no drain "
+            "for the completion-coupled model to add"
+        )
     coupled, drains = [], []
     for p in pairs:
         unfused, ours = p.samples()

@@ -28,6 +28,9 @@ class Sources:
     attention: dict | None
     path: str = storepath.PEER
     settings: dict = field(default_factory=dict)
+    # MegaMoE records where the baselines run (claims_baseline_records): what the claims
+    # on a baseline (over unfused, the completion-coupled ceiling) pair ours with.
+    baselines: dict | None = None
 
     @classmethod
     def load(cls, dataset_dir: Path, path: str | None = None) -> Sources:
@@ -64,12 +67,14 @@ class Sources:
             model = None
         settings: dict = {}
         megamoe_doc = _with_records(self.megamoe, claims_moe_records, path, settings)
+        baselines = _with_records(self.megamoe, claims_baseline_records, path, settings)
         trace = _with_records(self.trace, _on, path, {})
         attention_doc = _with_records(self.attention, claims_attention_records, path, settings)
         return replace(
             self,
             model=model,
             megamoe=megamoe_doc,
+            baselines=baselines,
             trace=trace,
             attention=attention_doc,
             path=path,
@@ -137,6 +142,20 @@ def claims_moe_records(records: list[dict], path: str, settings: dict) -> list[d
         {**r, "point": {k: v for k, v in r["point"].items() if k != "remote_fraction"}}
         for r in mine
         if float(r["point"].get("remote_fraction", -1)) == share
+    ]
+
+
+def claims_baseline_records(records: list[dict], path: str, settings: dict) -> list[dict]:
+    """The MegaMoE records where the baselines run (megamoe.points): on the peer path the
+    claims' own records; on the host path its f = 0 control (nothing goes to the host
+    there, the problem a baseline computes), presented as natural routing."""
+    mine = [r for r in _on(records, path, settings) if not r["point"].get("lead_sweep")]
+    if path != storepath.HOST:
+        return mine
+    return [
+        {**r, "point": {k: v for k, v in r["point"].items() if k != "remote_fraction"}}
+        for r in mine
+        if float(r["point"].get("remote_fraction", -1)) == 0.0
     ]
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -338,6 +338,8 @@ def judge(claim: Claim, found: Found, setting: Setting) -> Verdict:
     rule = criterion(claim)
     if isinstance(found, NotMeasured):
         return Verdict(NOT_MEASURED, found.why, rule.text)
+    if found.setting:  # its records are at another setting than the claims' own
+        setting = replace(setting, settings={**setting.settings, "megamoe": found.setting})
     if not np.all(np.isfinite(found.values)):
         return Verdict(NOT_MEASURED, "the computed value is not finite", rule.text)
     head = f"{found.text} vs {claim.paper_text()} {claim.unit}"
