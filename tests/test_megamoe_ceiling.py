@@ -52,3 +52,23 @@ def test_the_ceiling_on_a_machine_without_a_gpu_is_recorded_unsupported():
     record = GemmCeiling(SimpleNamespace(cuda=False, sampler=None)).measure(point)
     assert record["status"] == "unsupported"
     assert "cuBLAS on a GPU" in record["error"]
+
+
+def test_the_baselines_are_compared_where_they_run():
+    """One GPU: the baselines run at the host path's f = 0 control, so ours is compared
+    with them there (natural routing on the peer path), never at a host share."""
+    import pandas as pd
+
+    from xstage_bench.report.analysis import megamoe
+
+    frame = pd.DataFrame(
+        {
+            "path": ["host", "host", "peer", "peer"],
+            "remote_fraction": ["0", "0.25", "natural", "0.875"],
+        }
+    )
+    kept = megamoe.at_baseline_setting(frame)
+    assert kept.to_dict("records") == [
+        {"path": "host", "remote_fraction": "0"},
+        {"path": "peer", "remote_fraction": "natural"},
+    ]

@@ -159,6 +159,17 @@ def natural_routing(speedups: pd.DataFrame) -> pd.DataFrame:
     return speedups[speedups["remote_fraction"] == NATURAL]
 
 
+def at_baseline_setting(frame: pd.DataFrame) -> pd.DataFrame:
+    """The configurations where the baselines run (megamoe.points): natural routing, and
+    on the host path its f = 0 control (nothing goes to the host there, the problem a
+    baseline computes)."""
+    if "remote_fraction" not in frame.columns:
+        return frame
+    natural = frame["remote_fraction"] == NATURAL
+    control = (frame["path"] == storepath.HOST) & (frame["remote_fraction"] == fraction_label(0))
+    return frame[natural | control]
+
+
 def headline_sets(speedups: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     """(path, what, configurations) of each headline: per path, natural routing where the
     path has it (the paper's setting), else one headline per share f (the host path: f = 0

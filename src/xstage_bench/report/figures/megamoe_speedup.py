@@ -42,7 +42,7 @@ def plot(dataset_dir: Path) -> Figure:
     paths = megamoe.ordered_paths(every_fraction["path"])
     shapes = sorted(every_fraction["shape"].unique())
     palette = dict(zip(shapes, sns.color_palette("tab10", len(shapes)), strict=True))
-    baselines = megamoe.natural_routing(megamoe_baselines.megamoe_baselines(doc))
+    baselines = megamoe.at_baseline_setting(megamoe_baselines.megamoe_baselines(doc))
 
     # One bars row per headline set, one groups row per path, one baselines row per path
     # that has baselines.

@@ -394,7 +394,7 @@ def build(dataset_dir: Path) -> Table:
         notes.append(layer_over_kernel_note())
     per_config = per_configuration(speedups, others)
     sections.append(("Per configuration: speedups with CIs and verdicts", per_config))
-    baselines = megamoe.natural_routing(megamoe_baselines.megamoe_baselines(doc))
+    baselines = megamoe.at_baseline_setting(megamoe_baselines.megamoe_baselines(doc))
     if not baselines.empty:
         flashinfer = megamoe_baselines.has_records(doc, "flashinfer")
         sections += [
