@@ -33,6 +33,14 @@ def _ci(value: float, low: float, high: float, digits: int = 3) -> str:
     return f"{value:.{digits}f} (95% CI {low:.{digits}f}-{high:.{digits}f})"
 
 
+def _spread(row) -> str:
+    """'geomean G (95% CI ..), median M, min m, max X' of a tab-megamoe summary row."""
+    return (
+        f"geomean {_ci(row.geomean, row.geomean_ci_low, row.geomean_ci_high)}, median "
+        f"{row['median']:.3f}, min {row['min']:.3f}, max {row['max']:.3f}"
+    )
+
+
 def _raw_docs(ds: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in layout.raw_files(ds)]
 
@@ -81,11 +89,9 @@ def megamoe_lines(ds: Path) -> list[str]:
     rows = table[(table["group"] == "overall") & (table["metric"] == "kernel time")]
     lines = []
     for _, row in rows.iterrows():
-        geomean = _ci(row.geomean, row.geomean_ci_low, row.geomean_ci_high)
         lines.append(
             f"- MegaMoE, {row['path']} path, {row['value']}, interleaved over expert-wave (kernel "
-            f"time, {row['n']} configurations): geomean {geomean}, "
-            f"median {row['median']:.3f}, min {row['min']:.3f}, max {row['max']:.3f}; interleaved "
+            f"time, {row['n']} configurations): {_spread(row)}; interleaved "
             f"faster {row.wins}, slower {row.losses}, tie {row.ties}; {row.throttled} throttled."
         )
     lines += other_schedule_lines(table)
@@ -133,12 +139,8 @@ def other_schedule_lines(table: pd.DataFrame) -> list[str]:
             them = head[(head["path"] == row["path"]) & (head["value"] == row["value"])].iloc[0]
             lines.append(
                 f"- MegaMoE, {row['path']} path, {row['value']}, {label} over expert waves "
-                f"(kernel time, {row['n']} configurations): geomean "
-                f"{_ci(row.geomean, row.geomean_ci_low, row.geomean_ci_high)}, median "
-                f"{row['median']:.3f}, min {row['min']:.3f}, max {row['max']:.3f}; {ours} (ours) "
-                f"over {label} ({them['n']} configurations): geomean "
-                f"{_ci(them.geomean, them.geomean_ci_low, them.geomean_ci_high)}, median "
-                f"{them['median']:.3f}, min {them['min']:.3f}, max {them['max']:.3f}; ours faster "
+                f"(kernel time, {row['n']} configurations): {_spread(row)}; {ours} (ours) "
+                f"over {label} ({them['n']} configurations): {_spread(them)}; ours faster "
                 f"{them.wins}, slower {them.losses}, tie {them.ties}."
             )
     return lines

@@ -6,6 +6,7 @@ largest P held). claim_answers' answer functions read these Sources.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -127,6 +128,15 @@ def claims_host_share(records: list[dict]) -> float | None:
     return min(shares) if shares else None
 
 
+def as_natural(records: Iterable[dict]) -> list[dict]:
+    """Records of one remote fraction presented as the natural-routing sweep they stand in
+    for (their remote_fraction left out; the caller names the setting)."""
+    return [
+        {**r, "point": {k: v for k, v in r["point"].items() if k != "remote_fraction"}}
+        for r in records
+    ]
+
+
 def claims_moe_records(records: list[dict], path: str, settings: dict) -> list[dict]:
     """The MegaMoE records the claims read on `path`, the lead map left out. On the host
     path: the records at `claims_host_share`, presented as the natural-routing sweep the
@@ -138,11 +148,7 @@ def claims_moe_records(records: list[dict], path: str, settings: dict) -> list[d
     if share is None:
         return []
     settings["megamoe"] = f"host path, f = {share:g} of the combine rows to host memory"
-    return [
-        {**r, "point": {k: v for k, v in r["point"].items() if k != "remote_fraction"}}
-        for r in mine
-        if float(r["point"].get("remote_fraction", -1)) == share
-    ]
+    return as_natural(r for r in mine if float(r["point"].get("remote_fraction", -1)) == share)
 
 
 def claims_baseline_records(records: list[dict], path: str, settings: dict) -> list[dict]:
@@ -152,11 +158,7 @@ def claims_baseline_records(records: list[dict], path: str, settings: dict) -> l
     mine = [r for r in _on(records, path, settings) if not r["point"].get("lead_sweep")]
     if path != storepath.HOST:
         return mine
-    return [
-        {**r, "point": {k: v for k, v in r["point"].items() if k != "remote_fraction"}}
-        for r in mine
-        if float(r["point"].get("remote_fraction", -1)) == 0.0
-    ]
+    return as_natural(r for r in mine if float(r["point"].get("remote_fraction", -1)) == 0.0)
 
 
 def attention_ranks(point: dict) -> int:

@@ -26,7 +26,7 @@ from xstage_bench.report.analysis import load, megamoe_emulated
 from xstage_bench.report.analysis.speedup_ci import headline_ci
 from xstage_bench.report.claims import claim_answers
 from xstage_bench.report.claims.claim_answers import AnswerFn
-from xstage_bench.report.claims.claim_sources import Sources
+from xstage_bench.report.claims.claim_sources import Sources, as_natural
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,13 @@ def rehomed(fraction: float) -> Callable[[Path], Sources | None]:
         doc = load.optional_raw_doc(dataset_dir, layout.MEGAMOE_RAW)
         if doc is None:
             return None
-        records = [
-            {**r, "point": {k: v for k, v in r["point"].items() if k != "remote_fraction"}}
+        records = as_natural(
+            r
             for r in doc["records"]
             if r["point"].get("remote_fraction") == fraction
             and storepath.point_path(r["point"]) == storepath.PEER
             and not r["point"].get("lead_sweep")
-        ]
+        )
         if not records:
             return None
         bare = Sources(dataset_dir, None, None, None, None)

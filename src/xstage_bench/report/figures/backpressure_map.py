@@ -14,7 +14,6 @@ not drawn.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -87,21 +86,6 @@ def _no_T0_reason(model: dict, path: str) -> str | None:
     return None
 
 
-def _no_data(ax, far: str, reason: str) -> None:
-    ax.text(
-        0.5,
-        0.5,
-        textwrap.fill(f"no data: {reason}", 120),
-        ha="center",
-        va="center",
-        fontsize=common.NOTE_FONT,
-        transform=ax.transAxes,
-    )
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.set_title(f"{far}: issue overhead t_iss - T0", fontsize=common.PANEL_TITLE_FONT)
-
-
 def plot(dataset_dir: Path) -> Figure:
     study, doc = _study(dataset_dir)
     model = load.model_doc(dataset_dir)
@@ -151,7 +135,8 @@ def plot(dataset_dir: Path) -> Figure:
     for path, K in rows:
         far = storepath.far_end(path)
         if K is None:
-            _no_data(next(panel), far, unfitted[path])
+            title = f"{far}: issue overhead t_iss - T0"
+            common.no_data_panel(next(panel), title, unfitted[path], 120)
             continue
         fit = fits[path]
         R = fitted.drain_rate(fit)

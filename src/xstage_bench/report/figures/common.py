@@ -166,6 +166,23 @@ def save_figure(fig: Figure, out: Path) -> None:
     plt.close(fig)
 
 
+def no_data_panel(ax, title: str, reason: str, width_chars: int) -> None:
+    """A panel that says "no data" and why, in place of a plot (a path whose fit has
+    nothing to draw), with the title the plotted panel would have."""
+    ax.text(
+        0.5,
+        0.5,
+        textwrap.fill(f"no data: {reason}", width_chars),
+        ha="center",
+        va="center",
+        fontsize=NOTE_FONT,
+        transform=ax.transAxes,
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=PANEL_TITLE_FONT)
+
+
 def byte_ticks(axis: Axis, values: np.ndarray) -> None:
     """Ticks at the measured sizes, labelled '256 KiB', '4 MiB' (log axes in bytes)."""
     labelled: dict[str, float] = {}

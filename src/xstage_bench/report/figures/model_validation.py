@@ -14,7 +14,6 @@ gives each with its detail.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -172,21 +171,6 @@ def _no_data_reason(model: dict, val: pd.DataFrame) -> str | None:
     return None
 
 
-def _no_data(ax, far: str, reason: str) -> None:
-    ax.text(
-        0.5,
-        0.5,
-        textwrap.fill(f"no data: {reason}", 40),
-        ha="center",
-        va="center",
-        fontsize=common.NOTE_FONT,
-        transform=ax.transAxes,
-    )
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.set_title(f"{far}: predicted vs measured", fontsize=common.PANEL_TITLE_FONT)
-
-
 def plot(dataset_dir: Path) -> Figure:
     model = load.model_doc(dataset_dir)
     paths = fitted.paths(model)
@@ -200,7 +184,8 @@ def plot(dataset_dir: Path) -> Figure:
     for row_axes, path in zip(axes, paths, strict=True):
         far = storepath.far_end(path)
         if why[path] is not None:  # one panel says why; the row's others stay empty
-            _no_data(row_axes[0], far, why[path])
+            title = f"{far}: predicted vs measured"
+            common.no_data_panel(row_axes[0], title, why[path], 40)
             for ax in row_axes[1:]:
                 ax.set_axis_off()
             continue
