@@ -203,3 +203,39 @@ def test_a_kernel_change_at_one_precision_makes_only_its_points_of_our_kernel_st
     # Nothing changed, or something besides the kernel: no refresh (a full rerun).
     assert kernel_refresh(config, config) is None
     assert kernel_refresh(changed, {**config, "world_size": 4}) is None
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+def test_a_warpgroup_of_padding_rows_releases_its_slots_without_an_mma(precision):
+    """The padding skip adds a path with no MMA: the same wgmma instructions, and more slot
+    waits and releases (the skip's own loop) than the build that computes every half."""
+    call = "kernels.compile_for_sm90(precision={!r}, skip_padding={})"
+    counts = {"try_wait": r"mbarrier\.try_wait", **PATTERNS}
+    skip = sm90.compiled("megamoe_ws", call.format(precision, True), counts)
+    full = sm90.compiled("megamoe_ws", call.format(precision, False), counts)
+    assert skip["wgmma"] == full["wgmma"] > 0
+    assert skip["mbarrier_arrive"] > full["mbarrier_arrive"]
+    assert skip["try_wait"] > full["try_wait"]
+
+
+@needs_triton
+def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(monkeypatch):
+    """What a launch reads is what the raw config records (kernel.ran), so a rerun after the
+    skip is turned on or off re-measures our kernel's points of both FP8 precisions."""
+    from xstage_bench.megamoe.runner import kernel_refresh, kernels_that_ran
+    from xstage_kernels import megamoe, megamoe_ws
+
+    monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
+    assert megamoe_ws.launch_options() == {"padding_halves": "skipped"}
+    skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
+    monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)
+    assert megamoe_ws.launch_options() == {"padding_halves": "computed"}
+    computed = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
+    for precision in ("w8a8", "w4a8"):
+        assert computed["kernel"]["ran"][precision]["padding_halves"] == "computed"
+        assert skipped["kernel"]["ran"][precision]["padding_halves"] == "skipped"
+    refresh = kernel_refresh(computed, skipped)
+    assert refresh is not None and "w4a8, w8a8" in refresh.reason
+    assert refresh.stale({"precision": "w8a8"}) and refresh.stale({"precision": "w4a8"})
+    assert not refresh.stale({"precision": "w8a8", "variant": "gemm_ceiling"})

@@ -98,6 +98,11 @@ W4_REGS = (208, 32, 32, 24)
 W4_MAX_REGS = 96
 W4_WORKER_WARPS = (4, 4, 4, 1)
 PAD_DST = -(2**62)  # as megamoe.PAD_DST
+# A math warpgroup whose 64 rows of a tile are all padding skips its MMAs and epilogue
+# (an expert with at most 64 rows fills half a block: at 1024 tokens, every shape but
+# DiT-MoE). Read at each launch, so kernel_ab.py can time both builds in one run.
+SKIP_PADDING_HALVES = True
+LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES",)  # module constants a launch reads (kernel_ab.py)
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -152,9 +157,10 @@ class Shared:
     TRACE: gl.constexpr
     W4: gl.constexpr
     STAGES: gl.constexpr
+    SKIP_PADDING: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES):
+    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, SKIP_PADDING):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs
         self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
@@ -174,6 +180,7 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
+        self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
 
 
 @gluon.jit
@@ -300,6 +307,19 @@ def _mma_steps(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout:
 
 
 @gluon.jit
+def _skip_steps(p, it, k_steps):
+    """Release k_steps ring slots without an MMA: this warpgroup's rows are all padding.
+    Each slot is waited for first, so the release counts toward that slot's current fill
+    (running ahead would release a later fill before the other warpgroup read this one)."""
+    for _ in range(k_steps):
+        s = it % p.STAGES
+        mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
+        mbarrier.arrive(p.empty.index(s), count=1)
+        it += 1
+    return it
+
+
+@gluon.jit
 def _issue_mma(p, s, zero, WG: gl.constexpr):
     """Slot s's asynchronous MMA for this warpgroup's rows (W4A8: the two halves, chained)."""
     if p.W4:
@@ -381,13 +401,6 @@ def _math(p, WG: gl.constexpr):
     # Row-major layouts for the epilogue: 16-byte stores of FP8 (h) and bf16 (out) rows.
     h_store: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     out_store: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    rows_acc = gl.arange(0, _HALF, layout=gl.SliceLayout(1, acc_layout))
-    rows_h = gl.arange(0, _HALF, layout=gl.SliceLayout(1, h_store))
-    cols_h = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, h_store))
-    rows_o = gl.arange(0, _HALF, layout=gl.SliceLayout(1, out_store))
-    cols_o = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, out_store))
-    H = p.H
-    I = p.I  # noqa: E741
     it = 0
     j = 0
     running = True
@@ -402,67 +415,95 @@ def _math(p, WG: gl.constexpr):
             nb = gl.load(p.tiles_ptr + idx * 4 + 3)
             row0 = blk.to(gl.int64) * _BLOCK + WG * _HALF
             base = p.trace_ptr + idx.to(gl.int64) * 6
+            # An expert's rows fill its blocks from the start (routing.dispatch_plan), so a
+            # half whose first row is padding holds no row at all: its warpgroup releases
+            # the slots without an MMA (one H200: see SKIP_PADDING_HALVES).
+            live = True
+            if p.SKIP_PADDING:
+                live = gl.load(p.row_dst_ptr + row0) != _PAD_DST
             if kind == 0:
-                s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
-                a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
-                gate, it = _mma_steps(
-                    p, it, a_scales, s_rows + nb * (H // _BLOCK), H // _BLOCK, WG, acc_layout
-                )
-                up, it = _mma_steps(
-                    p,
-                    it,
-                    a_scales,
-                    s_rows + (I // _BLOCK + nb) * (H // _BLOCK),
-                    H // _BLOCK,
-                    WG,
-                    acc_layout,
-                )
-                if p.TRACE:
-                    gl.atomic_max(base + 3, _now())
-                # SwiGLU and the row's FP8 scale, with one division per element and per row
-                # (the tensor cores idle while both warpgroups run this epilogue).
-                h = gl.fdiv(gate * up, 1.0 + gl.exp(-gate))
-                amax = gl.maximum(gl.max(gl.abs(h), axis=1), _AMAX_FLOOR)
-                scale = amax / _FP8_MAX
-                q = gl.convert_layout((h * (_FP8_MAX / amax)[:, None]).to(gl.float8e4nv), h_store)
-                if p.TRACE and WG == 0:
-                    gl.store(base + 4, _now())
-                rows = row0 + rows_h
-                gl.store(p.h_ptr + rows[:, None] * I + (nb * _BLOCK + cols_h)[None, :], q)
-                gl.store(p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK) + nb, scale)
+                if live:
+                    it = _linear1_rows(p, it, e, nb, row0, base, WG, acc_layout, h_store)
+                else:
+                    it = _skip_steps(p, it, 2 * (p.H // _BLOCK))
                 _fence_proxy_async()
                 # Every warp of this warpgroup stored its rows before one thread releases them.
                 gl.thread_barrier()
                 gl.atomic_add(p.sync_ptr + 2 + blk, 1, sem="release")
-                if p.TRACE:
-                    gl.atomic_max(base + 5, _now())
             else:
-                acc, it = _mma_steps(
-                    p,
-                    it,
-                    p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK),
-                    p.s2_ptr + (e * (H // _BLOCK) + nb) * (I // _BLOCK),
-                    I // _BLOCK,
-                    WG,
-                    acc_layout,
-                )
-                if p.TRACE:
-                    gl.atomic_max(base + 3, _now())
-                # Combine push: row r goes to out_ptr + row_dst[r] (its home rank's slot).
-                y = gl.convert_layout(acc.to(gl.bfloat16), out_store)
-                dst = gl.load(p.row_dst_ptr + row0 + rows_o)
-                valid = dst != _PAD_DST
-                dst = gl.multiple_of(gl.where(valid, dst, 0), 8)  # 16-byte aligned rows
-                if p.TRACE and WG == 0:
-                    gl.store(base + 4, _now())
-                gl.store(
-                    p.out_ptr + dst[:, None] + (nb * _BLOCK + cols_o)[None, :],
-                    y,
-                    mask=valid[:, None],
-                )
+                if live:
+                    it = _linear2_rows(p, it, e, nb, row0, base, WG, acc_layout, out_store)
+                else:
+                    it = _skip_steps(p, it, p.I // _BLOCK)
                 if p.TRACE:
                     gl.thread_barrier()
-                    gl.atomic_max(base + 5, _now())
+            if p.TRACE:
+                gl.atomic_max(base + 5, _now())
+
+
+@gluon.jit
+def _linear1_rows(
+    p, it, e, nb, row0, base, WG: gl.constexpr, acc_layout: gl.constexpr, h_store: gl.constexpr
+):
+    """This warpgroup's 64 rows of a Linear-1 tile: gate and up over the ring, SwiGLU, and
+    the rows quantized into the intermediate (one FP8 scale per row and 128 channels)."""
+    H = p.H
+    I = p.I  # noqa: E741
+    rows_acc = gl.arange(0, _HALF, layout=gl.SliceLayout(1, acc_layout))
+    rows_h = gl.arange(0, _HALF, layout=gl.SliceLayout(1, h_store))
+    cols_h = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, h_store))
+    s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
+    a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
+    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * (H // _BLOCK), H // _BLOCK, WG, acc_layout)
+    up, it = _mma_steps(
+        p, it, a_scales, s_rows + (I // _BLOCK + nb) * (H // _BLOCK), H // _BLOCK, WG, acc_layout
+    )
+    if p.TRACE:
+        gl.atomic_max(base + 3, _now())
+    # SwiGLU and the row's FP8 scale, with one division per element and per row
+    # (the tensor cores idle while both warpgroups run this epilogue).
+    h = gl.fdiv(gate * up, 1.0 + gl.exp(-gate))
+    amax = gl.maximum(gl.max(gl.abs(h), axis=1), _AMAX_FLOOR)
+    scale = amax / _FP8_MAX
+    q = gl.convert_layout((h * (_FP8_MAX / amax)[:, None]).to(gl.float8e4nv), h_store)
+    if p.TRACE and WG == 0:
+        gl.store(base + 4, _now())
+    rows = row0 + rows_h
+    gl.store(p.h_ptr + rows[:, None] * I + (nb * _BLOCK + cols_h)[None, :], q)
+    gl.store(p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK) + nb, scale)
+    return it
+
+
+@gluon.jit
+def _linear2_rows(
+    p, it, e, nb, row0, base, WG: gl.constexpr, acc_layout: gl.constexpr, out_store: gl.constexpr
+):
+    """This warpgroup's 64 rows of a Linear-2 tile, each stored straight into its home
+    rank's combine buffer (out_ptr + row_dst[r]: the combine push)."""
+    H = p.H
+    I = p.I  # noqa: E741
+    rows_acc = gl.arange(0, _HALF, layout=gl.SliceLayout(1, acc_layout))
+    rows_o = gl.arange(0, _HALF, layout=gl.SliceLayout(1, out_store))
+    cols_o = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, out_store))
+    acc, it = _mma_steps(
+        p,
+        it,
+        p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK),
+        p.s2_ptr + (e * (H // _BLOCK) + nb) * (I // _BLOCK),
+        I // _BLOCK,
+        WG,
+        acc_layout,
+    )
+    if p.TRACE:
+        gl.atomic_max(base + 3, _now())
+    y = gl.convert_layout(acc.to(gl.bfloat16), out_store)
+    dst = gl.load(p.row_dst_ptr + row0 + rows_o)
+    valid = dst != _PAD_DST
+    dst = gl.multiple_of(gl.where(valid, dst, 0), 8)  # 16-byte aligned rows
+    if p.TRACE and WG == 0:
+        gl.store(base + 4, _now())
+    gl.store(p.out_ptr + dst[:, None] + (nb * _BLOCK + cols_o)[None, :], y, mask=valid[:, None])
+    return it
 
 
 @gluon.jit
@@ -487,6 +528,7 @@ def _fused_moe_ws(
     max_spin,
     TRACE: gl.constexpr,
     W4: gl.constexpr,
+    SKIP_PADDING: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -537,6 +579,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
+        SKIP_PADDING,
     )
     if W4:
         gl.warp_specialize(
@@ -615,9 +658,16 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         *args(trace=trace if trace is not None else kw["row_dst"], **kw),
         TRACE=trace is not None,
         W4=_is_w4(precision),
+        SKIP_PADDING=SKIP_PADDING_HALVES,
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
+
+
+def launch_options() -> dict:
+    """The launch constants in force (LAUNCH_OPTIONS), as a raw file's kernel record names
+    them: what ran, and what changes our kernel's records when it changes."""
+    return {"padding_halves": "skipped" if SKIP_PADDING_HALVES else "computed"}
 
 
 def max_regs(precision: str) -> int:
@@ -635,7 +685,7 @@ def stages(precision: str) -> int:
     return W4_STAGES if _is_w4(precision) else STAGES
 
 
-def compile_for_sm90(trace: bool = False, precision: str = "w8a8"):
+def compile_for_sm90(trace: bool = False, precision: str = "w8a8", skip_padding: bool = True):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
     from triton.backends.compiler import GPUTarget
@@ -668,10 +718,14 @@ def compile_for_sm90(trace: bool = False, precision: str = "w8a8"):
         max_spin=2,
     )
     names = list(_fused_moe_ws.arg_names)
-    # The values stop before the trailing constexprs, TRACE and W4.
+    # The values stop before the trailing constexprs.
     signature = {name: mangle_type(v) for name, v in zip(names, values, strict=False)}
-    signature["TRACE"] = signature["W4"] = "constexpr"
-    constants = {(names.index("TRACE"),): trace, (names.index("W4"),): w4}
+    signature["TRACE"] = signature["W4"] = signature["SKIP_PADDING"] = "constexpr"
+    constants = {
+        (names.index("TRACE"),): trace,
+        (names.index("W4"),): w4,
+        (names.index("SKIP_PADDING"),): skip_padding,
+    }
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
         i for i, v in enumerate(values) if isinstance(v, torch.Tensor) or names[i] in ("H", "I")

@@ -1,0 +1,193 @@
+"""A/B of our MegaMoE kernel's launch options: the evidence behind a kernel change.
+
+    python -m xstage_bench.megamoe.kernel_ab --config config/reference-h200x1.yaml \
+        --dataset ab --shapes deepseek-v4-flash --tokens 1024,4096 \
+        --option SKIP_PADDING_HALVES=0,1 --out ab.json
+
+Each configuration of the grid (restricted by the runner's options; expert waves, every
+combine row local: the host path's f = 0, the peer path's natural routing) runs once per
+value of the option. Each value's build is checked first (outputs poisoned, one layer,
+the sampled tokens against the reference: MoEMeasurer.check), and the builds that pass
+are timed together in paired rounds (timing.measure_paired), so the ratio of each value
+over the first is over samples of one run, interleaved in time, with its paired 95% CI.
+A build that fails its check is reported and not timed.
+
+An option is one of the launch constants of xstage_kernels.megamoe_ws (LAUNCH_OPTIONS),
+set before each launch. The JSON written is a kernel's development record, not a raw
+file of a dataset: it carries the environment block and every sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from xstage_bench.data import grid, stats
+from xstage_bench.data.results import atomic_write_text
+from xstage_bench.measurement import timing
+from xstage_bench.measurement.environment import capture_measured
+from xstage_bench.megamoe import schedule
+from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
+from xstage_bench.megamoe.runner import default_devices, measured_paths
+
+
+def parse_option(text: str) -> tuple[str, list[int]]:
+    """'NAME=v1,v2,...' -> (NAME, [v1, v2, ...]): a launch constant of megamoe_ws and the
+    integer values to compare (the first is the baseline of every ratio)."""
+    from xstage_kernels import megamoe_ws
+
+    name, sep, values = text.partition("=")
+    if not sep or not values:
+        raise ValueError(f"--option {text!r}: expected NAME=v1,v2 (e.g. SKIP_PADDING_HALVES=0,1)")
+    if name not in megamoe_ws.LAUNCH_OPTIONS:
+        raise ValueError(
+            f"--option {name!r} is not a launch option of megamoe_ws; known: "
+            f"{', '.join(megamoe_ws.LAUNCH_OPTIONS)}"
+        )
+    try:
+        parsed = [int(v) for v in values.split(",")]
+    except ValueError:
+        raise ValueError(f"--option {text!r}: values must be integers") from None
+    if len(parsed) < 2 or len(set(parsed)) != len(parsed):
+        raise ValueError(f"--option {text!r}: give at least two different values")
+    return name, parsed
+
+
+def local_configs(moe: dict, world_size: int, paths: Sequence[str]) -> list[dict]:
+    """The grid's configurations with every combine row local, as expert-wave points."""
+    configs = grid.megamoe_points({**moe, "remote_fractions": [grid.NATURAL]}, world_size, paths)
+    return [{**c, "schedule": schedule.WAVE, "id": f"{c['id']}/{schedule.WAVE}"} for c in configs]
+
+
+def padding_halves(prob) -> float:
+    """Share of the rank 0 blocks whose second half (rows 64..127) is all padding."""
+    rows = prob.ranks[0].plan.block_rows
+    return float((rows <= 64).mean()) if len(rows) else 0.0
+
+
+def compare(measurer, point: dict, option: str, values: list[int]) -> dict:
+    """One configuration: every value checked, those that pass timed in paired rounds."""
+    from xstage_kernels import megamoe_ws
+
+    prob = measurer.problem(point)
+    key = prob.arm(point)
+    checks = {}
+    for v in values:
+        setattr(megamoe_ws, option, v)
+        error, facts = measurer.check(point)
+        checks[v] = {"error": error, **facts}
+    passed = [v for v in values if checks[v]["error"] is None]
+    events: dict[int, list] = {v: [] for v in passed}
+
+    def timer(v: int):
+        def run():
+            setattr(megamoe_ws, option, v)
+            prob.forward(key, kernel_events=events[v], flushers=measurer.flushers)
+
+        if measurer.cuda:
+            return timing.cuda_event_timer(
+                run, device=measurer.devices[0].index, flush_l2=measurer.policy.flush_l2
+            )
+        return timing.host_timer(run)
+
+    samples = (
+        timing.measure_paired({v: timer(v) for v in passed}, measurer.policy) if passed else {}
+    )
+    arms = {}
+    for v in passed:
+        kernel_us = [
+            max(start.elapsed_time(end) * 1000.0 for start, end in ranks)
+            for ranks in events[v][-len(samples[v]) :]
+        ]
+        arms[v] = {"time_us": list(samples[v]), "kernel_us": kernel_us}
+    ratios = [
+        {
+            "value": v,
+            "over": passed[0],
+            **{
+                metric: stats.ratio_ci(arms[v][metric], arms[passed[0]][metric], paired=True)
+                for metric in ("time_us", "kernel_us")
+            },
+        }
+        for v in passed[1:]
+    ]
+    return {
+        "id": point["id"],
+        "point": point,
+        "padding_halves": padding_halves(prob),
+        "useful_flops_per_gpu": prob.useful_flops() / len(measurer.devices),
+        "checks": {str(v): c for v, c in checks.items()},
+        "arms": {str(v): a for v, a in arms.items()},
+        "ratios": ratios,
+    }
+
+
+def summary_line(result: dict) -> str:
+    """'<id> pad=<share> v=<kernel_us> ... ratio [CI]' for one configuration."""
+    parts = [f"{result['id']} pad={result['padding_halves']:.2f}"]
+    for v, arm in result["arms"].items():
+        kernel_us = statistics.median(arm["kernel_us"])
+        tflops = result["useful_flops_per_gpu"] / (kernel_us * 1e6)
+        parts.append(f"{v}: {kernel_us:.1f} us {tflops:.0f} TF/s")
+    for r in result["ratios"]:
+        k = r["kernel_us"]
+        parts.append(
+            f"{r['value']}/{r['over']} {k['ratio']:.3f} [{k['ci_low']:.3f}-{k['ci_high']:.3f}]"
+        )
+    failed = [f"{v} {c['error']}" for v, c in result["checks"].items() if c["error"]]
+    return "  ".join(parts + [f"FAILED {f}" for f in failed])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_grid_arguments(parser)
+    parser.add_argument("--option", required=True, help="NAME=v1,v2 (megamoe_ws.LAUNCH_OPTIONS)")
+    parser.add_argument("--out", required=True, type=Path, help="JSON to write")
+    parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: two ranks under the Triton interpreter (TRITON_INTERPRET=1), which run "
+        "the tl kernel: a test of this tool, not of the option",
+    )
+    args = parser.parse_args(argv)
+    device_type = args.device
+    try:
+        config, moe = selected_grid(args)
+        option, values = parse_option(args.option)
+    except ValueError as e:
+        parser.error(str(e))
+    from xstage_bench.megamoe.ours.measurer import MoEMeasurer
+    from xstage_kernels import megamoe_ws
+
+    devices = default_devices(config, args.world_size, device_type)
+    policy = timing.TimingPolicy.from_config(config["timing"])
+    measurer = MoEMeasurer(moe, policy, devices, check_tokens=args.check_tokens)
+    kept = getattr(megamoe_ws, option)
+    doc = {
+        "what": "kernel A/B (xstage_bench.megamoe.kernel_ab): development numbers, not a dataset",
+        "option": option,
+        "values": values,
+        "environment": capture_measured(device_type),
+        "results": [],
+    }
+    points = local_configs(moe, len(devices), measured_paths(config, len(devices)))
+    try:
+        for n, point in enumerate(points, 1):
+            result = compare(measurer, point, option, values)
+            doc["results"].append(result)
+            atomic_write_text(args.out, json.dumps(doc, indent=1))
+            print(f"[{n}/{len(points)}] {summary_line(result)}", flush=True)
+    finally:
+        setattr(megamoe_ws, option, kept)
+        measurer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

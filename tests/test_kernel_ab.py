@@ -1,0 +1,88 @@
+"""The kernel A/B tool (xstage_bench.megamoe.kernel_ab) without a GPU: its option parsing
+names what is wrong, and a run under the Triton interpreter checks every value before it
+times them in paired rounds and writes each ratio with its CI. The interpreter runs the
+tl kernel, which reads no launch option: this pins the tool, not an option's effect."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HAVE_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
+needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="torch and triton not installed")
+ROOT = Path(__file__).parents[1]
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("SKIP_PADDING_HALVES", "expected NAME=v1,v2"),
+        ("STAGES=4,6", "not a launch option"),
+        ("SKIP_PADDING_HALVES=yes,no", "must be integers"),
+        ("SKIP_PADDING_HALVES=1", "at least two different values"),
+        ("SKIP_PADDING_HALVES=1,1", "at least two different values"),
+    ],
+)
+def test_a_bad_option_is_named(text, message):
+    from xstage_bench.megamoe.kernel_ab import parse_option
+
+    with pytest.raises(ValueError, match=message):
+        parse_option(text)
+    assert parse_option("SKIP_PADDING_HALVES=0,1") == ("SKIP_PADDING_HALVES", [0, 1])
+
+
+@needs_triton
+def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
+    out = tmp_path / "ab.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "xstage_bench.megamoe.kernel_ab",
+            "--config",
+            "config/ci-measure.yaml",
+            "--dataset",
+            "ab-test",
+            "--device",
+            "cpu",
+            "--option",
+            "SKIP_PADDING_HALVES=0,1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["device_type"] == "cpu" and doc["values"] == [0, 1]
+    # ci-measure's one configuration on both store paths of two ranks, every row local
+    assert [r["point"]["path"] for r in doc["results"]] == ["peer", "host"]
+    for result in doc["results"]:
+        assert result["point"]["schedule"] == "expert_wave"
+        assert result["point"].get("remote_fraction", 0.0) == 0.0
+        # 32 tokens x top-2 over 8 experts and 2 ranks: 16 rows an expert, half a block
+        assert result["padding_halves"] == 1.0
+        for check in result["checks"].values():
+            assert check["error"] is None and max(check["rel_error"]) < 0.1
+        arms = result["arms"]
+        assert set(arms) == {"0", "1"}
+        assert len(arms["0"]["time_us"]) == len(arms["1"]["kernel_us"]) == 3  # max_reps
+        (ratio,) = result["ratios"]
+        assert (ratio["value"], ratio["over"]) == (1, 0)
+        for metric in ("time_us", "kernel_us"):
+            ci = ratio[metric]
+            assert ci["ci_low"] <= ci["ratio"] <= ci["ci_high"]
+    assert "1/0" in run.stdout and "[2/2]" in run.stdout
