@@ -59,11 +59,7 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(trace, precision):
     slot = (2 if precision == "w8a8" else 2.5) * megamoe_ws.BLOCK**2
     assert got["shared"] >= megamoe_ws.stages(precision) * slot
     w4 = precision == "w4a8"
-    regs = (
-        megamoe_ws.W4_LAYOUTS[megamoe_ws.W4_LAYOUT][1]
-        if w4
-        else (megamoe_ws.MATH_REGS, megamoe_ws.PRODUCER_REGS)
-    )
+    regs = megamoe_ws.W4_REGS if w4 else (megamoe_ws.MATH_REGS, megamoe_ws.PRODUCER_REGS)
     assert set(regs) <= set(got["setmaxnreg"])  # the worker partitions' setmaxnreg
     # Four K sub-steps of 32 per 128-channel step, in each math warpgroup's loop.
     assert got["wgmma"] > 0 and got["wgmma"] % 4 == 0

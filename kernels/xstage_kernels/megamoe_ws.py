@@ -88,29 +88,24 @@ WORKER_WARPS = (4, 1)  # the worker partitions: math warpgroup 1, the producer
 WARPS = NUM_WARPS + sum(WORKER_WARPS)
 # W4A8 adds two converter warpgroups. Partitions start on warpgroup boundaries, so the CTA
 # has 20 warps (the producer's warpgroup is padded) and launches with 96 registers per
-# thread; setmaxnreg then gives (math, converter 0, converter 1, producer) within the SM's
-# 64K: 128 x (2 x 208 + 32 + 32 + 24) = 64512. At 208 the math warpgroups spill a little
-# (ptxas: 400 bytes), yet two converters beat one with 224 (one H200, 16384 tokens,
-# DeepSeek-V4 Flash / DiT-MoE, 2026-11-30: 646 / 645 vs 607 / 578 TFLOP/s; W8A8 977 / 990):
-# the conversion, not the MMAs, bounds W4A8 (taking the table lookup out alone gave 826).
-# W4A8 partition layouts: (converter warpgroups, the worker partitions' registers: math
-# warpgroup 1, the converters, the producer; registers per thread at launch). The default
-# partition, math warpgroup 0, gets what the launch leaves: 5 x 96 - 296 = 184 in layout 0.
-W4_LAYOUTS = (
-    (2, (208, 32, 32, 24), 96),
-    (1, (224, 40, 24), 128),
-    (1, (232, 24, 24), 128),
-)
-W4_LAYOUT = 0
+# thread; setmaxnreg gives the workers (math 1, converter 0, converter 1, producer) W4_REGS
+# and the default partition, math warpgroup 0, what is left: 5 x 96 - 296 = 184, where it
+# spills (ptxas: 380 bytes; ncu on one H200, DeepSeek-V4 Flash at 1024 tokens: 23.6M
+# local-memory requests, L1TEX waits 43% of the stalls). Still, two converters beat one
+# converter with no spill at all (one H200, 2026-12-02, kernel_ab W4_LAYOUT, paired: both
+# math warpgroups at 224 with a 40-register converter took 1.03-1.14x the time over the 21
+# balanced configurations, at 232 with 24 1.07-1.18x): the conversion, not the spill,
+# bounds W4A8 (taking the table lookup out alone gave 826 TFLOP/s against 607, 2026-11-30).
+W4_CONVERTERS = 2
+W4_REGS = (208, 32, 32, 24)
+W4_MAX_REGS = 96
+W4_WORKER_WARPS = (4, 4, 4, 1)
 PAD_DST = -(2**62)  # as megamoe.PAD_DST
 # A math warpgroup whose 64 rows of a tile are all padding skips its MMAs and epilogue
 # (an expert with at most 64 rows fills half a block: at 1024 tokens, every shape but
 # DiT-MoE). Read at each launch, so kernel_ab.py can time both builds in one run.
 SKIP_PADDING_HALVES = True
-LAUNCH_OPTIONS = (
-    "SKIP_PADDING_HALVES",
-    "W4_LAYOUT",
-)  # module constants a launch reads (kernel_ab.py)
+LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES",)  # module constants a launch reads (kernel_ab.py)
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -125,9 +120,9 @@ _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
-_W4_REGS_0 = gl.constexpr(W4_LAYOUTS[0][1])
-_W4_REGS_1 = gl.constexpr(W4_LAYOUTS[1][1])
-_W4_REGS_2 = gl.constexpr(W4_LAYOUTS[2][1])
+_W4_REGS = gl.constexpr(W4_REGS)
+_W4_CONVERTERS = gl.constexpr(W4_CONVERTERS)
+_W4_WORKER_WARPS = gl.constexpr(W4_WORKER_WARPS)
 _INT4_TO_FP8 = gl.constexpr(int4_fp8.ptx())
 
 
@@ -166,12 +161,9 @@ class Shared:
     W4: gl.constexpr
     STAGES: gl.constexpr
     SKIP_PADDING: gl.constexpr
-    CONVERTERS: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(
-        self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, SKIP_PADDING, CONVERTERS
-    ):
+    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, SKIP_PADDING):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs
         self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
@@ -192,7 +184,6 @@ class Shared:
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
-        self.CONVERTERS = gl.constexpr(CONVERTERS)
 
 
 @gluon.jit
@@ -378,9 +369,9 @@ def _converter(p, C: gl.constexpr):
             kind = gl.load(p.tiles_ptr + idx * 4)
             k_steps = gl.where(kind == 0, 2 * (p.H // _BLOCK), p.I // _BLOCK)
             # This converter's steps: the ring counter's residue C (the tile starts at `it`).
-            first = (C - it % p.CONVERTERS + p.CONVERTERS) % p.CONVERTERS
+            first = (C - it % _W4_CONVERTERS + _W4_CONVERTERS) % _W4_CONVERTERS
             it0 = it
-            for k in range(first, k_steps, p.CONVERTERS):
+            for k in range(first, k_steps, _W4_CONVERTERS):
                 it = it0 + k
                 s = it % p.STAGES
                 mbarrier.wait(p.ready.index(s), (it // p.STAGES) & 1)
@@ -541,10 +532,8 @@ def _fused_moe_ws(
     TRACE: gl.constexpr,
     W4: gl.constexpr,
     SKIP_PADDING: gl.constexpr,
-    W4_LAYOUT: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
-    CONVERTERS: gl.constexpr = 2 if W4_LAYOUT == 0 else 1
     a_block: gl.constexpr = x_desc.block_type.shape
     b_block: gl.constexpr = w1_desc.block_type.shape
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -572,7 +561,7 @@ def _fused_moe_ws(
     for i in gl.static_range(_TILE_SLOTS):
         mbarrier.init(tile_ready.index(i), count=1)
         # read by both math warpgroups (and W4's converter) before the producer reuses it
-        mbarrier.init(tile_empty.index(i), count=2 + CONVERTERS if W4 else 2)
+        mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
     p = Shared(
         (x_desc, w1_desc, h_desc, w2_desc),
         (a_bufs, b_bufs, c_bufs, ready, empty, converted),
@@ -594,33 +583,19 @@ def _fused_moe_ws(
         W4,
         STAGES,
         SKIP_PADDING,
-        CONVERTERS,
     )
     if W4:
-        if W4_LAYOUT == 1:
-            gl.warp_specialize(
-                [(_math, (p, 0)), (_math, (p, 1)), (_converter, (p, 0)), (_producer, (p, 0))],
-                [4, 4, 1],
-                _W4_REGS_1,
-            )
-        elif W4_LAYOUT == 2:
-            gl.warp_specialize(
-                [(_math, (p, 0)), (_math, (p, 1)), (_converter, (p, 0)), (_producer, (p, 0))],
-                [4, 4, 1],
-                _W4_REGS_2,
-            )
-        else:
-            gl.warp_specialize(
-                [
-                    (_math, (p, 0)),
-                    (_math, (p, 1)),
-                    (_converter, (p, 0)),
-                    (_converter, (p, 1)),
-                    (_producer, (p, 0)),
-                ],
-                [4, 4, 4, 1],
-                _W4_REGS_0,
-            )
+        gl.warp_specialize(
+            [
+                (_math, (p, 0)),
+                (_math, (p, 1)),
+                (_converter, (p, 0)),
+                (_converter, (p, 1)),
+                (_producer, (p, 0)),
+            ],
+            _W4_WORKER_WARPS,
+            _W4_REGS,
+        )
     else:
         gl.warp_specialize(
             [(_math, (p, 0)), (_math, (p, 1)), (_producer, (p, 0))],
@@ -687,7 +662,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         TRACE=trace is not None,
         W4=_is_w4(precision),
         SKIP_PADDING=SKIP_PADDING_HALVES,
-        W4_LAYOUT=W4_LAYOUT,
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -701,14 +675,12 @@ def launch_options() -> dict:
 
 def max_regs(precision: str) -> int:
     """Registers per thread at launch (setmaxnreg re-balances them per partition)."""
-    return W4_LAYOUTS[W4_LAYOUT][2] if _is_w4(precision) else MAX_REGS
+    return W4_MAX_REGS if _is_w4(precision) else MAX_REGS
 
 
 def warps(precision: str) -> int:
     """Warps per CTA that run code, every partition (W4A8's CTA is padded to 16)."""
-    if _is_w4(precision):
-        return NUM_WARPS + 4 * (1 + W4_LAYOUTS[W4_LAYOUT][0]) + 1
-    return NUM_WARPS + sum(WORKER_WARPS)
+    return NUM_WARPS + sum(W4_WORKER_WARPS if _is_w4(precision) else WORKER_WARPS)
 
 
 def stages(precision: str) -> int:
@@ -751,13 +723,11 @@ def compile_for_sm90(trace: bool = False, precision: str = "w8a8", skip_padding:
     names = list(_fused_moe_ws.arg_names)
     # The values stop before the trailing constexprs.
     signature = {name: mangle_type(v) for name, v in zip(names, values, strict=False)}
-    for name in ("TRACE", "W4", "SKIP_PADDING", "W4_LAYOUT"):
-        signature[name] = "constexpr"
+    signature["TRACE"] = signature["W4"] = signature["SKIP_PADDING"] = "constexpr"
     constants = {
         (names.index("TRACE"),): trace,
         (names.index("W4"),): w4,
         (names.index("SKIP_PADDING"),): skip_padding,
-        (names.index("W4_LAYOUT"),): W4_LAYOUT,
     }
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [

@@ -119,8 +119,7 @@ def kernels_that_ran(kernel, device_type: str) -> dict:
         "stages": megamoe_ws.stages("w4a8"),
         "num_warps": megamoe_ws.warps("w4a8"),
         **padding,
-        "converters": megamoe_ws.W4_LAYOUTS[megamoe_ws.W4_LAYOUT][0],
-        "registers": megamoe_ws.W4_LAYOUTS[megamoe_ws.W4_LAYOUT][1],
+        "converters": megamoe_ws.W4_CONVERTERS,
         "weight_packing": "word-split (quant.py)",
     }
     return ran
