@@ -18,6 +18,9 @@
 #
 # Needs, all already on the GPU image: python (PYTHON, default `python`) with torch built for
 # CUDA (2.11 here), setuptools, wheel and packaging; a g++ that builds torch extensions;
+# (CXX; when set, the link uses it too: LDSHARED="$CXX -shared"; on the H200 image the `g++`
+# on PATH is a wrapper whose extension did not link libstdc++.so and crashed in std::regex:
+# CXX=/usr/bin/g++-NN worked, and the build is refused when _C.so does not name libstdc++);
 # a CUDA toolkit >= 12.3 (13 here) at CUDA_HOME, or where `nvcc` is on PATH, or
 # /usr/local/cuda: its nvcc (the kernels are JIT-compiled with it at run time), headers
 # (cuda.h, cuda_runtime.h, nvrtc.h, cublasLt.h, cccl/) and lib64/libcudart.so, libnvrtc.so.
@@ -76,6 +79,10 @@ log "python $(command -v "$py"), torch $torch_version (CUDA $torch_cuda, cxx11 a
 out=$("$py" -c 'import setuptools, wheel.bdist_wheel, packaging' 2>&1) ||
     fail "setup.py needs setuptools, wheel and packaging: $(echo "$out" | tail -1)"
 command -v "${CXX:-g++}" >/dev/null || fail "no C++ compiler (${CXX:-g++}) on PATH"
+if [ -n "${CXX:-}" ]; then
+    export CC=${CC:-$CXX} LDSHARED=${LDSHARED:-"$CXX -shared"}
+fi
+log "C++ compiler $(command -v "${CXX:-g++}") ($("${CXX:-g++}" -dumpfullversion 2>/dev/null))"
 
 step="CUDA toolkit"
 cuda_home=${CUDA_HOME:-${CUDA_PATH:-}}
@@ -191,6 +198,12 @@ t0=$(date +%s)
 built=$(find "$tree/build" -maxdepth 3 -path '*/lib*/deep_gemm' -type d | head -1)
 [ -n "$built" ] || fail "setup.py build left no build/lib*/deep_gemm"
 ls "$built"/_C*.so >/dev/null 2>&1 || fail "$built has no _C*.so"
+# an extension that does not name libstdc++ carries its own C++ runtime beside torch's and
+# crashed at the first std::regex or ostream call (seen with the image's g++ wrapper)
+if command -v readelf >/dev/null; then
+    readelf -d "$built"/_C*.so | grep -q 'NEEDED.*libstdc++' ||
+        fail "$(basename "$built"/_C*.so) does not link libstdc++.so: build with the system compiler, CXX=/usr/bin/g++-NN"
+fi
 for d in include/cute include/cutlass include/deep_gemm; do
     [ -d "$built/$d" ] || fail "$built/$d is missing (the run-time JIT includes it)"
 done
