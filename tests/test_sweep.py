@@ -15,7 +15,9 @@ from xstage_bench.measurement.sweep import (
     Refresh,
     added_variants,
     partial_path,
+    records_refresh,
     run_sweep,
+    same_config,
 )
 
 ENV = environment(simulated=True)
@@ -341,6 +343,39 @@ def test_a_finished_sweep_is_refreshed_measuring_only_the_points_its_rule_names(
     measure = counting_measure()
     sweep(out, measure, config={"k": 2, "kernel": config["kernel"]}, refresh=_kernel_rule)
     assert measure.calls == list("abcde")
+
+
+def _by_kernel(config):
+    return {k: v for k, v in config.items() if k != "kernel"}, config["kernel"]
+
+
+def test_a_refitted_model_that_agrees_to_1e9_does_not_make_a_finished_sweep_foreign(tmp_path):
+    # ref-h200x1: the model refitted from the same files moved R by 1e-10 relative, and the
+    # kernel refresh then refused the finished MegaMoE sweep as "a different config"
+    out = tmp_path / "gap_sweep.json"
+    kernel = {"4096": "a", "8192": "a"}
+    sweep(out, counting_measure(), config={"R": 51.60824042928061, "kernel": kernel})
+    refitted = {"R": 51.608240429281, "kernel": {"4096": "a", "8192": "b"}}
+    measure = counting_measure()
+    rule = lambda before, after: records_refresh(  # noqa: E731
+        before, after, _by_kernel, lambda p, changed: str(p["V"]) in changed
+    )
+    sweep(out, measure, config=refitted, refresh=rule)
+    assert measure.calls == ["b"]
+    refit_further = {"R": 51.7, "kernel": {"4096": "a", "8192": "c"}}  # a real change
+    measure = counting_measure()
+    sweep(out, measure, config=refit_further, refresh=rule)
+    assert measure.calls == list("abcde")
+
+
+def test_same_config_tolerates_float_noise_only():
+    assert same_config({"a": [1.0, {"b": 0.1 + 0.2}]}, {"a": [1, {"b": 0.3}]})
+    assert not same_config({"a": 0.3}, {"a": 0.30001})
+    assert not same_config({"a": 1}, {"a": 2})
+    assert not same_config({"a": True}, {"a": 1})
+    assert not same_config({"a": 1}, {"a": 1, "b": 2})
+    assert not same_config([1, 2], [1, 2, 3])
+    assert not same_config({"a": "x"}, {"a": "y"})
 
 
 def test_an_unreadable_finished_file_is_replaced_not_resumed(tmp_path):

@@ -165,6 +165,30 @@ class _Watchdog(threading.Thread):
         os._exit(WATCHDOG_EXIT_CODE)
 
 
+# Two configs whose numbers agree to this relative precision are the same config: a model
+# refitted from the same files reproduces its T0, R and Q only to about 1e-9 (the order of
+# floating-point sums), and must not make a finished sweep foreign.
+CONFIG_REL_TOL = 1e-6
+
+
+def same_config(a, b) -> bool:
+    """Configs equal but for floats within CONFIG_REL_TOL (a float and an equal int agree)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_config(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_config(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if (
+        isinstance(a, float)
+        and isinstance(b, int | float)
+        or isinstance(b, float)
+        and isinstance(a, int)
+    ):
+        return abs(a - b) <= CONFIG_REL_TOL * max(abs(a), abs(b))
+    return a == b
+
+
 # Config keys a sweep may grow by without invalidating its records: the variants measured
 # per configuration, and the baselines' descriptions that come with them.
 GROWABLE = ("variants", "baselines")
@@ -177,7 +201,9 @@ def added_variants(previous: dict, config: dict) -> list[str]:
     before, after = previous.get("variants"), config.get("variants")
     if not isinstance(before, list) or not isinstance(after, list):
         return []
-    if _without_variants(previous) != _without_variants(config) or not set(before) <= set(after):
+    if not same_config(_without_variants(previous), _without_variants(config)):
+        return []
+    if not set(before) <= set(after):
         return []
     if not set(previous.get("baselines", {})) <= set(config.get("baselines", {})):
         return []
@@ -209,7 +235,7 @@ def records_refresh(
     rest_before, before = split(json.loads(json.dumps(previous)))
     rest_after, after = split(json.loads(json.dumps(config)))
     changed = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
-    if rest_before != rest_after or not changed:
+    if not same_config(rest_before, rest_after) or not changed:
         return None
     return Refresh(
         f"{prefix}{', '.join(changed)} (the kernel that ran it changed)",
@@ -241,7 +267,7 @@ def _check_resumable(
     compatible = added_variants(previous["config"], config) or (
         refresh is not None and refresh(previous["config"], config) is not None
     )
-    if previous["config"] != config and not compatible:
+    if not same_config(previous["config"], config) and not compatible:
         raise RawResultError(
             f"{partial}: was written with a different config; remove the file to start over"
         )
