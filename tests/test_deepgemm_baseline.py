@@ -350,3 +350,13 @@ def test_a_worker_that_crashes_names_the_step_it_crashed_in(tmp_path, monkeypatc
     )
     assert worker_pair.last_step(str(tmp_path), os.getpid() + 1) is None
     assert worker_pair.last_step(str(tmp_path), None) is None
+
+
+def test_a_run_that_accumulates_in_bf16_is_held_to_its_own_bound():
+    fp32_line = SPLIT_LINE.replace("bf16_scaled_accum=1", "bf16_scaled_accum=0")
+    assert deepgemm.accumulation_of(SPLIT_LINE) == "bf16"
+    assert deepgemm.accumulation_of(fp32_line) == "fp32"
+    assert deepgemm.accumulation_of("") == "fp32"
+    assert deepgemm.tolerance(fp32_line, 0.02) == 0.02
+    assert deepgemm.tolerance(SPLIT_LINE, 0.02) == deepgemm.BF16_ACCUM_TOLERANCE == 0.05
+    assert deepgemm.tolerance(SPLIT_LINE, 0.1) == 0.1  # never tighter than the base bound

@@ -14,6 +14,7 @@ from xstage_bench.measurement.sweep import (
     WATCHDOG_EXIT_CODE,
     Refresh,
     added_variants,
+    kept_until_done,
     partial_path,
     records_refresh,
     run_sweep,
@@ -261,23 +262,16 @@ def test_retry_measures_only_the_points_a_finished_sweep_recorded_not_ok(tmp_pat
     assert [r["host"] for r in second["environment"]["resumes"]] == [ENV["host"]]
 
 
-def test_retry_of_a_finished_sweep_with_another_config_is_refused(tmp_path):
+def test_retry_of_a_finished_sweep_with_another_config_measures_it_again_in_full(tmp_path):
+    # as without the retry: a rule of two sweeps (MegaMoE and its traces) retried after a
+    # change that one of them cannot refresh must not fail after the other has finished
     out = tmp_path / "gap_sweep.json"
     sweep(out, counting_measure(fail={"b"}))
-    with pytest.raises(RawResultError, match=r"gap_sweep\.json: was written with a different"):
-        run_sweep(
-            POINTS,
-            counting_measure(),
-            out,
-            experiment="microbench",
-            backend="sim",
-            dataset="sim-test",
-            environment=dict(ENV),
-            config={"k": 2},
-            study="gap_sweep",
-            retry_failed=True,
-            progress=lambda line: None,
-        )
+    measure, lines = counting_measure(), []
+    again = sweep(out, measure, config={"k": 2}, retry_failed=True, progress=lines.append)
+    assert measure.calls == list("abcde")
+    assert again["config"] == {"k": 2} and "resumes" not in again["environment"]
+    assert any("another config: measured again in full" in line for line in lines)
 
 
 def _moe_sweep(out, measure, variants, points, **kw):
@@ -384,3 +378,17 @@ def test_an_unreadable_finished_file_is_replaced_not_resumed(tmp_path):
     measure = counting_measure()
     sweep(out, measure)
     assert measure.calls == list("abcde")
+
+
+def test_a_finished_sweep_survives_a_later_failure_of_its_job_as_its_partial_file(tmp_path):
+    out = tmp_path / "gap_sweep.json"
+    doc = sweep(out, counting_measure())
+    with pytest.raises(RuntimeError), kept_until_done(out, doc):
+        out.unlink()  # what Snakemake does to an update() output when the job then fails
+        raise RuntimeError("the trace sweep failed")
+    measure = counting_measure()
+    assert sweep(out, measure)["records"] == doc["records"]
+    assert measure.calls == [] and not partial_path(out).exists()
+    with kept_until_done(out, doc):
+        assert partial_path(out).exists()
+    assert not partial_path(out).exists()

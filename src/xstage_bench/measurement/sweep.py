@@ -27,6 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -311,6 +312,20 @@ def _checked_record(record, point: dict, header: dict) -> dict:
     return record
 
 
+@contextmanager
+def kept_until_done(out: Path, doc: dict):
+    """Keep a finished sweep's document as its partial file while the same job does more.
+
+    Snakemake puts back the previous version of an update() output when its job fails,
+    so a later step's failure (a second sweep of the same rule) would take a finished
+    sweep's records with it; the partial file is no declared output and stays, and a rerun
+    resumes from it with nothing left to measure."""
+    partial = partial_path(Path(out))
+    atomic_write_text(partial, json.dumps(doc, indent=1) + "\n")
+    yield
+    partial.unlink(missing_ok=True)
+
+
 def run_sweep(
     points: list[dict],
     measure: Callable[[dict], dict],
@@ -366,7 +381,12 @@ def run_sweep(
     finished = _finished(out) if not partial.exists() else None
     grown = added_variants(finished["config"], config) if finished else []
     stale = refresh(finished["config"], config) if finished and refresh and not grown else None
-    reuse = finished and (retry_failed or grown or stale)
+    # a retry continues the same sweep only: a finished file of another config is measured
+    # again in full, as without the retry
+    retry_finished = retry_failed and finished and same_config(finished["config"], config)
+    reuse = finished and (retry_finished or grown or stale)
+    if retry_failed and finished and not reuse:
+        say(f"[{label}] {out} was written with another config: measured again in full")
     source = partial if partial.exists() else (out if reuse else None)
     if source is not None:
         previous = finished if source == out else read_raw(source)  # out was read above

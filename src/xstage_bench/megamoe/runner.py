@@ -46,7 +46,13 @@ from xstage_bench.data import grid, storepath
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement import log, timing
 from xstage_bench.measurement.environment import capture_measured
-from xstage_bench.measurement.sweep import Refresh, partial_path, records_refresh, run_sweep
+from xstage_bench.measurement.sweep import (
+    Refresh,
+    kept_until_done,
+    partial_path,
+    records_refresh,
+    run_sweep,
+)
 from xstage_bench.megamoe import reference
 from xstage_bench.megamoe.baselines import BASELINES, VARIANTS, flashinfer, unfused
 from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
@@ -399,7 +405,7 @@ def run_megamoe(
     cfg = raw_config(config, moe, len(devices), check_tokens, device_type, paths=paths, leads=leads)
     drop_unpaired(out, sets)
     try:
-        run_sweep(
+        doc = run_sweep(
             points,
             measurer,
             Path(out),
@@ -416,18 +422,19 @@ def run_megamoe(
     if trace_out is None:
         return
     first = trace_first_configs(traced)
-    run_sweep(
-        traced,
-        lambda p: measurer.trace(p, keep_timeline=config_id(p) in first),
-        Path(trace_out),
-        experiment="megamoe_trace",
-        backend="cuda",
-        dataset=dataset,
-        environment=capture_measured(device_type),
-        config=cfg,
-        point_timeout_s=POINT_TIMEOUT_S,
-        refresh=kernel_refresh,
-    )
+    with kept_until_done(Path(out), doc):
+        run_sweep(
+            traced,
+            lambda p: measurer.trace(p, keep_timeline=config_id(p) in first),
+            Path(trace_out),
+            experiment="megamoe_trace",
+            backend="cuda",
+            dataset=dataset,
+            environment=capture_measured(device_type),
+            config=cfg,
+            point_timeout_s=POINT_TIMEOUT_S,
+            refresh=kernel_refresh,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -336,7 +336,10 @@ class DeepGemmBaseline(PairBaseline):
             stored_intermediate=lambda h: deepgemm.stored_intermediate(h, first.block),
         )
         rel = self._errors([r.rows for r in results], ref)
+        bound = deepgemm.tolerance(first.config_line, m.tolerance)
         facts.update(
+            accumulation=deepgemm.accumulation_of(first.config_line),
+            tolerance_rel_l2=bound,
             rel_error=rel,
             rel_error_vs_our_format=self._errors([r.rows for r in results], m.reference()),
             checked_tokens_per_rank=len(m.tokens[0]),
@@ -346,7 +349,7 @@ class DeepGemmBaseline(PairBaseline):
         )
         nan = [q for q, r in enumerate(results) if r.nan_rows]
         text = (f"output rows left NaN on ranks {nan}" if nan else None) or verdict.too_far(
-            rel, m.tolerance
+            rel, bound
         )
         if text:
             raise wrong(text, facts)
