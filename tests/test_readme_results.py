@@ -3,6 +3,7 @@ recompute found README numbers that no file held): the block between its markers
 exactly what `xstage readme` makes of results/ref-* today."""
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -48,3 +49,27 @@ def test_a_third_schedule_and_the_layer_over_the_kernel_have_lines_where_measure
         assert all("over expert waves" in line and "ours faster" in line for line in lines)
         whole = readme_results.layer_over_kernel_lines(ds)
         assert len(whole) == 1 and "whole layer over kernel time" in whole[0], name
+
+
+def test_each_baseline_with_ok_times_has_a_line_per_reference():
+    """A baseline that ran in a reference has its line (ours over it, per tokens per rank),
+    one that never ran has none: DeepGEMM in ref-h200x1, FlashInfer in ref-h200x2."""
+    for name in readme_results.REFERENCES:
+        ds = ROOT / "results" / name
+        doc = json.loads((ds / layout.MEGAMOE_RAW).read_text())
+        ran = {r["point"].get("variant") for r in doc["records"] if r["status"] == "ok"} & {
+            "deepgemm",
+            "flashinfer",
+            "unfused",
+        }
+        lines = readme_results.baseline_lines(ds)
+        assert len(lines) == len(ran), name
+        assert all("1024 tokens" in line and "ours faster in" in line for line in lines)
+
+
+def test_the_geomean_ci_over_configurations_brackets_the_geomean():
+    ratios = [0.8, 0.9, 1.0, 1.1, 1.2]
+    low, high = readme_results.geomean_ci_over_configurations(ratios)
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    assert low < geomean < high
+    assert readme_results.geomean_ci_over_configurations([0.9] * 4) == pytest.approx((0.9, 0.9))

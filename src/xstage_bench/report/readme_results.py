@@ -14,12 +14,13 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from xstage_bench.data import layout, storepath
+from xstage_bench.data import layout, stats, storepath
 from xstage_bench.megamoe import schedule
 from xstage_bench.model.document import fitted_paths, path_fit
-from xstage_bench.report.analysis import attention, load, megamoe
+from xstage_bench.report.analysis import attention, load, megamoe, megamoe_baselines
 from xstage_bench.report.tables import megamoe as megamoe_table
 
 BEGIN = (
@@ -95,6 +96,7 @@ def megamoe_lines(ds: Path) -> list[str]:
             f"faster {row.wins}, slower {row.losses}, tie {row.ties}; {row.throttled} throttled."
         )
     lines += other_schedule_lines(table)
+    lines += baseline_lines(ds)
     lines += layer_over_kernel_lines(ds)
     lead = ds / "tables" / "tab-megamoe-lead.csv"
     if lead.exists():
@@ -143,6 +145,53 @@ def other_schedule_lines(table: pd.DataFrame) -> list[str]:
                 f"over {label} ({them['n']} configurations): {_spread(them)}; ours faster "
                 f"{them.wins}, slower {them.losses}, tie {them.ties}."
             )
+    return lines
+
+
+# (column, what the baseline is) of each baseline a README line compares ours against
+BASELINE_RATIOS = (
+    ("ours_over_deepgemm", "DeepGEMM's SM90 MegaMoE"),
+    ("ours_over_flashinfer", "FlashInfer's SM90 FP8 MegaMoE"),
+    ("ours_over_unfused", "the unfused torch pipeline (its fastest checked path)"),
+)
+
+
+def geomean_ci_over_configurations(ratios: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap CI of the geomean of per-configuration ratios, configurations
+    resampled (the baselines' times are medians of their own samples, not paired rounds)."""
+    logs = np.log(np.asarray(ratios, dtype=float))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, logs.size, size=(stats.BOOTSTRAP_RESAMPLES, logs.size))
+    low, high = np.quantile(np.exp(logs[picks].mean(axis=1)), [0.025, 0.975])
+    return float(low), float(high)
+
+
+def baseline_lines(ds: Path) -> list[str]:
+    """Per baseline that has times: our best schedule's layer time over its time, at the
+    setting the baselines run (analysis.megamoe.at_baseline_setting), per tokens per rank."""
+    doc = json.loads((ds / layout.MEGAMOE_RAW).read_text())
+    frame = megamoe.at_baseline_setting(megamoe_baselines.megamoe_baselines(doc))
+    lines = []
+    for column, name in BASELINE_RATIOS:
+        have = frame[frame[column].notna()] if column in frame else frame.iloc[0:0]
+        if have.empty:
+            continue
+        parts = []
+        for tokens, part in have.groupby("tokens_per_rank", sort=True):
+            ratios = part[column].to_numpy(dtype=float)
+            geomean = float(np.exp(np.log(ratios).mean()))
+            low, high = geomean_ci_over_configurations(ratios)
+            parts.append(
+                f"{tokens} tokens {_ci(geomean, low, high)}, ours faster in "
+                f"{int((ratios < 1).sum())} of {ratios.size}"
+            )
+        lines.append(
+            f"- MegaMoE, ours against {name}, our best schedule's layer time over its time "
+            f"(geomean over configurations, CI over configurations; the two timed one after "
+            f"the other in the same run, its time with its dispatch inside): "
+            + "; ".join(parts)
+            + "."
+        )
     return lines
 
 
