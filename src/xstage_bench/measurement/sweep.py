@@ -180,12 +180,8 @@ def same_config(a, b) -> bool:
         return len(a) == len(b) and all(same_config(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
-    if (
-        isinstance(a, float)
-        and isinstance(b, int | float)
-        or isinstance(b, float)
-        and isinstance(a, int)
-    ):
+    numbers = isinstance(a, int | float) and isinstance(b, int | float)
+    if numbers and (isinstance(a, float) or isinstance(b, float)):
         return abs(a - b) <= CONFIG_REL_TOL * max(abs(a), abs(b))
     return a == b
 
