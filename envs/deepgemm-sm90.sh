@@ -18,9 +18,9 @@
 #
 # Needs, all already on the GPU image: python (PYTHON, default `python`) with torch built for
 # CUDA (2.11 here), setuptools, wheel and packaging; a g++ that builds torch extensions;
-# (CXX; when set, the link uses it too: LDSHARED="$CXX -shared"; on the H200 image the `g++`
-# on PATH is a wrapper whose extension did not link libstdc++.so and crashed in std::regex:
-# CXX=/usr/bin/g++-NN worked, and the build is refused when _C.so does not name libstdc++);
+# (CXX; when set, the link uses it too: LDSHARED="$CXX -shared". On the H200 image a build
+# without CXX gave a _C.so that did not name libstdc++.so and crashed in std::regex;
+# CXX=/usr/bin/g++-13 worked, and a build whose _C.so does not name libstdc++ is refused);
 # a CUDA toolkit >= 12.3 (13 here) at CUDA_HOME, or where `nvcc` is on PATH, or
 # /usr/local/cuda: its nvcc (the kernels are JIT-compiled with it at run time), headers
 # (cuda.h, cuda_runtime.h, nvrtc.h, cublasLt.h, cccl/) and lib64/libcudart.so, libnvrtc.so.
@@ -199,7 +199,7 @@ built=$(find "$tree/build" -maxdepth 3 -path '*/lib*/deep_gemm' -type d | head -
 [ -n "$built" ] || fail "setup.py build left no build/lib*/deep_gemm"
 ls "$built"/_C*.so >/dev/null 2>&1 || fail "$built has no _C*.so"
 # an extension that does not name libstdc++ carries its own C++ runtime beside torch's and
-# crashed at the first std::regex or ostream call (seen with the image's g++ wrapper)
+# crashed at the first std::regex or ostream call (seen on the H200 image without CXX)
 if command -v readelf >/dev/null; then
     readelf -d "$built"/_C*.so | grep -q 'NEEDED.*libstdc++' ||
         fail "$(basename "$built"/_C*.so) does not link libstdc++.so: build with the system compiler, CXX=/usr/bin/g++-NN"
