@@ -169,20 +169,19 @@ def geomean_ci_over_configurations(ratios: np.ndarray, seed: int = 0) -> tuple[f
 def baseline_lines(ds: Path) -> list[str]:
     """Per baseline that has times: our best schedule's layer time over its time, at the
     setting the baselines run (analysis.megamoe.at_baseline_setting), per tokens per rank."""
-    doc = json.loads((ds / layout.MEGAMOE_RAW).read_text())
+    doc = load.raw_doc(ds, layout.MEGAMOE_RAW)
     frame = megamoe.at_baseline_setting(megamoe_baselines.megamoe_baselines(doc))
     lines = []
     for column, name in BASELINE_RATIOS:
-        have = frame[frame[column].notna()] if column in frame else frame.iloc[0:0]
+        have = frame[frame[column].notna()]  # megamoe_baselines always has every column
         if have.empty:
             continue
         parts = []
         for tokens, part in have.groupby("tokens_per_rank", sort=True):
             ratios = part[column].to_numpy(dtype=float)
-            geomean = float(np.exp(np.log(ratios).mean()))
             low, high = geomean_ci_over_configurations(ratios)
             parts.append(
-                f"{tokens} tokens {_ci(geomean, low, high)}, ours faster in "
+                f"{tokens} tokens {_ci(stats.geomean(ratios), low, high)}, ours faster in "
                 f"{int((ratios < 1).sum())} of {ratios.size}"
             )
         lines.append(
