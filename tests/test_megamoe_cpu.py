@@ -1147,12 +1147,15 @@ def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
         assert extra["remote_bytes"] == extra["host_bytes"] == 12 * 2 * 256 * 2
         assert extra["nvlink_bytes"] == 0 and extra["tflops_kernel"] > 0
         assert r["clocks"] == recs[arms[0]]["clocks"]  # one clock sample around the set
+        assert extra["launch"] == "eager"  # CUDA graphs on a GPU only
+        assert "host_enqueue_us" not in extra  # host clocks: no GPU to keep busy
     auto = recs[f"{c}/interleaved/lead=auto"]["point"]
     assert auto["lead_rows_requested"] == "auto" and auto["lead_sweep"] is True
     assert auto["lead_rows"] > 0 and auto["lead_rows"] % 128 == 0
     assert recs[f"{c}/interleaved"]["point"]["lead_rows"] == 0
     assert "lead_sweep" not in recs[f"{c}/interleaved"]["point"]
     cfg = doc["config"]
+    assert cfg["kernel"]["launch"].startswith("eager")
     assert cfg["store_paths"] == ["host"] and "round(f T)" in cfg["host_share"]
     assert (
         set(cfg["definitions"]) == {"host"} and "far end" in cfg["definitions"]["host"]["time_us"]
@@ -1185,3 +1188,59 @@ def test_the_per_gpu_process_model_on_one_gpu_is_recorded_unsupported_with_why(t
     records = read_raw(out)["records"]
     assert records and {r["status"] for r in records} == {"unsupported"}
     assert {r["error"] for r in records} == {ONE_GPU}
+
+
+def test_the_megamoe_policy_takes_host_lead_from_the_megamoe_section():
+    from xstage_bench.megamoe.options import megamoe_policy
+
+    block = dict(warmup=1, min_reps=3, max_reps=5, target_rel_iqr=0.1, budget_s=1.0, flush_l2=True)
+    assert megamoe_policy({"timing": block}, {"host_lead": True}).host_lead is True
+    assert megamoe_policy({"timing": block}, {}).host_lead is False
+    assert megamoe_policy({"timing": block}, {"host_lead": True}).flush_l2 is True
+
+
+@needs_torch
+def test_captured_launches_are_keyed_by_what_they_baked_in(monkeypatch):
+    from xstage_bench.megamoe.layer import graphs
+    from xstage_kernels import megamoe_ws
+
+    wave = graphs.graph_key("expert_wave")
+    assert graphs.graph_key("interleaved") != wave
+    monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", not megamoe_ws.SKIP_PADDING_HALVES)
+    assert graphs.graph_key("expert_wave") != wave  # kernel_ab flips it between launches
+    monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", not megamoe_ws.SKIP_PADDING_HALVES)
+    assert graphs.graph_key("expert_wave") == wave
+    monkeypatch.setenv("XSTAGE_MOE_FP8_KERNEL", "tl")
+    assert graphs.graph_key("expert_wave") != wave
+
+
+def test_a_capture_runs_the_launches_once_eagerly_then_records_them(monkeypatch):
+    import contextlib
+    import types
+
+    from xstage_bench.megamoe.layer import graphs
+
+    log = []
+
+    @contextlib.contextmanager
+    def where(name):
+        log.append(f"enter {name}")
+        yield
+        log.append(f"leave {name}")
+
+    stream = types.SimpleNamespace(wait_stream=lambda other: log.append("wait"))
+    cuda = types.SimpleNamespace(
+        device=lambda d: contextlib.nullcontext(),
+        current_stream=lambda d=None: stream,
+        Stream=lambda d=None: stream,
+        stream=lambda s: where("side stream"),
+        synchronize=lambda d=None: log.append("sync"),
+        CUDAGraph=lambda: "graph",
+        graph=lambda g: where(f"capture into {g}"),
+    )
+    captured = graphs.capture(types.SimpleNamespace(cuda=cuda), "cuda:0", lambda: log.append("go"))
+    assert captured == "graph"
+    assert log == [
+        *("wait", "enter side stream", "go", "leave side stream", "wait", "sync"),
+        *("enter capture into graph", "go", "leave capture into graph"),
+    ]

@@ -147,8 +147,10 @@ def test_cuda_timers_without_cuda_raise_clear_error(monkeypatch):
         cuda_event_timer(lambda: None, device=0, flush_l2=True)
 
 
-def fake_torch(log: list, l2_bytes: int = 4096, elapsed_ms: float = 2.0):
-    """Just enough of torch.cuda to check what the timers enqueue, and in which order."""
+def fake_torch(log: list, l2_bytes: int = 4096, elapsed_ms: float = 2.0, started=()):
+    """Just enough of torch.cuda to check what the timers enqueue, and in which order.
+    `started`: what the start event's query answers, call after call (then False)."""
+    started = list(started)
 
     class Event:
         def __init__(self, enable_timing):
@@ -156,6 +158,9 @@ def fake_torch(log: list, l2_bytes: int = 4096, elapsed_ms: float = 2.0):
 
         def record(self, stream):
             log.append("event")
+
+        def query(self):
+            return bool(started.pop(0)) if started else False
 
         def synchronize(self):
             log.append("sync")
@@ -185,6 +190,7 @@ def fake_torch(log: list, l2_bytes: int = 4096, elapsed_ms: float = 2.0):
         CUDAGraph=Graph,
         graph=lambda g: contextlib.nullcontext(),
         get_device_properties=lambda d: types.SimpleNamespace(L2_cache_size=l2_bytes),
+        _sleep=lambda cycles: log.append(f"sleep {cycles}"),
     )
     return types.SimpleNamespace(
         cuda=cuda,
@@ -200,6 +206,42 @@ def test_event_timer_flushes_exact_l2_outside_timed_region(monkeypatch):
     run_once = cuda_event_timer(lambda: log.append("fn"), device=0, flush_l2=True)
     assert run_once() == pytest.approx(2000.0)  # 2 ms -> microseconds
     assert log == [f"flush {60 * 2**20}", "event", "fn", "event", "sync"]
+
+
+def test_host_lead_keeps_the_gpu_busy_through_the_enqueue_and_counts_waits(monkeypatch):
+    log = []
+    # The start event had already passed when the host finished its second call only.
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(log, started=[False, True]))
+    clock = iter([0.0, 100e-6, 5.0, 5.0 + 30e-6])  # enqueues of 100 us, then 30 us
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    lead = timing.HostLead()
+    run_once = cuda_event_timer(lambda: log.append("fn"), device=0, flush_l2=True, lead=lead)
+    run_once()
+    run_once()
+    cycles = timing.HostLead.CYCLES_PER_US
+    first, then = timing.HostLead.FIRST_US, 2 * 100 + timing.HostLead.MARGIN_US
+    flush = f"flush {4096}"
+    assert log == [
+        *(flush, f"sleep {int(first * cycles)}", "event", "fn", "event", "sync"),
+        *(flush, f"sleep {int(then * cycles)}", "event", "fn", "event", "sync"),
+    ]
+    extra = lead.as_extra()
+    assert extra["host_enqueue_us"] == pytest.approx(65.0)
+    assert extra["gpu_waited_for_host"] == 1 and extra["host_lead_calls"] == 2
+
+
+def test_host_lead_follows_the_recent_enqueues_and_is_off_unless_asked():
+    lead = timing.HostLead()
+    lead.enqueue_us = [900.0] + [10.0] * timing.HostLead.RECENT
+    assert lead.sleep_us() == 2 * 10.0 + timing.HostLead.MARGIN_US  # 900 us fell out
+    assert timing.host_lead(policy()) is None
+    assert isinstance(timing.host_lead(policy(host_lead=True)), timing.HostLead)
+    with pytest.raises(ValueError, match="host_lead"):
+        policy(host_lead="yes")
+    # Not a key of the timing block: the experiment that wants it sets it.
+    good = dict(warmup=1, min_reps=3, max_reps=5, target_rel_iqr=0.1, budget_s=1.0, flush_l2=False)
+    with pytest.raises(ValueError, match="unknown key 'timing.host_lead'"):
+        TimingPolicy.from_config({**good, "host_lead": True})
 
 
 def _cuda_available() -> bool:

@@ -75,7 +75,7 @@ def pieces(prob, key, point) -> dict:
         torch.cuda.Event().record()
 
     return {
-        "forward": host_us(lambda: prob.forward(key, kernel_events=[])),
+        "forward": host_us(lambda: prob.forward(key, kernel_events=[], eager=True)),
         "launch_rank (zero + descriptors + kernel)": host_us(
             lambda: launch_rank(rb, ex, prob.point, key, prob.num_programs)
         ),
@@ -97,7 +97,7 @@ def profile(prob, key) -> str:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(100):
-        prob.forward(key, kernel_events=[])
+        prob.forward(key, kernel_events=[], eager=True)
     prof.disable()
     torch.cuda.synchronize()
     out = io.StringIO()
@@ -170,7 +170,7 @@ def study(measurer, point, flush) -> None:
     print(f"  host graph replay (both): {replay_us:.1f} us", flush=True)
 
     def eager(ev):
-        prob.forward(key, kernel_events=ev)
+        prob.forward(key, kernel_events=ev, eager=True)
 
     def graphed(ev):
         graph_forward(kernel_graph, combine_graph, ev)

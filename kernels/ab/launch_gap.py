@@ -4,7 +4,8 @@
         --dataset ab --shapes deepseek-v4-flash --precisions w8a8 --routings balanced --tokens 1024
 
 Each configuration (expert waves, every combine row local) is checked, then timed as the
-harness times it (L2 flush, start event, MoEProblem.forward, end event) and, alternating
+harness timed it before its CUDA graphs and host lead (L2 flush, start event, the eager
+MoEProblem.forward, end event) and, alternating
 with that, with a sleep kernel enqueued after the flush, so that the GPU is still busy while
 the host enqueues the layer and starts it the moment its turn comes. The difference is the
 GPU's idle wait for the host inside the timed region. A development record, not a dataset.
@@ -36,7 +37,7 @@ def timed_once(prob, key, flush, sleep_cycles: int) -> tuple[float, float, float
     kernel_events = []
     start.record()
     t0 = time.perf_counter()
-    prob.forward(key, kernel_events=kernel_events)
+    prob.forward(key, kernel_events=kernel_events, eager=True)
     host_us = (time.perf_counter() - t0) * 1e6
     end.record()
     end.synchronize()

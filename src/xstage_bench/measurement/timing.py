@@ -27,6 +27,9 @@ class TimingError(RuntimeError):
     """A timer cannot run here (no torch, no CUDA) or a sample is not a usable time."""
 
 
+NOT_IN_TIMING_BLOCK = ("host_lead",)
+
+
 @dataclass(frozen=True)
 class TimingPolicy:
     """How long to keep repeating: `config.yaml`'s `timing` block."""
@@ -41,6 +44,10 @@ class TimingPolicy:
     # beyond stats.NOISY_HALF_WIDTH (issue 26: a noisy point is measured again, within a
     # budget, before it is flagged); 0 turns it off.
     noisy_budget_s: float = 0.0
+    # Keep the GPU busy while the host enqueues each timed call (HostLead): the events then
+    # time the GPU's work, not the host's. Set by the experiments that ask for it
+    # (megamoe.host_lead), not a key of the timing block.
+    host_lead: bool = False
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -57,12 +64,14 @@ class TimingPolicy:
             raise ValueError(f"timing.budget_s must be > 0, got {self.budget_s}")
         if not self.noisy_budget_s >= 0:
             raise ValueError(f"timing.noisy_budget_s must be >= 0, got {self.noisy_budget_s}")
+        if not isinstance(self.host_lead, bool):
+            raise ValueError(f"host_lead must be true or false, got {self.host_lead!r}")
 
     @classmethod
     def from_config(cls, timing: Mapping) -> TimingPolicy:
         """Build from `cfg["timing"]`; a missing or unknown key is named in the error (keys
         with a default, like noisy_budget_s, may be left out)."""
-        names = [f.name for f in fields(cls)]
+        names = [f.name for f in fields(cls) if f.name not in NOT_IN_TIMING_BLOCK]
         optional = {f.name for f in fields(cls) if f.default is not MISSING}
         missing = [n for n in names if n not in timing and n not in optional]
         unknown = sorted(set(timing) - set(names))
@@ -360,6 +369,57 @@ def l2_flusher(torch, device: int) -> Callable[[], None]:
     return buffer.zero_
 
 
+class HostLead:
+    """Keeps the GPU busy while the host enqueues a timed call, so that the events around
+    it time the GPU's work and not the host's (our eager MegaMoE layer took 200-340 us to
+    enqueue, and the GPU waited for most of it inside the timed region: kernels/ab).
+
+    Before each start event a sleep kernel runs: FIRST_US the first time, then twice the
+    longest enqueue of the last few calls plus MARGIN_US. Whether that was enough is
+    checked, not assumed: a start event already complete when the host has finished
+    enqueueing the call means the GPU may have idled waiting for it, and such calls are
+    counted (`as_extra`). The sleep is outside the timed region and touches no memory,
+    so an L2 flushed before it stays flushed."""
+
+    FIRST_US = 1000.0
+    MARGIN_US = 50.0
+    RECENT = 8  # calls whose longest enqueue sets the next sleep
+    # torch.cuda._sleep counts SM cycles; 2 GHz is at or above an H200's top clock, so a
+    # sleep lasts at least as long as asked.
+    CYCLES_PER_US = 2000
+
+    def __init__(self) -> None:
+        self.enqueue_us: list[float] = []
+        self.waited = 0
+
+    def sleep_us(self) -> float:
+        if not self.enqueue_us:
+            return self.FIRST_US
+        return 2 * max(self.enqueue_us[-self.RECENT :]) + self.MARGIN_US
+
+    def before_start(self, torch) -> None:
+        torch.cuda._sleep(int(self.sleep_us() * self.CYCLES_PER_US))
+
+    def after_enqueue(self, start_event, enqueue_us: float) -> None:
+        self.enqueue_us.append(enqueue_us)
+        if start_event.query():
+            self.waited += 1
+
+    def as_extra(self) -> dict:
+        """The record's facts: the host's enqueue time, and how many calls the GPU may
+        have waited for it in."""
+        return {
+            "host_enqueue_us": float(np.median(self.enqueue_us)) if self.enqueue_us else None,
+            "gpu_waited_for_host": self.waited,
+            "host_lead_calls": len(self.enqueue_us),
+        }
+
+
+def host_lead(policy: TimingPolicy) -> HostLead | None:
+    """A HostLead where the policy asks for one."""
+    return HostLead() if policy.host_lead else None
+
+
 def cuda_event_timer(
     fn: Callable[[], None],
     *,
@@ -367,13 +427,14 @@ def cuda_event_timer(
     flush_l2: bool,
     stream=None,
     setup: Callable[[], None] | None = None,
+    lead: HostLead | None = None,
 ) -> Callable[[], float]:
     """A `run_once` for `measure`: one call of `fn` between two CUDA events, in microseconds.
 
     `fn` must enqueue its work on torch's current stream (it is made current here). The L2
     flush runs on the same stream before the start event, so it is ordered before `fn`
     but outside the timed region; so does `setup` (after the flush), for untimed work each
-    repetition needs (refilling inputs, a barrier between ranks).
+    repetition needs (refilling inputs, a barrier between ranks), and then `lead`'s sleep.
     """
     torch = _cuda_torch()
     with torch.cuda.device(device):
@@ -388,8 +449,13 @@ def cuda_event_timer(
                 flush()
             if setup is not None:
                 setup()
+            if lead is not None:
+                lead.before_start(torch)
             start.record(stream)
+            enqueue_start = time.perf_counter()
             fn()
+            if lead is not None:
+                lead.after_enqueue(start, (time.perf_counter() - enqueue_start) * 1e6)
             end.record(stream)
         end.synchronize()
         return start.elapsed_time(end) * 1000.0

@@ -101,8 +101,12 @@ def measure_ceiling(torch, point: dict, device, policy, hbm_gbs: float) -> tuple
     calls = [
         _operands(torch, m, n, k, point["precision"], device)[0] for m, n, k in gemm_shapes(point)
     ]
+    lead = timing.host_lead(policy)
     run = timing.cuda_event_timer(
-        lambda: [call() for call in calls], device=device.index, flush_l2=policy.flush_l2
+        lambda: [call() for call in calls],
+        device=device.index,
+        flush_l2=policy.flush_l2,
+        lead=lead,
     )
     times = timing.measure(run, policy)
     median = statistics.median(times)
@@ -116,5 +120,6 @@ def measure_ceiling(torch, point: dict, device, policy, hbm_gbs: float) -> tuple
         "hbm_gbs": hbm_gbs,
         "roofline_us": roofline_us(point, ceiling, hbm_gbs),
         "stop_reason": times.stop_reason,
+        **(lead.as_extra() if lead is not None else {}),
     }
     return list(times), facts

@@ -31,7 +31,7 @@ from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement import timing
 from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.megamoe import schedule
-from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
+from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
 from xstage_bench.megamoe.runner import default_devices, measured_paths
 
 
@@ -82,6 +82,7 @@ def compare(measurer, point: dict, option: str, values: list[int]) -> dict:
         checks[v] = {"error": error, **facts}
     passed = [v for v in values if checks[v]["error"] is None]
     events: dict[int, list] = {v: [] for v in passed}
+    leads = {v: timing.host_lead(measurer.policy) for v in passed}
 
     def timer(v: int):
         def run():
@@ -90,7 +91,10 @@ def compare(measurer, point: dict, option: str, values: list[int]) -> dict:
 
         if measurer.cuda:
             return timing.cuda_event_timer(
-                run, device=measurer.devices[0].index, flush_l2=measurer.policy.flush_l2
+                run,
+                device=measurer.devices[0].index,
+                flush_l2=measurer.policy.flush_l2,
+                lead=leads[v],
             )
         return timing.host_timer(run)
 
@@ -104,6 +108,8 @@ def compare(measurer, point: dict, option: str, values: list[int]) -> dict:
             for ranks in events[v][-len(samples[v]) :]
         ]
         arms[v] = {"time_us": list(samples[v]), "kernel_us": kernel_us}
+        if leads[v] is not None:
+            arms[v]["host_lead"] = leads[v].as_extra()
     ratios = [
         {
             "value": v,
@@ -166,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from xstage_kernels import megamoe_ws
 
     devices = default_devices(config, args.world_size, device_type)
-    policy = timing.TimingPolicy.from_config(config["timing"])
+    policy = megamoe_policy(config, moe)
     measurer = MoEMeasurer(moe, policy, devices, check_tokens=args.check_tokens)
     kept = getattr(megamoe_ws, option)
     doc = {

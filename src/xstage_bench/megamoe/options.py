@@ -5,8 +5,10 @@ models' commands (runner.py, distributed.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from xstage_bench.data.config import load_config
+from xstage_bench.measurement import timing
 from xstage_bench.megamoe.points import CHECK_TOKENS, select
 
 
@@ -42,3 +44,10 @@ def selected_grid(args: argparse.Namespace) -> tuple[dict, dict]:
         split(getattr(args, "variants", None)),
     )
     return config, moe
+
+
+def megamoe_policy(config: dict, moe: dict) -> timing.TimingPolicy:
+    """The timing block's policy with the MegaMoE section's host_lead: every variant's
+    timed call starts with the GPU busy, so its events time GPU work (timing.HostLead)."""
+    policy = timing.TimingPolicy.from_config(config["timing"])
+    return dataclasses.replace(policy, host_lead=bool(moe.get("host_lead", False)))

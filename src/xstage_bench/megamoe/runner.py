@@ -44,7 +44,7 @@ from pathlib import Path
 
 from xstage_bench.data import grid, storepath
 from xstage_bench.data.results import atomic_write_text
-from xstage_bench.measurement import log, timing
+from xstage_bench.measurement import log
 from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.measurement.sweep import (
     Refresh,
@@ -55,7 +55,8 @@ from xstage_bench.measurement.sweep import (
 )
 from xstage_bench.megamoe import reference
 from xstage_bench.megamoe.baselines import BASELINES, VARIANTS, flashinfer, unfused
-from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
+from xstage_bench.megamoe.layer import graphs
+from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
 from xstage_bench.megamoe.ours.lead import LeadChooser
 from xstage_bench.megamoe.ours.measurer import MoEMeasurer
 from xstage_bench.megamoe.ours.summary import print_summary
@@ -180,6 +181,12 @@ def definitions(paths: Sequence[str], combine: str) -> dict:
         "once (order alternating), sample i of every arm is from round i",
         "lead_rows": "interleaved: the minimum Linear-1 row lead its tile list was built "
         "with; lead_rows_requested: the config's value (an integer or 'auto', lead.py)",
+        "launch": "how the timed layer was enqueued (the raw config's kernel.launch)",
+        "host_enqueue_us": "median host time to enqueue one timed call (megamoe.host_lead: "
+        "the GPU sleeps meanwhile, so time_us is GPU time, every variant alike)",
+        "gpu_waited_for_host": "timed calls (of host_lead_calls, warm-up included) whose "
+        "start event had passed before the host finished enqueueing: the GPU may have "
+        "waited for the host inside time_us",
     }
     per_path = {
         storepath.PEER: {
@@ -213,6 +220,16 @@ def definitions(paths: Sequence[str], combine: str) -> dict:
     return {path: {**per_path[path], **common} for path in paths}
 
 
+def launch_description(device_type: str) -> str:
+    """How the timed layer is enqueued (layer/graphs.py)."""
+    if device_type != "cuda":
+        return f"{graphs.EAGER}: every launch from Python, rank after rank"
+    return (
+        f"{graphs.CUDA_GRAPH}: per rank, the sync buffer's zero with the fused kernel, and "
+        "the combine, each captured once per tile list (after one eager run) and replayed"
+    )
+
+
 def raw_config(
     config: dict,
     moe: dict,
@@ -242,6 +259,7 @@ def raw_config(
             "tma_loads": ["w8a8"],
             "max_spin": kernel.MAX_SPIN,
             "ran": kernels_that_ran(kernel, device_type),
+            "launch": launch_description(device_type),
         },
         "check": {
             "tokens_per_rank": check_tokens,
@@ -388,7 +406,7 @@ def run_megamoe(
         moe = {**moe, "variants": ["ours"]}
     elif len(devices) > 1:
         enable_peer_access(devices)
-    policy = timing.TimingPolicy.from_config(config["timing"])
+    policy = megamoe_policy(config, moe)
     leads = LeadChooser.of(moe, model_file)
     configs, points = sweep_points(moe, len(devices), paths, leads)
     sets = arm_sets(points)

@@ -250,6 +250,7 @@ class RankResult:
     rows: object = None  # float32 (len(tokens), H): the sampled tokens' outputs
     nan_rows: int = 0
     times_us: list | None = None
+    host_lead: dict | None = None  # worker_pair.time_collective's lead facts
     version: str = ""
     torch_version: str = ""
 
@@ -501,7 +502,9 @@ def _check_and_time(job, deep_gemm, buf, inputs, weights_l12, version) -> RankRe
             torch_version=torch.__version__,
         )
     with step("time it", announce=True):
-        result.times_us = time_collective(call, job["policy"], device, refill=fill)
+        result.times_us, result.host_lead = time_collective(
+            call, job["policy"], device, refill=fill
+        )
     return result
 
 

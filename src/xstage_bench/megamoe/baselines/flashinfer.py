@@ -165,6 +165,7 @@ class RankResult:
     rows: dict = field(default_factory=dict)  # check -> float32 (len(tokens), H)
     nan_rows: dict = field(default_factory=dict)  # check -> rows left NaN
     times_us: list | None = None  # compute_staged
+    host_lead: dict | None = None  # its lead facts (worker_pair.time_collective)
     forward_us: float = 0.0  # median of the timed forward calls (slowest rank)
     version: str = ""
     torch_version: str = ""
@@ -274,12 +275,12 @@ def _run_job(job: dict, rank: int, group) -> RankResult:
         staged = layer.compute_staged(output=None)  # on the inputs forward staged
         staged = poisoned(staged, lambda: layer.compute_staged(output=None))
         keep("compute_staged", staged)
-        result.times_us = time_collective(
+        result.times_us, result.host_lead = time_collective(
             lambda: layer.compute_staged(output=None), job["policy"], device
         )
         staged = poisoned(staged, lambda: layer.compute_staged(output=None))
         keep("after_timing", staged)
-        forward = time_collective(lambda: layer.forward(inputs), job["policy"], device)
+        forward, _ = time_collective(lambda: layer.forward(inputs), job["policy"], device)
         result.forward_us = statistics.median(forward)
         return result
     finally:

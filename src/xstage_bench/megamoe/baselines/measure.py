@@ -110,12 +110,14 @@ class UnfusedBaseline:
     def _time(self, point: dict, facts: dict, checked: list) -> Measured:
         m = self.m
         prob, pipe = m.problem(point), self._pipe
-        times_by_gemm = {}
+        times_by_gemm, leads = {}, {}
         for gemm in checked:
+            leads[gemm] = timing.host_lead(m.policy)
             run_once = timing.cuda_event_timer(
                 lambda g=gemm: (pipe.forward(g), self._join_ranks()),
                 device=m.devices[0].index,
                 flush_l2=m.policy.flush_l2,
+                lead=leads[gemm],
             )
             times_by_gemm[gemm] = timing.measure(run_once, m.policy)
         medians = {g: statistics.median(t) for g, t in times_by_gemm.items()}
@@ -136,6 +138,7 @@ class UnfusedBaseline:
             "nvlink_bytes": int(sum(nvlink)),
             "nvlink_bytes_per_rank": nvlink,
             "stop_reason": times.stop_reason,
+            **(leads[gemm].as_extra() if leads[gemm] is not None else {}),
         }
         text = " ".join(f"{g}={us:.1f}" for g, us in medians.items())
         line = f"  unfused time_us: {text} (err {max(rel[gemm]):.2e})"
@@ -264,11 +267,14 @@ class PairBaseline:
         ]
         return [reference.relative_error(o, f) for o, f in zip(outs, ref, strict=True)]
 
-    def _timed(self, point: dict, times: list[float], facts: dict) -> float:
-        """The median of `times`; TFLOP/s and the bytes that cross NVLink into `facts`
-        (its dispatch and combine: dispatched rows with their scales, returned rows)."""
+    def _timed(self, point: dict, results: list, facts: dict) -> float:
+        """The median of the workers' times; TFLOP/s, the bytes that cross NVLink (its
+        dispatch and combine: dispatched rows with their scales, returned rows) and the
+        host lead's facts into `facts`."""
         m = self.m
         prob = m.problem(point)
+        times = results[0].times_us
+        facts.update(results[0].host_lead or {})
         median = statistics.median(times)
         flops = prob.useful_flops() / len(m.devices)
         nvlink = unfused.exchange_bytes([rb.plan for rb in prob.ranks], point["H"], prob.precision)
@@ -358,7 +364,7 @@ class DeepGemmBaseline(PairBaseline):
     def _time(self, point: dict, facts: dict) -> Measured:
         results, _ = self._results(point)
         times = results[0].times_us
-        median = self._timed(point, times, facts)
+        median = self._timed(point, results, facts)
         line = (
             f"  deepgemm ({facts['deepgemm_schedule']}) time_us={median:.1f} "
             f"err={max(facts['rel_error']):.2e} first call {max(facts['first_call_s']):.1f} s"
@@ -436,7 +442,7 @@ class FlashInferBaseline(PairBaseline):
     def _time(self, point: dict, facts: dict) -> Measured:
         results, _ = self._results(point)
         times = results[0].times_us
-        median = self._timed(point, times, facts)
+        median = self._timed(point, results, facts)
         facts["forward_us"] = results[0].forward_us
         line = (
             f"  flashinfer time_us={median:.1f} (forward, bf16 in: {facts['forward_us']:.1f}) "

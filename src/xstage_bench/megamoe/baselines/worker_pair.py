@@ -158,11 +158,12 @@ def serve(task: Task, rank: int, world: int, port: int, jobs, results) -> None:
         results.put((rank, result))
 
 
-def time_collective(call, policy: dict, device, refill=None) -> list[float]:
+def time_collective(call, policy: dict, device, refill=None) -> tuple[list[float], dict]:
     """Per repetition: the inputs refilled (`refill`, if any), L2 flushed, the ranks meet
     at a barrier (all untimed), then CUDA events around one `call`. A fixed count, the
     same on every rank (timing.measure_fixed, rank 0's count); a sample is the slowest
-    rank's time."""
+    rank's time. Also the host lead's facts (timing.HostLead, where the policy asks for
+    one; {} otherwise): the slowest rank's enqueue, the waits of every rank."""
     import torch
     import torch.distributed as dist
 
@@ -170,6 +171,7 @@ def time_collective(call, policy: dict, device, refill=None) -> list[float]:
 
     policy = timing.TimingPolicy(**policy)
     flush = timing.l2_flusher(torch, device.index) if policy.flush_l2 else None
+    lead = timing.host_lead(policy)
 
     def setup() -> None:
         if refill is not None:
@@ -183,8 +185,22 @@ def time_collective(call, policy: dict, device, refill=None) -> list[float]:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    run_once = timing.cuda_event_timer(call, device=device.index, flush_l2=False, setup=setup)
+    run_once = timing.cuda_event_timer(
+        call, device=device.index, flush_l2=False, setup=setup, lead=lead
+    )
     mine = timing.measure_fixed(run_once, policy, agree=agree)
     every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return [float(max(v)) for v in zip(*every, strict=True)]
+    dist.all_gather_object(every, (mine, lead.as_extra() if lead is not None else {}))
+    times = [float(max(v)) for v in zip(*(t for t, _ in every), strict=True)]
+    return times, combined_leads([extra for _, extra in every])
+
+
+def combined_leads(per_rank: list[dict]) -> dict:
+    """Every rank's HostLead facts as one record's: the slowest enqueue, all the waits."""
+    if not per_rank or not per_rank[0]:
+        return {}
+    return {
+        "host_enqueue_us": max(e["host_enqueue_us"] for e in per_rank),
+        "gpu_waited_for_host": sum(e["gpu_waited_for_host"] for e in per_rank),
+        "host_lead_calls": max(e["host_lead_calls"] for e in per_rank),
+    }

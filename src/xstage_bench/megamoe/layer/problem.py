@@ -12,7 +12,9 @@ buffer (peer memory: the GPUs have peer access, and a row's destination is an el
 offset from the launching rank's buffer); then a cross-GPU barrier (every rank's stream
 waits for every kernel) and, on each home rank, the top-k weighted reduction of its
 combine buffer (reduction.py: the Triton kernel xstage_kernels.combine on GPUs, torch.bmm
-on the CPU; the check runs the same one).
+on the CPU; the check runs the same one). On a GPU the launches are replayed from CUDA
+graphs that `arm` captures (graphs.py: the host's eager launch path is slower than the
+GPU at small token counts).
 
 On the host store path (storepath.HOST) a share f of each home rank's tokens (the point's
 `remote_fraction`, routing.host_tokens) is host-homed: all their top-k combine rows are
@@ -38,7 +40,7 @@ import numpy as np
 from xstage_bench.data import storepath
 from xstage_bench.measurement import hostmem
 from xstage_bench.megamoe import routing, schedule
-from xstage_bench.megamoe.layer import accounting, reduction
+from xstage_bench.megamoe.layer import accounting, graphs, reduction
 from xstage_bench.megamoe.layer.inputs import host_share, make_home_tokens
 from xstage_bench.megamoe.layer.rank import (
     act_dtype,
@@ -147,6 +149,7 @@ class MoEProblem:
                     raise RuntimeError("a host combine buffer is not 16-byte aligned")
                 self.host_comb[r] = buf
                 host_ptrs[r] = buf.data_ptr()
+        self._graphs: dict[tuple, list[graphs.RankGraphs]] = {}  # graphs.graph_key -> per rank
         self.ranks = []
         for q, (d, plan) in enumerate(zip(devices, plans, strict=True)):
             base = comb[q].data_ptr()
@@ -172,11 +175,36 @@ class MoEProblem:
                 )
             )
 
-    def arm(self, point: dict) -> str:
-        """Build the point's tile list on every rank (once); its key for `forward`."""
+    def arm(self, point: dict, *, graphed: bool = False) -> str:
+        """Build the point's tile list on every rank (once); its key for `forward`.
+        graphed: also capture its launches as CUDA graphs now (on a GPU; graphs.py), so
+        that a check after this replays them (their capture runs the layer once)."""
         keys = {tiles_for(rb, point, self.moe, self.num_programs) for rb in self.ranks}
         (key,) = keys
+        if graphed and self.cuda:
+            self._rank_graphs(key)
         return key
+
+    def launch_mode(self) -> str:
+        """How `forward` enqueues the layer as timed (no trace, not emulated, not the
+        local control): replayed graphs on a GPU, eager launches elsewhere."""
+        return graphs.CUDA_GRAPH if self.cuda else graphs.EAGER
+
+    def _rank_graphs(self, name: str) -> list[graphs.RankGraphs]:
+        """Every rank's captured launches with tile list `name`, captured on first use."""
+        key = graphs.graph_key(name)
+        if key not in self._graphs:
+            torch = self.torch
+            self._graphs[key] = [
+                graphs.RankGraphs(
+                    kernel=graphs.capture(
+                        torch, d, lambda q=q: self._launch(q, name, local=False, trace=None)
+                    ),
+                    combine=graphs.capture(torch, d, lambda q=q: self._combine(q)),
+                )
+                for q, d in enumerate(self.devices)
+            ]
+        return self._graphs[key]
 
     def _key(self, name: str) -> str:
         """A tile-list key for `forward`: an arm key already built, or a schedule name (its
@@ -338,6 +366,7 @@ class MoEProblem:
         kernel_events: list | None = None,
         flushers: dict | None = None,
         emulate_ns: tuple[int, int] | None = None,
+        eager: bool = False,
     ) -> None:
         """Enqueue one MoE layer on every rank (see the module doc) with tile list `name`
         (a schedule name, or the key MoEProblem.arm gave). local: the local-store
@@ -345,7 +374,9 @@ class MoEProblem:
         kernel_events: a list to which [(start, end) per rank] is appended. flushers:
         rank -> callable that flushes that rank's L2 after its part is done (ranks > 0;
         the timer flushes rank 0 before its start event). emulate_ns: the compute-emulated
-        build's per-tile waits (kernel.emulated_tile_ns)."""
+        build's per-tile waits (kernel.emulated_tile_ns). On a GPU the layer as timed (no
+        trace, not emulated, not local) replays `arm`'s graphs, captured here if it did not;
+        eager: launch from Python all the same (kernels/ab compares the two)."""
         if local:
             self.ensure_local_sink()
         name = self._key(name)
@@ -362,6 +393,9 @@ class MoEProblem:
                     self._combine(q)
             return
         torch = self.torch
+        replayed = None
+        if trace is None and emulate_ns is None and not local and not eager:
+            replayed = self._rank_graphs(name)
         streams = [torch.cuda.current_stream(d) for d in self.devices]
         go = torch.cuda.Event()
         go.record(streams[0])
@@ -372,7 +406,10 @@ class MoEProblem:
                     streams[q].wait_event(go)
                 pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 pair[0].record(streams[q])
-                self._launch(q, name, local=local, trace=trace, emulate_ns=emulate_ns)
+                if replayed:
+                    replayed[q].kernel.replay()
+                else:
+                    self._launch(q, name, local=local, trace=trace, emulate_ns=emulate_ns)
                 pair[1].record(streams[q])
                 events.append(pair)
                 done.append(torch.cuda.Event())
@@ -384,7 +421,9 @@ class MoEProblem:
                 for r, event in enumerate(done):
                     if r != q:
                         streams[q].wait_event(event)  # the cross-rank barrier
-                if not local:
+                if replayed:
+                    replayed[q].combine.replay()
+                elif not local:
                     self._combine(q)
                 if q:
                     finished = torch.cuda.Event()

@@ -174,7 +174,7 @@ class MoEMeasurer:
         prob = self.problem(point)
         torch = self.torch
         local = point.get("variant") == LOCAL_CONTROL
-        key = prob.arm(point)
+        key = prob.arm(point, graphed=trace is None and not local)  # before the poison
         prob.poison(local=local)
         prob.forward(key, local=local, trace=trace)
         prob.synchronize()
@@ -260,6 +260,7 @@ class MoEMeasurer:
         prob = self.problem(arms[0])
         events: dict[str, list] = {a["id"]: [] for a in arms}
         keys = {a["id"]: prob.arm(a) for a in arms}
+        leads = {a["id"]: timing.host_lead(self.policy) for a in arms}
 
         def timer(arm_id: str):
             def fn():
@@ -267,7 +268,10 @@ class MoEMeasurer:
 
             if self.cuda:
                 return timing.cuda_event_timer(
-                    fn, device=self.devices[0].index, flush_l2=self.policy.flush_l2
+                    fn,
+                    device=self.devices[0].index,
+                    flush_l2=self.policy.flush_l2,
+                    lead=leads[arm_id],
                 )
             return timing.host_timer(fn)
 
@@ -299,7 +303,10 @@ class MoEMeasurer:
                 "padded_rows_per_rank": prob.padded_rows(),
                 "tiles_per_rank": [int(rb.tiles[keys[i]].shape[0]) for rb in prob.ranks],
                 "stop_reason": t.stop_reason,
+                "launch": prob.launch_mode(),
             }
+            if leads[i] is not None:
+                extra.update(leads[i].as_extra())
             if prob.path == storepath.HOST:
                 extra["host_bytes"] = int(sum(host))
                 extra["host_bytes_per_rank"] = host
