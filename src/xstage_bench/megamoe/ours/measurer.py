@@ -52,6 +52,7 @@ from xstage_bench.megamoe.points import (
     sampled_tokens,
 )
 
+WORKER_HEADROOM_BYTES = 64 << 30  # free GPU memory below which a worker baseline gets more
 TRACE_NEEDS_GPU = "the traced build reads %globaltimer, which the Triton interpreter cannot run"
 
 _log = log.get(__name__)
@@ -232,12 +233,25 @@ class MoEMeasurer:
         if variant == "unfused":
             return self.unfused.measure(point)
         if variant == "deepgemm":
+            self._room_for_workers()
             return self.deepgemm.measure(point)
         if variant == "flashinfer":
+            self._room_for_workers()
             return self.flashinfer.measure(point)
         if variant == "gemm_ceiling":
             return self.ceiling.measure(point)
         return self._ours(point)
+
+    def _room_for_workers(self) -> None:
+        """Drop the unfused pipeline's converted weights when GPU 0 has little memory free:
+        a worker baseline builds its own copy of the weights in another process (DeepSeek-
+        V4-Pro's DeepGEMM workers ran out of memory beside them on one H200)."""
+        if not self.cuda:
+            return
+        free, _ = self.torch.cuda.mem_get_info(self.devices[0])
+        if free < WORKER_HEADROOM_BYTES:
+            self.unfused.forget_weights()
+            self.torch.cuda.empty_cache()
 
     def _ours(self, point: dict) -> dict:
         """The point's record from its configuration's paired set, measured when the first
