@@ -250,6 +250,7 @@ class MoEMeasurer:
             return
         free, _ = self.torch.cuda.mem_get_info(self.devices[0])
         if free < WORKER_HEADROOM_BYTES:
+            self.unfused.forget()  # its pipeline holds the weights too
             self.unfused.forget_weights()
             self.torch.cuda.empty_cache()
 
