@@ -15,7 +15,6 @@ For each configuration (expert waves, every combine row local), after its check:
 A development record, not a dataset.
 """
 
-import argparse
 import cProfile
 import io
 import pstats
@@ -23,15 +22,11 @@ import statistics
 import sys
 import time
 
+import one_gpu  # this folder
 import torch
 
-from xstage_bench.measurement import timing
-from xstage_bench.megamoe.kernel_ab import local_configs
 from xstage_bench.megamoe.layer import reduction
 from xstage_bench.megamoe.layer.rank import launch_rank
-from xstage_bench.megamoe.options import add_grid_arguments, selected_grid
-from xstage_bench.megamoe.ours.measurer import MoEMeasurer
-from xstage_bench.megamoe.runner import default_devices, measured_paths
 from xstage_kernels import megamoe_ws
 
 SLEEP_CYCLES = 4_000_000  # about 2 ms at 1.98 GHz
@@ -132,23 +127,6 @@ def graph_forward(kernel_graph, combine_graph, kernel_events):
     kernel_events.append([pair])
 
 
-def timed_once(forward, flush, sleep_cycles: int) -> tuple[float, float, float]:
-    """(layer us, kernel us, host enqueue us) of one forward."""
-    flush()
-    if sleep_cycles:
-        torch.cuda._sleep(sleep_cycles)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    kernel_events = []
-    start.record()
-    t0 = time.perf_counter()
-    forward(kernel_events)
-    host = (time.perf_counter() - t0) * 1e6
-    end.record()
-    end.synchronize()
-    k_start, k_end = kernel_events[0][0]
-    return start.elapsed_time(end) * 1e3, k_start.elapsed_time(k_end) * 1e3, host
-
-
 def study(measurer, point, flush) -> None:
     """Steps 1-4 of the module doc for one configuration."""
     error, _ = measurer.check(point)
@@ -184,7 +162,7 @@ def study(measurer, point, flush) -> None:
     runs = {arm: [] for arm in arms}
     for n in range(WARMUP + ROUNDS):
         for arm, forward in arms.items():
-            sample = timed_once(forward, flush, arm[1])
+            sample = one_gpu.timed_once(forward, flush, arm[1])
             if n >= WARMUP:
                 runs[arm].append(sample)
     for (how, cycles), samples in runs.items():
@@ -198,17 +176,8 @@ def study(measurer, point, flush) -> None:
 
 
 def main(argv) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_grid_arguments(parser)
-    args = parser.parse_args(argv)
-    config, moe = selected_grid(args)
-    devices = default_devices(config, 1, "cuda")
-    policy = timing.TimingPolicy.from_config(config["timing"])
-    measurer = MoEMeasurer(moe, policy, devices, check_tokens=args.check_tokens)
-    flush = timing.l2_flusher(torch, 0)
-    for point in local_configs(moe, 1, measured_paths(config, 1)):
+    for measurer, point, flush in one_gpu.configurations(argv, __doc__):
         study(measurer, point, flush)
-    measurer.close()
 
 
 if __name__ == "__main__":
