@@ -141,6 +141,39 @@ def test_megamoe_baseline_sections_compare_our_best_with_each_baseline(tmp_path)
     assert "ours/DeepGEMM" in markdown
 
 
+def test_megamoe_host_side_section_sums_each_variants_enqueues_and_waits(tmp_path):
+    ds = tmp_path / "h200x1-moe"
+    write_megamoe(ds, [1.25, 0.8] * 4, baselines=True)
+    raw = ds / layout.MEGAMOE_RAW
+    doc = json.loads(raw.read_text())
+    enqueue = {"ours": 30.0, "deepgemm": 80.0}
+    seen = {"ours": 0, "deepgemm": 0}
+    for record in doc["records"]:
+        variant = record["point"].get("variant") or "ours"
+        if record["status"] != "ok" or variant not in enqueue:
+            continue
+        seen[variant] += 1
+        record["extra"].update(
+            host_enqueue_us=enqueue[variant] * seen[variant],
+            host_lead_calls=10,
+            gpu_waited_for_host=1 if variant == "deepgemm" else 0,
+            **({"launch": "cuda_graph"} if variant == "ours" else {}),
+        )
+    raw.write_text(json.dumps(doc))
+    table = megamoe.build(ds)
+    sections = dict(table.sections)
+    host = sections["How each variant's calls were enqueued"].set_index("variant")
+    assert list(host.index) == ["ours", "deepgemm"]  # the others carry no host facts
+    ours, dg = host.loc["ours"], host.loc["deepgemm"]
+    n = seen["ours"]
+    assert ours["records"] == n and ours["launch"] == "cuda_graph"
+    assert ours["host enqueue us median"] == pytest.approx(30.0 * (n + 1) / 2)
+    assert ours["host enqueue us max"] == pytest.approx(30.0 * n)
+    assert ours["calls the GPU may have waited in"] == 0 and ours["timed calls"] == 10 * n
+    assert dg["launch"] == "eager" and dg["calls the GPU may have waited in"] == seen["deepgemm"]
+    assert any(note and note.startswith("host side:") for note in table.notes)
+
+
 def test_megamoe_flashinfer_beside_the_other_baselines_per_configuration_and_precision(
     tmp_path,
 ):

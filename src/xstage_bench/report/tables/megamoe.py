@@ -24,6 +24,7 @@ from xstage_bench.megamoe import schedule
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines
 from xstage_bench.report.analysis.speedup_ci import headline_ci
+from xstage_bench.report.tables import megamoe_host
 from xstage_bench.report.tables.common import Table
 
 PAPER = {
@@ -428,6 +429,10 @@ def build(dataset_dir: Path) -> Table:
             "rank's weights + activations at the measured HBM copy bandwidth "
             "(megamoe/ceiling.py). Natural routing."
         )
+    host = megamoe_host.host_side(doc)
+    if not host.empty:
+        sections.append(("How each variant's calls were enqueued", host))
+        notes.append(megamoe_host.host_side_note())
     return Table(
         frame,
         "MegaMoE interleaved vs expert-wave speedup, " + megamoe.paths_text(paths),
