@@ -228,6 +228,7 @@ def test_host_lead_keeps_the_gpu_busy_through_the_enqueue_and_counts_waits(monke
     extra = lead.as_extra()
     assert extra["host_enqueue_us"] == pytest.approx(65.0)
     assert extra["gpu_waited_for_host"] == 1 and extra["host_lead_calls"] == 2
+    assert timing.lead_facts(lead) == extra and timing.lead_facts(None) == {}
 
 
 def test_host_lead_follows_the_recent_enqueues_and_is_off_unless_asked():

@@ -420,6 +420,11 @@ def host_lead(policy: TimingPolicy) -> HostLead | None:
     return HostLead() if policy.host_lead else None
 
 
+def lead_facts(lead: HostLead | None) -> dict:
+    """A record's host-lead facts (HostLead.as_extra), or {} where there was no lead."""
+    return lead.as_extra() if lead is not None else {}
+
+
 def cuda_event_timer(
     fn: Callable[[], None],
     *,

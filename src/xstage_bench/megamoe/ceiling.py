@@ -120,6 +120,6 @@ def measure_ceiling(torch, point: dict, device, policy, hbm_gbs: float) -> tuple
         "hbm_gbs": hbm_gbs,
         "roofline_us": roofline_us(point, ceiling, hbm_gbs),
         "stop_reason": times.stop_reason,
-        **(lead.as_extra() if lead is not None else {}),
+        **timing.lead_facts(lead),
     }
     return list(times), facts

@@ -138,7 +138,7 @@ class UnfusedBaseline:
             "nvlink_bytes": int(sum(nvlink)),
             "nvlink_bytes_per_rank": nvlink,
             "stop_reason": times.stop_reason,
-            **(leads[gemm].as_extra() if leads[gemm] is not None else {}),
+            **timing.lead_facts(leads[gemm]),
         }
         text = " ".join(f"{g}={us:.1f}" for g, us in medians.items())
         line = f"  unfused time_us: {text} (err {max(rel[gemm]):.2e})"

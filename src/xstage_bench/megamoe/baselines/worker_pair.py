@@ -190,7 +190,7 @@ def time_collective(call, policy: dict, device, refill=None) -> tuple[list[float
     )
     mine = timing.measure_fixed(run_once, policy, agree=agree)
     every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (mine, lead.as_extra() if lead is not None else {}))
+    dist.all_gather_object(every, (mine, timing.lead_facts(lead)))
     times = [float(max(v)) for v in zip(*(t for t, _ in every), strict=True)]
     return times, combined_leads([extra for _, extra in every])
 

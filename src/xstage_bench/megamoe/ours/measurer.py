@@ -319,9 +319,8 @@ class MoEMeasurer:
                 "tiles_per_rank": [int(rb.tiles[keys[i]].shape[0]) for rb in prob.ranks],
                 "stop_reason": t.stop_reason,
                 "launch": prob.launch_mode(),
+                **timing.lead_facts(leads[i]),
             }
-            if leads[i] is not None:
-                extra.update(leads[i].as_extra())
             if prob.path == storepath.HOST:
                 extra["host_bytes"] = int(sum(host))
                 extra["host_bytes_per_rank"] = host
