@@ -1031,6 +1031,23 @@ def test_emulated_points_on_the_host_path_carry_it_in_id_and_point(tmp_path):
     assert inter["a/T=32/P=1/path=host/X=1000/f=0/interleaved"]["lead_rows"] == 0
 
 
+def test_forgetting_the_configuration_drops_our_weights_and_rebuilds_the_same_problem():
+    # before a worker baseline on a full GPU, the measurer drops what it holds of the
+    # configuration; the next point of it gets the same weights back from the seed
+    import torch
+    from fixtures import tiny_cpu_measurer
+
+    m = tiny_cpu_measurer(1)
+    point = {**_point(world_size=1), "schedule": "expert_wave", "id": "tiny/forget"}
+    first = m.problem(point)
+    w1 = m._weights[0].w1.clone()
+    m.forget_configuration()
+    assert m._weights == [] and m._problem is None and m._outputs == {}
+    again = m.problem(point)
+    assert again is not first
+    assert torch.equal(m._weights[0].w1, w1)
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_host_path_rows_land_in_host_memory_and_the_check_catches_an_unwritten_one(
     interpreted_kernel, world

@@ -243,15 +243,26 @@ class MoEMeasurer:
         return self._ours(point)
 
     def _room_for_workers(self) -> None:
-        """Drop the unfused pipeline's converted weights when GPU 0 has little memory free:
-        a worker baseline builds its own copy of the weights in another process (DeepSeek-
-        V4-Pro's DeepGEMM workers ran out of memory beside them on one H200)."""
+        """Drop what this process holds of the configuration when GPU 0 has little memory
+        free: a worker baseline builds its own copy of the weights in another process. On
+        one H200, DeepSeek-V4-Pro's DeepGEMM workers ran out of memory beside the unfused
+        pipeline's weights, and FlashInfer's (bf16 weights in, its FP8 copy beside them)
+        beside our layer's. Whatever is dropped is rebuilt when a point asks for it."""
         if not self.cuda:
             return
         free, _ = self.torch.cuda.mem_get_info(self.devices[0])
         if free < WORKER_HEADROOM_BYTES:
             self.unfused.forget()  # its pipeline holds the weights too
             self.unfused.forget_weights()
+            self.forget_configuration()
+
+    def forget_configuration(self) -> None:
+        """Drop our layer's problem, reference, kept outputs and weights (problem()
+        rebuilds them)."""
+        self._problem_id = self._problem = self._reference = None
+        self._outputs = {}
+        self._weights, self._weights_key = [], None
+        if self.cuda:
             self.torch.cuda.empty_cache()
 
     def _ours(self, point: dict) -> dict:
