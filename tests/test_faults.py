@@ -31,8 +31,7 @@ def test_a_crash_ends_the_process_with_its_own_exit_code(monkeypatch):
 
     monkeypatch.setenv(faults.ENV, "crash:K=33/")
     code = (
-        "from xstage_bench.measurement import faults; "
-        "faults.apply_before_measure('drain/K=33/V=1')"
+        "from xstage_bench.measurement import faults; faults.apply_before_measure('drain/K=33/V=1')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == faults.CRASH_EXIT_CODE

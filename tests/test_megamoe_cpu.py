@@ -1031,6 +1031,18 @@ def test_emulated_points_on_the_host_path_carry_it_in_id_and_point(tmp_path):
     assert inter["a/T=32/P=1/path=host/X=1000/f=0/interleaved"]["lead_rows"] == 0
 
 
+def test_a_worker_baseline_is_given_room_for_its_weight_copies():
+    from xstage_bench.megamoe.ours.measurer import worker_need_bytes
+
+    pro = {"E": 384, "H": 7168, "I": 3072, "world_size": 1, "precision": "w8a8"}
+    # FlashInfer's worker for it on one H200 held 78.8 GiB and asked for 31.5 more
+    assert worker_need_bytes(pro) > (78.8 + 31.5) * 2**30
+    assert worker_need_bytes({**pro, "world_size": 2}) < worker_need_bytes(pro)
+    assert worker_need_bytes({**pro, "precision": "w4a8"}) < worker_need_bytes(pro)
+    flash = {"E": 256, "H": 4096, "I": 2048, "world_size": 1, "precision": "w8a8"}
+    assert worker_need_bytes(flash) < 64 * 2**30  # a small layer leaves ours in place
+
+
 def test_forgetting_the_configuration_drops_our_weights_and_rebuilds_the_same_problem():
     # before a worker baseline on a full GPU, the measurer drops what it holds of the
     # configuration; the next point of it gets the same weights back from the seed

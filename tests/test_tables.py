@@ -510,7 +510,11 @@ def test_markdown_is_written_without_tabulate(tmp_path):
     write_table(Table(table, "the title", "the label", ["a note"]), tmp_path / "t.csv")
     assert pd.read_csv(tmp_path / "t.csv")["b"].tolist()[0] == "x|y"
     assert (tmp_path / "t.md").read_text().splitlines()[:5] == [
-        "# the title", "", "the label", "", "- a note"
+        "# the title",
+        "",
+        "the label",
+        "",
+        "- a note",
     ]
 
 

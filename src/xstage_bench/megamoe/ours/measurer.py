@@ -52,10 +52,24 @@ from xstage_bench.megamoe.points import (
     sampled_tokens,
 )
 
-WORKER_HEADROOM_BYTES = 64 << 30  # free GPU memory below which a worker baseline gets more
+# What a worker baseline's process may hold at its peak, in copies of one rank's stored
+# weights: FlashInfer's DeepSeek-V4-Pro worker on one H200 held its bf16 weights (2x), asked
+# for one more bf16 FC1 block while it converted them, and keeps an FP8 copy of its own.
+WORKER_WEIGHT_COPIES = 5
+WORKER_HEADROOM_BYTES = 16 << 30  # its tokens, buffers, NVSHMEM heap and CUDA context
 TRACE_NEEDS_GPU = "the traced build reads %globaltimer, which the Triton interpreter cannot run"
 
 _log = log.get(__name__)
+
+
+def worker_need_bytes(point: dict) -> int:
+    """The GPU memory a worker baseline's process may need for a point (see
+    WORKER_WEIGHT_COPIES): one rank's experts' weights as stored (1 byte per weight in
+    w8a8, half in w4a8), times the copies, plus the headroom."""
+    experts = point["E"] // point["world_size"]
+    weights = experts * 3 * point["H"] * point["I"]
+    per_weight = 0.5 if point["precision"] == "w4a8" else 1.0
+    return int(WORKER_WEIGHT_COPIES * weights * per_weight) + WORKER_HEADROOM_BYTES
 
 
 class MoEMeasurer:
@@ -233,16 +247,16 @@ class MoEMeasurer:
         if variant == "unfused":
             return self.unfused.measure(point)
         if variant == "deepgemm":
-            self._room_for_workers()
+            self._room_for_workers(point)
             return self.deepgemm.measure(point)
         if variant == "flashinfer":
-            self._room_for_workers()
+            self._room_for_workers(point)
             return self.flashinfer.measure(point)
         if variant == "gemm_ceiling":
             return self.ceiling.measure(point)
         return self._ours(point)
 
-    def _room_for_workers(self) -> None:
+    def _room_for_workers(self, point: dict) -> None:
         """Drop what this process holds of the configuration when GPU 0 has little memory
         free: a worker baseline builds its own copy of the weights in another process. On
         one H200, DeepSeek-V4-Pro's DeepGEMM workers ran out of memory beside the unfused
@@ -251,7 +265,7 @@ class MoEMeasurer:
         if not self.cuda:
             return
         free, _ = self.torch.cuda.mem_get_info(self.devices[0])
-        if free < WORKER_HEADROOM_BYTES:
+        if free < worker_need_bytes(point):
             self.unfused.forget()  # its pipeline holds the weights too
             self.unfused.forget_weights()
             self.forget_configuration()
