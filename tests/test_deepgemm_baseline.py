@@ -233,6 +233,12 @@ POINT = {
 }
 
 
+def _no_problem_before_the_workers(point):
+    # the workers' job is built from worker_inputs: the problem's weights would hold the
+    # GPU memory the workers need (FlashInfer's DeepSeek-V4-Pro ran out beside them)
+    raise AssertionError("the measurer's problem was built before the workers ran")
+
+
 def _record(monkeypatch, point=POINT) -> dict:
     """The record DeepGemmBaseline makes of `point` with the inline workers."""
     measurer = SimpleNamespace(
@@ -241,7 +247,8 @@ def _record(monkeypatch, point=POINT) -> dict:
         seed=0,
         tokens=[np.arange(4)],
         policy=TimingPolicy(0, 1, 1, 0.1, 1.0, False),
-        problem=lambda p: SimpleNamespace(point=p),
+        worker_inputs=lambda p: (p, [np.arange(4)]),
+        problem=_no_problem_before_the_workers,
     )
     baseline = DeepGemmBaseline(measurer)
     baseline.workers = _InlineWorkers()

@@ -231,11 +231,11 @@ class PairBaseline:
             results, failure = None, f"not run: this run's {self.name} time budget was spent"
         else:
             m = self.m
-            prob = m.problem(point)
+            job_point, tokens = m.worker_inputs(point)
             job = {
-                "point": prob.point,
+                "point": job_point,
                 "seed": m.seed,
-                "tokens": [t.tolist() for t in m.tokens],
+                "tokens": [t.tolist() for t in tokens],
                 "policy": dataclasses.asdict(m.policy),
             }
             start = time.monotonic()

@@ -97,6 +97,11 @@ class HostStamp:
         return (end.t - self.t) * 1e3
 
 
+def problem_point(point: dict, megamoe: dict) -> dict:
+    """The point as the problem (and a worker baseline's copy of its inputs) reads it."""
+    return {**point, "skew_zipf": megamoe["skew_zipf"]}
+
+
 class MoEProblem:
     """A configuration's inputs, weights, dispatched rows, buffers and tile lists."""
 
@@ -114,7 +119,7 @@ class MoEProblem:
 
         self.torch = torch
         self.moe = megamoe
-        self.point = {**point, "skew_zipf": megamoe["skew_zipf"]}
+        self.point = problem_point(point, megamoe)
         self.precision = point["precision"]
         check_precision(self.precision)
         self.devices = devices

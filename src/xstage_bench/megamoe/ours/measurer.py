@@ -160,10 +160,19 @@ class MoEMeasurer:
             seed=self.seed,
         )
         self._problem_id = cid
-        self.tokens = sampled_tokens(
+        self.tokens = self.worker_inputs(point)[1]
+        return self._problem
+
+    def worker_inputs(self, point: dict) -> tuple[dict, list[np.ndarray]]:
+        """What a worker baseline is told to rebuild the configuration's inputs from (the
+        point as the problem reads it, the sampled tokens of each rank), without building
+        the problem here: its weights would hold the GPU memory the workers need."""
+        from xstage_bench.megamoe.layer.problem import problem_point
+
+        tokens = sampled_tokens(
             point["tokens_per_rank"], self.check_tokens, len(self.devices), self.seed
         )
-        return self._problem
+        return problem_point(point, self.moe), tokens
 
     def reference(self) -> list:
         if self._reference is None:
