@@ -76,3 +76,19 @@ def test_the_geomean_ci_over_configurations_brackets_the_geomean():
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     assert low < geomean < high
     assert readme_results.geomean_ci_over_configurations([0.9] * 4) == pytest.approx((0.9, 0.9))
+
+
+def test_the_provenance_names_the_code_of_every_run_that_wrote_records(tmp_path, monkeypatch):
+    # a sweep resumed or retried at later commits holds records measured by each of them
+    def run(sha: str, day: str) -> dict:
+        return {"git": {"sha": sha}, "started_at": f"{day}T10:00:00Z"}
+
+    env = {
+        **run("336cec8ca7253f9b5e62d2dca1c25ed739d9ac19", "2026-12-01"),
+        "gpus": [{"name": "NVIDIA H200"}],
+        "resumes": [run("8f26a2b", "2026-12-02"), run("336cec8", "2026-12-02")],
+    }
+    doc = {"environment": env, "records": [{"status": "ok"}, {"status": "failed"}]}
+    monkeypatch.setattr(readme_results, "_raw_docs", lambda ds: [doc])
+    line = readme_results.provenance_line(tmp_path / "ref-x")
+    assert "measured 2026-12-01, 2026-12-02 (code 336cec8, 8f26a2b); 1 of 2 points ok" in line

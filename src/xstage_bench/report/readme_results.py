@@ -52,15 +52,17 @@ def provenance_line(ds: Path) -> str:
     env = docs[0]["environment"]
     gpus = Counter(g["name"] for g in env.get("gpus", []))
     gpu_text = ", ".join(f"{n}x {name}" for name, n in gpus.items())
-    shas = sorted({(d["environment"].get("git") or {}).get("sha") or "?" for d in docs})
-    days = sorted({d["environment"]["started_at"][:10] for d in docs})
+    # every run that wrote records: a raw file's first run and each resume or retry of it
+    runs = [run for d in docs for run in (d["environment"], *d["environment"].get("resumes", []))]
+    shas = sorted({((run.get("git") or {}).get("sha") or "?")[:7] for run in runs})
+    days = sorted({run["started_at"][:10] for run in runs})
     packages = env.get("packages", {})
     records = sum(len(d["records"]) for d in docs)
     ok = sum(r["status"] == "ok" for d in docs for r in d["records"])
     return (
         f"**{ds.name}**: {gpu_text}, driver {env.get('driver')}, torch {packages.get('torch')}, "
         f"triton {packages.get('triton')}; measured {', '.join(days)} "
-        f"(code {', '.join(s[:7] for s in shas)}); {ok} of {records} points ok."
+        f"(code {', '.join(shas)}); {ok} of {records} points ok."
     )
 
 
