@@ -1043,6 +1043,7 @@ def test_a_worker_baseline_is_given_room_for_its_weight_copies():
     assert worker_need_bytes(flash) < 64 * 2**30  # a small layer leaves ours in place
 
 
+@needs_torch
 def test_forgetting_the_configuration_drops_our_weights_and_rebuilds_the_same_problem():
     # before a worker baseline on a full GPU, the measurer drops what it holds of the
     # configuration; the next point of it gets the same weights back from the seed
