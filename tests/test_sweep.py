@@ -262,6 +262,19 @@ def test_retry_measures_only_the_points_a_finished_sweep_recorded_not_ok(tmp_pat
     assert [r["host"] for r in second["environment"]["resumes"]] == [ENV["host"]]
 
 
+def test_a_retry_with_nothing_to_measure_leaves_the_finished_file_untouched(tmp_path):
+    # a rule of two sweeps retried for one: the other's file must not gain a resume entry
+    # naming code that measured none of its records
+    out = tmp_path / "raw" / "gap_sweep.json"
+    first = sweep(out, counting_measure())
+    before = out.read_bytes()
+    measure, lines = counting_measure(), []
+    again = sweep(out, measure, retry_failed=True, progress=lines.append)
+    assert measure.calls == [] and again == first
+    assert out.read_bytes() == before and not partial_path(out).exists()
+    assert any("nothing to measure, left as it was" in line for line in lines)
+
+
 def test_retry_of_a_finished_sweep_with_another_config_measures_it_again_in_full(tmp_path):
     # as without the retry: a rule of two sweeps (MegaMoE and its traces) retried after a
     # change that one of them cannot refresh must not fail after the other has finished

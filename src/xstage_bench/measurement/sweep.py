@@ -409,6 +409,11 @@ def run_sweep(
         for p in points
         if p["id"] not in records or (retry_failed and records[p["id"]]["status"] != OK)
     ]
+    if not todo and source == out and not stale:
+        # a retry or a grown config that finds nothing to measure leaves the file as it
+        # was: no resume entry claiming this run's code wrote any of it
+        say(f"[{label}] {out}: nothing to measure, left as it was")
+        return finished
     if plan is not None:
         plan(todo)
     state = _SweepState(header, ids, records, partial)
