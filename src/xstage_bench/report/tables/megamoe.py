@@ -530,8 +530,10 @@ def flashinfer_note(doc: dict) -> str:
     return (
         f"ours/FlashInfer: FlashInfer {first.get('flashinfer_version', '')} "
         f"{first.get('flashinfer_backend', '')}, {first.get('format', 'FP8')}; one time per "
-        "configuration (its own schedule), natural routing only; its time (compute_staged, "
-        "FP8 inputs staged beforehand) includes its dispatch and combine, ours does not."
+        "configuration (its own schedule) of either token routing, at the natural remote "
+        "fraction only (its own dispatch places the rows); its time (compute_staged, FP8 "
+        "inputs staged beforehand) includes its dispatch and combine; ours includes the "
+        "combine (kernel, barrier, top-k reduction) and leaves the dispatch out."
     )
 
 
