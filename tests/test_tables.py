@@ -546,7 +546,8 @@ def test_megamoe_with_every_point_failed_is_no_data(tmp_path):
 
 def test_megamoe_unfused_paths_and_gemm_ceiling_sections(tmp_path):
     ds = tmp_path / "h200x2-moe"
-    path = write_megamoe(ds, [1.25] * 8, baselines=True)  # ours best: interleaved, 80 us
+    # ours best: interleaved, 80 us; DeepGEMM's best 100 us and FlashInfer 90 us in w8a8
+    path = write_megamoe(ds, [1.25] * 8, baselines=True, flashinfer="ok")
     doc = json.loads(path.read_text())
     records = []
     for r in doc["records"]:
@@ -583,6 +584,12 @@ def test_megamoe_unfused_paths_and_gemm_ceiling_sections(tmp_path):
     assert len(ceiling) == 8
     assert ceiling["fraction of ceiling"].tolist() == pytest.approx([0.5] * 8)
     assert ceiling["roofline / kernel"].tolist() == pytest.approx([35 / 70] * 8)
+    # the libraries beside the same roofline, where they ran (w8a8 only)
+    w8 = ceiling["configuration"].str.contains("w8a8")
+    assert w8.sum() == 4
+    assert ceiling.loc[w8, "roofline / DeepGEMM"].tolist() == pytest.approx([35 / 100] * 4)
+    assert ceiling.loc[w8, "roofline / FlashInfer"].tolist() == pytest.approx([35 / 90] * 4)
+    assert ceiling.loc[~w8, ["roofline / DeepGEMM", "roofline / FlashInfer"]].isna().all().all()
     by_precision = sections["Our kernel beside the GEMM ceiling"].set_index("precision")
     assert by_precision.loc["w8a8", "fraction of ceiling median"] == pytest.approx(0.5)
     assert by_precision.loc["w4a8 time / w8a8 time", "geomean"] == pytest.approx(1.0)

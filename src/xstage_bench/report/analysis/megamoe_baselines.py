@@ -162,13 +162,22 @@ CEILING_COLUMNS = (
     "kernel_us",
     "roofline_us",
     "roofline_over_kernel",
+    "roofline_over_deepgemm",
+    "roofline_over_flashinfer",
 )
+# the libraries' times over the same roofline: how close each comes to the bound (their
+# times include their dispatch and combine)
+LIBRARY_TIMES = {
+    "roofline_over_deepgemm": "deepgemm_best_us",
+    "roofline_over_flashinfer": "flashinfer_us",
+}
 
 
 def kernel_vs_ceiling(doc: dict) -> pd.DataFrame:
     """Per configuration at natural routing with a gemm_ceiling record: our kernel's best
     schedule (kernel time and TFLOP/s, from the events around each rank's kernel) beside
-    cuBLAS on the same two GEMMs, and the roofline time (megamoe/ceiling.py)."""
+    cuBLAS on the same two GEMMs, and the roofline time (megamoe/ceiling.py) over our
+    kernel's time and over DeepGEMM's and FlashInfer's, where they ran."""
     ceilings = [
         {**point, "ceiling_tflops": extra["tflops"], "roofline_us": extra["roofline_us"]}
         for point, extra in _config_rows(doc, "gemm_ceiling")
@@ -192,5 +201,10 @@ def kernel_vs_ceiling(doc: dict) -> pd.DataFrame:
     out["kernel_us"] = best["kernel_us_median"].reindex(out.index)
     out["roofline_us"] = ceiling["roofline_us"]
     out["roofline_over_kernel"] = out["roofline_us"] / out["kernel_us"]
+    libraries = megamoe_baselines(doc)
+    libraries = libraries.set_index(keys) if not libraries.empty else None
+    for column, time in LIBRARY_TIMES.items():
+        took = libraries[time].reindex(out.index) if libraries is not None else np.nan
+        out[column] = out["roofline_us"] / took
     out = out[out["kernel_us"].notna()]
     return out.reset_index()[[*keys, *CEILING_COLUMNS]]

@@ -427,7 +427,8 @@ def build(dataset_dir: Path) -> Table:
             f"raw config's '{megamoe.LAYER.tflops}' is over the layer time), the slowest "
             "rank, best schedule; roofline = the larger of the FLOPs at the ceiling and the "
             "rank's weights + activations at the measured HBM copy bandwidth "
-            "(megamoe/ceiling.py). Natural routing."
+            "(megamoe/ceiling.py); roofline / DeepGEMM and / FlashInfer: the same roofline "
+            "over their times (dispatch and combine inside). Natural routing."
         )
     host = megamoe_host.host_side(doc)
     if not host.empty:
@@ -589,5 +590,7 @@ def ceiling_configs(ceiling: pd.DataFrame) -> pd.DataFrame:
             "kernel us": ceiling["kernel_us"],
             "roofline us": ceiling["roofline_us"],
             "roofline / kernel": ceiling["roofline_over_kernel"],
+            "roofline / DeepGEMM": ceiling["roofline_over_deepgemm"],
+            "roofline / FlashInfer": ceiling["roofline_over_flashinfer"],
         }
     )
