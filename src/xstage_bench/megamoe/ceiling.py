@@ -35,15 +35,18 @@ def useful_flops(point: dict) -> float:
     return float(sum(2 * m * n * k for m, n, k in gemm_shapes(point)))
 
 
+def weight_bytes(point: dict) -> float:
+    """One rank's E/P experts' weights (both linears) as stored."""
+    experts = point["E"] / point["world_size"]
+    return experts * 3 * point["H"] * point["I"] * WEIGHT_BYTES[point["precision"]]
+
+
 def hbm_bytes(point: dict) -> float:
     """Bytes one rank moves through HBM at the least: its E/P experts' weights once, the
     received activations, the intermediate (written and read back) and the bf16 output."""
-    H, I, P = point["H"], point["I"], point["world_size"]  # noqa: E741
-    precision, rows = point["precision"], rank_rows(point)
-    experts = point["E"] / P
-    weights = experts * 3 * H * I * WEIGHT_BYTES[precision]
-    act = ACT_BYTES[precision]
-    return weights + rows * H * act + 2 * rows * I * act + rows * H * 2
+    H, I = point["H"], point["I"]  # noqa: E741
+    rows, act = rank_rows(point), ACT_BYTES[point["precision"]]
+    return weight_bytes(point) + rows * H * act + 2 * rows * I * act + rows * H * 2
 
 
 def roofline_us(point: dict, ceiling_tflops: float, hbm_gbs: float) -> float:

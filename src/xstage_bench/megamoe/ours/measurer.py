@@ -33,7 +33,7 @@ from xstage_bench.data import storepath
 from xstage_bench.measurement import log, timing
 from xstage_bench.measurement.clocks import ClockSampler
 from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point, wrong
-from xstage_bench.megamoe import reference, schedule
+from xstage_bench.megamoe import ceiling, reference, schedule
 from xstage_bench.megamoe.baselines.measure import (
     DeepGemmBaseline,
     FlashInferBaseline,
@@ -64,12 +64,9 @@ _log = log.get(__name__)
 
 def worker_need_bytes(point: dict) -> int:
     """The GPU memory a worker baseline's process may need for a point (see
-    WORKER_WEIGHT_COPIES): one rank's experts' weights as stored (1 byte per weight in
-    w8a8, half in w4a8), times the copies, plus the headroom."""
-    experts = point["E"] // point["world_size"]
-    weights = experts * 3 * point["H"] * point["I"]
-    per_weight = 0.5 if point["precision"] == "w4a8" else 1.0
-    return int(WORKER_WEIGHT_COPIES * weights * per_weight) + WORKER_HEADROOM_BYTES
+    WORKER_WEIGHT_COPIES): one rank's experts' weights as stored, times the copies, plus
+    the headroom."""
+    return int(WORKER_WEIGHT_COPIES * ceiling.weight_bytes(point)) + WORKER_HEADROOM_BYTES
 
 
 class MoEMeasurer:
@@ -160,8 +157,14 @@ class MoEMeasurer:
             seed=self.seed,
         )
         self._problem_id = cid
-        self.tokens = self.worker_inputs(point)[1]
+        self.tokens = self._sampled_tokens(point)
         return self._problem
+
+    def _sampled_tokens(self, point: dict) -> list[np.ndarray]:
+        """The tokens of each rank whose outputs every check compares."""
+        return sampled_tokens(
+            point["tokens_per_rank"], self.check_tokens, len(self.devices), self.seed
+        )
 
     def worker_inputs(self, point: dict) -> tuple[dict, list[np.ndarray]]:
         """What a worker baseline is told to rebuild the configuration's inputs from (the
@@ -169,10 +172,7 @@ class MoEMeasurer:
         the problem here: its weights would hold the GPU memory the workers need."""
         from xstage_bench.megamoe.layer.problem import problem_point
 
-        tokens = sampled_tokens(
-            point["tokens_per_rank"], self.check_tokens, len(self.devices), self.seed
-        )
-        return problem_point(point, self.moe), tokens
+        return problem_point(point, self.moe), self._sampled_tokens(point)
 
     def reference(self) -> list:
         if self._reference is None:
@@ -266,8 +266,9 @@ class MoEMeasurer:
         return self._ours(point)
 
     def _room_for_workers(self, point: dict) -> None:
-        """Drop what this process holds of the configuration when GPU 0 has little memory
-        free: a worker baseline builds its own copy of the weights in another process. On
+        """Drop what this process holds of the configuration when GPU 0 has less memory
+        free than the worker baseline may need (worker_need_bytes): it builds its own copy
+        of the weights in another process. On
         one H200, DeepSeek-V4-Pro's DeepGEMM workers ran out of memory beside the unfused
         pipeline's weights, and FlashInfer's (bf16 weights in, its FP8 copy beside them)
         beside our layer's. Whatever is dropped is rebuilt when a point asks for it."""
