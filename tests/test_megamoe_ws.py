@@ -80,6 +80,61 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(trace, precision):
         assert got["shared_fence"] == 0
 
 
+@needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+def test_tile_major_weights_compile_to_the_same_loads_and_mmas(precision):
+    rows = _compiled(False, precision)
+    call = f"kernels.compile_for_sm90(precision={precision!r}, tile_major_weights=True)"
+    tiles = sm90.compiled("megamoe_ws", call, PATTERNS)
+    for name in ("wgmma", "expect_tx", "tma_loads", "vector_stores", "release_add"):
+        assert tiles[name] == rows[name] > 0, name
+    assert tiles["shared"] == rows["shared"]
+
+
+@needs_triton
+@pytest.mark.parametrize(("k", "width"), [(384, 128), (192, 64)])
+def test_a_tile_major_block_row_holds_one_weight_tile(k, width):
+    """Block row (r / 128) * (K / width) + step of the tile-major copy holds rows r..r+127
+    and the step's columns of the row-major weights, for every tile of every expert."""
+    import torch
+
+    from xstage_kernels import megamoe_ws
+
+    block = megamoe_ws.BLOCK
+    w = torch.randint(0, 255, (3, 2 * block, k), dtype=torch.uint8)
+    tiles = megamoe_ws.tile_major(w, width)
+    flat = w.reshape(-1, k)
+    steps = k // width
+    assert tiles.shape == (w.numel() // width, width) and tiles.is_contiguous()
+    for r in range(0, flat.shape[0], block):
+        for step in range(steps):
+            at = (r // block * steps + step) * block
+            want = flat[r : r + block, step * width : (step + 1) * width]
+            assert torch.equal(tiles[at : at + block], want), (r, step)
+    with pytest.raises(ValueError, match="not whole 128 x 128 tiles"):
+        megamoe_ws.tile_major(w[:, :, : k - 1], 128)
+
+
+@needs_triton
+def test_a_tile_major_copy_is_made_once_and_dropped_with_its_weights(monkeypatch):
+    import gc
+
+    import torch
+
+    from xstage_kernels import megamoe_ws
+
+    made = []
+    real = megamoe_ws.tile_major
+    monkeypatch.setattr(megamoe_ws, "tile_major", lambda w, width: made.append(1) or real(w, width))
+    w = torch.zeros(1, megamoe_ws.BLOCK, megamoe_ws.BLOCK, dtype=torch.uint8)
+    first = megamoe_ws.tile_major_copy(w, megamoe_ws.BLOCK)
+    assert megamoe_ws.tile_major_copy(w, megamoe_ws.BLOCK) is first and len(made) == 1
+    key = id(w)
+    del w, first
+    gc.collect()
+    assert key not in megamoe_ws._tile_major_copies
+
+
 def _prmt(a: int, b: int, selector: int) -> int:
     """PTX prmt.b32 (default mode): byte i of the result is byte selector[i] & 7 of b:a, or
     that byte's sign replicated when selector[i] & 8."""
@@ -239,3 +294,8 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     assert refresh is not None and "w4a8, w8a8" in refresh.reason
     assert refresh.stale({"precision": "w8a8"}) and refresh.stale({"precision": "w4a8"})
     assert not refresh.stale({"precision": "w8a8", "variant": "gemm_ceiling"})
+    # Tile-major weights are named only when in force, so records before the option match.
+    monkeypatch.setattr(megamoe_ws, "TILE_MAJOR_WEIGHTS", True)
+    assert megamoe_ws.launch_options()["weight_layout"] == "tile-major"
+    tiles = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
+    assert kernel_refresh(computed, tiles).stale({"precision": "w8a8"})

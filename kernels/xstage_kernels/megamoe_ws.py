@@ -54,6 +54,8 @@ for sm_90 without a GPU; on a GPU each point's check (poisoned output, fresh inp
 against the reference) runs this kernel before it is timed.
 """
 
+import weakref
+
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -105,7 +107,12 @@ PAD_DST = -(2**62)  # as megamoe.PAD_DST
 # (an expert with at most 64 rows fills half a block: at 1024 tokens, every shape but
 # DiT-MoE). Read at each launch, so kernel_ab.py can time both builds in one run.
 SKIP_PADDING_HALVES = True
-LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES",)  # module constants a launch reads (kernel_ab.py)
+# Weights read tile-major: each 128-row x 128-channel step of a weight matrix stored as one
+# contiguous block (tile_major), so a TMA load reads 16 contiguous KiB (W4A8: 8 KiB of packed
+# bytes) instead of 128 rows of 128 bytes a row length apart, as weight-shuffling MoE kernels
+# store theirs. The copy is made at the first launch over a weight tensor (tile_major_copy).
+TILE_MAJOR_WEIGHTS = False
+LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS")  # read at launch (kernel_ab.py)
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -161,9 +168,12 @@ class Shared:
     W4: gl.constexpr
     STAGES: gl.constexpr
     SKIP_PADDING: gl.constexpr
+    TILE_MAJOR: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, SKIP_PADDING):
+    def __init__(
+        self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, SKIP_PADDING, TILE_MAJOR
+    ):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs
         self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
@@ -184,6 +194,7 @@ class Shared:
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
+        self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
 
 
 @gluon.jit
@@ -203,8 +214,13 @@ def _fence_proxy_async():
 @gluon.jit
 def _load_steps(p, it, a_desc, a_row, b_desc, b_row, k_steps):
     """Stream k_steps (A, B) steps of 128 channels into the ring; returns the ring counter.
-    W4: A as two 128 x 64 halves, B as 128 rows of 64 packed bytes."""
+    W4: A as two 128 x 64 halves, B as 128 rows of 64 packed bytes. b_row is a multiple of
+    128; tile-major weights hold its step k at block row (b_row / 128) * k_steps + k."""
     for k in range(k_steps):
+        if p.TILE_MAJOR:
+            b_at = [((b_row // _BLOCK) * k_steps + k) * _BLOCK, 0]
+        else:
+            b_at = [b_row, k * (_HALF if p.W4 else _BLOCK)]
         s = it % p.STAGES
         mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
         if p.W4:
@@ -215,17 +231,13 @@ def _load_steps(p, it, a_desc, a_row, b_desc, b_row, k_steps):
             tma.async_copy_global_to_shared(
                 a_desc, [a_row, k * _BLOCK + _HALF], p.ready.index(s), p.a_bufs.index(2 * s + 1)
             )
-            tma.async_copy_global_to_shared(
-                b_desc, [b_row, k * _HALF], p.ready.index(s), p.b_bufs.index(s)
-            )
+            tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
         else:
             mbarrier.expect(p.ready.index(s), 2 * _BLOCK * _BLOCK)
             tma.async_copy_global_to_shared(
                 a_desc, [a_row, k * _BLOCK], p.ready.index(s), p.a_bufs.index(s)
             )
-            tma.async_copy_global_to_shared(
-                b_desc, [b_row, k * _BLOCK], p.ready.index(s), p.b_bufs.index(s)
-            )
+            tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
         it += 1
     return it
 
@@ -532,6 +544,7 @@ def _fused_moe_ws(
     TRACE: gl.constexpr,
     W4: gl.constexpr,
     SKIP_PADDING: gl.constexpr,
+    TILE_MAJOR: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -583,6 +596,7 @@ def _fused_moe_ws(
         W4,
         STAGES,
         SKIP_PADDING,
+        TILE_MAJOR,
     )
     if W4:
         gl.warp_specialize(
@@ -606,23 +620,54 @@ def _fused_moe_ws(
 
 def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8"):  # noqa: E741
     """Gluon TMA descriptors, weights as 2-D (experts * rows, K or K/2 packed bytes): W8A8
-    128 x 128 FP8 blocks; W4A8 128 x 64 (activation halves, packed weight bytes)."""
+    128 x 128 FP8 blocks; W4A8 128 x 64 (activation halves, packed weight bytes). With
+    TILE_MAJOR_WEIGHTS the weights' descriptors are over their tile-major copies."""
     w4 = _is_w4(precision)
     width = HALF if w4 else BLOCK
     fp8 = gl.NVMMASharedLayout.get_default_for([BLOCK, width], gl.float8e4nv)
     packed = gl.NVMMASharedLayout.get_default_for([BLOCK, width], gl.uint8) if w4 else fp8
-    per_byte = 2 if w4 else 1  # K channels per stored weight byte
-    experts = w1.shape[0]
+
+    def weights(w):
+        if TILE_MAJOR_WEIGHTS:
+            w = tile_major_copy(w, width)
+        w = w.reshape(-1, w.shape[-1])
+        return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [BLOCK, width], packed)
+
     return (
         TensorDescriptor(x, [x.shape[0], H], [H, 1], [BLOCK, width], fp8),
-        TensorDescriptor(
-            w1, [experts * 2 * I, H // per_byte], [H // per_byte, 1], [BLOCK, width], packed
-        ),
+        weights(w1),
         TensorDescriptor(h, [h.shape[0], I], [I, 1], [BLOCK, width], fp8),
-        TensorDescriptor(
-            w2, [experts * H, I // per_byte], [I // per_byte, 1], [BLOCK, width], packed
-        ),
+        weights(w2),
     )
+
+
+def tile_major(w, width: int):
+    """(E, R, K) weights as (E R K / width, width) rows in which each 128-row x width-column
+    step is 128 consecutive rows, in the order (row block, step): block row
+    (r / 128) * (K / width) + k holds rows r..r+127, columns k width..(k+1) width."""
+    experts, rows, k = w.shape
+    if rows % BLOCK or k % width:
+        raise ValueError(f"weights {tuple(w.shape)} are not whole {BLOCK} x {width} tiles")
+    tiles = w.reshape(experts * rows // BLOCK, BLOCK, k // width, width).transpose(1, 2)
+    out = w.new_empty((w.numel() // width, width))  # never a view: it must not keep w alive
+    out.view(tiles.shape).copy_(tiles)
+    return out
+
+
+# id(weights) -> (a weak reference to them, their tile-major copy): a copy lives as long as
+# the weights it was made from, so a layer keeps one copy and a freed layer none.
+_tile_major_copies: dict = {}
+
+
+def tile_major_copy(w, width: int):
+    """The tile-major copy of weight tensor w (tile_major), made at its first use."""
+    entry = _tile_major_copies.get(id(w))
+    if entry is not None and entry[0]() is w:
+        return entry[1]
+    key = id(w)
+    copy = tile_major(w, width)
+    _tile_major_copies[key] = (weakref.ref(w, lambda _: _tile_major_copies.pop(key, None)), copy)
+    return copy
 
 
 def _is_w4(precision: str) -> bool:
@@ -662,6 +707,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         TRACE=trace is not None,
         W4=_is_w4(precision),
         SKIP_PADDING=SKIP_PADDING_HALVES,
+        TILE_MAJOR=TILE_MAJOR_WEIGHTS,
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -670,7 +716,10 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
 def launch_options() -> dict:
     """The launch constants in force (LAUNCH_OPTIONS), as a raw file's kernel record names
     them: what ran, and what changes our kernel's records when it changes."""
-    return {"padding_halves": "skipped" if SKIP_PADDING_HALVES else "computed"}
+    options = {"padding_halves": "skipped" if SKIP_PADDING_HALVES else "computed"}
+    if TILE_MAJOR_WEIGHTS:  # absent: row-major, as every record before the option
+        options["weight_layout"] = "tile-major"
+    return options
 
 
 def max_regs(precision: str) -> int:
@@ -688,7 +737,12 @@ def stages(precision: str) -> int:
     return W4_STAGES if _is_w4(precision) else STAGES
 
 
-def compile_for_sm90(trace: bool = False, precision: str = "w8a8", skip_padding: bool = True):
+def compile_for_sm90(
+    trace: bool = False,
+    precision: str = "w8a8",
+    skip_padding: bool = True,
+    tile_major_weights: bool = False,
+):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
     from triton.backends.compiler import GPUTarget
@@ -723,12 +777,14 @@ def compile_for_sm90(trace: bool = False, precision: str = "w8a8", skip_padding:
     names = list(_fused_moe_ws.arg_names)
     # The values stop before the trailing constexprs.
     signature = {name: mangle_type(v) for name, v in zip(names, values, strict=False)}
-    signature["TRACE"] = signature["W4"] = signature["SKIP_PADDING"] = "constexpr"
     constants = {
         (names.index("TRACE"),): trace,
         (names.index("W4"),): w4,
         (names.index("SKIP_PADDING"),): skip_padding,
+        (names.index("TILE_MAJOR"),): tile_major_weights,
     }
+    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR"):
+        signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
         i for i, v in enumerate(values) if isinstance(v, torch.Tensor) or names[i] in ("H", "I")
