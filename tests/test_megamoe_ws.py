@@ -41,6 +41,9 @@ PATTERNS = {
 }
 
 
+GLOBAL_LOADS = {**PATTERNS, "global_loads": r"ld\.global"}
+
+
 def _compiled(trace: bool, precision: str) -> dict:
     call = f"kernels.compile_for_sm90(trace={trace}, precision={precision!r})"
     return sm90.compiled("megamoe_ws", call, PATTERNS)
@@ -82,13 +85,22 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(trace, precision):
 
 @needs_triton
 @pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
-def test_tile_major_weights_compile_to_the_same_loads_and_mmas(precision):
-    rows = _compiled(False, precision)
-    call = f"kernels.compile_for_sm90(precision={precision!r}, tile_major_weights=True)"
-    tiles = sm90.compiled("megamoe_ws", call, PATTERNS)
+@pytest.mark.parametrize("option", ["tile_major_weights", "prefetch_tile"])
+def test_launch_options_compile_to_the_same_loads_and_mmas(precision, option):
+    """Each launch option keeps the operand loads, MMAs and stores; handing the tile record
+    over (prefetch_tile) takes global loads out of the math and converter warpgroups."""
+    plain = sm90.compiled(
+        "megamoe_ws", f"kernels.compile_for_sm90(precision={precision!r})", GLOBAL_LOADS
+    )
+    call = f"kernels.compile_for_sm90(precision={precision!r}, {option}=True)"
+    changed = sm90.compiled("megamoe_ws", call, GLOBAL_LOADS)
     for name in ("wgmma", "expect_tx", "tma_loads", "vector_stores", "release_add"):
-        assert tiles[name] == rows[name] > 0, name
-    assert tiles["shared"] == rows["shared"]
+        assert changed[name] == plain[name] > 0, name
+    assert changed["shared"] == plain["shared"]
+    if option == "prefetch_tile":
+        assert changed["global_loads"] < plain["global_loads"]
+    else:
+        assert changed["global_loads"] == plain["global_loads"]
 
 
 @needs_triton
@@ -282,6 +294,8 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     from xstage_kernels import megamoe, megamoe_ws
 
     monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
+    monkeypatch.setattr(megamoe_ws, "TILE_MAJOR_WEIGHTS", False)
+    monkeypatch.setattr(megamoe_ws, "PREFETCH_TILE", False)
     assert megamoe_ws.launch_options() == {"padding_halves": "skipped"}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)

@@ -81,7 +81,8 @@ STAGES = 6
 # A W4A8 slot holds more (two 128 x 64 FP8 activation halves, 128 x 64 packed weight bytes
 # and their two converted 128 x 64 FP8 halves: 40 KiB), so fewer of them (5 gained 0-3%).
 W4_STAGES = 4
-TILE_SLOTS = 2  # tile indices in flight between the producer and the math warpgroups
+TILE_SLOTS = 2  # tile records in flight between the producer and the math warpgroups
+RECORD = 8  # int32 per tile record: index, kind, expert, row block, column block, live halves
 MATH_REGS = 232  # per thread, each math warpgroup (setmaxnreg)
 PRODUCER_REGS = 40
 MAX_REGS = 168  # at launch: 12 warps x 32 threads x 168 fits the SM's 64K registers
@@ -111,8 +112,14 @@ SKIP_PADDING_HALVES = True
 # contiguous block (tile_major), so a TMA load reads 16 contiguous KiB (W4A8: 8 KiB of packed
 # bytes) instead of 128 rows of 128 bytes a row length apart, as weight-shuffling MoE kernels
 # store theirs. The copy is made at the first launch over a weight tensor (tile_major_copy).
-TILE_MAJOR_WEIGHTS = False
-LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS")  # read at launch (kernel_ab.py)
+TILE_MAJOR_WEIGHTS = True
+# The producer hands each tile's whole record through the tile ring (index, kind, expert,
+# row block, column block and whether each 64-row half holds a row), so a math warpgroup
+# starts a tile without the two dependent global loads that read them again, and loads its
+# first scales (and a Linear-2 tile's destinations) before it waits for the first slot: at
+# a tile's start and end both warpgroups wait at once, and the tensor cores with them.
+PREFETCH_TILE = False
+LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE")  # kernel_ab.py
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -124,6 +131,7 @@ _W4_STAGES = gl.constexpr(W4_STAGES)
 _HALF = gl.constexpr(HALF)
 _QUARTER = gl.constexpr(BLOCK // 4)
 _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
+_RECORD = gl.constexpr(RECORD)
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
@@ -147,7 +155,7 @@ class Shared:
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
     converted: gl.shared_memory_descriptor  # W4 (W8A8: ready)
-    tile_ids: gl.shared_memory_descriptor
+    tile_ids: gl.shared_memory_descriptor  # tile records (_tile_record)
     tile_ready: gl.shared_memory_descriptor
     tile_empty: gl.shared_memory_descriptor
     tiles_ptr: gl.tensor
@@ -169,11 +177,10 @@ class Shared:
     STAGES: gl.constexpr
     SKIP_PADDING: gl.constexpr
     TILE_MAJOR: gl.constexpr
+    PREFETCH: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(
-        self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, SKIP_PADDING, TILE_MAJOR
-    ):
+    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs
         self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
@@ -193,8 +200,10 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
+        SKIP_PADDING, TILE_MAJOR, PREFETCH = options
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
+        self.PREFETCH = gl.constexpr(PREFETCH)
 
 
 @gluon.jit
@@ -243,6 +252,27 @@ def _load_steps(p, it, a_desc, a_row, b_desc, b_row, k_steps):
 
 
 @gluon.jit
+def _field(rec, i: gl.constexpr, layout: gl.constexpr):
+    """Field i of a tile record held in `layout`, as a scalar (every field is >= 0)."""
+    pos = gl.arange(0, _RECORD, layout=layout)
+    return gl.max(gl.where(pos == i, rec, -1), axis=0)
+
+
+@gluon.jit
+def _tile_record(p, idx, running, layout: gl.constexpr):
+    """Tile idx's record: [idx, kind, expert, row block, column block, half 0 holds a row,
+    half 1 holds a row, 0] (zeros past the last tile)."""
+    pos = gl.arange(0, _RECORD, layout=layout)
+    in_list = running & (pos >= 1) & (pos <= 4)
+    fields = gl.load(p.tiles_ptr + idx * 4 + pos - 1, mask=in_list, other=0)
+    blk = _field(fields, 3, layout)
+    halves = running & (pos >= 5) & (pos <= 6)
+    first = p.row_dst_ptr + blk.to(gl.int64) * _BLOCK + (pos - 5) * _HALF
+    live = gl.load(first, mask=halves, other=_PAD_DST) != _PAD_DST
+    return gl.where(pos == 0, idx, gl.where(halves, live.to(gl.int32), fields))
+
+
+@gluon.jit
 def _producer(p, WG: gl.constexpr):
     one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     pid = gl.program_id(0)
@@ -252,17 +282,18 @@ def _producer(p, WG: gl.constexpr):
     while running:
         idx = gl.atomic_add(p.sync_ptr, 1)
         taken = _now() if p.TRACE else 0
+        running = idx < p.n_tiles
+        rec = _tile_record(p, idx, running, one_warp)
         slot = j % _TILE_SLOTS
         mbarrier.wait(p.tile_empty.index(slot), ((j // _TILE_SLOTS) & 1) ^ 1)
-        p.tile_ids.index(slot).store(gl.full([1], idx, gl.int32, one_warp))
+        p.tile_ids.index(slot).store(rec)
         mbarrier.arrive(p.tile_ready.index(slot), count=1)
         j += 1
-        running = idx < p.n_tiles
         if running:
-            kind = gl.load(p.tiles_ptr + idx * 4)
-            e = gl.load(p.tiles_ptr + idx * 4 + 1)
-            blk = gl.load(p.tiles_ptr + idx * 4 + 2)
-            nb = gl.load(p.tiles_ptr + idx * 4 + 3)
+            kind = _field(rec, 1, one_warp)
+            e = _field(rec, 2, one_warp)
+            blk = _field(rec, 3, one_warp)
+            nb = _field(rec, 4, one_warp)
             ready = taken
             if kind == 0:
                 w_row = e * 2 * p.I + nb * _BLOCK
@@ -294,17 +325,36 @@ def _producer(p, WG: gl.constexpr):
 
 
 @gluon.jit
-def _mma_steps(p, it, a_scales, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
+def _mma_steps(
+    p,
+    it,
+    a_scales,
+    w_scales,
+    k_steps,
+    WG: gl.constexpr,
+    acc_layout: gl.constexpr,
+    A_WRITTEN: gl.constexpr,
+):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
-    slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready")."""
+    slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
-    # The first scales only once the first slot is full: for Linear-2 that is after the
-    # producer saw the row block released, so the intermediate's scales are written.
+    # Scales written before the launch load before the first slot is waited for (PREFETCH);
+    # Linear-2's activation scales only once it is full: that is after the producer saw the
+    # row block released, so the intermediate's scales are written.
+    early_w: gl.constexpr = p.PREFETCH
+    early_a: gl.constexpr = p.PREFETCH and A_WRITTEN
+    if early_w:
+        sw = gl.load(w_scales)
+    if early_a:
+        sa = gl.load(a_scales)
     mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
-    sa = gl.load(a_scales)
-    sw = gl.load(w_scales)
+    if not early_a:
+        sa = gl.load(a_scales)
+    if not early_w:
+        sw = gl.load(w_scales)
     for k in range(k_steps):
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
@@ -352,15 +402,14 @@ def _issue_mma(p, s, zero, WG: gl.constexpr):
 
 
 @gluon.jit
-def _take_tile(p, j):
-    """The producer's j-th tile index (n_tiles or more: no more tiles), read from the tile ring
-    by a 4-warp partition (a math or a converter warpgroup)."""
-    one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+def _take_tile(p, j, layout: gl.constexpr):
+    """The producer's j-th tile record (_tile_record; index n_tiles or more: no more tiles),
+    read from the tile ring into `layout` by a 4-warp partition (math or converter)."""
     slot = j % _TILE_SLOTS
     mbarrier.wait(p.tile_ready.index(slot), (j // _TILE_SLOTS) & 1)
-    idx = gl.max(p.tile_ids.index(slot).load(one_wg), axis=0)
+    rec = p.tile_ids.index(slot).load(layout)
     mbarrier.arrive(p.tile_empty.index(slot), count=1)
-    return idx
+    return rec
 
 
 @gluon.jit
@@ -370,15 +419,20 @@ def _converter(p, C: gl.constexpr):
     tensor cores through the slot's "converted" barrier."""
     # 32 rows x 64 bytes at a time, a 16-byte chunk per thread: few live registers.
     rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     it = 0
     j = 0
     running = True
     while running:
-        idx = _take_tile(p, j)
+        rec = _take_tile(p, j, one_wg)
+        idx = _field(rec, 0, one_wg)
         j += 1
         running = idx < p.n_tiles
         if running:
-            kind = gl.load(p.tiles_ptr + idx * 4)
+            if p.PREFETCH:
+                kind = _field(rec, 1, one_wg)
+            else:
+                kind = gl.load(p.tiles_ptr + idx * 4)
             k_steps = gl.where(kind == 0, 2 * (p.H // _BLOCK), p.I // _BLOCK)
             # This converter's steps: the ring counter's residue C (the tile starts at `it`).
             first = (C - it % _W4_CONVERTERS + _W4_CONVERTERS) % _W4_CONVERTERS
@@ -416,18 +470,26 @@ def _math(p, WG: gl.constexpr):
     # Row-major layouts for the epilogue: 16-byte stores of FP8 (h) and bf16 (out) rows.
     h_store: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     out_store: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     it = 0
     j = 0
     running = True
     while running:
-        idx = _take_tile(p, j)
+        rec = _take_tile(p, j, one_wg)
+        idx = _field(rec, 0, one_wg)
         j += 1
         running = idx < p.n_tiles
         if running:
-            kind = gl.load(p.tiles_ptr + idx * 4)
-            e = gl.load(p.tiles_ptr + idx * 4 + 1).to(gl.int64)
-            blk = gl.load(p.tiles_ptr + idx * 4 + 2)
-            nb = gl.load(p.tiles_ptr + idx * 4 + 3)
+            if p.PREFETCH:
+                kind = _field(rec, 1, one_wg)
+                e = _field(rec, 2, one_wg).to(gl.int64)
+                blk = _field(rec, 3, one_wg)
+                nb = _field(rec, 4, one_wg)
+            else:
+                kind = gl.load(p.tiles_ptr + idx * 4)
+                e = gl.load(p.tiles_ptr + idx * 4 + 1).to(gl.int64)
+                blk = gl.load(p.tiles_ptr + idx * 4 + 2)
+                nb = gl.load(p.tiles_ptr + idx * 4 + 3)
             row0 = blk.to(gl.int64) * _BLOCK + WG * _HALF
             base = p.trace_ptr + idx.to(gl.int64) * 6
             # An expert's rows fill its blocks from the start (routing.dispatch_plan), so a
@@ -435,7 +497,10 @@ def _math(p, WG: gl.constexpr):
             # the slots without an MMA (one H200: see SKIP_PADDING_HALVES).
             live = True
             if p.SKIP_PADDING:
-                live = gl.load(p.row_dst_ptr + row0) != _PAD_DST
+                if p.PREFETCH:
+                    live = _field(rec, 5 + WG, one_wg) != 0
+                else:
+                    live = gl.load(p.row_dst_ptr + row0) != _PAD_DST
             if kind == 0:
                 if live:
                     it = _linear1_rows(p, it, e, nb, row0, base, WG, acc_layout, h_store)
@@ -469,10 +534,10 @@ def _linear1_rows(
     cols_h = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, h_store))
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
-    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * (H // _BLOCK), H // _BLOCK, WG, acc_layout)
-    up, it = _mma_steps(
-        p, it, a_scales, s_rows + (I // _BLOCK + nb) * (H // _BLOCK), H // _BLOCK, WG, acc_layout
-    )
+    steps = H // _BLOCK
+    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
+    up_scales = s_rows + (I // _BLOCK + nb) * steps
+    up, it = _mma_steps(p, it, a_scales, up_scales, steps, WG, acc_layout, True)
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
     # SwiGLU and the row's FP8 scale, with one division per element and per row
@@ -500,6 +565,8 @@ def _linear2_rows(
     rows_acc = gl.arange(0, _HALF, layout=gl.SliceLayout(1, acc_layout))
     rows_o = gl.arange(0, _HALF, layout=gl.SliceLayout(1, out_store))
     cols_o = gl.arange(0, _BLOCK, layout=gl.SliceLayout(0, out_store))
+    if p.PREFETCH:  # the destinations load under the MMAs
+        dst = gl.load(p.row_dst_ptr + row0 + rows_o)
     acc, it = _mma_steps(
         p,
         it,
@@ -508,11 +575,13 @@ def _linear2_rows(
         I // _BLOCK,
         WG,
         acc_layout,
+        False,
     )
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
     y = gl.convert_layout(acc.to(gl.bfloat16), out_store)
-    dst = gl.load(p.row_dst_ptr + row0 + rows_o)
+    if not p.PREFETCH:
+        dst = gl.load(p.row_dst_ptr + row0 + rows_o)
     valid = dst != _PAD_DST
     dst = gl.multiple_of(gl.where(valid, dst, 0), 8)  # 16-byte aligned rows
     if p.TRACE and WG == 0:
@@ -545,6 +614,7 @@ def _fused_moe_ws(
     W4: gl.constexpr,
     SKIP_PADDING: gl.constexpr,
     TILE_MAJOR: gl.constexpr,
+    PREFETCH: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -564,7 +634,7 @@ def _fused_moe_ws(
         c_bufs = b_bufs
         converted = ready
     tile_ids = gl.allocate_shared_memory(
-        gl.int32, [_TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        gl.int32, [_TILE_SLOTS, _RECORD], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )
     tile_ready = gl.allocate_shared_memory(gl.int64, [_TILE_SLOTS, 1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [_TILE_SLOTS, 1], mbarrier.MBarrierLayout())
@@ -595,8 +665,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        SKIP_PADDING,
-        TILE_MAJOR,
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH),
     )
     if W4:
         gl.warp_specialize(
@@ -708,6 +777,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         W4=_is_w4(precision),
         SKIP_PADDING=SKIP_PADDING_HALVES,
         TILE_MAJOR=TILE_MAJOR_WEIGHTS,
+        PREFETCH=PREFETCH_TILE,
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -719,6 +789,8 @@ def launch_options() -> dict:
     options = {"padding_halves": "skipped" if SKIP_PADDING_HALVES else "computed"}
     if TILE_MAJOR_WEIGHTS:  # absent: row-major, as every record before the option
         options["weight_layout"] = "tile-major"
+    if PREFETCH_TILE:  # absent: each warpgroup reads the tile list, as every record before
+        options["tile_record"] = "handed over"
     return options
 
 
@@ -742,6 +814,7 @@ def compile_for_sm90(
     precision: str = "w8a8",
     skip_padding: bool = True,
     tile_major_weights: bool = False,
+    prefetch_tile: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -782,8 +855,9 @@ def compile_for_sm90(
         (names.index("W4"),): w4,
         (names.index("SKIP_PADDING"),): skip_padding,
         (names.index("TILE_MAJOR"),): tile_major_weights,
+        (names.index("PREFETCH"),): prefetch_tile,
     }
-    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR"):
+    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR", "PREFETCH"):
         signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
