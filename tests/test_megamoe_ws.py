@@ -104,6 +104,31 @@ def test_launch_options_compile_to_the_same_loads_and_mmas(precision, option):
 
 
 @needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+def test_smaller_row_boxes_load_each_step_in_one_of_three_boxes(precision):
+    """ROW_BOX_MIN 32: each of the three step loops (gate, up, Linear-2) loads A in a box of
+    128, 64 or 32 rows, each box with its own expected bytes; the MMAs stay as they were."""
+    from xstage_kernels import megamoe_ws
+
+    plain = _compiled(False, precision)
+    call = f"kernels.compile_for_sm90(precision={precision!r}, row_box_min=32)"
+    boxes = sm90.compiled("megamoe_ws", call, PATTERNS)
+    n = len(megamoe_ws.ROW_BOXES)
+    assert boxes["expect_tx"] == n * plain["expect_tx"] > 0
+    a_loads = 2 if precision == "w4a8" else 1  # W4A8 loads A as two halves
+    per_step = plain["tma_loads"] // plain["expect_tx"]
+    assert per_step == a_loads + 1
+    assert boxes["tma_loads"] == plain["expect_tx"] * (n * a_loads + 1)  # B: one load a step
+    assert boxes["wgmma"] == plain["wgmma"] and boxes["shared"] == plain["shared"]
+    megamoe_ws.ROW_BOX_MIN, kept = 48, megamoe_ws.ROW_BOX_MIN
+    try:
+        with pytest.raises(ValueError, match="ROW_BOX_MIN=48: expected one of"):
+            megamoe_ws.row_box_min()
+    finally:
+        megamoe_ws.ROW_BOX_MIN = kept
+
+
+@needs_triton
 @pytest.mark.parametrize(("k", "width"), [(384, 128), (192, 64)])
 def test_a_tile_major_block_row_holds_one_weight_tile(k, width):
     """Block row (r / 128) * (K / width) + step of the tile-major copy holds rows r..r+127

@@ -82,7 +82,7 @@ STAGES = 6
 # and their two converted 128 x 64 FP8 halves: 40 KiB), so fewer of them (5 gained 0-3%).
 W4_STAGES = 4
 TILE_SLOTS = 2  # tile records in flight between the producer and the math warpgroups
-RECORD = 8  # int32 per tile record: index, kind, expert, row block, column block, live halves
+RECORD = 8  # int32 per tile record: index, kind, expert, row block, column block, live rows
 MATH_REGS = 232  # per thread, each math warpgroup (setmaxnreg)
 PRODUCER_REGS = 40
 MAX_REGS = 168  # at launch: 12 warps x 32 threads x 168 fits the SM's 64K registers
@@ -118,8 +118,17 @@ TILE_MAJOR_WEIGHTS = True
 # starts a tile without the two dependent global loads that read them again, and loads its
 # first scales (and a Linear-2 tile's destinations) before it waits for the first slot: at
 # a tile's start and end both warpgroups wait at once, and the tensor cores with them.
-PREFETCH_TILE = False
-LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE")  # kernel_ab.py
+PREFETCH_TILE = True
+# The fewest activation rows (of x, or of the intermediate) a step loads: a row block whose
+# rows from 64 (or 32) on are all padding loads only its first 64 (32) rows. Each step of a
+# tile re-reads its activations from L2 (every column block of an expert reads them again),
+# so at small token counts, where most of a block is padding, the padding rows were most of
+# the L2 traffic (ncu, one H200, DeepSeek-V4-Flash W8A8 at 1024 tokens: L2 94% busy, DRAM
+# 84%). The rows past the box keep what the slot held before: they are padding, and a
+# padding row's output is never stored. 128: every row of a block, as before the option.
+ROW_BOX_MIN = 128
+ROW_BOXES = (128, 64, 32)
+LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE", "ROW_BOX_MIN")
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -149,6 +158,10 @@ class Shared:
     w1_desc: tma.tensor_descriptor
     h_desc: tma.tensor_descriptor
     w2_desc: tma.tensor_descriptor
+    x64_desc: tma.tensor_descriptor  # x and h in boxes of 64 and 32 rows (ROW_BOX_MIN)
+    x32_desc: tma.tensor_descriptor
+    h64_desc: tma.tensor_descriptor
+    h32_desc: tma.tensor_descriptor
     a_bufs: gl.shared_memory_descriptor  # W4: two halves per slot (index 2 s, 2 s + 1)
     b_bufs: gl.shared_memory_descriptor  # W4: packed weight bytes
     c_bufs: gl.shared_memory_descriptor  # W4: converted weight halves (W8A8: b_bufs)
@@ -178,10 +191,12 @@ class Shared:
     SKIP_PADDING: gl.constexpr
     TILE_MAJOR: gl.constexpr
     PREFETCH: gl.constexpr
+    ROW_BOX_MIN: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
-        self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs
+        self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs[:4]
+        self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:]
         self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
         (
@@ -200,7 +215,8 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH = options
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN = options
+        self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
         self.PREFETCH = gl.constexpr(PREFETCH)
@@ -221,9 +237,10 @@ def _fence_proxy_async():
 
 
 @gluon.jit
-def _load_steps(p, it, a_desc, a_row, b_desc, b_row, k_steps):
+def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
     """Stream k_steps (A, B) steps of 128 channels into the ring; returns the ring counter.
-    W4: A as two 128 x 64 halves, B as 128 rows of 64 packed bytes. b_row is a multiple of
+    A is x (IS_X) or the intermediate, `box` (128, 64 or 32) of its rows from a_row. W4: A
+    as two 128-row x 64 halves, B as 128 rows of 64 packed bytes. b_row is a multiple of
     128; tile-major weights hold its step k at block row (b_row / 128) * k_steps + k."""
     for k in range(k_steps):
         if p.TILE_MAJOR:
@@ -232,23 +249,37 @@ def _load_steps(p, it, a_desc, a_row, b_desc, b_row, k_steps):
             b_at = [b_row, k * (_HALF if p.W4 else _BLOCK)]
         s = it % p.STAGES
         mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
-        if p.W4:
-            mbarrier.expect(p.ready.index(s), 3 * _BLOCK * _HALF)
-            tma.async_copy_global_to_shared(
-                a_desc, [a_row, k * _BLOCK], p.ready.index(s), p.a_bufs.index(2 * s)
-            )
-            tma.async_copy_global_to_shared(
-                a_desc, [a_row, k * _BLOCK + _HALF], p.ready.index(s), p.a_bufs.index(2 * s + 1)
-            )
-            tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
+        if box == _BLOCK:
+            _load_a(p, s, k, a_row, IS_X, _BLOCK)
+        elif box == _HALF:
+            _load_a(p, s, k, a_row, IS_X, _HALF)
         else:
-            mbarrier.expect(p.ready.index(s), 2 * _BLOCK * _BLOCK)
-            tma.async_copy_global_to_shared(
-                a_desc, [a_row, k * _BLOCK], p.ready.index(s), p.a_bufs.index(s)
-            )
-            tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
+            _load_a(p, s, k, a_row, IS_X, _QUARTER)
+        tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
         it += 1
     return it
+
+
+@gluon.jit
+def _load_a(p, s, k, a_row, IS_X: gl.constexpr, ROWS: gl.constexpr):
+    """Slot s's A rows a_row..a_row+ROWS of step k into the slot's first ROWS rows, and the
+    bytes the slot then waits for (with its B)."""
+    b_bytes: gl.constexpr = _BLOCK * (_HALF if p.W4 else _BLOCK)
+    mbarrier.expect(p.ready.index(s), ROWS * _BLOCK + b_bytes)
+    if ROWS == _BLOCK:
+        desc = p.x_desc if IS_X else p.h_desc
+    elif ROWS == _HALF:
+        desc = p.x64_desc if IS_X else p.h64_desc
+    else:
+        desc = p.x32_desc if IS_X else p.h32_desc
+    if p.W4:
+        for half in gl.static_range(2):
+            dst = p.a_bufs.index(2 * s + half).slice(0, ROWS)
+            at = [a_row, k * _BLOCK + half * _HALF]
+            tma.async_copy_global_to_shared(desc, at, p.ready.index(s), dst)
+    else:
+        dst = p.a_bufs.index(s).slice(0, ROWS)
+        tma.async_copy_global_to_shared(desc, [a_row, k * _BLOCK], p.ready.index(s), dst)
 
 
 @gluon.jit
@@ -260,16 +291,28 @@ def _field(rec, i: gl.constexpr, layout: gl.constexpr):
 
 @gluon.jit
 def _tile_record(p, idx, running, layout: gl.constexpr):
-    """Tile idx's record: [idx, kind, expert, row block, column block, half 0 holds a row,
-    half 1 holds a row, 0] (zeros past the last tile)."""
+    """Tile idx's record: [idx, kind, expert, row block, column block, whether rows 0, 64
+    and 32 of the block hold a row] (zeros past the last tile). An expert's rows fill its
+    blocks from the start (routing.dispatch_plan), so row r holds one when r rows do."""
     pos = gl.arange(0, _RECORD, layout=layout)
     in_list = running & (pos >= 1) & (pos <= 4)
     fields = gl.load(p.tiles_ptr + idx * 4 + pos - 1, mask=in_list, other=0)
     blk = _field(fields, 3, layout)
-    halves = running & (pos >= 5) & (pos <= 6)
-    first = p.row_dst_ptr + blk.to(gl.int64) * _BLOCK + (pos - 5) * _HALF
-    live = gl.load(first, mask=halves, other=_PAD_DST) != _PAD_DST
-    return gl.where(pos == 0, idx, gl.where(halves, live.to(gl.int32), fields))
+    rows = running & (pos >= 5)
+    row = gl.where(pos == 7, _QUARTER, (pos - 5) * _HALF)
+    dst = gl.load(p.row_dst_ptr + blk.to(gl.int64) * _BLOCK + row, mask=rows, other=_PAD_DST)
+    live = (dst != _PAD_DST).to(gl.int32)
+    return gl.where(pos == 0, idx, gl.where(rows, live, fields))
+
+
+@gluon.jit
+def _row_box(p, rec, layout: gl.constexpr):
+    """Rows of the tile's row block to load (128, 64 or 32): the fewest that cover its rows,
+    and no fewer than ROW_BOX_MIN."""
+    box = gl.where(
+        _field(rec, 6, layout) != 0, _BLOCK, gl.where(_field(rec, 7, layout) != 0, _HALF, _QUARTER)
+    )
+    return gl.maximum(box, p.ROW_BOX_MIN)
 
 
 @gluon.jit
@@ -294,13 +337,13 @@ def _producer(p, WG: gl.constexpr):
             e = _field(rec, 2, one_warp)
             blk = _field(rec, 3, one_warp)
             nb = _field(rec, 4, one_warp)
+            box = _row_box(p, rec, one_warp)
             ready = taken
             if kind == 0:
                 w_row = e * 2 * p.I + nb * _BLOCK
-                it = _load_steps(p, it, p.x_desc, blk * _BLOCK, p.w1_desc, w_row, p.H // _BLOCK)
-                it = _load_steps(
-                    p, it, p.x_desc, blk * _BLOCK, p.w1_desc, w_row + p.I, p.H // _BLOCK
-                )
+                steps = p.H // _BLOCK
+                it = _load_steps(p, it, True, blk * _BLOCK, box, p.w1_desc, w_row, steps)
+                it = _load_steps(p, it, True, blk * _BLOCK, box, p.w1_desc, w_row + p.I, steps)
             else:
                 # Wait until both warpgroups of every Linear-1 tile of this row block released it.
                 need = 2 * (p.I // _BLOCK)
@@ -314,9 +357,8 @@ def _producer(p, WG: gl.constexpr):
                 _fence_proxy_async()
                 if p.TRACE:
                     ready = _now()
-                it = _load_steps(
-                    p, it, p.h_desc, blk * _BLOCK, p.w2_desc, e * p.H + nb * _BLOCK, p.I // _BLOCK
-                )
+                w_row = e * p.H + nb * _BLOCK
+                it = _load_steps(p, it, False, blk * _BLOCK, box, p.w2_desc, w_row, p.I // _BLOCK)
             if p.TRACE:
                 base = p.trace_ptr + idx.to(gl.int64) * 6
                 gl.store(base + 0, pid.to(gl.int64))
@@ -607,6 +649,10 @@ def _fused_moe_ws(
     w1_desc,
     h_desc,
     w2_desc,
+    x64_desc,
+    x32_desc,
+    h64_desc,
+    h32_desc,
     H,
     I,  # noqa: E741
     max_spin,
@@ -615,6 +661,7 @@ def _fused_moe_ws(
     SKIP_PADDING: gl.constexpr,
     TILE_MAJOR: gl.constexpr,
     PREFETCH: gl.constexpr,
+    ROW_BOX_MIN: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -646,7 +693,7 @@ def _fused_moe_ws(
         # read by both math warpgroups (and W4's converter) before the producer reuses it
         mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
     p = Shared(
-        (x_desc, w1_desc, h_desc, w2_desc),
+        (x_desc, w1_desc, h_desc, w2_desc, x64_desc, x32_desc, h64_desc, h32_desc),
         (a_bufs, b_bufs, c_bufs, ready, empty, converted),
         (tile_ids, tile_ready, tile_empty),
         (
@@ -665,7 +712,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN),
     )
     if W4:
         gl.warp_specialize(
@@ -702,12 +749,24 @@ def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8"):  # noqa:
         w = w.reshape(-1, w.shape[-1])
         return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [BLOCK, width], packed)
 
+    def rows(a, k, box):
+        return TensorDescriptor(a, [a.shape[0], k], [k, 1], [box, width], fp8)
+
     return (
-        TensorDescriptor(x, [x.shape[0], H], [H, 1], [BLOCK, width], fp8),
+        rows(x, H, BLOCK),
         weights(w1),
-        TensorDescriptor(h, [h.shape[0], I], [I, 1], [BLOCK, width], fp8),
+        rows(h, I, BLOCK),
         weights(w2),
+        *(rows(x, H, box) for box in ROW_BOXES[1:]),
+        *(rows(h, I, box) for box in ROW_BOXES[1:]),
     )
+
+
+def row_box_min() -> int:
+    """ROW_BOX_MIN, checked: one of ROW_BOXES."""
+    if ROW_BOX_MIN not in ROW_BOXES:
+        raise ValueError(f"ROW_BOX_MIN={ROW_BOX_MIN}: expected one of {ROW_BOXES}")
+    return ROW_BOX_MIN
 
 
 def tile_major(w, width: int):
@@ -778,6 +837,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         SKIP_PADDING=SKIP_PADDING_HALVES,
         TILE_MAJOR=TILE_MAJOR_WEIGHTS,
         PREFETCH=PREFETCH_TILE,
+        ROW_BOX_MIN=row_box_min(),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -791,6 +851,10 @@ def launch_options() -> dict:
         options["weight_layout"] = "tile-major"
     if PREFETCH_TILE:  # absent: each warpgroup reads the tile list, as every record before
         options["tile_record"] = "handed over"
+    if row_box_min() < BLOCK:  # absent: every row of a block loaded, as every record before
+        options["activation_rows"] = (
+            f"the fewest of {list(ROW_BOXES)} covering a block's rows, at least {ROW_BOX_MIN}"
+        )
     return options
 
 
@@ -815,6 +879,7 @@ def compile_for_sm90(
     skip_padding: bool = True,
     tile_major_weights: bool = False,
     prefetch_tile: bool = False,
+    row_box_min: int = BLOCK,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -856,8 +921,9 @@ def compile_for_sm90(
         (names.index("SKIP_PADDING"),): skip_padding,
         (names.index("TILE_MAJOR"),): tile_major_weights,
         (names.index("PREFETCH"),): prefetch_tile,
+        (names.index("ROW_BOX_MIN"),): row_box_min,
     }
-    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR", "PREFETCH"):
+    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR", "PREFETCH", "ROW_BOX_MIN"):
         signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
