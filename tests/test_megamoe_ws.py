@@ -321,6 +321,7 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
     monkeypatch.setattr(megamoe_ws, "TILE_MAJOR_WEIGHTS", False)
     monkeypatch.setattr(megamoe_ws, "PREFETCH_TILE", False)
+    monkeypatch.setattr(megamoe_ws, "ROW_BOX_MIN", megamoe_ws.BLOCK)
     assert megamoe_ws.launch_options() == {"padding_halves": "skipped"}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)

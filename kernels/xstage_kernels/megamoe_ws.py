@@ -126,7 +126,7 @@ PREFETCH_TILE = True
 # the L2 traffic (ncu, one H200, DeepSeek-V4-Flash W8A8 at 1024 tokens: L2 94% busy, DRAM
 # 84%). The rows past the box keep what the slot held before: they are padding, and a
 # padding row's output is never stored. 128: every row of a block, as before the option.
-ROW_BOX_MIN = 128
+ROW_BOX_MIN = 32
 ROW_BOXES = (128, 64, 32)
 LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE", "ROW_BOX_MIN")
 PRECISIONS = ("w8a8", "w4a8")
