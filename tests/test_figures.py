@@ -594,3 +594,15 @@ def test_store_span_cdf_has_a_row_per_path_and_the_host_control_on_its_configura
     assert rows == [(0.0,), (0.0,), (0.0,)]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "host, local-store control: medians 3.50 us" in labels
+
+
+def test_a_trace_record_is_the_run_its_variant_names_even_at_host_share_zero():
+    """A trace file at f = 0 only (results/ref-h200x1-flashinfer) still holds both
+    schedules' runs beside the local control; main-grid points at f = 0 are the control."""
+    from xstage_bench.report.analysis.megamoe import trace_series
+
+    traced = {"schedule": "expert_wave", "path": "host", "remote_fraction": 0.0}
+    assert trace_series({**traced, "variant": "interleaved"}) == "interleaved"
+    assert trace_series({**traced, "variant": "local_control"}) == "local_control"
+    assert trace_series(traced) == "local_control"  # a main-grid point at f = 0
+    assert trace_series({**traced, "remote_fraction": 0.25}) == "expert_wave"

@@ -92,3 +92,16 @@ def test_the_provenance_names_the_code_of_every_run_that_wrote_records(tmp_path,
     monkeypatch.setattr(readme_results, "_raw_docs", lambda ds: [doc])
     line = readme_results.provenance_line(tmp_path / "ref-x")
     assert "measured 2026-12-01, 2026-12-02 (code 336cec8, 8f26a2b); 1 of 2 points ok" in line
+
+
+def test_a_baseline_line_says_same_run_only_when_the_file_was_written_by_one_run():
+    """ref-h200x1 timed FlashInfer in retries hours after our kernel: its line must not say
+    'same run'; ref-h200x1-flashinfer timed both in one run."""
+    one = {"environment": {"started_at": "2026-12-02T10:00:00Z"}}
+    assert "same run" in readme_results._runs(one)
+    resumed = {"environment": {**one["environment"], "resumes": [{}, {}]}}
+    assert "same run" not in readme_results._runs(resumed)
+    assert "3 runs" in readme_results._runs(resumed)
+    for name, same in (("ref-h200x1", False), ("ref-h200x1-flashinfer", True)):
+        lines = readme_results.baseline_lines(ROOT / "results" / name)
+        assert lines and all(("same run" in line) == same for line in lines), name

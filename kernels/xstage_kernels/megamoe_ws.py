@@ -112,12 +112,17 @@ SKIP_PADDING_HALVES = True
 # contiguous block (tile_major), so a TMA load reads 16 contiguous KiB (W4A8: 8 KiB of packed
 # bytes) instead of 128 rows of 128 bytes a row length apart, as weight-shuffling MoE kernels
 # store theirs. The copy is made at the first launch over a weight tensor (tile_major_copy).
+# Paired A/B, one H200, 2026-12-02 (kernels/ab/*-tile-major-*): W8A8 0.975 of the time at
+# DeepSeek-V4-Pro 4096 tokens and 0.98-0.99 at 1024/4096 elsewhere, W4A8 0.96-0.985 at 1024;
+# 0.99-1.006 at 16384 (compute-bound).
 TILE_MAJOR_WEIGHTS = True
 # The producer hands each tile's whole record through the tile ring (index, kind, expert,
 # row block, column block and whether each 64-row half holds a row), so a math warpgroup
 # starts a tile without the two dependent global loads that read them again, and loads its
 # first scales (and a Linear-2 tile's destinations) before it waits for the first slot: at
 # a tile's start and end both warpgroups wait at once, and the tensor cores with them.
+# Paired A/B, W8A8 (kernels/ab/*-prefetch-tile-*): 0.980-1.002 of the time, 0.98 at
+# DeepSeek-V4-Flash 16384 tokens.
 PREFETCH_TILE = True
 # The fewest activation rows (of x, or of the intermediate) a step loads: a row block whose
 # rows from 64 (or 32) on are all padding loads only its first 64 (32) rows. Each step of a
@@ -126,6 +131,9 @@ PREFETCH_TILE = True
 # the L2 traffic (ncu, one H200, DeepSeek-V4-Flash W8A8 at 1024 tokens: L2 94% busy, DRAM
 # 84%). The rows past the box keep what the slot held before: they are padding, and a
 # padding row's output is never stored. 128: every row of a block, as before the option.
+# Paired A/B (kernels/ab/*-row-box-*), 32 against 128: 0.93-0.96 of the time at 1024 tokens
+# (W8A8 and W4A8), 0.955-0.972 skewed at 4096, DeepSeek-V4-Pro 4096 0.970, 0.98-1.00 at 16384;
+# 64 gains less (0.947-0.97 at 1024).
 ROW_BOX_MIN = 32
 ROW_BOXES = (128, 64, 32)
 LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE", "ROW_BOX_MIN")

@@ -78,6 +78,8 @@ def trace_series(point: dict) -> str | None:
     host path, as the share f = 0: no row stored into host memory)."""
     if LOCAL_CONTROL in (point.get("schedule"), point.get("variant")):
         return LOCAL_CONTROL
+    if point.get("variant") in COMPARED:  # a trace record names its run (even at f = 0)
+        return point["variant"]
     if "remote_fraction" in point and fraction_label(point["remote_fraction"]) == "0":
         return LOCAL_CONTROL
     return point.get("schedule")
