@@ -194,9 +194,7 @@ def baseline_lines(ds: Path) -> list[str]:
         lines.append(
             f"- MegaMoE, ours against {name}, our best schedule's layer time over its time "
             f"(geomean over configurations, CI over configurations; {_runs(doc)}{timed_as}, "
-            "its time with its dispatch inside): "
-            + "; ".join(parts)
-            + "."
+            "its time with its dispatch inside): " + "; ".join(parts) + "."
         )
     return lines
 
