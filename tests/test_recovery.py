@@ -416,6 +416,16 @@ def test_a_sweep_grown_by_variants_or_measured_over_the_same_paths_is_no_change(
     assert provenance.measured_changes(ds, "megamoe", section, world_size=4) == [
         "raw/megamoe.json: world_size: 2 -> 4"
     ]
+    # a grid axis may grow (its new values' points are measured on their own), never shrink
+    grid = {**moe, "tokens_per_rank": [1024, 4096]}
+    (ds / layout.MEGAMOE_RAW).write_text(json.dumps({"config": {"world_size": 2, "megamoe": grid}}))
+    grown = {"world_size": 2, "megamoe": {**grid, "tokens_per_rank": [1024, 4096, 16384]}}
+    assert provenance.measured_changes(ds, "megamoe", grown) == []
+    shrunk = {"world_size": 2, "megamoe": {**grid, "tokens_per_rank": [4096]}}
+    assert provenance.measured_changes(ds, "megamoe", shrunk) == [
+        "raw/megamoe.json: megamoe.tokens_per_rank: [1024, 4096] -> [4096]"
+    ]
+    (ds / layout.MEGAMOE_RAW).write_text(json.dumps({"config": {"world_size": 2, "megamoe": moe}}))
     mb = {"bursts": 4, "warmup_bursts": 1, "launches": 1, "defaults": {"dest": "peer"}}
     made = {"microbench": {**mb, "studies": {"s": {"kind": "isolated", "dest": ["peer"]}}}}
     (ds / layout.microbench_raw("s")).write_text(json.dumps({"config": made}))

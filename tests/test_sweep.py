@@ -306,7 +306,7 @@ def test_a_finished_sweep_grows_by_an_added_variant_measuring_only_its_points(tm
     assert measure.calls == ["d", "e"]  # the added variant's points only
     assert grown["records"][:3] == first["records"]
     assert grown["config"]["variants"] == ["ours", "extra"]
-    assert any("adds variant(s) extra" in line for line in lines)
+    assert any("adds variant extra: measuring only their points" in line for line in lines)
     assert [r["host"] for r in grown["environment"]["resumes"]] == [ENV["host"]]
 
 
@@ -320,7 +320,32 @@ def test_a_finished_sweep_is_remeasured_when_more_than_its_variants_changed(tmp_
     assert (
         added_variants({"variants": ["a"], "baselines": {"a": 1}}, {"variants": ["a", "b"]}) == []
     )
-    assert added_variants({"variants": ["a"]}, {"variants": ["b", "a"]}) == ["b"]
+    assert added_variants({"variants": ["a"]}, {"variants": ["b", "a"]}) == ["variant b"]
+
+
+def test_a_finished_sweep_grows_by_a_grid_value_measuring_only_its_points(tmp_path):
+    """A token count added to the grid measures its points only; one dropped is a new
+    sweep (records of a value the config no longer has would be kept for nothing)."""
+    out = tmp_path / "gap_sweep.json"
+
+    def grid_sweep(measure, tokens, points, **kw):
+        config = {
+            "megamoe": {"variants": ["ours"], "tokens_per_rank": tokens, "lead_rows": 256},
+            "variants": ["ours"],
+        }
+        return sweep(out, measure, points, config=config, **kw)
+
+    first = grid_sweep(counting_measure(), [1024, 4096], POINTS[:3])
+    lines, measure = [], counting_measure()
+    grown = grid_sweep(measure, [1024, 4096, 16384], POINTS, progress=lines.append)
+    assert measure.calls == ["d", "e"] and grown["records"][:3] == first["records"]
+    assert grown["config"]["megamoe"]["tokens_per_rank"] == [1024, 4096, 16384]
+    assert any("adds megamoe.tokens_per_rank 16384" in line for line in lines)
+    measure = counting_measure()
+    grid_sweep(measure, [4096], POINTS[:2])
+    assert measure.calls == ["a", "b"]
+    had = {"variants": [], "m": {"tokens_per_rank": [1], "lead_rows": 1}}
+    assert added_variants(had, {**had, "m": {"tokens_per_rank": [1, 2], "lead_rows": 2}}) == []
 
 
 def _kernel_rule(previous, config):

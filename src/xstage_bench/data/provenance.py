@@ -12,8 +12,8 @@ measured dataset's stamp, and the config that had measured it was then refused).
   alone, and "remaking it" is printed only for a file the run remakes.
 - A measured file is never remade, nor reused, under a config it was not made with:
   `measured_changes` compares the section with the same section of each of its raw files'
-  own config, and the run stops on a difference. A sweep that only adds variants is no
-  difference: the sweep grows it in place (sweep.added_variants).
+  own config, and the run stops on a difference. A sweep that only adds variants or values
+  of its grid's axes is no difference: the sweep grows it in place (sweep.added_variants).
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from xstage_bench.data import layout, storepath
+
+# Grid axes of an experiment's section (megamoe) a sweep may grow by: each value's points
+# are measured on their own, so the records of the values it had stay what they were
+# (measurement.sweep.added_variants grows a finished file by them).
+GROWABLE_AXES = ("shapes", "precisions", "routings", "tokens_per_rank", "remote_fractions")
 
 # The megamoe keys megamoe.per_gpu rewrites for the per-GPU run (megamoe.distributed):
 # that file's section is compared without them (megamoe.json holds the whole grid).
@@ -187,7 +192,8 @@ def _comparable(section: dict, raw_file: str, paths: list[str] | None, world_siz
                 axes["dest"] = storepath.destinations(dests, paths)
     moe = out.get("megamoe")
     if isinstance(moe, dict):
-        moe.pop("variants", None)
+        for key in ("variants", *GROWABLE_AXES):  # compared as growth (_variants_dropped)
+            moe.pop(key, None)
         if raw_file == layout.MEGAMOE_PER_GPU_RAW:
             for key in PER_GPU_GRID:
                 moe.pop(key, None)
@@ -195,13 +201,19 @@ def _comparable(section: dict, raw_file: str, paths: list[str] | None, world_siz
 
 
 def _variants_dropped(made: dict, section: dict) -> list[str]:
-    """Variants a measured sweep holds that the config no longer lists (a grown sweep may
-    add variants, never lose them)."""
-    before = (made.get("megamoe") or {}).get("variants")
-    after = (section.get("megamoe") or {}).get("variants")
-    if isinstance(before, list) and isinstance(after, list) and not set(before) <= set(after):
-        return [f"megamoe.variants: {json.dumps(before)} -> {json.dumps(after)}"]
-    return []
+    """Variants, and values of the grid's axes, a measured sweep holds that the config no
+    longer lists (a grown sweep may add them, never lose them)."""
+    out = []
+    for key in ("variants", *GROWABLE_AXES):
+        before = (made.get("megamoe") or {}).get(key)
+        after = (section.get("megamoe") or {}).get(key)
+        if not isinstance(before, list) or not isinstance(after, list):
+            if before != after:
+                out.append(f"megamoe.{key}: {json.dumps(before)} -> {json.dumps(after)}")
+            continue
+        if any(b not in after for b in before):
+            out.append(f"megamoe.{key}: {json.dumps(before)} -> {json.dumps(after)}")
+    return out
 
 
 def measured_changes(

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
+from xstage_bench.data.provenance import GROWABLE_AXES
 from xstage_bench.data.results import (
     OK,
     RawResultError,
@@ -192,8 +193,9 @@ GROWABLE = ("variants", "baselines")
 
 
 def added_variants(previous: dict, config: dict) -> list[str]:
-    """The variants `config` adds to `previous` when that is all that differs (the other
-    keys equal, every earlier variant and baseline still there), else []."""
+    """What `config` adds to `previous` when that is all that differs: variants, and values
+    of a section's grid axes (GROWABLE_AXES), as 'variant x' and 'megamoe.tokens_per_rank
+    16384'; [] when anything else differs or an earlier variant, baseline or value is gone."""
     config = json.loads(json.dumps(config))
     before, after = previous.get("variants"), config.get("variants")
     if not isinstance(before, list) or not isinstance(after, list):
@@ -204,7 +206,23 @@ def added_variants(previous: dict, config: dict) -> list[str]:
         return []
     if not set(previous.get("baselines", {})) <= set(config.get("baselines", {})):
         return []
-    return [v for v in after if v not in before]
+    added = [f"variant {v}" for v in after if v not in before]
+    for name, section in config.items():
+        old = previous.get(name)
+        if not isinstance(section, dict) or not isinstance(old, dict):
+            continue
+        for axis in GROWABLE_AXES:
+            values, had = section.get(axis), old.get(axis)
+            if not isinstance(values, list) or not isinstance(had, list):
+                continue
+            if any(not any(same_config(h, v) for v in values) for h in had):
+                return []  # a value the records were measured at is gone
+            added += [
+                f"{name}.{axis} {json.dumps(v)}"
+                for v in values
+                if not any(same_config(h, v) for h in had)
+            ]
+    return added
 
 
 class Refresh(NamedTuple):
@@ -242,9 +260,10 @@ def records_refresh(
 
 def _without_variants(config: dict) -> dict:
     """The config less what may grow, at the top and in its sections (the experiment's own
-    section repeats the variants)."""
+    section repeats the variants, and holds the grid's axes)."""
+    growable = ("variants", *GROWABLE_AXES)
     return {
-        k: {kk: vv for kk, vv in v.items() if kk != "variants"} if isinstance(v, dict) else v
+        k: {kk: vv for kk, vv in v.items() if kk not in growable} if isinstance(v, dict) else v
         for k, v in config.items()
         if k not in GROWABLE
     }
@@ -345,8 +364,8 @@ def run_sweep(
     `measure(point)` returns `results.ok_record(...)` or `failed_record(...)` for that point;
     an exception it raises becomes a failed record ("Type: message"). KeyboardInterrupt and
     SystemExit propagate (the partial file keeps every finished point). A finished `out`
-    whose config lacks only some of this config's variants is grown: its records are kept
-    and only the added variants' points measured (added_variants); one whose config differs
+    whose config lacks only some of this config's variants or grid values is grown: its
+    records are kept and only the added points measured (added_variants); one whose config differs
     as `refresh` allows has the points it names measured again, the others kept. With
     `retry_failed`
     (or XSTAGE_RETRY_FAILED=1), points recorded with a status other than ok are measured
@@ -397,7 +416,7 @@ def run_sweep(
         )
         say(f"[{label}] resuming from {source}: {len(records)}/{len(ids)} points recorded")
         if grown:
-            say(f"[{label}] the config adds variant(s) {', '.join(grown)}: measuring only theirs")
+            say(f"[{label}] the config adds {', '.join(grown)}: measuring only their points")
         if stale:
             say(f"[{label}] {remeasured} measured again, the others kept")
         if retry_failed:
