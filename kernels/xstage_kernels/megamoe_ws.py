@@ -8,9 +8,11 @@ every step, and the tensor cores idle while they promote (ncu on one H200: 36% b
 of stalls at CTA barriers). Here each CTA has three partitions (W4A8: five):
 
 - a producer warp takes tiles from the rank's list (the same atomic counter, so the same
-  list order), hands each tile's index to the math warpgroups through a small
-  shared-memory ring, waits for a Linear-2 tile's row block, and streams the operands by
-  TMA into a ring of STAGES slots (per-slot ready/empty mbarriers);
+  list order), hands each tile's record (PREFETCH_TILE) to the math warpgroups through a
+  small shared-memory ring, waits for a Linear-2 tile's row block, and streams the operands
+  by TMA into a ring of STAGES slots (per-slot ready/empty mbarriers): the weights from
+  their tile-major copy (TILE_MAJOR_WEIGHTS), the activations in boxes of the rows the
+  block holds (ROW_BOX_MIN);
 - two math warpgroups, each owning 64 of the tile's 128 rows, issue the asynchronous MMA
   of a step, release the slot as soon as it completes, and promote while the other
   warpgroup's MMA runs: no CTA-wide barrier per step.
