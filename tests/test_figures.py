@@ -606,3 +606,10 @@ def test_a_trace_record_is_the_run_its_variant_names_even_at_host_share_zero():
     assert trace_series({**traced, "variant": "local_control"}) == "local_control"
     assert trace_series(traced) == "local_control"  # a main-grid point at f = 0
     assert trace_series({**traced, "remote_fraction": 0.25}) == "expert_wave"
+    # ... but such a run stores nothing across its path: no remote-store span to show
+    from xstage_bench.report.analysis.megamoe import stores_far
+
+    assert not stores_far({**traced, "variant": "interleaved"})
+    assert stores_far({**traced, "variant": "interleaved", "remote_fraction": 0.25})
+    assert stores_far({"schedule": "expert_wave", "variant": "expert_wave", "path": "peer"})
+    assert not stores_far({**traced, "variant": "local_control", "remote_fraction": 0.25})

@@ -9,9 +9,11 @@ numbers mean, never a number.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -193,21 +195,64 @@ def baseline_lines(ds: Path) -> list[str]:
             )
         lines.append(
             f"- MegaMoE, ours against {name}, our best schedule's layer time over its time "
-            f"(geomean over configurations, CI over configurations; {_runs(doc)}{timed_as}, "
+            "(geomean over configurations, CI over configurations; "
+            f"{_runs(doc, column)}{timed_as}, "
             "its time with its dispatch inside): " + "; ".join(parts) + "."
         )
     return lines
 
 
-def _runs(doc: dict) -> str:
-    """When ours and a baseline were timed: one run, or the file's several runs (a resume
-    or retry may have timed a baseline hours after ours, on another machine)."""
+def _runs(doc: dict, column: str) -> str:
+    """When ours and the baseline of `column` were timed: in one run; in one run per
+    configuration (the file's later runs added configurations); or across the file's runs
+    (a resume or retry may have timed a baseline hours after ours, on another machine)."""
     resumes = doc["environment"].get("resumes", [])
     if not resumes:
         return "the two timed one after the other in the same run"
+    if _same_run_per_configuration(doc, BASELINE_OF[column]):
+        return (
+            "each configuration's two timed one after the other in one run (the file's "
+            f"{len(resumes) + 1} runs measured different configurations)"
+        )
     return (
         f"timed in the {len(resumes) + 1} runs that wrote this file, so a baseline may "
         "come from a later run than ours"
+    )
+
+
+# the baseline variant each BASELINE_RATIOS column divides by
+BASELINE_OF = {column: column.removeprefix("ours_over_") for column, _ in BASELINE_RATIOS}
+
+
+def _same_run_per_configuration(doc: dict, variant: str) -> bool:
+    """Whether, for every configuration where the baseline `variant` has an ok record, our
+    kernel's ok records of it were timed in the same run as the baseline's: the run a
+    record belongs to is the last of the file's runs (its first, then each resume) that
+    started before the record's first clock sample."""
+    env = doc["environment"]
+    starts = sorted(
+        datetime.fromisoformat(run["started_at"]) for run in (env, *env.get("resumes", []))
+    )
+
+    def run_of(record: dict) -> int | None:
+        at = ((record.get("clocks") or {}).get("before") or {}).get("time")
+        if at is None:
+            return None
+        return bisect.bisect_right(starts, datetime.fromisoformat(at)) - 1
+
+    runs: dict[tuple, set] = {}
+    baseline: dict[tuple, int | None] = {}
+    for record in doc["records"]:
+        point = record["point"]
+        if record["status"] != "ok" or point.get("lead_sweep"):
+            continue
+        key = megamoe.megamoe_config_key(point)
+        if point.get("variant") == variant:
+            baseline[key] = run_of(record)
+        elif megamoe.is_ours(point):
+            runs.setdefault(key, set()).add(run_of(record))
+    return bool(baseline) and all(
+        run is not None and runs.get(key) == {run} for key, run in baseline.items()
     )
 
 

@@ -85,6 +85,15 @@ def trace_series(point: dict) -> str | None:
     return point.get("schedule")
 
 
+def stores_far(point: dict) -> bool:
+    """Whether a traced run stored rows across its path: not the local control, and not a
+    run at the host path's share f = 0 (every row stays on the GPU)."""
+    if trace_series(point) == LOCAL_CONTROL:
+        return False
+    share = point.get("remote_fraction")
+    return not (storepath.point_path(point) == storepath.HOST and fraction_label(share) == "0")
+
+
 def megamoe_config_name(point: dict) -> str:
     """'glm-5.2, w8a8, skewed, tokens_per_rank=1024, world_size=2' (the path is a column
     of its own, or the section's)."""

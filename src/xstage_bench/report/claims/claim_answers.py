@@ -217,7 +217,7 @@ def moe_configs(src: Sources) -> Found:
 
 def span_medians(src: Sources, series: str) -> dict[tuple, float]:
     """Per traced configuration: the median per-tile store span of one run (expert_wave,
-    interleaved or local_control)."""
+    interleaved or local_control; a schedule's run only where its rows crossed the path)."""
     if src.trace is None:
         return {}
     return {
@@ -225,6 +225,7 @@ def span_medians(src: Sources, series: str) -> dict[tuple, float]:
         for r in src.trace["records"]
         if r["status"] == "ok"
         and megamoe.trace_series(r["point"]) == series
+        and (series == LOCAL_CONTROL or megamoe.stores_far(r["point"]))
         and r.get("samples", {}).get("store_span_us")
     }
 

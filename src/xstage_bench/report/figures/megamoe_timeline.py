@@ -97,7 +97,10 @@ def plot(dataset_dir: Path) -> Figure:
             fontsize=common.PANEL_TITLE_FONT,
         )
     axes[-1, 0].set_xlabel("time since the first tile started (us)")
-    far = " / ".join(storepath.far_end(p) for p in per_path)
+    far = " / ".join(
+        storepath.far_end(p) if megamoe.stores_far(point) else "the GPU (f = 0)"
+        for p, (point, _) in per_path.items()
+    )
     return common.finish_figure(
         fig,
         "MegaMoE per-program timeline, " + megamoe.paths_text(per_path),

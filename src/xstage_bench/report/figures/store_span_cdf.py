@@ -45,7 +45,8 @@ def _spans(doc: dict) -> dict[str, Spans]:
         point = record["point"]
         series = megamoe.trace_series(point)
         samples = (record.get("samples") or {}).get(METRIC)
-        if record["status"] == "ok" and series in SERIES and samples:
+        far = series == LOCAL_CONTROL or megamoe.stores_far(point)  # f = 0: all local
+        if record["status"] == "ok" and series in SERIES and samples and far:
             path = storepath.point_path(point)
             by_run = spans.setdefault(path, {s: {} for s in SERIES})
             name = _short_name(point, control=series == LOCAL_CONTROL)
