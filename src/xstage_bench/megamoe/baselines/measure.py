@@ -267,8 +267,8 @@ class PairBaseline:
         ]
         return [reference.relative_error(o, f) for o, f in zip(outs, ref, strict=True)]
 
-    def _timed(self, point: dict, results: list, facts: dict) -> float:
-        """The median of the workers' times; TFLOP/s, the bytes that cross NVLink (its
+    def _timed(self, point: dict, results: list, facts: dict) -> tuple[list[float], float]:
+        """The workers' times and their median; TFLOP/s, the bytes that cross NVLink (its
         dispatch and combine: dispatched rows with their scales, returned rows) and the
         host lead's facts into `facts`."""
         m = self.m
@@ -283,7 +283,7 @@ class PairBaseline:
             nvlink_bytes=int(sum(nvlink)),
             nvlink_bytes_per_rank=nvlink,
         )
-        return median
+        return times, median
 
 
 class DeepGemmBaseline(PairBaseline):
@@ -363,8 +363,7 @@ class DeepGemmBaseline(PairBaseline):
 
     def _time(self, point: dict, facts: dict) -> Measured:
         results, _ = self._results(point)
-        times = results[0].times_us
-        median = self._timed(point, results, facts)
+        times, median = self._timed(point, results, facts)
         line = (
             f"  deepgemm ({facts['deepgemm_schedule']}) time_us={median:.1f} "
             f"err={max(facts['rel_error']):.2e} first call {max(facts['first_call_s']):.1f} s"
@@ -441,8 +440,7 @@ class FlashInferBaseline(PairBaseline):
 
     def _time(self, point: dict, facts: dict) -> Measured:
         results, _ = self._results(point)
-        times = results[0].times_us
-        median = self._timed(point, results, facts)
+        times, median = self._timed(point, results, facts)
         facts["forward_us"] = results[0].forward_us
         line = (
             f"  flashinfer time_us={median:.1f} (forward, bf16 in: {facts['forward_us']:.1f}) "

@@ -173,11 +173,12 @@ LIBRARY_TIMES = {
 }
 
 
-def kernel_vs_ceiling(doc: dict) -> pd.DataFrame:
+def kernel_vs_ceiling(doc: dict, libraries: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per configuration at natural routing with a gemm_ceiling record: our kernel's best
     schedule (kernel time and TFLOP/s, from the events around each rank's kernel) beside
     cuBLAS on the same two GEMMs, and the roofline time (megamoe/ceiling.py) over our
-    kernel's time and over DeepGEMM's and FlashInfer's, where they ran."""
+    kernel's time and over DeepGEMM's and FlashInfer's, where they ran (`libraries`: the
+    doc's megamoe_baselines frame, where the caller has it already)."""
     ceilings = [
         {**point, "ceiling_tflops": extra["tflops"], "roofline_us": extra["roofline_us"]}
         for point, extra in _config_rows(doc, "gemm_ceiling")
@@ -201,7 +202,7 @@ def kernel_vs_ceiling(doc: dict) -> pd.DataFrame:
     out["kernel_us"] = best["kernel_us_median"].reindex(out.index)
     out["roofline_us"] = ceiling["roofline_us"]
     out["roofline_over_kernel"] = out["roofline_us"] / out["kernel_us"]
-    libraries = megamoe_baselines(doc)
+    libraries = megamoe_baselines(doc) if libraries is None else libraries
     libraries = libraries.set_index(keys) if not libraries.empty else None
     for column, time in LIBRARY_TIMES.items():
         took = libraries[time].reindex(out.index) if libraries is not None else np.nan

@@ -395,7 +395,8 @@ def build(dataset_dir: Path) -> Table:
         notes.append(layer_over_kernel_note())
     per_config = per_configuration(speedups, others)
     sections.append(("Per configuration: speedups with CIs and verdicts", per_config))
-    baselines = megamoe.at_baseline_setting(megamoe_baselines.megamoe_baselines(doc))
+    libraries = megamoe_baselines.megamoe_baselines(doc)
+    baselines = megamoe.at_baseline_setting(libraries)
     if not baselines.empty:
         flashinfer = megamoe_baselines.has_records(doc, "flashinfer")
         sections += [
@@ -414,7 +415,7 @@ def build(dataset_dir: Path) -> Table:
         )
         if flashinfer:
             notes.append(flashinfer_note(doc))
-    ceiling = megamoe_baselines.kernel_vs_ceiling(doc)
+    ceiling = megamoe_baselines.kernel_vs_ceiling(doc, libraries)
     if not ceiling.empty:
         sections += [
             ("Our kernel beside the GEMM ceiling", ceiling_summary(ceiling)),
