@@ -55,6 +55,8 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
             "cpu",
             "--option",
             "SKIP_PADDING_HALVES=0,1",
+            "--min-reps",
+            "4",
             "--out",
             str(out),
         ],
@@ -79,7 +81,8 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
             assert check["error"] is None and max(check["rel_error"]) < 0.1
         arms = result["arms"]
         assert set(arms) == {"0", "1"}
-        assert len(arms["0"]["time_us"]) == len(arms["1"]["kernel_us"]) == 3  # max_reps
+        # --min-reps 4 over the config's 3 (max_reps raised with it)
+        assert len(arms["0"]["time_us"]) == len(arms["1"]["kernel_us"]) == 4
         (ratio,) = result["ratios"]
         assert (ratio["value"], ratio["over"]) == (1, 0)
         for metric in ("time_us", "kernel_us"):

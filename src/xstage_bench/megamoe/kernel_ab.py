@@ -10,7 +10,9 @@ value of the option. Each value's build is checked first (outputs poisoned, one 
 the sampled tokens against the reference: MoEMeasurer.check), and the builds that pass
 are timed together in paired rounds (timing.measure_paired), so the ratio of each value
 over the first is over samples of one run, interleaved in time, with its paired 95% CI.
-A build that fails its check is reported and not timed.
+A build that fails its check is reported and not timed. `--min-reps N` asks for at least
+N paired rounds (the config's timing block stops at its own min_reps once the spread is
+small: reference-h200x1 gives 5), for a close call.
 
 An option is one of the launch constants of xstage_kernels.megamoe_ws (LAUNCH_OPTIONS),
 set before each launch. The JSON written is a kernel's development record, not a raw
@@ -20,6 +22,7 @@ file of a dataset: it carries the environment block and every sample.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -155,6 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="JSON to write")
     parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
     parser.add_argument(
+        "--min-reps",
+        type=int,
+        help="paired rounds at least (default: the config's timing.min_reps): more samples "
+        "for a close call",
+    )
+    parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
@@ -173,6 +182,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     devices = default_devices(config, args.world_size, device_type)
     policy = megamoe_policy(config, moe)
+    if args.min_reps is not None:
+        if args.min_reps < 1:
+            parser.error(f"--min-reps must be >= 1, got {args.min_reps}")
+        reps = {"min_reps": args.min_reps, "max_reps": max(args.min_reps, policy.max_reps)}
+        policy = dataclasses.replace(policy, **reps)
     measurer = MoEMeasurer(moe, policy, devices, check_tokens=args.check_tokens)
     kept = getattr(megamoe_ws, option)
     doc = {
