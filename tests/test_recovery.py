@@ -425,6 +425,13 @@ def test_a_sweep_grown_by_variants_or_measured_over_the_same_paths_is_no_change(
     assert provenance.measured_changes(ds, "megamoe", shrunk) == [
         "raw/megamoe.json: megamoe.tokens_per_rank: [1024, 4096] -> [4096]"
     ]
+    # the per-GPU run's file holds the grid megamoe.per_gpu rewrote: not held to the config's
+    per_gpu = {**grid, "tokens_per_rank": [4096], "remote_fractions": [0.5]}
+    (ds / layout.MEGAMOE_PER_GPU_RAW).write_text(
+        json.dumps({"config": {"world_size": 2, "megamoe": per_gpu}})
+    )
+    assert provenance.measured_changes(ds, "megamoe", grown) == []
+    (ds / layout.MEGAMOE_PER_GPU_RAW).unlink()
     (ds / layout.MEGAMOE_RAW).write_text(json.dumps({"config": {"world_size": 2, "megamoe": moe}}))
     mb = {"bursts": 4, "warmup_bursts": 1, "launches": 1, "defaults": {"dest": "peer"}}
     made = {"microbench": {**mb, "studies": {"s": {"kind": "isolated", "dest": ["peer"]}}}}

@@ -31,10 +31,6 @@ from xstage_bench.data import layout, storepath
 # (measurement.sweep.added_variants grows a finished file by them).
 GROWABLE_AXES = ("shapes", "precisions", "routings", "tokens_per_rank", "remote_fractions")
 
-# The megamoe keys megamoe.per_gpu rewrites for the per-GPU run (megamoe.distributed):
-# that file's section is compared without them (megamoe.json holds the whole grid).
-PER_GPU_GRID = ("shapes", "precisions", "routings", "tokens_per_rank", "remote_fractions")
-
 
 def microbench_section(config: dict, study: str) -> dict:
     """What a microbench study's raw file depends on: the shared knobs and that study."""
@@ -194,17 +190,17 @@ def _comparable(section: dict, raw_file: str, paths: list[str] | None, world_siz
     if isinstance(moe, dict):
         for key in ("variants", *GROWABLE_AXES):  # compared as growth (_variants_dropped)
             moe.pop(key, None)
-        if raw_file == layout.MEGAMOE_PER_GPU_RAW:
-            for key in PER_GPU_GRID:
-                moe.pop(key, None)
     return out
 
 
-def _variants_dropped(made: dict, section: dict) -> list[str]:
+def _variants_dropped(made: dict, section: dict, raw_file: str) -> list[str]:
     """Variants, and values of the grid's axes, a measured sweep holds that the config no
-    longer lists (a grown sweep may add them, never lose them)."""
+    longer lists (a grown sweep may add them, never lose them). The per-GPU run's file
+    holds the grid megamoe.per_gpu rewrote (megamoe.distributed), not the config's: its
+    axes are not compared (megamoe.json holds the whole grid)."""
+    grid = () if raw_file == layout.MEGAMOE_PER_GPU_RAW else GROWABLE_AXES
     out = []
-    for key in ("variants", *GROWABLE_AXES):
+    for key in ("variants", *grid):
         before = (made.get("megamoe") or {}).get(key)
         after = (section.get("megamoe") or {}).get(key)
         if not isinstance(before, list) or not isinstance(after, list):
@@ -244,10 +240,11 @@ def measured_changes(
         if size == storepath.AUTO or now is None:
             size = now = None
         made_paths = measured_paths(doc)
-        changed = _variants_dropped(made, section) + differences(
+        dropped = _variants_dropped(made, section, rel)
+        changed = dropped + differences(
             _comparable(made, rel, None, size), _comparable(section, rel, None, now)
         )
-        if changed and not _variants_dropped(made, section):
+        if changed and not dropped:
             # Older files name a path where a config now says `dest: remote`: the same
             # points when `remote` stands for the paths the file measured.
             changed = differences(
