@@ -105,6 +105,27 @@ def test_launch_options_compile_to_the_same_loads_and_mmas(precision, option):
 
 @needs_triton
 @pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+def test_the_mma_pipeline_keeps_two_steps_in_flight_in_w8a8_only(precision):
+    """MMA_PIPELINE: W8A8's gate and Linear-2 loops issue two steps' MMAs and wait for the
+    first with one still outstanding (wait_group 1); up keeps one step (registers), and W4A8
+    compiles exactly as without the option."""
+    counts = {**PATTERNS, "wait_one": r"wgmma\.wait_group\.sync\.aligned 1;"}
+    call = "kernels.compile_for_sm90(precision={!r}, mma_pipeline={})"
+    plain = sm90.compiled("megamoe_ws", call.format(precision, False), counts)
+    paired = sm90.compiled("megamoe_ws", call.format(precision, True), counts)
+    assert plain["wait_one"] == 0
+    if precision == "w4a8":
+        assert paired == plain
+        return
+    # Two math warpgroups x (gate, Linear-2): each loop's pair waits once with one left.
+    assert paired["wait_one"] == 4
+    assert paired["wgmma"] > plain["wgmma"] > 0  # the pair's two issues and an odd last step
+    assert paired["shared"] == plain["shared"]
+    assert paired["tma_loads"] == plain["tma_loads"]
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
 def test_smaller_row_boxes_load_each_step_in_one_of_three_boxes(precision):
     """ROW_BOX_MIN 32: each of the three step loops (gate, up, Linear-2) loads A in a box of
     128, 64 or 32 rows, each box with its own expected bytes; the MMAs stay as they were."""
@@ -339,3 +360,8 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     assert megamoe_ws.launch_options()["weight_layout"] == "tile-major"
     tiles = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     assert kernel_refresh(computed, tiles).stale({"precision": "w8a8"})
+    # So is the MMA pipeline, and turning it on makes our points stale.
+    monkeypatch.setattr(megamoe_ws, "MMA_PIPELINE", True)
+    assert "W8A8" in megamoe_ws.launch_options()["mma_steps"]
+    paired = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
+    assert kernel_refresh(tiles, paired).stale({"precision": "w8a8"})

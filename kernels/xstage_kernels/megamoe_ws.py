@@ -138,7 +138,20 @@ PREFETCH_TILE = True
 # 64 gains less (0.947-0.97 at 1024).
 ROW_BOX_MIN = 32
 ROW_BOXES = (128, 64, 32)
-LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE", "ROW_BOX_MIN")
+# W8A8: a math warpgroup keeps two steps' MMAs in flight (it issues step k + 1 before it
+# waits for step k, then promotes k), so the tensor cores do not wait for its wait-promote-
+# issue turnaround between steps when the other warpgroup's MMA is shorter than it. Costs a
+# second 64-register product, so only where it fits: gate and Linear-2 (during up, gate's
+# result is live too: 4 x 64 of the 232 registers). W4A8 keeps one step (its math
+# warpgroups have 184 and 208 registers).
+MMA_PIPELINE = False
+LAUNCH_OPTIONS = (
+    "SKIP_PADDING_HALVES",
+    "TILE_MAJOR_WEIGHTS",
+    "PREFETCH_TILE",
+    "ROW_BOX_MIN",
+    "MMA_PIPELINE",
+)
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -202,6 +215,7 @@ class Shared:
     TILE_MAJOR: gl.constexpr
     PREFETCH: gl.constexpr
     ROW_BOX_MIN: gl.constexpr
+    PIPELINE: gl.constexpr  # MMA_PIPELINE, W8A8 only
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -225,7 +239,8 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN = options
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, PIPELINE = options
+        self.PIPELINE = gl.constexpr(PIPELINE and not W4)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -386,11 +401,13 @@ def _mma_steps(
     WG: gl.constexpr,
     acc_layout: gl.constexpr,
     A_WRITTEN: gl.constexpr,
+    PIPELINE: gl.constexpr = False,
 ):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
     slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
-    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's).
+    PIPELINE: two steps' MMAs in flight at once (MMA_PIPELINE)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     # Scales written before the launch load before the first slot is waited for (PREFETCH);
@@ -398,27 +415,68 @@ def _mma_steps(
     # row block released, so the intermediate's scales are written.
     early_w: gl.constexpr = p.PREFETCH
     early_a: gl.constexpr = p.PREFETCH and A_WRITTEN
-    if early_w:
-        sw = gl.load(w_scales)
-    if early_a:
-        sa = gl.load(a_scales)
-    mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
-    if not early_a:
-        sa = gl.load(a_scales)
-    if not early_w:
-        sw = gl.load(w_scales)
-    for k in range(k_steps):
+    if PIPELINE:
+        acc, it = _paired_steps(p, it, acc, a_scales, w_scales, k_steps, WG)
+    else:
+        if early_w:
+            sw = gl.load(w_scales)
+        if early_a:
+            sa = gl.load(a_scales)
+        mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
+        if not early_a:
+            sa = gl.load(a_scales)
+        if not early_w:
+            sw = gl.load(w_scales)
+        for k in range(k_steps):
+            s = it % p.STAGES
+            mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
+            raw = _issue_mma(p, s, zero, WG)
+            nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
+            sa_next = gl.load(a_scales + nxt)
+            sw_next = gl.load(w_scales + nxt)
+            raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+            mbarrier.arrive(p.empty.index(s), count=1)
+            acc += raw * (sa * sw)[:, None]
+            sa = sa_next
+            sw = sw_next
+            it += 1
+    return acc, it
+
+
+@gluon.jit
+def _paired_steps(p, it, acc, a_scales, w_scales, k_steps, WG: gl.constexpr):
+    """_mma_steps two steps at a time: both steps' MMAs issued, then the first waited for
+    and promoted while the second runs. Nothing in flight crosses an iteration: ptxas
+    serializes every wgmma of the kernel when an accumulator still being written is copied
+    (C7514), which a product carried from one iteration to the next is."""
+    zero = gl.zeros_like(acc)
+    for k in range(0, k_steps - 1, 2):
+        s0 = it % p.STAGES
+        s1 = (it + 1) % p.STAGES
+        mbarrier.wait(p.converted.index(s0), (it // p.STAGES) & 1)
+        first = _issue_mma(p, s0, zero, WG)
+        mbarrier.wait(p.converted.index(s1), ((it + 1) // p.STAGES) & 1)
+        second = _issue_mma(p, s1, zero, WG)
+        sa0 = gl.load(a_scales + k)  # the scales load under the MMAs
+        sw0 = gl.load(w_scales + k)
+        sa1 = gl.load(a_scales + k + 1)
+        sw1 = gl.load(w_scales + k + 1)
+        first = warpgroup_mma_wait(num_outstanding=1, deps=(first,))
+        mbarrier.arrive(p.empty.index(s0), count=1)
+        acc += first * (sa0 * sw0)[:, None]
+        second = warpgroup_mma_wait(num_outstanding=0, deps=(second,))
+        mbarrier.arrive(p.empty.index(s1), count=1)
+        acc += second * (sa1 * sw1)[:, None]
+        it += 2
+    if k_steps % 2 == 1:  # an odd step count's last step alone
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
         raw = _issue_mma(p, s, zero, WG)
-        nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
-        sa_next = gl.load(a_scales + nxt)
-        sw_next = gl.load(w_scales + nxt)
+        sa = gl.load(a_scales + k_steps - 1)
+        sw = gl.load(w_scales + k_steps - 1)
         raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
         mbarrier.arrive(p.empty.index(s), count=1)
         acc += raw * (sa * sw)[:, None]
-        sa = sa_next
-        sw = sw_next
         it += 1
     return acc, it
 
@@ -587,7 +645,9 @@ def _linear1_rows(
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
-    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
+    gate, it = _mma_steps(
+        p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True, p.PIPELINE
+    )
     up_scales = s_rows + (I // _BLOCK + nb) * steps
     up, it = _mma_steps(p, it, a_scales, up_scales, steps, WG, acc_layout, True)
     if p.TRACE:
@@ -628,6 +688,7 @@ def _linear2_rows(
         WG,
         acc_layout,
         False,
+        p.PIPELINE,
     )
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
@@ -672,6 +733,7 @@ def _fused_moe_ws(
     TILE_MAJOR: gl.constexpr,
     PREFETCH: gl.constexpr,
     ROW_BOX_MIN: gl.constexpr,
+    PIPELINE: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -722,7 +784,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, PIPELINE),
     )
     if W4:
         gl.warp_specialize(
@@ -848,6 +910,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         TILE_MAJOR=TILE_MAJOR_WEIGHTS,
         PREFETCH=PREFETCH_TILE,
         ROW_BOX_MIN=row_box_min(),
+        PIPELINE=bool(MMA_PIPELINE),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -865,6 +928,8 @@ def launch_options() -> dict:
         options["activation_rows"] = (
             f"the fewest of {list(ROW_BOXES)} covering a block's rows, at least {ROW_BOX_MIN}"
         )
+    if MMA_PIPELINE:  # absent: one step's MMA in flight, as every record before the option
+        options["mma_steps"] = "two in flight per warpgroup (W8A8 gate and Linear-2)"
     return options
 
 
@@ -890,6 +955,7 @@ def compile_for_sm90(
     tile_major_weights: bool = False,
     prefetch_tile: bool = False,
     row_box_min: int = BLOCK,
+    mma_pipeline: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -932,8 +998,9 @@ def compile_for_sm90(
         (names.index("TILE_MAJOR"),): tile_major_weights,
         (names.index("PREFETCH"),): prefetch_tile,
         (names.index("ROW_BOX_MIN"),): row_box_min,
+        (names.index("PIPELINE"),): mma_pipeline,
     }
-    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR", "PREFETCH", "ROW_BOX_MIN"):
+    for name in [names[i] for (i,) in constants]:
         signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
