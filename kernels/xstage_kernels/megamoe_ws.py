@@ -145,12 +145,22 @@ ROW_BOXES = (128, 64, 32)
 # result is live too: 4 x 64 of the 232 registers). W4A8 keeps one step (its math
 # warpgroups have 184 and 208 registers).
 MMA_PIPELINE = False
+# The producer claims its next tile (the list counter, then the tile's record: two more
+# dependent global loads) and, for a Linear-2 tile, polls its row block while the ring is
+# still full of the current tile's steps (after Linear-1's gate, or all but the last STAGES
+# steps of Linear-2), not after issuing the current tile's last load: there, those round
+# trips and the first load's own were on the critical path at every tile start, beyond the
+# ring's slack (ncu source counters, one H200, DeepSeek-V4-Flash W8A8 at 16384 tokens: both
+# math warpgroups waiting for a Linear-2 tile's first slot ~8% of their time, the tensor
+# cores idle). A CTA then holds its next tile for part of the current one.
+CLAIM_AHEAD = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
     "PREFETCH_TILE",
     "ROW_BOX_MIN",
     "MMA_PIPELINE",
+    "CLAIM_AHEAD",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -216,6 +226,7 @@ class Shared:
     PREFETCH: gl.constexpr
     ROW_BOX_MIN: gl.constexpr
     PIPELINE: gl.constexpr  # MMA_PIPELINE, W8A8 only
+    CLAIM_AHEAD: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -239,8 +250,9 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, PIPELINE = options
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, PIPELINE, CLAIM_AHEAD = options
         self.PIPELINE = gl.constexpr(PIPELINE and not W4)
+        self.CLAIM_AHEAD = gl.constexpr(CLAIM_AHEAD)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -262,12 +274,13 @@ def _fence_proxy_async():
 
 
 @gluon.jit
-def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
-    """Stream k_steps (A, B) steps of 128 channels into the ring; returns the ring counter.
-    A is x (IS_X) or the intermediate, `box` (128, 64 or 32) of its rows from a_row. W4: A
-    as two 128-row x 64 halves, B as 128 rows of 64 packed bytes. b_row is a multiple of
-    128; tile-major weights hold its step k at block row (b_row / 128) * k_steps + k."""
-    for k in range(k_steps):
+def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_first, k_end, k_steps):
+    """Stream steps k_first..k_end-1 of k_steps (A, B) steps of 128 channels into the ring;
+    returns the ring counter. A is x (IS_X) or the intermediate, `box` (128, 64 or 32) of its
+    rows from a_row. W4: A as two 128-row x 64 halves, B as 128 rows of 64 packed bytes.
+    b_row is a multiple of 128; tile-major weights hold its step k at block row
+    (b_row / 128) * k_steps + k."""
+    for k in range(k_first, k_end):
         if p.TILE_MAJOR:
             b_at = [((b_row // _BLOCK) * k_steps + k) * _BLOCK, 0]
         else:
@@ -341,22 +354,49 @@ def _row_box(p, rec, layout: gl.constexpr):
 
 
 @gluon.jit
+def _claim(p, layout: gl.constexpr):
+    """The next tile of the rank's list: (index, when taken, its record)."""
+    idx = gl.atomic_add(p.sync_ptr, 1)
+    taken = _now() if p.TRACE else 0
+    return idx, taken, _tile_record(p, idx, idx < p.n_tiles, layout)
+
+
+@gluon.jit
+def _released(p, blk):
+    """How many Linear-1 warpgroup halves released row block blk (acquire: what they wrote
+    before the release is visible to this thread's later reads)."""
+    return gl.atomic_add(p.sync_ptr + 2 + blk, 0, sem="acquire")
+
+
+@gluon.jit
+def _claim_next(p, layout: gl.constexpr):
+    """_claim and, with CLAIM_AHEAD, a first poll of a Linear-2 tile's row block (the tile
+    starts later: its first poll then costs no round trip there); 0 otherwise."""
+    idx, taken, rec = _claim(p, layout)
+    released = 0
+    if p.CLAIM_AHEAD:
+        if (idx < p.n_tiles) & (_field(rec, 1, layout) == 1):
+            released = _released(p, _field(rec, 3, layout))
+    return idx, taken, rec, released
+
+
+@gluon.jit
 def _producer(p, WG: gl.constexpr):
     one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     pid = gl.program_id(0)
     it = 0
     j = 0
+    idx, taken, rec, released = _claim_next(p, one_warp)
     running = True
     while running:
-        idx = gl.atomic_add(p.sync_ptr, 1)
-        taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
-        rec = _tile_record(p, idx, running, one_warp)
         slot = j % _TILE_SLOTS
         mbarrier.wait(p.tile_empty.index(slot), ((j // _TILE_SLOTS) & 1) ^ 1)
         p.tile_ids.index(slot).store(rec)
         mbarrier.arrive(p.tile_ready.index(slot), count=1)
         j += 1
+        # The next tile (CLAIM_AHEAD: claimed between this tile's loads).
+        nxt_idx, nxt_taken, nxt_rec, nxt_released = idx, taken, rec, released
         if running:
             kind = _field(rec, 1, one_warp)
             e = _field(rec, 2, one_warp)
@@ -367,15 +407,19 @@ def _producer(p, WG: gl.constexpr):
             if kind == 0:
                 w_row = e * 2 * p.I + nb * _BLOCK
                 steps = p.H // _BLOCK
-                it = _load_steps(p, it, True, blk * _BLOCK, box, p.w1_desc, w_row, steps)
-                it = _load_steps(p, it, True, blk * _BLOCK, box, p.w1_desc, w_row + p.I, steps)
+                a_row = blk * _BLOCK
+                it = _load_steps(p, it, True, a_row, box, p.w1_desc, w_row, 0, steps, steps)
+                if p.CLAIM_AHEAD:
+                    nxt_idx, nxt_taken, nxt_rec, nxt_released = _claim_next(p, one_warp)
+                up = w_row + p.I
+                it = _load_steps(p, it, True, a_row, box, p.w1_desc, up, 0, steps, steps)
             else:
                 # Wait until both warpgroups of every Linear-1 tile of this row block released it.
                 need = 2 * (p.I // _BLOCK)
-                done = gl.atomic_add(p.sync_ptr + 2 + blk, 0, sem="acquire")
+                done = released if p.CLAIM_AHEAD else _released(p, blk)
                 spins = 0
                 while (done < need) & (spins < p.max_spin):
-                    done = gl.atomic_add(p.sync_ptr + 2 + blk, 0, sem="acquire")
+                    done = _released(p, blk)
                     spins += 1
                 if done < need:
                     gl.atomic_xchg(p.sync_ptr + 1, 1)
@@ -383,12 +427,22 @@ def _producer(p, WG: gl.constexpr):
                 if p.TRACE:
                     ready = _now()
                 w_row = e * p.H + nb * _BLOCK
-                it = _load_steps(p, it, False, blk * _BLOCK, box, p.w2_desc, w_row, p.I // _BLOCK)
+                steps = p.I // _BLOCK
+                split = gl.maximum(steps - p.STAGES, 0) if p.CLAIM_AHEAD else steps
+                a_row = blk * _BLOCK
+                it = _load_steps(p, it, False, a_row, box, p.w2_desc, w_row, 0, split, steps)
+                if p.CLAIM_AHEAD:
+                    nxt_idx, nxt_taken, nxt_rec, nxt_released = _claim_next(p, one_warp)
+                it = _load_steps(p, it, False, a_row, box, p.w2_desc, w_row, split, steps, steps)
             if p.TRACE:
                 base = p.trace_ptr + idx.to(gl.int64) * 6
                 gl.store(base + 0, pid.to(gl.int64))
                 gl.store(base + 1, taken)
                 gl.store(base + 2, ready)
+        if p.CLAIM_AHEAD:
+            idx, taken, rec, released = nxt_idx, nxt_taken, nxt_rec, nxt_released
+        elif running:
+            idx, taken, rec, released = _claim_next(p, one_warp)
 
 
 @gluon.jit
@@ -734,6 +788,7 @@ def _fused_moe_ws(
     PREFETCH: gl.constexpr,
     ROW_BOX_MIN: gl.constexpr,
     PIPELINE: gl.constexpr,
+    CLAIM_AHEAD: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -784,7 +839,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, PIPELINE),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, PIPELINE, CLAIM_AHEAD),
     )
     if W4:
         gl.warp_specialize(
@@ -911,6 +966,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         PREFETCH=PREFETCH_TILE,
         ROW_BOX_MIN=row_box_min(),
         PIPELINE=bool(MMA_PIPELINE),
+        CLAIM_AHEAD=bool(CLAIM_AHEAD),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -930,6 +986,8 @@ def launch_options() -> dict:
         )
     if MMA_PIPELINE:  # absent: one step's MMA in flight, as every record before the option
         options["mma_steps"] = "two in flight per warpgroup (W8A8 gate and Linear-2)"
+    if CLAIM_AHEAD:  # absent: the next tile claimed after the last load, as every record before
+        options["tile_claim"] = "the next tile claimed as the current one starts"
     return options
 
 
@@ -956,6 +1014,7 @@ def compile_for_sm90(
     prefetch_tile: bool = False,
     row_box_min: int = BLOCK,
     mma_pipeline: bool = False,
+    claim_ahead: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -999,6 +1058,7 @@ def compile_for_sm90(
         (names.index("PREFETCH"),): prefetch_tile,
         (names.index("ROW_BOX_MIN"),): row_box_min,
         (names.index("PIPELINE"),): mma_pipeline,
+        (names.index("CLAIM_AHEAD"),): claim_ahead,
     }
     for name in [names[i] for (i,) in constants]:
         signature[name] = "constexpr"
