@@ -105,27 +105,6 @@ def test_launch_options_compile_to_the_same_loads_and_mmas(precision, option):
 
 @needs_triton
 @pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
-def test_the_mma_pipeline_keeps_two_steps_in_flight_in_w8a8_only(precision):
-    """MMA_PIPELINE: W8A8's gate and Linear-2 loops issue two steps' MMAs and wait for the
-    first with one still outstanding (wait_group 1); up keeps one step (registers), and W4A8
-    compiles exactly as without the option."""
-    counts = {**PATTERNS, "wait_one": r"wgmma\.wait_group\.sync\.aligned 1;"}
-    call = "kernels.compile_for_sm90(precision={!r}, mma_pipeline={})"
-    plain = sm90.compiled("megamoe_ws", call.format(precision, False), counts)
-    paired = sm90.compiled("megamoe_ws", call.format(precision, True), counts)
-    assert plain["wait_one"] == 0
-    if precision == "w4a8":
-        assert paired == plain
-        return
-    # Two math warpgroups x (gate, Linear-2): each loop's pair waits once with one left.
-    assert paired["wait_one"] == 4
-    assert paired["wgmma"] > plain["wgmma"] > 0  # the pair's two issues and an odd last step
-    assert paired["shared"] == plain["shared"]
-    assert paired["tma_loads"] == plain["tma_loads"]
-
-
-@needs_triton
-@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
 def test_claiming_ahead_splits_the_producer_loops_around_the_next_claim(precision):
     """CLAIM_AHEAD: the producer claims the next tile between a tile's loads (after gate;
     before Linear-2's last STAGES steps), so its two step loops become three load sites'
@@ -146,6 +125,34 @@ def test_claiming_ahead_splits_the_producer_loops_around_the_next_claim(precisio
     for name in ("wgmma", "wgmma_wait", "vector_stores", "release_add"):
         assert ahead[name] == plain[name] > 0, name
     assert ahead["shared"] == plain["shared"]
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+def test_staged_scales_are_copied_by_the_producer_and_complete_the_slot(precision):
+    """STAGE_SCALES: at each of its step loops the producer copies the step's 128 row scales
+    and the weight scale (4 + 4 four-byte cp.async a lane) and arrives on the slot's ready
+    barrier as they complete; the math warpgroups' global scale loads are gone, and the ring
+    grows by two 128-float rows a slot."""
+    from xstage_kernels import megamoe_ws
+
+    counts = {
+        **GLOBAL_LOADS,
+        "copies": r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x4",
+        "copy_arrives": r"cp\.async\.mbarrier\.arrive\.shared\.b64",
+    }
+    call = "kernels.compile_for_sm90(precision={!r}, stage_scales={})"
+    plain = sm90.compiled("megamoe_ws", call.format(precision, False), counts)
+    staged = sm90.compiled("megamoe_ws", call.format(precision, True), counts)
+    loops = 3  # gate, up, Linear-2
+    assert plain["copies"] == plain["copy_arrives"] == 0
+    assert staged["copy_arrives"] == loops
+    assert staged["copies"] == loops * 8
+    assert staged["global_loads"] < plain["global_loads"]
+    for name in ("wgmma", "tma_loads", "vector_stores", "release_add"):
+        assert staged[name] == plain[name] > 0, name
+    grown = 2 * megamoe_ws.stages(precision) * megamoe_ws.BLOCK * 4 - 2 * megamoe_ws.BLOCK * 4
+    assert staged["shared"] - plain["shared"] >= grown
 
 
 @needs_triton
@@ -384,10 +391,10 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     assert megamoe_ws.launch_options()["weight_layout"] == "tile-major"
     tiles = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     assert kernel_refresh(computed, tiles).stale({"precision": "w8a8"})
-    # So are the MMA pipeline and the claim ahead, and turning one on makes our points stale.
+    # So is the claim ahead, and turning it on makes our points stale.
     monkeypatch.setattr(megamoe_ws, "CLAIM_AHEAD", True)
     assert "claimed" in megamoe_ws.launch_options()["tile_claim"]
-    monkeypatch.setattr(megamoe_ws, "MMA_PIPELINE", True)
-    assert "W8A8" in megamoe_ws.launch_options()["mma_steps"]
-    paired = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
-    assert kernel_refresh(tiles, paired).stale({"precision": "w8a8"})
+    ahead = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
+    assert kernel_refresh(tiles, ahead).stale({"precision": "w8a8"})
+    monkeypatch.setattr(megamoe_ws, "STAGE_SCALES", True)
+    assert "staged" in megamoe_ws.launch_options()["scales"]

@@ -61,6 +61,7 @@ import weakref
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -138,13 +139,6 @@ PREFETCH_TILE = True
 # 64 gains less (0.947-0.97 at 1024).
 ROW_BOX_MIN = 32
 ROW_BOXES = (128, 64, 32)
-# W8A8: a math warpgroup keeps two steps' MMAs in flight (it issues step k + 1 before it
-# waits for step k, then promotes k), so the tensor cores do not wait for its wait-promote-
-# issue turnaround between steps when the other warpgroup's MMA is shorter than it. Costs a
-# second 64-register product, so only where it fits: gate and Linear-2 (during up, gate's
-# result is live too: 4 x 64 of the 232 registers). W4A8 keeps one step (its math
-# warpgroups have 184 and 208 registers).
-MMA_PIPELINE = False
 # The producer claims its next tile (the list counter, then the tile's record: two more
 # dependent global loads) and, for a Linear-2 tile, polls its row block while the ring is
 # still full of the current tile's steps (after Linear-1's gate, or all but the last STAGES
@@ -154,13 +148,20 @@ MMA_PIPELINE = False
 # math warpgroups waiting for a Linear-2 tile's first slot ~8% of their time, the tensor
 # cores idle). A CTA then holds its next tile for part of the current one.
 CLAIM_AHEAD = False
+# The producer stages each step's scales (the 128 activation rows' and the weight block's)
+# into the slot with asynchronous copies that complete its "ready" barrier, so a math
+# warpgroup reads them from shared memory after its slot wait instead of loading them
+# from global memory a step ahead: those loads' latency outlasted a step's MMA (ncu source
+# counters, one H200, DeepSeek-V4-Flash W8A8 at 16384 tokens: the math warpgroups stalled
+# on the scale loads' first use ~7% of their time).
+STAGE_SCALES = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
     "PREFETCH_TILE",
     "ROW_BOX_MIN",
-    "MMA_PIPELINE",
     "CLAIM_AHEAD",
+    "STAGE_SCALES",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -201,6 +202,7 @@ class Shared:
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
     converted: gl.shared_memory_descriptor  # W4 (W8A8: ready)
+    scale_bufs: gl.shared_memory_descriptor  # STAGE_SCALES: per slot, rows' then weight's
     tile_ids: gl.shared_memory_descriptor  # tile records (_tile_record)
     tile_ready: gl.shared_memory_descriptor
     tile_empty: gl.shared_memory_descriptor
@@ -225,14 +227,15 @@ class Shared:
     TILE_MAJOR: gl.constexpr
     PREFETCH: gl.constexpr
     ROW_BOX_MIN: gl.constexpr
-    PIPELINE: gl.constexpr  # MMA_PIPELINE, W8A8 only
     CLAIM_AHEAD: gl.constexpr
+    STAGED: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs[:4]
         self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:]
-        self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
+        self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings[:6]
+        self.scale_bufs = rings[6]
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
         (
             self.tiles_ptr,
@@ -250,8 +253,8 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, PIPELINE, CLAIM_AHEAD = options
-        self.PIPELINE = gl.constexpr(PIPELINE and not W4)
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, CLAIM_AHEAD, STAGED = options
+        self.STAGED = gl.constexpr(STAGED)
         self.CLAIM_AHEAD = gl.constexpr(CLAIM_AHEAD)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
@@ -274,12 +277,15 @@ def _fence_proxy_async():
 
 
 @gluon.jit
-def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_first, k_end, k_steps):
+def _load_steps(
+    p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_first, k_end, k_steps, a_scales, w_s
+):
     """Stream steps k_first..k_end-1 of k_steps (A, B) steps of 128 channels into the ring;
     returns the ring counter. A is x (IS_X) or the intermediate, `box` (128, 64 or 32) of its
     rows from a_row. W4: A as two 128-row x 64 halves, B as 128 rows of 64 packed bytes.
     b_row is a multiple of 128; tile-major weights hold its step k at block row
-    (b_row / 128) * k_steps + k."""
+    (b_row / 128) * k_steps + k. a_scales, w_s: step 0's scales of row a_row (k_steps a row)
+    and of the weight block (STAGE_SCALES)."""
     for k in range(k_first, k_end):
         if p.TILE_MAJOR:
             b_at = [((b_row // _BLOCK) * k_steps + k) * _BLOCK, 0]
@@ -287,6 +293,8 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_first, k
             b_at = [b_row, k * (_HALF if p.W4 else _BLOCK)]
         s = it % p.STAGES
         mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
+        if p.STAGED:
+            _stage_scales(p, s, a_scales + k, k_steps, w_s + k)
         if box == _BLOCK:
             _load_a(p, s, k, a_row, IS_X, _BLOCK)
         elif box == _HALF:
@@ -296,6 +304,19 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_first, k
         tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
         it += 1
     return it
+
+
+@gluon.jit
+def _stage_scales(p, s, a_scales, row_stride, w_scale):
+    """Slot s's scales by asynchronous copies: the 128 rows' (a_scales, row_stride apart)
+    and the weight block's (w_scale, in each of 128 entries, so that a math warpgroup reads
+    both in its rows' layout). Each lane's copies arrive on the slot's "ready" barrier as
+    they complete (an arrival counted up first: the slot's phase waits for them)."""
+    rows: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+    r = gl.arange(0, _BLOCK, layout=rows)
+    async_copy.async_copy_global_to_shared(p.scale_bufs.index(2 * s), a_scales + r * row_stride)
+    async_copy.async_copy_global_to_shared(p.scale_bufs.index(2 * s + 1), w_scale + r * 0)
+    async_copy.mbarrier_arrive(p.ready.index(s))
 
 
 @gluon.jit
@@ -408,11 +429,16 @@ def _producer(p, WG: gl.constexpr):
                 w_row = e * 2 * p.I + nb * _BLOCK
                 steps = p.H // _BLOCK
                 a_row = blk * _BLOCK
-                it = _load_steps(p, it, True, a_row, box, p.w1_desc, w_row, 0, steps, steps)
+                xs = p.xs_ptr + a_row * steps
+                gate_s = p.s1_ptr + (e * (2 * p.I // _BLOCK) + nb) * steps
+                it = _load_steps(
+                    p, it, True, a_row, box, p.w1_desc, w_row, 0, steps, steps, xs, gate_s
+                )
                 if p.CLAIM_AHEAD:
                     nxt_idx, nxt_taken, nxt_rec, nxt_released = _claim_next(p, one_warp)
                 up = w_row + p.I
-                it = _load_steps(p, it, True, a_row, box, p.w1_desc, up, 0, steps, steps)
+                up_s = gate_s + (p.I // _BLOCK) * steps
+                it = _load_steps(p, it, True, a_row, box, p.w1_desc, up, 0, steps, steps, xs, up_s)
             else:
                 # Wait until both warpgroups of every Linear-1 tile of this row block released it.
                 need = 2 * (p.I // _BLOCK)
@@ -430,10 +456,16 @@ def _producer(p, WG: gl.constexpr):
                 steps = p.I // _BLOCK
                 split = gl.maximum(steps - p.STAGES, 0) if p.CLAIM_AHEAD else steps
                 a_row = blk * _BLOCK
-                it = _load_steps(p, it, False, a_row, box, p.w2_desc, w_row, 0, split, steps)
+                hs = p.hs_ptr + a_row * steps
+                w_s = p.s2_ptr + (e * (p.H // _BLOCK) + nb) * steps
+                it = _load_steps(
+                    p, it, False, a_row, box, p.w2_desc, w_row, 0, split, steps, hs, w_s
+                )
                 if p.CLAIM_AHEAD:
                     nxt_idx, nxt_taken, nxt_rec, nxt_released = _claim_next(p, one_warp)
-                it = _load_steps(p, it, False, a_row, box, p.w2_desc, w_row, split, steps, steps)
+                it = _load_steps(
+                    p, it, False, a_row, box, p.w2_desc, w_row, split, steps, steps, hs, w_s
+                )
             if p.TRACE:
                 base = p.trace_ptr + idx.to(gl.int64) * 6
                 gl.store(base + 0, pid.to(gl.int64))
@@ -455,79 +487,55 @@ def _mma_steps(
     WG: gl.constexpr,
     acc_layout: gl.constexpr,
     A_WRITTEN: gl.constexpr,
-    PIPELINE: gl.constexpr = False,
 ):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
     slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
-    A_WRITTEN: the activation scales were written before the launch (Linear-1's).
-    PIPELINE: two steps' MMAs in flight at once (MMA_PIPELINE)."""
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     # Scales written before the launch load before the first slot is waited for (PREFETCH);
     # Linear-2's activation scales only once it is full: that is after the producer saw the
     # row block released, so the intermediate's scales are written.
+    if p.STAGED:
+        return _staged_steps(p, it, acc, zero, k_steps, WG, acc_layout)
     early_w: gl.constexpr = p.PREFETCH
     early_a: gl.constexpr = p.PREFETCH and A_WRITTEN
-    if PIPELINE:
-        acc, it = _paired_steps(p, it, acc, a_scales, w_scales, k_steps, WG)
-    else:
-        if early_w:
-            sw = gl.load(w_scales)
-        if early_a:
-            sa = gl.load(a_scales)
-        mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
-        if not early_a:
-            sa = gl.load(a_scales)
-        if not early_w:
-            sw = gl.load(w_scales)
-        for k in range(k_steps):
-            s = it % p.STAGES
-            mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-            raw = _issue_mma(p, s, zero, WG)
-            nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
-            sa_next = gl.load(a_scales + nxt)
-            sw_next = gl.load(w_scales + nxt)
-            raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
-            mbarrier.arrive(p.empty.index(s), count=1)
-            acc += raw * (sa * sw)[:, None]
-            sa = sa_next
-            sw = sw_next
-            it += 1
+    if early_w:
+        sw = gl.load(w_scales)
+    if early_a:
+        sa = gl.load(a_scales)
+    mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
+    if not early_a:
+        sa = gl.load(a_scales)
+    if not early_w:
+        sw = gl.load(w_scales)
+    for k in range(k_steps):
+        s = it % p.STAGES
+        mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
+        raw = _issue_mma(p, s, zero, WG)
+        nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
+        sa_next = gl.load(a_scales + nxt)
+        sw_next = gl.load(w_scales + nxt)
+        raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+        mbarrier.arrive(p.empty.index(s), count=1)
+        acc += raw * (sa * sw)[:, None]
+        sa = sa_next
+        sw = sw_next
+        it += 1
     return acc, it
 
 
 @gluon.jit
-def _paired_steps(p, it, acc, a_scales, w_scales, k_steps, WG: gl.constexpr):
-    """_mma_steps two steps at a time: both steps' MMAs issued, then the first waited for
-    and promoted while the second runs. Nothing in flight crosses an iteration: ptxas
-    serializes every wgmma of the kernel when an accumulator still being written is copied
-    (C7514), which a product carried from one iteration to the next is."""
-    zero = gl.zeros_like(acc)
-    for k in range(0, k_steps - 1, 2):
-        s0 = it % p.STAGES
-        s1 = (it + 1) % p.STAGES
-        mbarrier.wait(p.converted.index(s0), (it // p.STAGES) & 1)
-        first = _issue_mma(p, s0, zero, WG)
-        mbarrier.wait(p.converted.index(s1), ((it + 1) // p.STAGES) & 1)
-        second = _issue_mma(p, s1, zero, WG)
-        sa0 = gl.load(a_scales + k)  # the scales load under the MMAs
-        sw0 = gl.load(w_scales + k)
-        sa1 = gl.load(a_scales + k + 1)
-        sw1 = gl.load(w_scales + k + 1)
-        first = warpgroup_mma_wait(num_outstanding=1, deps=(first,))
-        mbarrier.arrive(p.empty.index(s0), count=1)
-        acc += first * (sa0 * sw0)[:, None]
-        second = warpgroup_mma_wait(num_outstanding=0, deps=(second,))
-        mbarrier.arrive(p.empty.index(s1), count=1)
-        acc += second * (sa1 * sw1)[:, None]
-        it += 2
-    if k_steps % 2 == 1:  # an odd step count's last step alone
+def _staged_steps(p, it, acc, zero, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
+    """_mma_steps with each step's scales read from its slot (STAGE_SCALES), under its MMA."""
+    rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    for _ in range(k_steps):
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
         raw = _issue_mma(p, s, zero, WG)
-        sa = gl.load(a_scales + k_steps - 1)
-        sw = gl.load(w_scales + k_steps - 1)
+        sa = p.scale_bufs.index(2 * s).slice(WG * _HALF, _HALF).load(rows)
+        sw = p.scale_bufs.index(2 * s + 1).slice(WG * _HALF, _HALF).load(rows)
         raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
         mbarrier.arrive(p.empty.index(s), count=1)
         acc += raw * (sa * sw)[:, None]
@@ -699,9 +707,7 @@ def _linear1_rows(
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
-    gate, it = _mma_steps(
-        p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True, p.PIPELINE
-    )
+    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
     up_scales = s_rows + (I // _BLOCK + nb) * steps
     up, it = _mma_steps(p, it, a_scales, up_scales, steps, WG, acc_layout, True)
     if p.TRACE:
@@ -742,7 +748,6 @@ def _linear2_rows(
         WG,
         acc_layout,
         False,
-        p.PIPELINE,
     )
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
@@ -787,8 +792,8 @@ def _fused_moe_ws(
     TILE_MAJOR: gl.constexpr,
     PREFETCH: gl.constexpr,
     ROW_BOX_MIN: gl.constexpr,
-    PIPELINE: gl.constexpr,
     CLAIM_AHEAD: gl.constexpr,
+    STAGE_SCALES: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -807,6 +812,11 @@ def _fused_moe_ws(
         b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES] + b_block, w1_desc.layout)
         c_bufs = b_bufs
         converted = ready
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    if STAGE_SCALES:
+        scale_bufs = gl.allocate_shared_memory(gl.float32, [2 * STAGES, _BLOCK], flat)
+    else:
+        scale_bufs = gl.allocate_shared_memory(gl.float32, [2, _BLOCK], flat)  # unused
     tile_ids = gl.allocate_shared_memory(
         gl.int32, [_TILE_SLOTS, _RECORD], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )
@@ -821,7 +831,7 @@ def _fused_moe_ws(
         mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
     p = Shared(
         (x_desc, w1_desc, h_desc, w2_desc, x64_desc, x32_desc, h64_desc, h32_desc),
-        (a_bufs, b_bufs, c_bufs, ready, empty, converted),
+        (a_bufs, b_bufs, c_bufs, ready, empty, converted, scale_bufs),
         (tile_ids, tile_ready, tile_empty),
         (
             tiles_ptr,
@@ -839,7 +849,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, PIPELINE, CLAIM_AHEAD),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, CLAIM_AHEAD, STAGE_SCALES),
     )
     if W4:
         gl.warp_specialize(
@@ -965,8 +975,8 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         TILE_MAJOR=TILE_MAJOR_WEIGHTS,
         PREFETCH=PREFETCH_TILE,
         ROW_BOX_MIN=row_box_min(),
-        PIPELINE=bool(MMA_PIPELINE),
         CLAIM_AHEAD=bool(CLAIM_AHEAD),
+        STAGE_SCALES=bool(STAGE_SCALES),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -984,10 +994,10 @@ def launch_options() -> dict:
         options["activation_rows"] = (
             f"the fewest of {list(ROW_BOXES)} covering a block's rows, at least {ROW_BOX_MIN}"
         )
-    if MMA_PIPELINE:  # absent: one step's MMA in flight, as every record before the option
-        options["mma_steps"] = "two in flight per warpgroup (W8A8 gate and Linear-2)"
     if CLAIM_AHEAD:  # absent: the next tile claimed after the last load, as every record before
-        options["tile_claim"] = "the next tile claimed as the current one starts"
+        options["tile_claim"] = "the next tile claimed while the current one's steps load"
+    if STAGE_SCALES:  # absent: the math warpgroups load the scales, as every record before
+        options["scales"] = "staged into each slot by the producer"
     return options
 
 
@@ -1013,8 +1023,8 @@ def compile_for_sm90(
     tile_major_weights: bool = False,
     prefetch_tile: bool = False,
     row_box_min: int = BLOCK,
-    mma_pipeline: bool = False,
     claim_ahead: bool = False,
+    stage_scales: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1057,8 +1067,8 @@ def compile_for_sm90(
         (names.index("TILE_MAJOR"),): tile_major_weights,
         (names.index("PREFETCH"),): prefetch_tile,
         (names.index("ROW_BOX_MIN"),): row_box_min,
-        (names.index("PIPELINE"),): mma_pipeline,
         (names.index("CLAIM_AHEAD"),): claim_ahead,
+        (names.index("STAGE_SCALES"),): stage_scales,
     }
     for name in [names[i] for (i,) in constants]:
         signature[name] = "constexpr"
