@@ -105,58 +105,6 @@ def test_launch_options_compile_to_the_same_loads_and_mmas(precision, option):
 
 @needs_triton
 @pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
-def test_claiming_ahead_splits_the_producer_loops_around_the_next_claim(precision):
-    """CLAIM_AHEAD: the producer claims the next tile between a tile's loads (after gate;
-    before Linear-2's last STAGES steps), so its two step loops become three load sites'
-    worth more (gate, up, Linear-2's two halves: 4 loops instead of 3), the claim sites one
-    more, and a Linear-2 tile's row block is polled once more (at the claim); the MMAs and
-    the math warpgroups' code are unchanged."""
-    counts = {
-        **PATTERNS,
-        "claims": r"atom\.global\.gpu\.acq_rel\.add",
-        "polls": r"ld\.global\.gpu\.acquire",
-    }
-    call = "kernels.compile_for_sm90(precision={!r}, claim_ahead={})"
-    plain = sm90.compiled("megamoe_ws", call.format(precision, False), counts)
-    ahead = sm90.compiled("megamoe_ws", call.format(precision, True), counts)
-    assert ahead["tma_loads"] * 3 == plain["tma_loads"] * 4 > 0
-    assert ahead["claims"] == plain["claims"] + 1 == 3
-    assert ahead["polls"] == plain["polls"] + 2
-    for name in ("wgmma", "wgmma_wait", "vector_stores", "release_add"):
-        assert ahead[name] == plain[name] > 0, name
-    assert ahead["shared"] == plain["shared"]
-
-
-@needs_triton
-@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
-def test_staged_scales_are_copied_by_the_producer_and_complete_the_slot(precision):
-    """STAGE_SCALES: at each of its step loops the producer copies the step's 128 row scales
-    and the weight scale (4 + 4 four-byte cp.async a lane) and arrives on the slot's ready
-    barrier as they complete; the math warpgroups' global scale loads are gone, and the ring
-    grows by two 128-float rows a slot."""
-    from xstage_kernels import megamoe_ws
-
-    counts = {
-        **GLOBAL_LOADS,
-        "copies": r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 0x4",
-        "copy_arrives": r"cp\.async\.mbarrier\.arrive\.shared\.b64",
-    }
-    call = "kernels.compile_for_sm90(precision={!r}, stage_scales={})"
-    plain = sm90.compiled("megamoe_ws", call.format(precision, False), counts)
-    staged = sm90.compiled("megamoe_ws", call.format(precision, True), counts)
-    loops = 3  # gate, up, Linear-2
-    assert plain["copies"] == plain["copy_arrives"] == 0
-    assert staged["copy_arrives"] == loops
-    assert staged["copies"] == loops * 8
-    assert staged["global_loads"] < plain["global_loads"]
-    for name in ("wgmma", "tma_loads", "vector_stores", "release_add"):
-        assert staged[name] == plain[name] > 0, name
-    grown = 2 * megamoe_ws.stages(precision) * megamoe_ws.BLOCK * 4 - 2 * megamoe_ws.BLOCK * 4
-    assert staged["shared"] - plain["shared"] >= grown
-
-
-@needs_triton
-@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
 def test_smaller_row_boxes_load_each_step_in_one_of_three_boxes(precision):
     """ROW_BOX_MIN 32: each of the three step loops (gate, up, Linear-2) loads A in a box of
     128, 64 or 32 rows, each box with its own expected bytes; the MMAs stay as they were."""
@@ -391,10 +339,3 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     assert megamoe_ws.launch_options()["weight_layout"] == "tile-major"
     tiles = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     assert kernel_refresh(computed, tiles).stale({"precision": "w8a8"})
-    # So is the claim ahead, and turning it on makes our points stale.
-    monkeypatch.setattr(megamoe_ws, "CLAIM_AHEAD", True)
-    assert "claimed" in megamoe_ws.launch_options()["tile_claim"]
-    ahead = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
-    assert kernel_refresh(tiles, ahead).stale({"precision": "w8a8"})
-    monkeypatch.setattr(megamoe_ws, "STAGE_SCALES", True)
-    assert "staged" in megamoe_ws.launch_options()["scales"]

@@ -4,7 +4,7 @@ profile (Nsight Compute around it sees one launch of our kernel per check).
     PYTHONPATH=src:kernels ncu --kernel-name _fused_moe_ws --launch-count 2 \
         python3 kernels/ab/check_once.py --config config/reference-h200x1.yaml --dataset ab \
         --shapes deepseek-v4-flash --precisions w8a8 --routings balanced --tokens 16384 \
-        --option MMA_PIPELINE=0,1
+        --option ROW_BOX_MIN=128,32
 
 Each check is our measurer's (outputs poisoned, fresh inputs, the sampled tokens against
 the reference), so a profiled launch is one whose output was checked.

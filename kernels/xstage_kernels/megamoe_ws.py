@@ -47,6 +47,18 @@ The SwiGLU/quantization epilogue is on the critical path (both warpgroups run it
 while the tensor cores idle), hence one division per element there: taking the divisions
 out of it alone gave +6% (DeepSeek-V4 Flash) to +14% (DiT-MoE) on one H200.
 
+Where W8A8 time goes at 16384 tokens (one H200, DeepSeek-V4 Flash, 2026-12-03, ncu with its
+source counters: kernels/ab/2026-12-03-ncu-*): the tensor pipe is busy 53% of the cycles;
+of the math warps' samples, ~20% wait for their own MMA, ~12% for a slot (8% at a Linear-2
+tile's first slot), ~11% for a loaded value (mostly a step's scales, loaded a step ahead),
+and the rest issue: promotion FMAs, scale loads, descriptors, the epilogues. Three changes
+that went after those waits lost their paired A/B there and were taken out (kernels/ab,
+commits 77763e7 and 0cee4c3): two steps' MMAs in flight per warpgroup (gate and Linear-2:
+1.03-1.07x the time), the producer claiming its next tile in the middle of the current one
+(1.02-1.11x), and the producer staging each step's scales into its slot by cp.async
+(1.02-1.24x). Each added work or latency to the one producer warp, whose slots are what the
+math warps wait for: what is left looks bound by how fast 32 KiB a step reaches each CTA.
+
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
 later of the two (atomic max into a zeroed buffer) and store_start from warpgroup 0.
@@ -61,7 +73,6 @@ import weakref
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -139,30 +150,7 @@ PREFETCH_TILE = True
 # 64 gains less (0.947-0.97 at 1024).
 ROW_BOX_MIN = 32
 ROW_BOXES = (128, 64, 32)
-# The producer claims its next tile (the list counter, then the tile's record: two more
-# dependent global loads) and, for a Linear-2 tile, polls its row block while the ring is
-# still full of the current tile's steps (after Linear-1's gate, or all but the last STAGES
-# steps of Linear-2), not after issuing the current tile's last load: there, those round
-# trips and the first load's own were on the critical path at every tile start, beyond the
-# ring's slack (ncu source counters, one H200, DeepSeek-V4-Flash W8A8 at 16384 tokens: both
-# math warpgroups waiting for a Linear-2 tile's first slot ~8% of their time, the tensor
-# cores idle). A CTA then holds its next tile for part of the current one.
-CLAIM_AHEAD = False
-# The producer stages each step's scales (the 128 activation rows' and the weight block's)
-# into the slot with asynchronous copies that complete its "ready" barrier, so a math
-# warpgroup reads them from shared memory after its slot wait instead of loading them
-# from global memory a step ahead: those loads' latency outlasted a step's MMA (ncu source
-# counters, one H200, DeepSeek-V4-Flash W8A8 at 16384 tokens: the math warpgroups stalled
-# on the scale loads' first use ~7% of their time).
-STAGE_SCALES = False
-LAUNCH_OPTIONS = (
-    "SKIP_PADDING_HALVES",
-    "TILE_MAJOR_WEIGHTS",
-    "PREFETCH_TILE",
-    "ROW_BOX_MIN",
-    "CLAIM_AHEAD",
-    "STAGE_SCALES",
-)
+LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE", "ROW_BOX_MIN")
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -202,7 +190,6 @@ class Shared:
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
     converted: gl.shared_memory_descriptor  # W4 (W8A8: ready)
-    scale_bufs: gl.shared_memory_descriptor  # STAGE_SCALES: per slot, rows' then weight's
     tile_ids: gl.shared_memory_descriptor  # tile records (_tile_record)
     tile_ready: gl.shared_memory_descriptor
     tile_empty: gl.shared_memory_descriptor
@@ -227,15 +214,12 @@ class Shared:
     TILE_MAJOR: gl.constexpr
     PREFETCH: gl.constexpr
     ROW_BOX_MIN: gl.constexpr
-    CLAIM_AHEAD: gl.constexpr
-    STAGED: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs[:4]
         self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:]
-        self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings[:6]
-        self.scale_bufs = rings[6]
+        self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
         (
             self.tiles_ptr,
@@ -253,9 +237,7 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, CLAIM_AHEAD, STAGED = options
-        self.STAGED = gl.constexpr(STAGED)
-        self.CLAIM_AHEAD = gl.constexpr(CLAIM_AHEAD)
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN = options
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -277,24 +259,18 @@ def _fence_proxy_async():
 
 
 @gluon.jit
-def _load_steps(
-    p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_first, k_end, k_steps, a_scales, w_s
-):
-    """Stream steps k_first..k_end-1 of k_steps (A, B) steps of 128 channels into the ring;
-    returns the ring counter. A is x (IS_X) or the intermediate, `box` (128, 64 or 32) of its
-    rows from a_row. W4: A as two 128-row x 64 halves, B as 128 rows of 64 packed bytes.
-    b_row is a multiple of 128; tile-major weights hold its step k at block row
-    (b_row / 128) * k_steps + k. a_scales, w_s: step 0's scales of row a_row (k_steps a row)
-    and of the weight block (STAGE_SCALES)."""
-    for k in range(k_first, k_end):
+def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
+    """Stream k_steps (A, B) steps of 128 channels into the ring; returns the ring counter.
+    A is x (IS_X) or the intermediate, `box` (128, 64 or 32) of its rows from a_row. W4: A
+    as two 128-row x 64 halves, B as 128 rows of 64 packed bytes. b_row is a multiple of
+    128; tile-major weights hold its step k at block row (b_row / 128) * k_steps + k."""
+    for k in range(k_steps):
         if p.TILE_MAJOR:
             b_at = [((b_row // _BLOCK) * k_steps + k) * _BLOCK, 0]
         else:
             b_at = [b_row, k * (_HALF if p.W4 else _BLOCK)]
         s = it % p.STAGES
         mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
-        if p.STAGED:
-            _stage_scales(p, s, a_scales + k, k_steps, w_s + k)
         if box == _BLOCK:
             _load_a(p, s, k, a_row, IS_X, _BLOCK)
         elif box == _HALF:
@@ -304,19 +280,6 @@ def _load_steps(
         tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
         it += 1
     return it
-
-
-@gluon.jit
-def _stage_scales(p, s, a_scales, row_stride, w_scale):
-    """Slot s's scales by asynchronous copies: the 128 rows' (a_scales, row_stride apart)
-    and the weight block's (w_scale, in each of 128 entries, so that a math warpgroup reads
-    both in its rows' layout). Each lane's copies arrive on the slot's "ready" barrier as
-    they complete (an arrival counted up first: the slot's phase waits for them)."""
-    rows: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
-    r = gl.arange(0, _BLOCK, layout=rows)
-    async_copy.async_copy_global_to_shared(p.scale_bufs.index(2 * s), a_scales + r * row_stride)
-    async_copy.async_copy_global_to_shared(p.scale_bufs.index(2 * s + 1), w_scale + r * 0)
-    async_copy.mbarrier_arrive(p.ready.index(s))
 
 
 @gluon.jit
@@ -375,49 +338,22 @@ def _row_box(p, rec, layout: gl.constexpr):
 
 
 @gluon.jit
-def _claim(p, layout: gl.constexpr):
-    """The next tile of the rank's list: (index, when taken, its record)."""
-    idx = gl.atomic_add(p.sync_ptr, 1)
-    taken = _now() if p.TRACE else 0
-    return idx, taken, _tile_record(p, idx, idx < p.n_tiles, layout)
-
-
-@gluon.jit
-def _released(p, blk):
-    """How many Linear-1 warpgroup halves released row block blk (acquire: what they wrote
-    before the release is visible to this thread's later reads)."""
-    return gl.atomic_add(p.sync_ptr + 2 + blk, 0, sem="acquire")
-
-
-@gluon.jit
-def _claim_next(p, layout: gl.constexpr):
-    """_claim and, with CLAIM_AHEAD, a first poll of a Linear-2 tile's row block (the tile
-    starts later: its first poll then costs no round trip there); 0 otherwise."""
-    idx, taken, rec = _claim(p, layout)
-    released = 0
-    if p.CLAIM_AHEAD:
-        if (idx < p.n_tiles) & (_field(rec, 1, layout) == 1):
-            released = _released(p, _field(rec, 3, layout))
-    return idx, taken, rec, released
-
-
-@gluon.jit
 def _producer(p, WG: gl.constexpr):
     one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     pid = gl.program_id(0)
     it = 0
     j = 0
-    idx, taken, rec, released = _claim_next(p, one_warp)
     running = True
     while running:
+        idx = gl.atomic_add(p.sync_ptr, 1)
+        taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
+        rec = _tile_record(p, idx, running, one_warp)
         slot = j % _TILE_SLOTS
         mbarrier.wait(p.tile_empty.index(slot), ((j // _TILE_SLOTS) & 1) ^ 1)
         p.tile_ids.index(slot).store(rec)
         mbarrier.arrive(p.tile_ready.index(slot), count=1)
         j += 1
-        # The next tile (CLAIM_AHEAD: claimed between this tile's loads).
-        nxt_idx, nxt_taken, nxt_rec, nxt_released = idx, taken, rec, released
         if running:
             kind = _field(rec, 1, one_warp)
             e = _field(rec, 2, one_warp)
@@ -428,24 +364,15 @@ def _producer(p, WG: gl.constexpr):
             if kind == 0:
                 w_row = e * 2 * p.I + nb * _BLOCK
                 steps = p.H // _BLOCK
-                a_row = blk * _BLOCK
-                xs = p.xs_ptr + a_row * steps
-                gate_s = p.s1_ptr + (e * (2 * p.I // _BLOCK) + nb) * steps
-                it = _load_steps(
-                    p, it, True, a_row, box, p.w1_desc, w_row, 0, steps, steps, xs, gate_s
-                )
-                if p.CLAIM_AHEAD:
-                    nxt_idx, nxt_taken, nxt_rec, nxt_released = _claim_next(p, one_warp)
-                up = w_row + p.I
-                up_s = gate_s + (p.I // _BLOCK) * steps
-                it = _load_steps(p, it, True, a_row, box, p.w1_desc, up, 0, steps, steps, xs, up_s)
+                it = _load_steps(p, it, True, blk * _BLOCK, box, p.w1_desc, w_row, steps)
+                it = _load_steps(p, it, True, blk * _BLOCK, box, p.w1_desc, w_row + p.I, steps)
             else:
                 # Wait until both warpgroups of every Linear-1 tile of this row block released it.
                 need = 2 * (p.I // _BLOCK)
-                done = released if p.CLAIM_AHEAD else _released(p, blk)
+                done = gl.atomic_add(p.sync_ptr + 2 + blk, 0, sem="acquire")
                 spins = 0
                 while (done < need) & (spins < p.max_spin):
-                    done = _released(p, blk)
+                    done = gl.atomic_add(p.sync_ptr + 2 + blk, 0, sem="acquire")
                     spins += 1
                 if done < need:
                     gl.atomic_xchg(p.sync_ptr + 1, 1)
@@ -453,28 +380,12 @@ def _producer(p, WG: gl.constexpr):
                 if p.TRACE:
                     ready = _now()
                 w_row = e * p.H + nb * _BLOCK
-                steps = p.I // _BLOCK
-                split = gl.maximum(steps - p.STAGES, 0) if p.CLAIM_AHEAD else steps
-                a_row = blk * _BLOCK
-                hs = p.hs_ptr + a_row * steps
-                w_s = p.s2_ptr + (e * (p.H // _BLOCK) + nb) * steps
-                it = _load_steps(
-                    p, it, False, a_row, box, p.w2_desc, w_row, 0, split, steps, hs, w_s
-                )
-                if p.CLAIM_AHEAD:
-                    nxt_idx, nxt_taken, nxt_rec, nxt_released = _claim_next(p, one_warp)
-                it = _load_steps(
-                    p, it, False, a_row, box, p.w2_desc, w_row, split, steps, steps, hs, w_s
-                )
+                it = _load_steps(p, it, False, blk * _BLOCK, box, p.w2_desc, w_row, p.I // _BLOCK)
             if p.TRACE:
                 base = p.trace_ptr + idx.to(gl.int64) * 6
                 gl.store(base + 0, pid.to(gl.int64))
                 gl.store(base + 1, taken)
                 gl.store(base + 2, ready)
-        if p.CLAIM_AHEAD:
-            idx, taken, rec, released = nxt_idx, nxt_taken, nxt_rec, nxt_released
-        elif running:
-            idx, taken, rec, released = _claim_next(p, one_warp)
 
 
 @gluon.jit
@@ -497,8 +408,6 @@ def _mma_steps(
     # Scales written before the launch load before the first slot is waited for (PREFETCH);
     # Linear-2's activation scales only once it is full: that is after the producer saw the
     # row block released, so the intermediate's scales are written.
-    if p.STAGED:
-        return _staged_steps(p, it, acc, zero, k_steps, WG, acc_layout)
     early_w: gl.constexpr = p.PREFETCH
     early_a: gl.constexpr = p.PREFETCH and A_WRITTEN
     if early_w:
@@ -522,23 +431,6 @@ def _mma_steps(
         acc += raw * (sa * sw)[:, None]
         sa = sa_next
         sw = sw_next
-        it += 1
-    return acc, it
-
-
-@gluon.jit
-def _staged_steps(p, it, acc, zero, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
-    """_mma_steps with each step's scales read from its slot (STAGE_SCALES), under its MMA."""
-    rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    for _ in range(k_steps):
-        s = it % p.STAGES
-        mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-        raw = _issue_mma(p, s, zero, WG)
-        sa = p.scale_bufs.index(2 * s).slice(WG * _HALF, _HALF).load(rows)
-        sw = p.scale_bufs.index(2 * s + 1).slice(WG * _HALF, _HALF).load(rows)
-        raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
-        mbarrier.arrive(p.empty.index(s), count=1)
-        acc += raw * (sa * sw)[:, None]
         it += 1
     return acc, it
 
@@ -792,8 +684,6 @@ def _fused_moe_ws(
     TILE_MAJOR: gl.constexpr,
     PREFETCH: gl.constexpr,
     ROW_BOX_MIN: gl.constexpr,
-    CLAIM_AHEAD: gl.constexpr,
-    STAGE_SCALES: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -812,11 +702,6 @@ def _fused_moe_ws(
         b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES] + b_block, w1_desc.layout)
         c_bufs = b_bufs
         converted = ready
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    if STAGE_SCALES:
-        scale_bufs = gl.allocate_shared_memory(gl.float32, [2 * STAGES, _BLOCK], flat)
-    else:
-        scale_bufs = gl.allocate_shared_memory(gl.float32, [2, _BLOCK], flat)  # unused
     tile_ids = gl.allocate_shared_memory(
         gl.int32, [_TILE_SLOTS, _RECORD], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )
@@ -831,7 +716,7 @@ def _fused_moe_ws(
         mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
     p = Shared(
         (x_desc, w1_desc, h_desc, w2_desc, x64_desc, x32_desc, h64_desc, h32_desc),
-        (a_bufs, b_bufs, c_bufs, ready, empty, converted, scale_bufs),
+        (a_bufs, b_bufs, c_bufs, ready, empty, converted),
         (tile_ids, tile_ready, tile_empty),
         (
             tiles_ptr,
@@ -849,7 +734,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, CLAIM_AHEAD, STAGE_SCALES),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN),
     )
     if W4:
         gl.warp_specialize(
@@ -975,8 +860,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         TILE_MAJOR=TILE_MAJOR_WEIGHTS,
         PREFETCH=PREFETCH_TILE,
         ROW_BOX_MIN=row_box_min(),
-        CLAIM_AHEAD=bool(CLAIM_AHEAD),
-        STAGE_SCALES=bool(STAGE_SCALES),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -994,10 +877,6 @@ def launch_options() -> dict:
         options["activation_rows"] = (
             f"the fewest of {list(ROW_BOXES)} covering a block's rows, at least {ROW_BOX_MIN}"
         )
-    if CLAIM_AHEAD:  # absent: the next tile claimed after the last load, as every record before
-        options["tile_claim"] = "the next tile claimed while the current one's steps load"
-    if STAGE_SCALES:  # absent: the math warpgroups load the scales, as every record before
-        options["scales"] = "staged into each slot by the producer"
     return options
 
 
@@ -1023,8 +902,6 @@ def compile_for_sm90(
     tile_major_weights: bool = False,
     prefetch_tile: bool = False,
     row_box_min: int = BLOCK,
-    claim_ahead: bool = False,
-    stage_scales: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1067,10 +944,8 @@ def compile_for_sm90(
         (names.index("TILE_MAJOR"),): tile_major_weights,
         (names.index("PREFETCH"),): prefetch_tile,
         (names.index("ROW_BOX_MIN"),): row_box_min,
-        (names.index("CLAIM_AHEAD"),): claim_ahead,
-        (names.index("STAGE_SCALES"),): stage_scales,
     }
-    for name in [names[i] for (i,) in constants]:
+    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR", "PREFETCH", "ROW_BOX_MIN"):
         signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
