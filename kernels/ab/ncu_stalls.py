@@ -56,7 +56,8 @@ def main(path: str) -> None:
     rows = read_rows(path)
     reasons = [k for k in rows[0] if k.startswith("stall_") and "Not Issued" not in k]
     total = sum(count(r, SAMPLES) for r in rows)
-    print(f"{path}: {len(rows)} SASS instructions, {total} samples\n\nstall reason")
+    name = path.rsplit("/", 1)[-1]
+    print(f"{name}: {len(rows)} SASS instructions, {total} samples\n\nstall reason")
     by_reason = collections.Counter({k: sum(count(r, k) for r in rows) for k in reasons})
     for name, n in by_reason.most_common(8):
         print(f"  {name:32s}{n:9d} {n / total:6.1%}")
