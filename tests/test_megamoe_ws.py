@@ -105,22 +105,6 @@ def test_launch_options_compile_to_the_same_loads_and_mmas(precision, option):
 
 @needs_triton
 @pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
-def test_unrolled_steps_repeat_the_gate_and_linear2_steps_only(precision):
-    """UNROLL_STEPS: gate's and Linear-2's loops hold two steps and an odd count's last one
-    (3 copies of a step's MMAs where there was 1), up keeps its one; the operand loads, the
-    ring and the epilogue stores stay as they were."""
-    call = "kernels.compile_for_sm90(precision={!r}, unroll_steps={})"
-    plain = sm90.compiled("megamoe_ws", call.format(precision, False), PATTERNS)
-    unrolled = sm90.compiled("megamoe_ws", call.format(precision, True), PATTERNS)
-    per_loop = plain["wgmma"] // 3  # gate, up, Linear-2
-    assert unrolled["wgmma"] == (3 + 1 + 3) * per_loop > 0
-    for name in ("tma_loads", "expect_tx", "vector_stores", "release_add"):
-        assert unrolled[name] == plain[name] > 0, name
-    assert unrolled["shared"] == plain["shared"]
-
-
-@needs_triton
-@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
 def test_smaller_row_boxes_load_each_step_in_one_of_three_boxes(precision):
     """ROW_BOX_MIN 32: each of the three step loops (gate, up, Linear-2) loads A in a box of
     128, 64 or 32 rows, each box with its own expected bytes; the MMAs stay as they were."""
@@ -355,8 +339,3 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     assert megamoe_ws.launch_options()["weight_layout"] == "tile-major"
     tiles = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     assert kernel_refresh(computed, tiles).stale({"precision": "w8a8"})
-    # So is the unrolled step loop.
-    monkeypatch.setattr(megamoe_ws, "UNROLL_STEPS", True)
-    assert megamoe_ws.launch_options()["step_loop"] == "unrolled by two"
-    unrolled = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
-    assert kernel_refresh(tiles, unrolled).stale({"precision": "w4a8"})

@@ -50,14 +50,17 @@ out of it alone gave +6% (DeepSeek-V4 Flash) to +14% (DiT-MoE) on one H200.
 Where W8A8 time goes at 16384 tokens (one H200, DeepSeek-V4 Flash, 2026-12-03, ncu with its
 source counters: kernels/ab/2026-12-03-ncu-*): the tensor pipe is busy 53% of the cycles;
 of the math warps' samples, ~20% wait for their own MMA, ~12% for a slot (8% at a Linear-2
-tile's first slot), ~11% for a loaded value (mostly a step's scales, loaded a step ahead),
-and the rest issue: promotion FMAs, scale loads, descriptors, the epilogues. Three changes
-that went after those waits lost their paired A/B there and were taken out (kernels/ab,
-commits 77763e7 and 0cee4c3): two steps' MMAs in flight per warpgroup (gate and Linear-2:
+tile's first slot), ~11% for a loaded value (mostly at one copy a loop: ptxas hoists the
+copy of the next step's scales into the loop-carried registers above the MMA wait), and the
+rest issue: promotion FMAs, scale loads, descriptors, the epilogues. Four changes that went
+after those waits lost their paired A/B there and were taken out (kernels/ab, commits
+77763e7, 0cee4c3 and ca62fa0): two steps' MMAs in flight per warpgroup (gate and Linear-2:
 1.03-1.07x the time), the producer claiming its next tile in the middle of the current one
-(1.02-1.11x), and the producer staging each step's scales into its slot by cp.async
-(1.02-1.24x). Each added work or latency to the one producer warp, whose slots are what the
-math warps wait for: what is left looks bound by how fast 32 KiB a step reaches each CTA.
+(1.02-1.11x), the producer staging each step's scales into its slot by cp.async
+(1.02-1.24x), and gate's and Linear-2's loops unrolled by two so that no copy waits for the
+scale loads (1.01-1.05x, W4A8 1.00-1.06x). The first three added work or latency to the
+one producer warp, whose slots are what the math warps wait for; what is left looks bound
+by how fast 32 KiB a step reaches each CTA (inferred, not measured directly).
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -150,20 +153,7 @@ PREFETCH_TILE = True
 # 64 gains less (0.947-0.97 at 1024).
 ROW_BOX_MIN = 32
 ROW_BOXES = (128, 64, 32)
-# The step loop unrolled by two, so that the scales a step loads for the next one land in
-# the registers the next step reads: in the plain loop ptxas hoists the copy of the loaded
-# scales into the loop-carried registers above the MMA wait, so every step waited for its
-# scale loads' round trip there (ncu source counters, one H200, DeepSeek-V4-Flash W8A8 at
-# 16384 tokens: 11% of the math warps' samples on loaded values, most at that copy). Gate
-# and Linear-2 only: unrolled while gate's product is live (up), the accumulators spill.
-UNROLL_STEPS = False
-LAUNCH_OPTIONS = (
-    "SKIP_PADDING_HALVES",
-    "TILE_MAJOR_WEIGHTS",
-    "PREFETCH_TILE",
-    "ROW_BOX_MIN",
-    "UNROLL_STEPS",
-)
+LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE", "ROW_BOX_MIN")
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -227,7 +217,6 @@ class Shared:
     TILE_MAJOR: gl.constexpr
     PREFETCH: gl.constexpr
     ROW_BOX_MIN: gl.constexpr
-    UNROLL: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -251,8 +240,7 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, UNROLL = options
-        self.UNROLL = gl.constexpr(UNROLL)
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN = options
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -413,13 +401,11 @@ def _mma_steps(
     WG: gl.constexpr,
     acc_layout: gl.constexpr,
     A_WRITTEN: gl.constexpr,
-    UNROLL: gl.constexpr = False,
 ):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
     slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
-    A_WRITTEN: the activation scales were written before the launch (Linear-1's). UNROLL:
-    two steps an iteration (UNROLL_STEPS)."""
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     # Scales written before the launch load before the first slot is waited for (PREFETCH);
@@ -436,8 +422,6 @@ def _mma_steps(
         sa = gl.load(a_scales)
     if not early_w:
         sw = gl.load(w_scales)
-    if UNROLL:
-        return _unrolled_steps(p, it, acc, zero, sa, sw, a_scales, w_scales, k_steps, WG)
     for k in range(k_steps):
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
@@ -450,41 +434,6 @@ def _mma_steps(
         acc += raw * (sa * sw)[:, None]
         sa = sa_next
         sw = sw_next
-        it += 1
-    return acc, it
-
-
-@gluon.jit
-def _step(p, it, acc, zero, sa, sw, a_next, w_next, WG: gl.constexpr):
-    """One ring step of _mma_steps: its MMA, the next step's scales (from a_next, w_next)
-    loaded under it, the slot released and the product promoted by (sa, sw)."""
-    s = it % p.STAGES
-    mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-    raw = _issue_mma(p, s, zero, WG)
-    sa_next = gl.load(a_next)
-    sw_next = gl.load(w_next)
-    raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
-    mbarrier.arrive(p.empty.index(s), count=1)
-    acc += raw * (sa * sw)[:, None]
-    return acc, sa_next, sw_next
-
-
-@gluon.jit
-def _unrolled_steps(p, it, acc, zero, sa, sw, a_scales, w_scales, k_steps, WG: gl.constexpr):
-    """_mma_steps' loop two steps an iteration (UNROLL_STEPS): the first step's loads land
-    in the registers the second reads, the second's in those the next iteration reads."""
-    for k in range(0, k_steps - 1, 2):
-        acc, sa_odd, sw_odd = _step(
-            p, it, acc, zero, sa, sw, a_scales + k + 1, w_scales + k + 1, WG
-        )
-        nxt = gl.minimum(k + 2, k_steps - 1)
-        acc, sa, sw = _step(
-            p, it + 1, acc, zero, sa_odd, sw_odd, a_scales + nxt, w_scales + nxt, WG
-        )
-        it += 2
-    if k_steps % 2 == 1:  # the last step of an odd count (its loads re-read the last scales)
-        last = k_steps - 1
-        acc, sa, sw = _step(p, it, acc, zero, sa, sw, a_scales + last, w_scales + last, WG)
         it += 1
     return acc, it
 
@@ -653,8 +602,7 @@ def _linear1_rows(
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
-    gate_s = s_rows + nb * steps
-    gate, it = _mma_steps(p, it, a_scales, gate_s, steps, WG, acc_layout, True, p.UNROLL)
+    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
     up_scales = s_rows + (I // _BLOCK + nb) * steps
     up, it = _mma_steps(p, it, a_scales, up_scales, steps, WG, acc_layout, True)
     if p.TRACE:
@@ -695,7 +643,6 @@ def _linear2_rows(
         WG,
         acc_layout,
         False,
-        p.UNROLL,
     )
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
@@ -740,7 +687,6 @@ def _fused_moe_ws(
     TILE_MAJOR: gl.constexpr,
     PREFETCH: gl.constexpr,
     ROW_BOX_MIN: gl.constexpr,
-    UNROLL: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -791,7 +737,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, UNROLL),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN),
     )
     if W4:
         gl.warp_specialize(
@@ -917,7 +863,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         TILE_MAJOR=TILE_MAJOR_WEIGHTS,
         PREFETCH=PREFETCH_TILE,
         ROW_BOX_MIN=row_box_min(),
-        UNROLL=bool(UNROLL_STEPS),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -935,8 +880,6 @@ def launch_options() -> dict:
         options["activation_rows"] = (
             f"the fewest of {list(ROW_BOXES)} covering a block's rows, at least {ROW_BOX_MIN}"
         )
-    if UNROLL_STEPS:  # absent: one step an iteration, as every record before the option
-        options["step_loop"] = "unrolled by two"
     return options
 
 
@@ -962,7 +905,6 @@ def compile_for_sm90(
     tile_major_weights: bool = False,
     prefetch_tile: bool = False,
     row_box_min: int = BLOCK,
-    unroll_steps: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1005,10 +947,9 @@ def compile_for_sm90(
         (names.index("TILE_MAJOR"),): tile_major_weights,
         (names.index("PREFETCH"),): prefetch_tile,
         (names.index("ROW_BOX_MIN"),): row_box_min,
-        (names.index("UNROLL"),): unroll_steps,
     }
-    for (i,) in constants:  # the trailing constexprs
-        signature[names[i]] = "constexpr"
+    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR", "PREFETCH", "ROW_BOX_MIN"):
+        signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
         i for i, v in enumerate(values) if isinstance(v, torch.Tensor) or names[i] in ("H", "I")
