@@ -34,7 +34,7 @@ def count(row: dict, key: str) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def kind(row: dict, reasons: list[str]) -> str:
+def kind(row: dict) -> str:
     """A coarse class of the instruction: what a sample there waits for."""
     words = row["Source"].split()
     op = words[1] if words[0].startswith("@") else words[0]
@@ -56,21 +56,21 @@ def main(path: str) -> None:
     rows = read_rows(path)
     reasons = [k for k in rows[0] if k.startswith("stall_") and "Not Issued" not in k]
     total = sum(count(r, SAMPLES) for r in rows)
-    name = path.rsplit("/", 1)[-1]
-    print(f"{name}: {len(rows)} SASS instructions, {total} samples\n\nstall reason")
+    page = path.rsplit("/", 1)[-1]
+    print(f"{page}: {len(rows)} SASS instructions, {total} samples\n\nstall reason")
     by_reason = collections.Counter({k: sum(count(r, k) for r in rows) for k in reasons})
-    for name, n in by_reason.most_common(8):
-        print(f"  {name:32s}{n:9d} {n / total:6.1%}")
+    for reason, n in by_reason.most_common(8):
+        print(f"  {reason:32s}{n:9d} {n / total:6.1%}")
     for title, key in (
         ("times run (per warp: steps, tiles, CTAs)", lambda r: count(r, EXECUTED)),
-        ("kind of instruction", lambda r: kind(r, reasons)),
+        ("kind of instruction", kind),
     ):
         print(f"\nsamples by {title}")
         groups = collections.Counter()
         for r in rows:
             groups[key(r)] += count(r, SAMPLES)
-        for name, n in groups.most_common(12):
-            print(f"  {str(name):32s}{n:9d} {n / total:6.1%}")
+        for group, n in groups.most_common(12):
+            print(f"  {str(group):32s}{n:9d} {n / total:6.1%}")
     print("\ninstructions with the most samples (index in the listing)")
     top = sorted(range(len(rows)), key=lambda i: -count(rows[i], SAMPLES))[:25]
     for i in top:
