@@ -45,7 +45,11 @@ from triton.language.core import _aggregate as aggregate
 BLOCK_M = 128  # query rows per CTA
 BLOCK_N = 128  # keys per K/V block
 HALF = BLOCK_M // 2  # query rows per math warpgroup
-STAGES = 2  # K/V slots: 2 x 64 KiB with the 32 KiB Q tile
+STAGES = 2  # K/V slots: 2 x 64 KiB with the 32 KiB Q tile (3 fit: 224 KiB)
+# Launch options (kernels/ab/flash_ab.py pairs their values): OVERLAP issues block j's
+# Q K^T and block j-1's P V together and runs block j's softmax under the P V.
+OVERLAP = 0
+LAUNCH_OPTIONS = ("OVERLAP", "STAGES")
 MATH_REGS = 232
 PRODUCER_REGS = 40
 MAX_REGS = 168  # at launch: 12 warps (9 padded to 12) x 32 x 168 fits 64K
@@ -56,7 +60,6 @@ HEAD_DIMS = (64, 128)
 _BLOCK_M = gl.constexpr(BLOCK_M)
 _BLOCK_N = gl.constexpr(BLOCK_N)
 _HALF = gl.constexpr(HALF)
-_STAGES = gl.constexpr(STAGES)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
 _REGS = gl.constexpr([MATH_REGS, PRODUCER_REGS])
 
@@ -74,7 +77,8 @@ class Shared:
     q_ready: gl.shared_memory_descriptor
     k_ready: gl.shared_memory_descriptor
     v_ready: gl.shared_memory_descriptor
-    empty: gl.shared_memory_descriptor
+    k_empty: gl.shared_memory_descriptor
+    v_empty: gl.shared_memory_descriptor
     q_ptr: gl.tensor
     dest_ptrs: gl.tensor
     q_addr: gl.tensor
@@ -86,12 +90,14 @@ class Shared:
     local_heads: gl.tensor
     rows_per_dest: gl.tensor
     head_offset: gl.tensor
+    STAGES: gl.constexpr
+    OVERLAP: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, descs, buffers, barriers, routing, sizes):
+    def __init__(self, descs, buffers, barriers, routing, sizes, STAGES, OVERLAP):
         self.q_desc, self.k_desc, self.v_desc = descs
         self.q_smem, self.k_bufs, self.v_bufs = buffers
-        self.q_ready, self.k_ready, self.v_ready, self.empty = barriers
+        self.q_ready, self.k_ready, self.v_ready, self.k_empty, self.v_empty = barriers
         (
             self.q_ptr,
             self.dest_ptrs,
@@ -102,6 +108,8 @@ class Shared:
             self.stride_oh,
         ) = routing
         self.seq_len, self.local_heads, self.rows_per_dest, self.head_offset = sizes
+        self.STAGES = gl.constexpr(STAGES)
+        self.OVERLAP = gl.constexpr(OVERLAP)
 
 
 @gluon.jit
@@ -123,16 +131,71 @@ def _producer(p):
         p.q_desc, [row0 + gl.program_id(0) * _BLOCK_M, col], p.q_ready, p.q_smem
     )
     for j in range(p.seq_len // _BLOCK_N):
-        s = j % _STAGES
-        mbarrier.wait(p.empty.index(s), ((j // _STAGES) & 1) ^ 1)
+        s = j % p.STAGES
+        free = ((j // p.STAGES) & 1) ^ 1
+        # K and V have their own release: K's slot frees once both S = Q K^T are done.
+        mbarrier.wait(p.k_empty.index(s), free)
         mbarrier.expect(p.k_ready.index(s), nbytes)
         tma.async_copy_global_to_shared(
             p.k_desc, [row0 + j * _BLOCK_N, col], p.k_ready.index(s), p.k_bufs.index(s)
         )
+        mbarrier.wait(p.v_empty.index(s), free)
         mbarrier.expect(p.v_ready.index(s), nbytes)
         tma.async_copy_global_to_shared(
             p.v_desc, [row0 + j * _BLOCK_N, col], p.v_ready.index(s), p.v_bufs.index(s)
         )
+
+
+@gluon.jit
+def _scores(p, q, s, phase, zero_s):
+    """Issue S = Q K^T of the block in slot s (async)."""
+    mbarrier.wait(p.k_ready.index(s), phase)
+    return warpgroup_mma(q, p.k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _add_pv(p, pb, s, phase, acc):
+    """Issue O += P V of the block in slot s (async; P from registers)."""
+    mbarrier.wait(p.v_ready.index(s), phase)
+    return warpgroup_mma(pb, p.v_bufs.index(s), acc, is_async=True)
+
+
+@gluon.jit
+def _softmax_step(qk, m_i, qk_scale):
+    """(new row max, P, rescale of the old O): log2 domain, the scale folded into one FMA."""
+    m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
+    return m_new, gl.exp2(qk * qk_scale - m_new[:, None]), gl.exp2(m_i - m_new)
+
+
+@gluon.jit
+def _overlapped_blocks(p, q, zero_s, acc, m_i, l_i, p_layout: gl.constexpr, row_of_o: gl.constexpr):
+    """FA3's intra-warpgroup overlap: block j's Q K^T and block j-1's P V are issued together,
+    and block j's softmax runs while that P V is in flight. Returns (O unnormalized, l)."""
+    dtype: gl.constexpr = p.q_desc.dtype
+    qk = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(p, q, 0, 0, zero_s),))
+    mbarrier.arrive(p.k_empty.index(0), count=1)
+    m_i, pr, alpha = _softmax_step(qk, m_i, p.qk_scale)
+    l_i = gl.sum(pr, axis=1)
+    pb = gl.convert_layout(pr.to(dtype), p_layout)
+    for j in range(1, p.seq_len // _BLOCK_N):
+        s = j % p.STAGES
+        prev = (j - 1) % p.STAGES
+        qk = _scores(p, q, s, (j // p.STAGES) & 1, zero_s)
+        acc = _add_pv(p, pb, prev, ((j - 1) // p.STAGES) & 1, acc)
+        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))  # S done, P V may run on
+        mbarrier.arrive(p.k_empty.index(s), count=1)
+        m_i, pr, alpha = _softmax_step(qk, m_i, p.qk_scale)
+        l_i = l_i * alpha + gl.sum(pr, axis=1)
+        pb_next = gl.convert_layout(pr.to(dtype), p_layout)
+        acc, pb = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pb))  # P stays alive
+        mbarrier.arrive(p.v_empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, row_of_o)[:, None]
+        pb = pb_next
+    last = (p.seq_len // _BLOCK_N - 1) % p.STAGES
+    acc = _add_pv(p, pb, last, ((p.seq_len // _BLOCK_N - 1) // p.STAGES) & 1, acc)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(p.v_empty.index(last), count=1)
+    return acc, l_i
 
 
 @gluon.jit
@@ -157,30 +220,31 @@ def _math(p, WG: gl.constexpr):
     zero_s = gl.zeros([_HALF, _BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(p.q_ready, 0)
     q = p.q_smem.slice(WG * _HALF, _HALF)
-    for j in range(p.seq_len // _BLOCK_N):
-        s = j % _STAGES
-        phase = (j // _STAGES) & 1
-        mbarrier.wait(p.k_ready.index(s), phase)
-        qk = warpgroup_mma(
-            q, p.k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True
-        )
-        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
-        # log2 domain: the scale (softmax scale times log2(e)) folds into one FMA
-        m_new = gl.maximum(m_i, gl.max(qk, axis=1) * p.qk_scale)
-        pr = gl.exp2(qk * p.qk_scale - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(pr, axis=1)
-        acc = acc * gl.convert_layout(alpha, row_of_o)[:, None]
-        pb = gl.convert_layout(pr.to(dtype), p_layout)
-        mbarrier.wait(p.v_ready.index(s), phase)
-        acc = warpgroup_mma(pb, p.v_bufs.index(s), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(p.empty.index(s), count=1)
-        m_i = m_new
+    if p.OVERLAP:
+        acc, l_i = _overlapped_blocks(p, q, zero_s, acc, m_i, l_i, p_layout, row_of_o)
+    else:
+        for j in range(p.seq_len // _BLOCK_N):
+            s = j % p.STAGES
+            phase = (j // p.STAGES) & 1
+            qk = _scores(p, q, s, phase, zero_s)
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+            mbarrier.arrive(p.k_empty.index(s), count=1)
+            m_new, pr, alpha = _softmax_step(qk, m_i, p.qk_scale)
+            l_i = l_i * alpha + gl.sum(pr, axis=1)
+            acc = acc * gl.convert_layout(alpha, row_of_o)[:, None]
+            pb = gl.convert_layout(pr.to(dtype), p_layout)
+            acc = _add_pv(p, pb, s, phase, acc)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(p.v_empty.index(s), count=1)
+            m_i = m_new
 
     # Epilogue: route each row to the buffer that owns its token (see module doc).
     o = acc * gl.convert_layout(1.0 / l_i, row_of_o)[:, None]
-    y = gl.convert_layout(o.to(dtype), out_layout)
+    # Re-laid out through this warpgroup's own Q rows, read by its last Q K^T long ago: a
+    # layout conversion would take 16 KiB of scratch more, which a third K/V slot needs.
+    q.store(o.to(dtype))
+    gl.thread_barrier()  # this partition's warps only
+    y = q.load(out_layout)
     row0, b, h = _tile(p)
     rows = gl.program_id(0) * _BLOCK_M + WG * _HALF
     rows = rows + gl.arange(0, _HALF, layout=gl.SliceLayout(1, out_layout))
@@ -213,26 +277,32 @@ def _flash_fwd_ws(
     local_heads,
     rows_per_dest,
     head_offset,
+    STAGES: gl.constexpr,
+    OVERLAP: gl.constexpr,
 ):
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_shape, q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [_STAGES] + k_desc.block_shape, k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [_STAGES] + v_desc.block_shape, v_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_shape, v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [_STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    for i in gl.static_range(_STAGES):
+    for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrival per math warpgroup
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival per math warpgroup
+        mbarrier.init(v_empty.index(i), count=2)
     p = Shared(
         (q_desc, k_desc, v_desc),
         (q_smem, k_bufs, v_bufs),
-        (q_ready, k_ready, v_ready, empty),
+        (q_ready, k_ready, v_ready, k_empty, v_empty),
         (q_ptr, dest_ptrs, q_addr, qk_scale, stride_ob, stride_os, stride_oh),
         (seq_len, local_heads, rows_per_dest, head_offset),
+        STAGES,
+        OVERLAP,
     )
     gl.warp_specialize(
         [(_math, (p, 0)), (_math, (p, 1)), (_producer, (p,))],
@@ -271,13 +341,20 @@ def descriptors(q, k, v):
     )
 
 
-# The last launch's compiled kernel and arguments. The sweeps time one call at a time, so
-# host work per call (building three TMA descriptors with their layouts, specializing 14
+# The last launches' compiled kernels and arguments. The sweeps time one call at a time,
+# so host work per call (building three TMA descriptors with their layouts, specializing 14
 # arguments) that outlasts the L2 flush before it lands in a short kernel's time: S = 8K,
 # 12 heads timed at 473 TFLOP/s without this, 559 with it (2x H200 reference; 550 back to
-# back). A call with exactly the same arguments reuses both; its buffers stay referenced
-# until a call with other arguments.
-_last: dict = {}
+# back). A call with exactly the same arguments and options reuses both. A few entries,
+# so that arms timed in alternation (an A/B of options) each keep theirs; their buffers
+# stay referenced until CACHED newer calls push them out.
+CACHED = 4
+_launches: dict = {}
+
+
+def launch_options() -> dict:
+    """The launch options in force (LAUNCH_OPTIONS)."""
+    return {name: globals()[name] for name in LAUNCH_OPTIONS}
 
 
 def launch(q, k, v, dest_ptrs, *, dest_strides, rows_per_dest, head_offset, qk_scale) -> None:
@@ -292,9 +369,12 @@ def launch(q, k, v, dest_ptrs, *, dest_strides, rows_per_dest, head_offset, qk_s
         rows_per_dest,
         head_offset,
         qk_scale,
+        STAGES,
+        OVERLAP,
     )
-    if _last.get("key") == key:
-        _last["kernel"][_last["grid"]](*_last["args"])
+    if key in _launches:
+        kernel, grid, args = _launches[key]
+        kernel[grid](*args)
         return
     batch, seq_len, local_heads, _ = q.shape
     grid = (seq_len // BLOCK_M, batch * local_heads, 1)  # a compiled kernel takes all three
@@ -310,12 +390,17 @@ def launch(q, k, v, dest_ptrs, *, dest_strides, rows_per_dest, head_offset, qk_s
         rows_per_dest,
         head_offset,
     )
-    kernel = _flash_fwd_ws[grid](*args, num_warps=NUM_WARPS, maxnreg=MAX_REGS)
-    _last.update(key=key, kernel=kernel, grid=grid, args=args)
+    kernel = _flash_fwd_ws[grid](
+        *args, STAGES=STAGES, OVERLAP=OVERLAP, num_warps=NUM_WARPS, maxnreg=MAX_REGS
+    )
+    while len(_launches) >= CACHED:
+        del _launches[next(iter(_launches))]  # the oldest
+    _launches[key] = (kernel, grid, args)
 
 
-def compile_for_sm90(head_dim: int = 128):
-    """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
+def compile_for_sm90(head_dim: int = 128, stages: int | None = None, overlap: int | None = None):
+    """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers); the
+    launch options default to those in force."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -337,7 +422,13 @@ def compile_for_sm90(head_dim: int = 128):
         0,
     )
     names = list(_flash_fwd_ws.arg_names)
-    signature = {name: mangle_type(v) for name, v in zip(names, values, strict=True)}
+    # The values stop before the trailing constexprs.
+    signature = {name: mangle_type(v) for name, v in zip(names, values, strict=False)}
+    constants = {
+        (names.index("STAGES"),): STAGES if stages is None else stages,
+        (names.index("OVERLAP"),): OVERLAP if overlap is None else overlap,
+    }
+    signature.update(STAGES="constexpr", OVERLAP="constexpr")
     signature["q_addr"] = "i64"
     signature["qk_scale"] = "fp32"
     for name in ("stride_ob", "stride_os", "stride_oh", "seq_len", "local_heads"):
@@ -345,7 +436,7 @@ def compile_for_sm90(head_dim: int = 128):
     # What a launch specializes on: 16-byte aligned pointers, sizes divisible by 16.
     aligned = ("q_ptr", "dest_ptrs", "stride_ob", "stride_os", "stride_oh", "seq_len")
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = GluonASTSource(_flash_fwd_ws, signature, {}, attrs)
+    source = GluonASTSource(_flash_fwd_ws, signature, constants, attrs)
     return triton.compile(
         source,
         target=GPUTarget("cuda", 90, 32),
