@@ -23,6 +23,7 @@ PATTERNS = {
     "expect_tx": r"mbarrier\.arrive\.expect_tx",
     "vector_stores": r"st\.global\.v4",
     "cta_barriers": r"bar\.sync\s+\d+;",
+    "wait_one": r"wgmma\.wait_group\.sync\.aligned 1;",
 }
 
 
@@ -33,18 +34,35 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(head_dim):
 
     got = sm90.compiled("flash_ws", f"kernels.compile_for_sm90({head_dim})", PATTERNS)
     assert got["shared"] <= sm90.SHARED_BYTES
-    # the Q tile and STAGES slots of a K and a V block, bf16
-    assert got["shared"] >= 2 * head_dim * (
-        flash_ws.BLOCK_M + 2 * flash_ws.STAGES * flash_ws.BLOCK_N
-    )
+    # the Q tile and STAGES slots of a K and a V block, bf16, and little else (the epilogue
+    # goes through the Q tile)
+    kv_and_q = 2 * head_dim * (flash_ws.BLOCK_M + 2 * flash_ws.STAGES * flash_ws.BLOCK_N)
+    assert kv_and_q <= got["shared"] <= kv_and_q + 1024
     assert {flash_ws.MATH_REGS, flash_ws.PRODUCER_REGS} <= set(got["setmaxnreg"])
-    # per math warpgroup and K/V block: Q K^T over head_dim, P V over BLOCK_N, k16 each
-    assert got["wgmma"] == 2 * (head_dim + flash_ws.BLOCK_N) // 16
+    # per math warpgroup and K/V block: Q K^T over head_dim, P V over BLOCK_N, k16 each;
+    # the overlapped loop has its first Q K^T and last P V outside the loop as well
+    per_block = 2 * (head_dim + flash_ws.BLOCK_N) // 16
+    assert got["wgmma"] == per_block * (2 if flash_ws.OVERLAP else 1)
+    assert got["wait_one"] == (2 if flash_ws.OVERLAP else 0)
     # Q once, K and V per slot; a 128-byte swizzled box is at most 128 bytes wide
     boxes = -(-2 * head_dim // 128)
     assert got["expect_tx"] == 3 and got["tma_loads"] == 3 * boxes
     assert got["vector_stores"] > 0
     assert got["cta_barriers"] == 0  # only warpgroup barriers (bar.sync id, 128)
+
+
+@needs_triton
+@pytest.mark.parametrize("stages", [2, 3])
+def test_each_launch_option_compiles_within_shared_memory(stages):
+    from xstage_kernels import flash_ws
+
+    call = f"kernels.compile_for_sm90(128, stages={stages}, overlap=1)"
+    got = sm90.compiled("flash_ws", call, PATTERNS)
+    assert got["shared"] <= sm90.SHARED_BYTES
+    # overlapped: each math warpgroup waits with one MMA (block j-1's P V) still in flight
+    assert got["wait_one"] == 2
+    assert got["wgmma"] == 2 * 2 * (128 + flash_ws.BLOCK_N) // 16
+    assert got["cta_barriers"] == 0
 
 
 @needs_triton
@@ -76,3 +94,25 @@ def test_a_kernel_change_of_one_backend_makes_only_its_points_stale():
         assert not refresh.stale({"backend": "fa3", "mode": "fused"})
     assert kernel_refresh(config, config) is None
     assert kernel_refresh(older, {**config, "world_size": 4}) is None
+
+
+@needs_triton
+def test_the_ab_script_takes_launch_options_and_the_sweeps_shapes(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "kernels" / "ab"))
+    monkeypatch.delitem(sys.modules, "flash_ab", raising=False)
+    import flash_ab
+
+    assert flash_ab.parse_option("OVERLAP=0,1") == ("OVERLAP", [0, 1])
+    for bad in ("BLOCK_M=64,128", "OVERLAP=1", "OVERLAP=1,1"):
+        with pytest.raises(ValueError, match="--option"):
+            flash_ab.parse_option(bad)
+    assert flash_ab.fixed_option("STAGES=3") == ("STAGES", 3)
+    with pytest.raises(ValueError, match="--set 'STAGES=x'"):
+        flash_ab.fixed_option("STAGES=x")
+    attention = {"host_world_sizes": [2, 8], "heads": [24, 40], "seq_lens": [8192]}
+    # one GPU plays rank 0: H/P heads over all S tokens
+    assert flash_ab.shapes(attention, None, None) == [(12, 8192), (20, 8192), (3, 8192), (5, 8192)]
+    assert flash_ab.shapes(attention, [4096], [24]) == [(12, 4096), (3, 4096)]

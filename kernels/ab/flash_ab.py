@@ -19,6 +19,7 @@ import dataclasses
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -78,6 +79,34 @@ def arms(option: str, values: list[int], with_fa3: bool) -> tuple[dict, dict]:
     return runnable, unsupported
 
 
+def enqueue_us(call, calls: int = 20) -> float:
+    """Median host time to enqueue one call, the GPU idle before each: the timed region
+    starts right after the L2 flush, so an enqueue longer than the flush is GPU idle time
+    inside it."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def flush_us(repeats: int = 10) -> float:
+    """Median GPU time of the L2 flush that runs before each timed call."""
+    flush = timing.l2_flusher(torch, 0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        flush()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
 def compare_shape(runnable: dict, option: str, heads: int, seq_len: int, policy, seed: int):
     """One shape: every arm checked, those that pass timed in paired rounds."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -107,6 +136,7 @@ def compare_shape(runnable: dict, option: str, heads: int, seq_len: int, policy,
         for arm in passed
     }
     samples = timing.measure_paired(timers, policy) if passed else {}
+    enqueue = {arm: enqueue_us(lambda arm=arm: call(arm)) for arm in passed}
     flops = 4.0 * heads * seq_len * seq_len * HEAD_DIM
     result = {
         "heads": heads,
@@ -115,6 +145,7 @@ def compare_shape(runnable: dict, option: str, heads: int, seq_len: int, policy,
         "checks": checks,
         "time_us": {arm: list(samples[arm]) for arm in passed},
         "tflops": {arm: flops / statistics.median(samples[arm]) / 1e6 for arm in passed},
+        "host_enqueue_us": enqueue,
     }
     ours = [arm for arm in passed if arm != "fa3"]
     # time ratios: each value over the first (< 1: faster), FA3 over each of ours (our share
@@ -132,7 +163,10 @@ def compare_shape(runnable: dict, option: str, heads: int, seq_len: int, policy,
 
 def summary_line(result: dict) -> str:
     parts = [f"H={result['heads']} S={result['seq_len']}"]
-    parts += [f"{arm}: {tf:.0f} TF/s" for arm, tf in result["tflops"].items()]
+    parts += [
+        f"{arm}: {tf:.0f} TF/s (enqueue {result['host_enqueue_us'][arm]:.0f} us)"
+        for arm, tf in result["tflops"].items()
+    ]
     parts += [
         f"{r['of']}/{r['over']} {r['ratio']:.3f} [{r['ci_low']:.3f}-{r['ci_high']:.3f}]"
         for r in result["ratios"]
@@ -174,6 +208,7 @@ def main(argv=None) -> int:
         "fixed": flash_ws.launch_options(),
         "unsupported": unsupported,
         "environment": capture_measured("cuda"),
+        "l2_flush_us": flush_us(),
         "results": [],
     }
     todo = shapes(config["attention"], args.seq_lens, args.heads)
