@@ -212,7 +212,7 @@ def main(argv=None) -> int:
         "results": [],
     }
     todo = shapes(config["attention"], args.seq_lens, args.heads)
-    print(f"{option}={values} with {doc['fixed']}; L2 flush {doc['l2_flush_us']:.1f} us", flush=True)
+    print(f"{option}={values}, {doc['fixed']}, L2 flush {doc['l2_flush_us']:.1f} us", flush=True)
     kept = getattr(flash_ws, option)
     try:
         for n, (heads, seq_len) in enumerate(todo, 1):
