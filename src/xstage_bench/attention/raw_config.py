@@ -14,9 +14,9 @@ TL_KERNEL = {"kernel": "tl", "source": "kernels/xstage_kernels/flash_ulysses.py"
 
 def kernels_that_ran(device_type: str) -> dict:
     """Which kernel ran our backend ('triton'); each record's extra.triton_config says it per
-    point. A backend's entry changes only when its kernel does, so a finished sweep measures
-    only that backend's points again (kernel_refresh)."""
-    from xstage_kernels import flash_ulysses
+    point. A backend's entry changes only when its kernel or its launch options do, so a
+    finished sweep measures only that backend's points again (kernel_refresh)."""
+    from xstage_kernels import flash_ulysses, flash_ws
 
     if device_type != "cuda" or flash_ulysses.attention_kernel() == "tl":
         return {"triton": TL_KERNEL}
@@ -29,6 +29,7 @@ def kernels_that_ran(device_type: str) -> dict:
             "else kernels/xstage_kernels/flash_ulysses.py",
             "launch": "a call with the last call's arguments reuses its compiled kernel and "
             "TMA descriptors",
+            "launch_options": flash_ws.launch_options(),
         }
     }
 
