@@ -395,7 +395,8 @@ def launch(q, k, v, dest_ptrs, *, dest_strides, rows_per_dest, head_offset, qk_s
     )
     while len(_launches) >= CACHED:
         del _launches[next(iter(_launches))]  # the oldest
-    _launches[key] = (kernel, grid, args)
+    # a compiled kernel takes its constexprs too, in their places
+    _launches[key] = (kernel, grid, (*args, STAGES, OVERLAP))
 
 
 def compile_for_sm90(head_dim: int = 128, stages: int | None = None, overlap: int | None = None):
