@@ -107,8 +107,11 @@ def flush_us(repeats: int = 10) -> float:
     return statistics.median(times)
 
 
-def compare_shape(runnable: dict, option: str, heads: int, seq_len: int, policy, seed: int):
-    """One shape: every arm checked, those that pass timed in paired rounds."""
+def compare_shape(
+    runnable: dict, option: str, heads: int, seq_len: int, policy, seed: int, lead: bool
+):
+    """One shape: every arm checked, those that pass timed in paired rounds (with `lead`, a
+    timing.HostLead per arm keeps the GPU busy while the host enqueues: GPU time only)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (
         torch.randn(1, seq_len, heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -131,8 +134,11 @@ def compare_shape(runnable: dict, option: str, heads: int, seq_len: int, policy,
         ok, err, detail = compare(outs[arm], want)
         checks[arm] = {"correct": ok, "max_abs_err": err, "error": detail or None}
     passed = [arm for arm in runnable if checks[arm]["correct"]]
+    leads = {arm: timing.HostLead() if lead else None for arm in passed}
     timers = {
-        arm: timing.cuda_event_timer(lambda arm=arm: call(arm), device=0, flush_l2=True)
+        arm: timing.cuda_event_timer(
+            lambda arm=arm: call(arm), device=0, flush_l2=True, lead=leads[arm]
+        )
         for arm in passed
     }
     samples = timing.measure_paired(timers, policy) if passed else {}
@@ -146,6 +152,7 @@ def compare_shape(runnable: dict, option: str, heads: int, seq_len: int, policy,
         "time_us": {arm: list(samples[arm]) for arm in passed},
         "tflops": {arm: flops / statistics.median(samples[arm]) / 1e6 for arm in passed},
         "host_enqueue_us": enqueue,
+        "host_lead": {arm: timing.lead_facts(leads[arm]) for arm in passed},
     }
     ours = [arm for arm in passed if arm != "fa3"]
     # time ratios: each value over the first (< 1: faster), FA3 over each of ours (our share
@@ -187,6 +194,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-lens", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--heads", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--min-reps", type=int, help="paired rounds at least")
+    parser.add_argument(
+        "--host-lead",
+        action="store_true",
+        help="a GPU sleep before each timed call outlasts its enqueue: GPU time only",
+    )
     args = parser.parse_args(argv)
     try:
         option, values = parse_option(args.option)
@@ -206,6 +218,7 @@ def main(argv=None) -> int:
         "option": option,
         "values": values,
         "fixed": flash_ws.launch_options(),
+        "host_lead": args.host_lead,
         "unsupported": unsupported,
         "environment": capture_measured("cuda"),
         "l2_flush_us": flush_us(),
@@ -216,7 +229,9 @@ def main(argv=None) -> int:
     kept = getattr(flash_ws, option)
     try:
         for n, (heads, seq_len) in enumerate(todo, 1):
-            result = compare_shape(runnable, option, heads, seq_len, policy, seed=n)
+            result = compare_shape(
+                runnable, option, heads, seq_len, policy, seed=n, lead=args.host_lead
+            )
             doc["results"].append(result)
             atomic_write_text(args.out, json.dumps(doc, indent=1))
             print(f"[{n}/{len(todo)}] {summary_line(result)}", flush=True)

@@ -8,21 +8,26 @@ each CTA (128 query rows of one batch item and head) has three partitions:
 
 - a producer warp loads the Q tile once and streams K and V blocks by TMA into a ring of
   STAGES slots, each with its own K and V "ready" barriers (S = Q K^T starts before V is in)
-  and an "empty" barrier both math warpgroups arrive on;
+  and K and V "empty" barriers both math warpgroups arrive on;
 - two math warpgroups, each owning 64 query rows: S = Q K^T (wgmma from shared memory),
   online softmax in registers (exp2, the scale folded into one FMA), P as bf16 registers
-  for O += P V (wgmma with A from registers), releasing the slot when that MMA is done. They
-  never meet at a CTA barrier, so one's softmax runs under the other's MMAs.
+  for O += P V (wgmma with A from registers). They never meet at a CTA barrier, so one's
+  softmax runs under the other's MMAs. With OVERLAP (the default), FA3's intra-warpgroup
+  overlap as well: block j's Q K^T and block j-1's P V are issued together, and block j's
+  softmax runs while that P V is in flight. K and V slots are released apart (K once both
+  Q K^T are done), so the next K can land while P V still reads V.
 
-The epilogue divides by the row sums and stores each row with 16-byte stores at
-q_ptr + (its destination's base - q's address) + its offset there: one address computation
-for the local output and for peer buffers mapped into this process (the fused All-to-All).
+The epilogue divides by the row sums, re-lays the rows out through the warpgroup's own Q
+tile (no layout-conversion scratch, so a third K/V slot would fit: STAGES = 3 tied with 2)
+and stores each row with 16-byte stores at q_ptr + (its destination's base - q's address)
++ its offset there: one address computation for the local output and for peer buffers
+mapped into this process (the fused All-to-All).
 
-Measured (2x H200 reference, attention alone at P = 2, 12 and 20 local heads, S = 8K-64K,
-2026-11-30): 559-675 TFLOP/s, 84-93% of FA3's (the tl kernel: 442-557, 70-79%); on one H200,
-back to back, 1.11-1.23x the tl kernel. Not done (FA3 does both): a second S accumulator
-to issue the next Q K^T under this block's softmax, and a persistent tile scheduler (8K
-tokens with 12 heads is 768 CTAs at one per SM, the shape furthest from FA3).
+Measured (one H200, attention alone, batch 1, head_dim 128, S = 8K-32K, 3-20 heads,
+2026-12-03, kernels/ab/2026-12-03-attention-*.json, FA3 in the same rounds): OVERLAP takes
+0.80-0.90x the time of the loop without it (95% CI half-widths 0.005-0.037), 82-98% of
+FA3's TFLOP/s (74-81% without); 3 heads at S = 8K (192 CTAs, 1.5 waves) is furthest from
+FA3. Not done (FA3 does it): a persistent tile scheduler.
 
 Used for S a multiple of 128 with contiguous q, k, v on a GPU (flash_ulysses.launch_config
 says which ran); the tl kernel serves every other case and the interpreter. Gluon has no
@@ -48,7 +53,7 @@ HALF = BLOCK_M // 2  # query rows per math warpgroup
 STAGES = 2  # K/V slots: 2 x 64 KiB with the 32 KiB Q tile (3 fit: 224 KiB)
 # Launch options (kernels/ab/flash_ab.py pairs their values): OVERLAP issues block j's
 # Q K^T and block j-1's P V together and runs block j's softmax under the P V.
-OVERLAP = 0
+OVERLAP = 1
 LAUNCH_OPTIONS = ("OVERLAP", "STAGES")
 MATH_REGS = 232
 PRODUCER_REGS = 40
