@@ -695,10 +695,12 @@ def write_attention_paths(
     world_size: int = 2,
     rounds: int = 12,
     seed: int = 11,
+    alone_time: dict[str, float] | None = None,
 ) -> Path:
     """Attention records on both store paths (peer on 2 GPUs; host at P = 2 and 8), fa3
     and triton, S = 8K and 16K: serial = fused x gains[(path, P)] with a drift common to
-    each round (the GPU's clock), so a paired ratio is tight and an unpaired one is wide.
+    each round (the GPU's clock), so a paired ratio is tight and an unpaired one is wide;
+    alone takes alone_time[backend] (default 1) x 0.95 x fused.
     `paired`: the records of one (path, P, S) carry one extra.paired group, as the runner
     writes them; else no pairing (as in files written before it)."""
     from xstage_bench.measurement import timing
@@ -718,7 +720,7 @@ def write_attention_paths(
         for p in members:
             fused = 100.0 * (seq / 8192) ** 2
             time = {
-                "alone": fused * 0.95,
+                "alone": fused * 0.95 * (alone_time or {}).get(p["backend"], 1.0),
                 "fused": fused,
                 "serial": fused * gains[(path, size)],
             }[p["mode"]]

@@ -302,6 +302,63 @@ def test_sweep_config_applies_reductions_and_names_bad_keys():
     assert len({point_seed(p["id"], 0) for p in points}) == 2
 
 
+def test_the_host_lead_sleeps_before_the_start_barrier_and_checks_each_enqueue():
+    """With a lead, the GPU sleep is enqueued before the ranks' barrier (so they still
+    leave it together), and the call's enqueue is handed to the lead with the start stamp;
+    the config's attention.host_lead turns it on, and a CPU fabric never gets one."""
+    from types import SimpleNamespace
+
+    from xstage_bench.attention import runner
+    from xstage_bench.attention.modes import timed_rep
+    from xstage_bench.attention.raw_config import raw_config
+
+    order = []
+
+    class Fabric:
+        def barrier(self):
+            order.append("barrier")
+
+        def stamp(self):
+            order.append("stamp")
+            return len(order)
+
+        def wait(self, event=None):
+            pass
+
+        def elapsed_us(self, a, b):
+            return float(b - a)
+
+    class Lead:
+        def before_start(self, torch):
+            order.append("sleep")
+
+        def after_enqueue(self, start, enqueue_us):
+            order.append(("enqueued", start, enqueue_us >= 0))
+
+    backend = SimpleNamespace(local=lambda q, k, v, out: order.append("call"))
+    ws = SimpleNamespace(fabric=Fabric(), q=None, k=None, v=None, out=None)
+    timed_rep(backend, "alone", ws, flush=lambda: order.append("flush"), lead=Lead())
+    start = order.index("stamp") + 1  # the stamp's value: its position, counted from 1
+    assert order[:6] == ["flush", "sleep", "barrier", "stamp", "call", ("enqueued", start, True)]
+    order.clear()
+    timed_rep(backend, "alone", ws)
+    assert order[:3] == ["barrier", "stamp", "call"]
+
+    cfg = load_config(ROOT / "config.yaml")
+    assert cfg["attention"]["host_lead"] is True
+    assert runner.attention_policy(cfg).host_lead
+    off = copy.deepcopy(cfg)
+    del off["attention"]["host_lead"]
+    assert not runner.attention_policy(off).host_lead
+    assert "host lead" in raw_config(cfg, "cpu", ["host"])["definitions"]
+    assert "host lead" not in raw_config(off, "cpu", ["host"])["definitions"]
+    from xstage_bench.attention.rank import Rank
+
+    policy = runner.attention_policy(cfg)
+    on_cpu = SimpleNamespace(fabric=SimpleNamespace(device_type="cpu"), policy=policy)
+    assert Rank._lead(on_cpu) is None  # CPU clocks are host clocks: nothing to lead
+
+
 # ---- the whole runner: two processes on gloo and the interpreter ----------------------
 
 

@@ -435,6 +435,24 @@ def test_ulysses_pairs_only_records_of_one_timing(tmp_path):
     assert frame.loc[("peer path, P=2", "fa3", 16384), "paired"]
 
 
+def test_ulysses_puts_each_backend_beside_fa3_attention_alone(tmp_path):
+    """Attention alone: triton taking 1.25x FA3's time is at 0.8 of FA3's TFLOP/s, with a
+    tight paired CI; the notes count the shapes at 0.95 or more."""
+    from fixtures import write_attention_paths
+
+    ds = tmp_path / "h200x1-beside"
+    write_attention_paths(ds, GAINS, world_size=1, alone_time={"triton": 1.25})
+    table = ulysses_table.build(ds)
+    beside = dict(table.sections)[ulysses_table.BESIDE_TITLE]
+    assert set(beside["backend"]) == {"triton"} and beside["paired"].all()
+    assert len(beside) == 4  # P = 2 and 8, S = 8K and 16K
+    assert beside["share_of_fa3"].to_numpy() == pytest.approx(0.8, rel=0.01)
+    assert (beside["share_of_fa3_ci_high"] - beside["share_of_fa3_ci_low"] < 0.02).all()
+    notes = " ".join(n for n in table.notes if n)
+    assert "triton alone: 0.8" in notes and "at least 0.95 on 0 of 4 shapes" in notes
+    assert "no host lead" in notes
+
+
 def test_ulysses_renders_the_committed_reference():
     """ref-h200x2 (unpaired: measured before paired rounds): every setting's rows with
     unpaired CIs and verdicts, and the headlines with their CIs."""

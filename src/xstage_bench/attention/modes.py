@@ -21,6 +21,7 @@ host memory as the far end, the barrier a system-scope fence) and the emulated w
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -222,14 +223,22 @@ def check(backend, mode: str, ws: Workspace, seed: int) -> Verdict:
     return Verdict(ok and ok_s, max(err, err_s), detail, same)
 
 
-def timed_rep(backend, mode: str, ws: Workspace, flush=None) -> tuple[float, float]:
-    """One repetition on this rank: (sender-visible us, completion us)."""
+def timed_rep(backend, mode: str, ws: Workspace, flush=None, lead=None) -> tuple[float, float]:
+    """One repetition on this rank: (sender-visible us, completion us). With `lead` (a
+    timing.HostLead; GPU fabrics only) the GPU sleeps before the barrier while the host
+    enqueues the rest, so the clocks time GPU work: the ranks still leave the barrier
+    together, and the call's enqueue is recorded and checked."""
     fabric = ws.fabric
     if flush is not None:
         flush()
+    if lead is not None:
+        lead.before_start(torch)
     fabric.barrier()  # start together
     start = fabric.stamp()
+    enqueue_start = time.perf_counter()
     RUNNERS[mode](backend, ws)
+    if lead is not None:
+        lead.after_enqueue(start, (time.perf_counter() - enqueue_start) * 1e6)
     sent = fabric.stamp()
     fabric.barrier()
     done = fabric.stamp()

@@ -181,10 +181,13 @@ class Rank(Lockstep):
         from xstage_bench.attention.modes import timed_rep
 
         arms = {arm_name(point): (point, facts) for point, facts in passed}
+        leads = {arm: self._lead() for arm in arms}
         reps = {}
         for arm, (point, _) in arms.items():
             backend, ws = found[point["id"]]
-            reps[arm] = lambda b=backend, m=point["mode"], w=ws: timed_rep(b, m, w, self.flush)
+            reps[arm] = lambda b=backend, m=point["mode"], w=ws, lead=leads[arm]: timed_rep(
+                b, m, w, self.flush, lead
+            )
         timed = self.timed_paired(reps, 2, self.policy, compared_ratios(arms))
         if timed is None:  # ranks > 0
             return None
@@ -201,8 +204,15 @@ class Rank(Lockstep):
                 )
                 continue
             paired = {**timing.paired_extra(ran, arm, got.samples), "group": token}
-            outcomes[point["id"]] = self._measured(point, facts, got, found, paired)
+            lead = timing.lead_facts(leads[arm])  # rank 0's
+            outcomes[point["id"]] = self._measured(point, {**facts, **lead}, got, found, paired)
         return outcomes
+
+    def _lead(self):
+        """A HostLead for one arm where the policy asks for one (GPU clocks only)."""
+        if self.fabric.device_type != "cuda":
+            return None
+        return timing.host_lead(self.policy)
 
     def _measured(self, point, facts, timed, found, paired) -> Measured:
         samples, (completion,) = timed.samples, timed.others

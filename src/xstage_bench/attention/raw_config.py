@@ -53,6 +53,15 @@ PAIRED_DEFINITION = (
 )
 
 
+HOST_LEAD_DEFINITION = (
+    "each timed call starts with the GPU busy: a sleep kernel before the ranks' start "
+    "barrier lasts twice the longest recent enqueue plus 50 us (timing.HostLead), so the "
+    "clocks time GPU work; extra.host_enqueue_us is rank 0's median enqueue of one call, "
+    "extra.gpu_waited_for_host how many of its extra.host_lead_calls found the start "
+    "event already passed (the GPU may have idled)"
+)
+
+
 def raw_config(config: dict, device_type: str, paths: list[str]) -> dict:
     """What the raw file records as its config: the run's config with the store paths it
     measured, which kernel ran our backend, and what the pairing and (where measured) the
@@ -60,6 +69,8 @@ def raw_config(config: dict, device_type: str, paths: list[str]) -> dict:
     from xstage_bench.attention.host import DEFINITIONS
 
     definitions = {"paired": PAIRED_DEFINITION}
+    if config["attention"].get("host_lead"):
+        definitions["host lead"] = HOST_LEAD_DEFINITION
     if storepath.HOST in paths:
         definitions.update(DEFINITIONS)
     return {

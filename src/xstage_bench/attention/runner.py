@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -75,8 +76,14 @@ def sweep_config(
         if unknown:
             raise ValueError(f"unknown timing key '{unknown[0]}'; known: {sorted(cfg['timing'])}")
         cfg["timing"].update(timing_overrides)
-    timing.TimingPolicy.from_config(cfg["timing"])  # fail here, not in a worker
+    attention_policy(cfg)  # fail here, not in a worker
     return cfg
+
+
+def attention_policy(config: dict) -> timing.TimingPolicy:
+    """The timing block's policy with the attention section's host_lead (timed_rep)."""
+    policy = timing.TimingPolicy.from_config(config["timing"])
+    return dataclasses.replace(policy, host_lead=bool(config["attention"].get("host_lead")))
 
 
 def _worker(rank: int, job: dict) -> None:
@@ -86,7 +93,7 @@ def _worker(rank: int, job: dict) -> None:
     fabric = groups.join(rank, job)
     state = Rank(
         fabric,
-        timing.TimingPolicy.from_config(job["config"]["timing"]),
+        attention_policy(job["config"]),
         getattr(torch, job["dtype"]),
         job["triton_config"],
     )

@@ -199,3 +199,56 @@ def headlines(doc: dict, clock: str = "sender") -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def alone_beside(doc: dict, base: str = "fa3") -> pd.DataFrame:
+    """Attention alone, each backend beside `base`: one row per (setting, shape, backend
+    other than base) with both TFLOP/s and the backend's share of base's TFLOP/s (base's
+    median sender time over the backend's) with a 95% bootstrap CI, paired where the two
+    were timed together; the host-lead facts (the host's median enqueue of one call, the
+    timed calls the GPU may have waited in) where the sweep had a lead."""
+    by_key: dict[tuple, dict[str, dict]] = {}
+    for record in doc["records"]:
+        if record["status"] != "ok" or record["point"].get("mode") != "alone":
+            continue
+        key = _key(record)
+        by_key.setdefault(key[:1] + key[2:], {})[record["point"]["backend"]] = record
+    rows = []
+    for key, backends in sorted(by_key.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        if base not in backends:
+            continue
+        path, world_size, ranks, emulated, heads, seq_len = key
+        reference = backends[base]
+        for name, record in sorted(backends.items()):
+            if name == base:
+                continue
+            mine, theirs = (r["samples"]["sender_us"] for r in (record, reference))
+            paired = _paired(record, reference) and len(mine) == len(theirs)
+            ci = stats.ratio_ci(theirs, mine, paired=paired)
+            extra = record.get("extra") or {}
+            rows.append(
+                {
+                    "setting": setting_label(path, ranks, emulated, world_size),
+                    "path": path,
+                    "ranks": ranks,
+                    "emulated": emulated,
+                    "heads": heads,
+                    "seq_len": seq_len,
+                    "backend": name,
+                    "tflops": extra.get("tflops"),
+                    f"{base}_tflops": (reference.get("extra") or {}).get("tflops"),
+                    f"share_of_{base}": ci["ratio"],
+                    f"share_of_{base}_ci_low": ci["ci_low"],
+                    f"share_of_{base}_ci_high": ci["ci_high"],
+                    "paired": paired,
+                    "host_enqueue_us": extra.get("host_enqueue_us"),
+                    f"{base}_host_enqueue_us": (reference.get("extra") or {}).get(
+                        "host_enqueue_us"
+                    ),
+                    "gpu_waited_for_host": extra.get("gpu_waited_for_host"),
+                }
+            )
+    if not rows:
+        return pd.DataFrame(rows)
+    order = ["path", "ranks", "emulated", "heads", "seq_len", "backend"]
+    return pd.DataFrame(rows).sort_values(order, ignore_index=True)

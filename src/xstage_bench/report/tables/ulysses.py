@@ -16,6 +16,7 @@ from xstage_bench.report.tables.common import Table
 
 PAPER_BACKEND = "fa3"
 HEADLINE_TITLE = "Headlines per setting (sender-visible clock)"
+BESIDE_TITLE = "Attention alone: each backend beside FA3"
 COLUMNS = [
     "setting",
     "path",
@@ -61,6 +62,32 @@ def _headline_text(row) -> str:
         f"{row['geomean_ci_high']:.3f}); fused faster {row['faster']}, slower {row['slower']}, "
         f"tie {row['tie']} of {row['configurations']}"
     )
+
+
+def _beside_notes(beside, host_lead: bool) -> list[str]:
+    """Per backend: its share of FA3's TFLOP/s over the shapes, attention alone."""
+    clocks = (
+        "the sweep kept the GPU busy while the host enqueued each timed call "
+        "(attention.host_lead), so these are GPU times; host enqueue = the host's median "
+        "time to enqueue one call"
+        if host_lead
+        else "no host lead: a timed call's time includes whatever of its host enqueue "
+        "outlasts the L2 flush before it"
+    )
+    notes = [
+        f"attention alone beside {PAPER_BACKEND} (section below): share = {PAPER_BACKEND}'s "
+        "median time / the backend's (its TFLOP/s over FA3's), 95% bootstrap CI, paired where "
+        f"the two were timed in one set of rounds; {clocks}."
+    ]
+    for backend, rows in beside.groupby("backend"):
+        share = rows[f"share_of_{PAPER_BACKEND}"]
+        notes.append(
+            f"{backend} alone: {share.min():.3f}-{share.max():.3f} of {PAPER_BACKEND}'s "
+            f"TFLOP/s (median {share.median():.3f}); at least 0.95 on "
+            f"{int((share >= 0.95).sum())} of {len(rows)} shapes, CI above 1 on "
+            f"{int((rows[f'share_of_{PAPER_BACKEND}_ci_low'] > 1).sum())}"
+        )
+    return notes
 
 
 def build(dataset_dir: Path) -> Table:
@@ -109,6 +136,11 @@ def build(dataset_dir: Path) -> Table:
     sections = []
     if not heads.empty:
         sections.append((HEADLINE_TITLE, heads))
+    beside = attention.alone_beside(doc, PAPER_BACKEND)
+    if not beside.empty:
+        host_lead = bool(doc.get("config", {}).get("attention", {}).get("host_lead"))
+        notes.extend(_beside_notes(beside, host_lead))
+        sections.append((BESIDE_TITLE, beside))
     return Table(
         frame.reset_index(drop=True),
         "Ulysses attention: fused vs serial All-to-All",
