@@ -302,6 +302,7 @@ def test_sweep_config_applies_reductions_and_names_bad_keys():
     assert len({point_seed(p["id"], 0) for p in points}) == 2
 
 
+@needs_torch
 def test_the_host_lead_sleeps_before_the_start_barrier_and_checks_each_enqueue():
     """With a lead, the GPU sleep is enqueued before the ranks' barrier (so they still
     leave it together), and the call's enqueue is handed to the lead with the start stamp;
