@@ -309,7 +309,22 @@ def attention_lines(ds: Path) -> list[str]:
             f"{_ci(row.geomean, row.geomean_ci_low, row.geomean_ci_high)}; fused faster "
             f"{row.faster}, slower {row.slower}, tie {row.tie} of {row.configurations}."
         )
+    beside = attention.alone_beside(doc)
+    if beside.empty:
+        return lines
+    for backend, rows in beside.groupby("backend"):
+        share = rows["share_of_fa3"]
+        timed = "paired" if rows["paired"].all() else "not all paired"
+        lines.append(
+            f"- Attention alone, {backend}: {share.min():.3f}-{share.max():.3f} of FA3's "
+            f"TFLOP/s over {len(rows)} shapes ({timed}; "
+            f"{'GPU time, host lead' if _host_lead(doc) else 'no host lead'})."
+        )
     return lines
+
+
+def _host_lead(doc: dict) -> bool:
+    return bool(doc.get("config", {}).get("attention", {}).get("host_lead"))
 
 
 def claims_line(ds: Path) -> str:
