@@ -62,9 +62,10 @@ scale loads (1.01-1.05x, W4A8 1.00-1.06x). The first three added work or latency
 one producer warp, whose slots are what the math warps wait for. Measured since
 (kernels/ab/2026-12-03-ncu-memory-*, same shape, SM clock locked at 1.33 GHz): L2 59% of
 its peak throughput (7.1 TB/s through L2, 6.1 TB/s L2 to SMs), DRAM 27%, hit rate 69%; so
-no aggregate bandwidth is saturated either, and what bounds the step is the latency of a
-slot's 32 KiB reaching its CTA against the ring's depth and the MMA's own wait. A 2-CTA
-cluster sharing activation blocks by TMA multicast would halve what each CTA waits for.
+no aggregate bandwidth is saturated either. What is left is latency, the slot waits and
+the MMA's own wait of the stall profile above (not separated further); a 2-CTA cluster
+sharing activation blocks by TMA multicast would halve the bytes each CTA waits for (not
+tried).
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
