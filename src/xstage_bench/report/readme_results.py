@@ -318,13 +318,9 @@ def attention_lines(ds: Path) -> list[str]:
         lines.append(
             f"- Attention alone, {backend}: {share.min():.3f}-{share.max():.3f} of FA3's "
             f"TFLOP/s over {len(rows)} shapes ({timed}; "
-            f"{'GPU time, host lead' if _host_lead(doc) else 'no host lead'})."
+            f"{'GPU time, host lead' if attention.timed_with_host_lead(doc) else 'no host lead'})."
         )
     return lines
-
-
-def _host_lead(doc: dict) -> bool:
-    return bool(doc.get("config", {}).get("attention", {}).get("host_lead"))
 
 
 def claims_line(ds: Path) -> str:

@@ -201,6 +201,12 @@ def headlines(doc: dict, clock: str = "sender") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def timed_with_host_lead(doc: dict) -> bool:
+    """Whether the sweep kept the GPU busy while the host enqueued each timed call
+    (attention.host_lead in its raw config): its times are GPU time."""
+    return bool(doc.get("config", {}).get("attention", {}).get("host_lead"))
+
+
 def alone_beside(doc: dict, base: str = "fa3") -> pd.DataFrame:
     """Attention alone, each backend beside `base`: one row per (setting, shape, backend
     other than base) with both TFLOP/s and the backend's share of base's TFLOP/s (base's

@@ -138,8 +138,7 @@ def build(dataset_dir: Path) -> Table:
         sections.append((HEADLINE_TITLE, heads))
     beside = attention.alone_beside(doc, PAPER_BACKEND)
     if not beside.empty:
-        host_lead = bool(doc.get("config", {}).get("attention", {}).get("host_lead"))
-        notes.extend(_beside_notes(beside, host_lead))
+        notes.extend(_beside_notes(beside, attention.timed_with_host_lead(doc)))
         sections.append((BESIDE_TITLE, beside))
     return Table(
         frame.reset_index(drop=True),
