@@ -29,7 +29,7 @@ from xstage_bench.attention.modes import compare
 from xstage_bench.data import stats
 from xstage_bench.data.config import load_config
 from xstage_bench.data.results import atomic_write_text
-from xstage_bench.measurement import timing
+from xstage_bench.measurement import launch_option, timing
 from xstage_bench.measurement.environment import capture_measured
 from xstage_kernels import flash_ws
 
@@ -38,21 +38,12 @@ HEAD_DIM = 128
 
 def parse_option(text: str) -> tuple[str, list[int]]:
     """'NAME=v1,v2' -> (NAME, [v1, v2]): a launch option of flash_ws and its values."""
-    name, _, values = text.partition("=")
-    if name not in flash_ws.LAUNCH_OPTIONS:
-        raise ValueError(f"--option {text!r}: known options: {', '.join(flash_ws.LAUNCH_OPTIONS)}")
-    parsed = [int(v) for v in values.split(",") if v]
-    if len(parsed) < 2 or len(set(parsed)) != len(parsed):
-        raise ValueError(f"--option {text!r}: give at least two different integer values")
-    return name, parsed
+    return launch_option.values(text, flash_ws)
 
 
 def fixed_option(text: str) -> tuple[str, int]:
     """'NAME=v' -> (NAME, v): a launch option held at one value for every arm."""
-    name, _, value = text.partition("=")
-    if name not in flash_ws.LAUNCH_OPTIONS or not value.lstrip("-").isdigit():
-        raise ValueError(f"--set {text!r}: expected NAME=int, NAME in {flash_ws.LAUNCH_OPTIONS}")
-    return name, int(value)
+    return launch_option.fixed(text, flash_ws)
 
 
 def shapes(attention: dict, seq_lens, heads) -> list[tuple[int, int]]:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from xstage_bench.data import grid, stats
 from xstage_bench.data.results import atomic_write_text
-from xstage_bench.measurement import timing
+from xstage_bench.measurement import launch_option, timing
 from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
@@ -43,21 +43,7 @@ def parse_option(text: str) -> tuple[str, list[int]]:
     integer values to compare (the first is the baseline of every ratio)."""
     from xstage_kernels import megamoe_ws
 
-    name, sep, values = text.partition("=")
-    if not sep or not values:
-        raise ValueError(f"--option {text!r}: expected NAME=v1,v2 (e.g. SKIP_PADDING_HALVES=0,1)")
-    if name not in megamoe_ws.LAUNCH_OPTIONS:
-        raise ValueError(
-            f"--option {name!r} is not a launch option of megamoe_ws; known: "
-            f"{', '.join(megamoe_ws.LAUNCH_OPTIONS)}"
-        )
-    try:
-        parsed = [int(v) for v in values.split(",")]
-    except ValueError:
-        raise ValueError(f"--option {text!r}: values must be integers") from None
-    if len(parsed) < 2 or len(set(parsed)) != len(parsed):
-        raise ValueError(f"--option {text!r}: give at least two different values")
-    return name, parsed
+    return launch_option.values(text, megamoe_ws)
 
 
 def local_configs(moe: dict, world_size: int, paths: Sequence[str]) -> list[dict]:
