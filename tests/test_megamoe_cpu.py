@@ -85,24 +85,26 @@ def test_row_quantization_round_trip_is_within_half_an_fp8_step():
 
 def test_int4_word_split_packing_layout_and_round_trip():
     rng = np.random.default_rng(2)
-    w = rng.integers(-8, 8, size=(3, 256))
+    w = rng.integers(-7, 8, size=(3, 256))
     packed = quant.pack_int4_np(w)
     assert packed.shape == (3, 128) and packed.dtype == np.uint8
 
-    def nibble(value):
-        return ((value & 0xF) ^ 8) - 8
-
-    # word w of block b: nibble i is channel 128b + 4w + i, nibble 4 + i is + 64
+    # word w of block b: channel i of half h has its magnitude at bit 16 h + 4 i, its sign
+    # at bit 8 i + 7 - 4 h
     for b, word in ((0, 0), (1, 5), (1, 15)):
         value = int.from_bytes(
             packed[0, 64 * b + 4 * word : 64 * b + 4 * word + 4].tobytes(), "little"
         )
-        for i in range(4):
-            assert nibble(value >> (4 * i)) == w[0, 128 * b + 4 * word + i]
-            assert nibble(value >> (16 + 4 * i)) == w[0, 128 * b + 64 + 4 * word + i]
+        for h in range(2):
+            for i in range(4):
+                magnitude = value >> (16 * h + 4 * i) & 7
+                negative = value >> (8 * i + 7 - 4 * h) & 1
+                expected = w[0, 128 * b + 64 * h + 4 * word + i]
+                assert (-magnitude if negative else magnitude) == expected
     np.testing.assert_array_equal(quant.unpack_int4_np(packed), w)
-    with pytest.raises(ValueError, match="int4"):
-        quant.pack_int4_np(np.full((1, 128), 8))
+    for out_of_range in (8, -8):
+        with pytest.raises(ValueError, match=r"int4 weights must lie in \[-7, 7\]"):
+            quant.pack_int4_np(np.full((1, 128), out_of_range))
 
 
 @needs_torch
@@ -115,7 +117,7 @@ def test_torch_formats_agree_with_the_numpy_specification():
     v_np, s_np = quant.quantize_rows_np(x)
     np.testing.assert_allclose(scales.numpy(), s_np, rtol=1e-7)
     np.testing.assert_array_equal(values.float().numpy(), v_np)
-    w = rng.integers(-8, 8, size=(2, 128, 256))
+    w = rng.integers(-7, 8, size=(2, 128, 256))
     packed = quant.pack_int4(torch.from_numpy(w).to(torch.int8))
     np.testing.assert_array_equal(packed[1].numpy(), quant.pack_int4_np(w[1]))
     np.testing.assert_array_equal(quant.unpack_int4(packed).numpy(), w)

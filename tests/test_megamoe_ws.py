@@ -194,6 +194,7 @@ def _run_ptx(program: str, packed: int) -> tuple[int, int]:
         "and.b32": lambda a, b: a & b,
         "or.b32": lambda a, b: a | b,
         "shr.u32": lambda a, b: a >> b,
+        "shl.b32": lambda a, b: a << b,
         "prmt.b32": _prmt,
     }
     for line in program.splitlines():
@@ -207,34 +208,43 @@ def _run_ptx(program: str, packed: int) -> tuple[int, int]:
     return regs["$0"], regs["$1"]
 
 
-def test_int4_lookup_gives_the_fp8_of_every_nibble_in_channel_order():
+def _e4m3_value(code: int) -> float:
+    sign = -1.0 if code & 0x80 else 1.0
+    exponent, mantissa = code >> 3 & 0xF, code & 7
+    return 0.0 if code & 0x7F == 0 else sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7)
+
+
+def test_int4_lookup_gives_the_fp8_of_every_packed_weight_in_channel_order():
     import numpy as np
 
-    from xstage_bench.megamoe.quant import e4m3_round
+    from xstage_bench.megamoe import quant
     from xstage_kernels import int4_fp8
 
     # e4m3_code agrees with the reference rounding for every int4 value (decoded back).
     for v in int4_fp8.INT4_VALUES:
-        code = int4_fp8.e4m3_code(v)
-        sign = -1.0 if code & 0x80 else 1.0
-        exponent, mantissa = code >> 3 & 0xF, code & 7
-        decoded = 0.0 if code & 0x7F == 0 else sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7)
-        assert decoded == v == e4m3_round(np.float32(v))
+        assert _e4m3_value(int4_fp8.e4m3_code(v)) == v == quant.e4m3_round(np.float32(v))
 
     program = int4_fp8.ptx()
     rng = np.random.default_rng(7)
-    words = [int(w) for w in rng.integers(0, 2**32, size=2000, dtype=np.uint64)]
-    words += [
-        int.from_bytes(bytes([b, b ^ 0x88, 0xFF - b, b >> 4 | b << 4 & 0xF0]), "little")
-        for b in range(256)
-    ]  # every byte value in every position
-    for word in words:
+    # Words as quant.py packs them: word w of a block holds channels 4w..4w+3 of each half.
+    weights = rng.integers(-7, 8, size=(40, 128))
+    weights[0] = np.tile(np.arange(-7, 8), 9)[:128]  # every value in every position
+    packed = quant.pack_int4_np(weights)
+    for row in range(weights.shape[0]):
+        for w in range(16):
+            word = int.from_bytes(packed[row, 4 * w : 4 * w + 4].tobytes(), "little")
+            first, second = _run_ptx(program, word)
+            for i in range(4):
+                assert _e4m3_value(first >> (8 * i) & 0xFF) == weights[row, 4 * w + i]
+                assert _e4m3_value(second >> (8 * i) & 0xFF) == weights[row, 64 + 4 * w + i]
+    # Any word at all: each byte is its magnitude's code with its sign bit on top.
+    for word in (int(x) for x in rng.integers(0, 2**32, size=2000, dtype=np.uint64)):
         first, second = _run_ptx(program, word)
-        for i in range(4):  # nibble i: first-half channel i, nibble 4 + i: second-half
-            low = ((word >> (4 * i) & 0xF) ^ 8) - 8
-            high = ((word >> (16 + 4 * i) & 0xF) ^ 8) - 8
-            assert first >> (8 * i) & 0xFF == int4_fp8.e4m3_code(low), (hex(word), i)
-            assert second >> (8 * i) & 0xFF == int4_fp8.e4m3_code(high), (hex(word), i)
+        for i in range(4):
+            for out, h in ((first, 0), (second, 1)):
+                magnitude = word >> (16 * h + 4 * i) & 7
+                sign = word >> (8 * i + 7 - 4 * h) & 1
+                assert out >> (8 * i) & 0xFF == int4_fp8.e4m3_code(magnitude) | sign << 7
 
 
 @needs_triton

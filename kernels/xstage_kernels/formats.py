@@ -7,7 +7,9 @@ take them from here too, so both sides agree by construction.
 
 SCALE_BLOCK = 128  # channels per activation scale; rows and channels per weight scale
 FP8_MAX = 448.0  # largest finite e4m3fn value
-INT4_MIN, INT4_MAX = -8, 7
+# 4-bit weights are symmetric, sign and magnitude (quant.py): -8 has no code, as in a
+# quantizer that scales by amax / 7.
+INT4_MIN, INT4_MAX = -7, 7
 # Floor of a scale's amax: an all-zero group (padding rows) gets a tiny scale, not 0/0.
 AMAX_FLOOR = 1e-10
 PRECISIONS = ("bf16", "w8a8", "w4a8")

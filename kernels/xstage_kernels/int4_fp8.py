@@ -1,29 +1,30 @@
-"""int4 -> FP8 e4m3 by table lookup (PTX `prmt`), for W4A8 weights converted in shared memory.
+"""int4 -> FP8 e4m3 by one byte-select (PTX `prmt`) per four weights, for W4A8 weights
+converted in shared memory.
 
 Why a lookup: the plain route (sign-extend, int -> fp16 -> fp8) costs three conversion
 instructions per weight, and conversions issue at a quarter of the integer rate on Hopper;
-a W4A8 tile converts 16K weights per K step, more than its MMA takes. Every int4 value has
-an exact e4m3 code, so `prmt` (a byte select from a pair of 32-bit registers) reads them
-from constant tables: 11 integer instructions per 8 weights, 6 of them `prmt` (which issues
-at half the rate of the logic instructions: 64 per clock and SM on an H200, measured).
+a W4A8 tile converts 16K weights per K step, more than its MMA takes. Every integer in
+[-7, 7] has an exact e4m3 code, and a negative one is its magnitude's code with the top bit
+set, so the weights are stored as sign and magnitude (quant.py): `prmt` (a byte select from
+a pair of 32-bit registers) reads four magnitudes' codes from one 8-entry table, and one
+logic instruction ORs their four signs in, which the packing already put at each output
+byte's top bit (first half) or 4 bits below it (second half, one shift). 7 integer
+instructions per 8 weights, 2 of them `prmt`, which issues at half the rate of the logic
+instructions (64 per clock and SM on an H200, measured).
 
-One call converts one 32-bit word of packed weights (quant.py's word-split packing: the
-low 16 bits hold four consecutive channels of a block's first 64-channel half, the high 16
-bits the same four of its second half) into two registers: the four first-half channels'
-codes and the four second-half channels' codes, in channel order.
+The two's-complement nibbles this replaced needed 11 instructions, 6 of them `prmt`: a
+magnitude table for each sign, and a third select by the sign bit, since `prmt`'s selector
+nibbles read their top bit as a sign-replicate flag, not as an index.
 
-`prmt`'s selector nibbles index 8 bytes and treat their top bit as a sign-replicate flag,
-so each nibble's low 3 bits (idx) index two 8-entry tables, one for the non-negative values
-0..7 and one for -8..-1, and a third `prmt` picks per byte by the nibble's sign (selector
-i or 4 + i: the sign bit shifted right by one lands on the "+4" bit). The packing puts a
-half's four nibbles where a selector reads them (bits 0-15), so nothing is shuffled after.
-(The half-split packing this replaced, byte j = channels j and j + 64, needed two more
-`prmt` per word to gather the halves: 14 instructions.)
+One call converts one 32-bit word of packed weights (quant.py: channel i of half h keeps
+its magnitude in bits 16 h + 4 i .. + 2 and its sign in bit 8 i + 7 - 4 h) into two
+registers: the four first-half channels' codes and the four second-half channels' codes,
+in channel order.
 """
 
 from __future__ import annotations
 
-INT4_VALUES = range(-8, 8)
+INT4_VALUES = range(-7, 8)
 
 
 def e4m3_code(value: int) -> int:
@@ -41,33 +42,26 @@ def _word(codes) -> int:
     return sum(code << (8 * i) for i, code in enumerate(codes))
 
 
-def lookup_tables() -> tuple[int, int, int, int]:
-    """(non-negative low, high, negative low, high) words: entry k of the non-negative table
-    is e4m3(k), of the negative one e4m3(k - 8), for the nibble 8 + k."""
-    positive = [e4m3_code(k) for k in range(8)]
-    negative = [e4m3_code(k - 8) for k in range(8)]
-    return _word(positive[:4]), _word(positive[4:]), _word(negative[:4]), _word(negative[4:])
+def magnitude_table() -> tuple[int, int]:
+    """The two words `prmt` selects from: byte m (0..7) is e4m3(m)."""
+    codes = [e4m3_code(m) for m in range(8)]
+    return _word(codes[:4]), _word(codes[4:])
 
 
 def ptx() -> str:
     """The inline assembly: $2 a packed word in, $0 its first-half codes, $1 its second-half."""
-    p0, p1, n0, n1 = lookup_tables()
+    low, high = magnitude_table()
     return f"""{{
-.reg .b32 p0, p1, n0, n1, idx, sel, t, pa, na, pb, nb;
-mov.b32 p0, {p0:#010x};
-mov.b32 p1, {p1:#010x};
-mov.b32 n0, {n0:#010x};
-mov.b32 n1, {n1:#010x};
+.reg .b32 t0, t1, idx, codes, signs;
+mov.b32 t0, {low:#010x};
+mov.b32 t1, {high:#010x};
 and.b32 idx, $2, 0x77777777;
-shr.u32 t, $2, 1;
-and.b32 t, t, 0x44444444;
-or.b32 sel, t, 0x32103210;
-prmt.b32 pa, p0, p1, idx;
-prmt.b32 na, n0, n1, idx;
-prmt.b32 $0, pa, na, sel;
+prmt.b32 codes, t0, t1, idx;
+and.b32 signs, $2, 0x80808080;
+or.b32 $0, codes, signs;
 shr.u32 idx, idx, 16;
-shr.u32 sel, sel, 16;
-prmt.b32 pb, p0, p1, idx;
-prmt.b32 nb, n0, n1, idx;
-prmt.b32 $1, pb, nb, sel;
+prmt.b32 codes, t0, t1, idx;
+shl.b32 signs, $2, 4;
+and.b32 signs, signs, 0x80808080;
+or.b32 $1, codes, signs;
 }}"""

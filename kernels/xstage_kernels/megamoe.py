@@ -14,15 +14,14 @@ from this rank's output base, so one address computation covers local and peer b
 (peer memory over NVLink, the X-Stage), with 16-byte vector stores.
 
 Tiling: 128 x 128 output tiles, K steps of 128 channels (64 for bf16) over one weight
-scale block each. FP8 products are "promoted" per K step as in DeepGEMM: each step's
-MMA result is scaled by its activation and weight scales and added to an fp32
-accumulator. W4A8 weights arrive as two nibbles per byte (quant.py's word-split
-packing); each nibble is sign-extended and converted to FP8 in registers, and the low and
-the high nibbles are multiplied by the activation channels they hold (gathered loads:
-this kernel is W4A8's fallback, megamoe_ws.py its fast path). W8A8 operands arrive by
-TMA (descriptors over the dispatched rows, the intermediate and the weights as 2-D
-tensors); a Linear-1 tile fences its generic stores before releasing its row block, and
-a Linear-2 tile fences after acquiring it, so that its TMA reads see them.
+scale block each. FP8 products are "promoted" per K step as in DeepGEMM: each step's MMA
+result is scaled by its activation and weight scales and added to an fp32 accumulator.
+W4A8 weights arrive as 4-bit sign and magnitude (quant.py's packing); each weight's
+magnitude and sign are read from their bytes and converted to FP8 in registers (gathered
+loads: this kernel is W4A8's fallback, megamoe_ws.py its fast path). W8A8 operands arrive
+by TMA (descriptors over the dispatched rows, the intermediate and the weights as 2-D
+tensors); a Linear-1 tile fences its generic stores before releasing its row block, and a
+Linear-2 tile fences after acquiring it, so that its TMA reads see them.
 
 On a GPU, the FP8 precisions (W8A8, W4A8) run megamoe_ws.py instead: the same contract in
 Gluon with a TMA producer warp and two math warpgroups (warp specialization), which `tl`
@@ -99,9 +98,15 @@ def _gemm_tile(
     """fp32 [BM, BN] = A[rows, :K] @ W[cols, :K]^T, block scales applied per K step."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     offs_k = tl.arange(0, BLOCK_K)
-    offs_h = tl.arange(0, BLOCK_K // 2)
-    # W4A8, word-split packing (quant.py): byte j holds channels ch_lo[j] and ch_lo[j] + 1.
-    ch_lo = ((offs_h % 4) // 2) * (BLOCK_K // 2) + (offs_h // 4) * 4 + (offs_h % 2) * 2
+    # W4A8 (quant.py): channel c of a block keeps its magnitude in one byte of the block's
+    # 64 and its sign in another (channel i of word w, half h: bit 16 h + 4 i of the word
+    # for the magnitude, bit 8 i + 7 - 4 h for the sign).
+    quad = offs_k % (BLOCK_K // 2)
+    half = offs_k // (BLOCK_K // 2)
+    magnitude_byte = (quad // 4) * 4 + half * 2 + (quad % 4) // 2
+    magnitude_shift = (quad % 2) * 4
+    sign_byte = (quad // 4) * 4 + quad % 4
+    sign_shift = 7 - 4 * half
     for kb in range(0, K // BLOCK_K):
         k0 = kb * BLOCK_K
         if PRECISION == 0:
@@ -116,13 +121,14 @@ def _gemm_tile(
                 w = tl.load(w_cols + k0 + offs_k[:, None])
                 step = tl.dot(a, w)
             else:
-                a_lo = tl.load(a_rows + k0 + ch_lo[None, :])
-                a_hi = tl.load(a_rows + k0 + ch_lo[None, :] + 1)
-                packed = tl.load(w_cols + kb * (BLOCK_K // 2) + offs_h[:, None])
-                lo = ((packed << 4).to(tl.int8, bitcast=True) >> 4).to(tl.float16)
-                hi = (packed.to(tl.int8, bitcast=True) >> 4).to(tl.float16)
-                step = tl.dot(a_lo, lo.to(tl.float8e4nv))
-                step = tl.dot(a_hi, hi.to(tl.float8e4nv), step)
+                packed = w_cols + kb * (BLOCK_K // 2)
+                magnitude = tl.load(packed + magnitude_byte[:, None]).to(tl.int32)
+                magnitude = (magnitude >> magnitude_shift[:, None]) & 7
+                negative = tl.load(packed + sign_byte[:, None]).to(tl.int32)
+                negative = (negative >> sign_shift[:, None]) & 1
+                w = tl.where(negative != 0, -magnitude, magnitude).to(tl.float16)
+                a = tl.load(a_rows + k0 + offs_k[None, :])
+                step = tl.dot(a, w.to(tl.float8e4nv))
             acc += step * (sa[:, None] * sw)
     return acc
 

@@ -2,17 +2,19 @@
 
 The formats follow DeepGEMM's: activations in FP8 e4m3 with one fp32 scale per token and
 128 channels, weights in FP8 e4m3 with one fp32 scale per 128x128 block. W4A8 keeps the
-weight blocks and their scales but stores 4-bit integers in [-8, 7], two per byte; the
-kernel expands them to FP8 (exactly: every such integer is an e4m3 value) before the FP8
-MMA, since Hopper has no 4-bit Tensor Cores.
+weight blocks and their scales but stores 4-bit integers in [-7, 7] as sign and
+magnitude, two per byte; the kernel expands them to FP8 (exactly: every such integer is an
+e4m3 value) before the FP8 MMA, since Hopper has no 4-bit Tensor Cores.
 
-INT4 packing is "word-split" within each 128-channel block: the block's 64 bytes are 16
-little-endian 32-bit words, and word w holds channels 4w..4w+3 of the block's first half
-in its low 16 bits (nibble i: channel 4w + i) and channels 64 + 4w..64 + 4w + 3 of its
-second half in its high 16 bits (nibble 4 + i). Why: the fused kernel converts a word's
-halves by two table lookups whose outputs are already four consecutive channels of the
-first and of the second 64-channel half (kernels/xstage_kernels/int4_fp8.py), so it
-multiplies them by the block's two 64-channel activation halves with no shuffle of bytes.
+INT4 packing is "word-split, sign apart" within each 128-channel block: the block's 64
+bytes are 16 little-endian 32-bit words, and word w holds channels 4w..4w+3 of the block's
+first half and the same four of its second half. Channel i of half h (i < 4) keeps its
+magnitude in bits 16 h + 4 i .. + 2 and its sign in bit 8 i + 7 - 4 h: the magnitudes sit
+where one byte-select (`prmt`) reads four of them, and each half's signs sit at the top
+bit of the output byte (first half) or 4 bits below it (second half), so the kernel
+converts a word into the FP8 codes of both halves, already in channel order, in 7 integer
+instructions (kernels/xstage_kernels/int4_fp8.py), and multiplies them by the block's two
+64-channel activation halves with no shuffle of bytes.
 
 The numpy functions are the specification (the CPU tests check them); the torch functions
 are what the runner and the reference use on the GPU and must agree with them.
@@ -78,19 +80,27 @@ def block_scales_expand_np(scales: np.ndarray) -> np.ndarray:
     return np.repeat(np.repeat(scales, SCALE_BLOCK, axis=0), SCALE_BLOCK, axis=1)
 
 
-# A block's channels as (half, word, byte of the half-word, nibble): byte 2 half + b of
-# word w holds channels 64 half + 4w + 2b (low nibble) and + 1 (high nibble).
-_WORD_SPLIT = (2, 16, 2, 2)
+# A block's channels as (half h, word w, channel i of the word's four): the bit of a word
+# where channel i of half h keeps its magnitude (3 bits) and its sign.
+_WORD_SPLIT = (2, 16, 4)
+_MAGNITUDE_BIT = np.array([[16 * h + 4 * i for i in range(4)] for h in range(2)])
+_SIGN_BIT = np.array([[8 * i + 7 - 4 * h for i in range(4)] for h in range(2)])
+
+
+def _as_halves(shifts: np.ndarray) -> np.ndarray:
+    """(2, 4) bit positions broadcast over (..., blocks, half, word, channel)."""
+    return shifts[:, None, :]
 
 
 def pack_int4_np(w: np.ndarray) -> np.ndarray:
-    """(N, K) integers in [-8, 7] -> (N, K/2) uint8, word-split within 128-channel blocks."""
+    """(N, K) integers in [-7, 7] -> (N, K/2) uint8, word-split with signs apart."""
     n, k = _blocks_of(w, SCALE_BLOCK)
     if w.min() < INT4_MIN or w.max() > INT4_MAX:
         raise ValueError(f"int4 weights must lie in [{INT4_MIN}, {INT4_MAX}]")
-    nibbles = w.astype(np.int64).reshape(n, k // SCALE_BLOCK, *_WORD_SPLIT) & 0xF
-    half_bytes = nibbles[..., 0] | (nibbles[..., 1] << 4)  # (n, blocks, half, word, byte)
-    return half_bytes.transpose(0, 1, 3, 2, 4).reshape(n, k // 2).astype(np.uint8)
+    v = w.astype(np.int64).reshape(n, k // SCALE_BLOCK, *_WORD_SPLIT)
+    fields = np.abs(v) << _as_halves(_MAGNITUDE_BIT) | (v < 0) << _as_halves(_SIGN_BIT)
+    words = fields.sum(axis=(2, 4))  # the fields' bits are disjoint: sum = or
+    return words.astype("<u4").view(np.uint8).reshape(n, k // 2)
 
 
 def unpack_int4_np(packed: np.ndarray) -> np.ndarray:
@@ -98,10 +108,10 @@ def unpack_int4_np(packed: np.ndarray) -> np.ndarray:
     n, half = packed.shape
     if half % (SCALE_BLOCK // 2):
         raise ValueError(f"packed rows must hold whole 128-channel blocks, got {half} bytes")
-    b = packed.astype(np.int16).reshape(n, half // 64, 16, 2, 2).transpose(0, 1, 3, 2, 4)
-    lo = ((b & 0xF) ^ 8) - 8  # sign-extend a nibble
-    hi = ((b >> 4) ^ 8) - 8
-    return np.stack([lo, hi], axis=-1).reshape(n, 2 * half).astype(np.int8)
+    words = np.ascontiguousarray(packed).view("<u4").astype(np.int64).reshape(n, -1, 1, 16, 1)
+    magnitude = words >> _as_halves(_MAGNITUDE_BIT) & 7
+    negative = words >> _as_halves(_SIGN_BIT) & 1
+    return np.where(negative == 1, -magnitude, magnitude).reshape(n, 2 * half).astype(np.int8)
 
 
 def _blocks_of(x: np.ndarray, block: int) -> tuple[int, int]:
@@ -154,13 +164,16 @@ def quantize_weight(w):
 
 
 def pack_int4(w):
-    """torch: (..., N, K) int8 in [-8, 7] -> (..., N, K/2) uint8, word-split (see above)."""
+    """torch: (..., N, K) int8 in [-7, 7] -> (..., N, K/2) uint8, as pack_int4_np."""
     import torch
 
     *lead, n, k = w.shape
-    nibbles = (w.to(torch.int16) & 0xF).reshape(*lead, n, k // SCALE_BLOCK, *_WORD_SPLIT)
-    half_bytes = nibbles[..., 0] | (nibbles[..., 1] << 4)
-    return half_bytes.transpose(-3, -2).reshape(*lead, n, k // 2).to(torch.uint8)
+    v = w.to(torch.int64).reshape(*lead, n, k // SCALE_BLOCK, *_WORD_SPLIT)
+    magnitude_bit, sign_bit = _torch_bits(w.device)
+    fields = v.abs() << magnitude_bit | (v < 0).to(torch.int64) << sign_bit
+    words = fields.sum(dim=(-3, -1))  # (..., n, blocks, word)
+    shifts = torch.arange(0, 32, 8, device=w.device)
+    return (words[..., None] >> shifts & 0xFF).reshape(*lead, n, k // 2).to(torch.uint8)
 
 
 def unpack_int4(packed):
@@ -168,10 +181,19 @@ def unpack_int4(packed):
     import torch
 
     *lead, n, half = packed.shape
-    b = packed.to(torch.int16).reshape(*lead, n, half // 64, 16, 2, 2).transpose(-3, -2)
-    lo = ((b & 0xF) ^ 8) - 8
-    hi = ((b >> 4) ^ 8) - 8
-    return torch.stack([lo, hi], dim=-1).reshape(*lead, n, 2 * half).to(torch.int8)
+    b = packed.to(torch.int64).reshape(*lead, n, half // 64, 1, 16, 1, 4)
+    words = (b << torch.arange(0, 32, 8, device=packed.device)).sum(dim=-1)
+    magnitude_bit, sign_bit = _torch_bits(packed.device)
+    magnitude = words >> magnitude_bit & 7
+    negative = (words >> sign_bit & 1) == 1
+    values = torch.where(negative, -magnitude, magnitude)
+    return values.reshape(*lead, n, 2 * half).to(torch.int8)
+
+
+def _torch_bits(device):
+    import torch
+
+    return (torch.from_numpy(_as_halves(bits)).to(device) for bits in (_MAGNITUDE_BIT, _SIGN_BIT))
 
 
 def dequantize_weight(w, scales, precision: str):

@@ -127,7 +127,7 @@ def kernels_that_ran(kernel, device_type: str) -> dict:
         "num_warps": megamoe_ws.warps("w4a8"),
         **padding,
         "converters": megamoe_ws.W4_CONVERTERS,
-        "weight_packing": "word-split (quant.py)",
+        "weight_packing": "word-split, sign and magnitude (quant.py)",
     }
     return ran
 

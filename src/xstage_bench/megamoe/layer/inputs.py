@@ -15,10 +15,18 @@ import zlib
 
 from xstage_bench.data import grid, storepath
 from xstage_bench.megamoe import routing
-from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision, pack_int4, quantize_rows
+from xstage_bench.megamoe.quant import (
+    INT4_MAX,
+    INT4_MIN,
+    SCALE_BLOCK,
+    check_precision,
+    pack_int4,
+    quantize_rows,
+)
 from xstage_bench.megamoe.reference import ExpertWeights, HomeTokens
 
-INT4_STD = math.sqrt((16**2 - 1) / 12)  # standard deviation of integers uniform in [-8, 7]
+# standard deviation of integers uniform in [INT4_MIN, INT4_MAX]
+INT4_STD = math.sqrt(((INT4_MAX - INT4_MIN + 1) ** 2 - 1) / 12)
 
 
 def _seed(*parts: object) -> int:
@@ -63,7 +71,7 @@ def make_expert_weights(point: dict, precision: str, rank: int, device, seed: in
         else:
             w = torch.empty(local, n, k // 2, dtype=torch.uint8, device=device)
             for e in range(local):
-                ints = torch.randint(-8, 8, (n, k), generator=gen, device=device)
+                ints = torch.randint(INT4_MIN, INT4_MAX + 1, (n, k), generator=gen, device=device)
                 w[e] = pack_int4(ints.to(torch.int8))
         return w, scales
 
