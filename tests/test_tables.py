@@ -992,3 +992,29 @@ def test_process_model_of_a_per_gpu_run_with_no_ok_point_says_why(tmp_path):
     assert table.frame.to_dict("records") == [
         {"status": "unsupported", "points": len(records), "why": why}
     ]
+
+
+def test_a_precision_ratio_across_runs_is_said_to_be_one():
+    """tab-megamoe's 'w4a8 time / w8a8 time' is noted as a ratio across runs when our
+    kernel's W4A8 and W8A8 records were timed by different runs of the file."""
+
+    def record(precision, at, variant=None):
+        point = {"precision": precision, "shape": "s", "variant": variant}
+        return {"status": "ok", "point": point, "clocks": {"before": {"time": at}}}
+
+    doc = {
+        "environment": {
+            "started_at": "2026-12-03T13:00:00+00:00",
+            "resumes": [{"started_at": "2026-12-03T14:00:00+00:00"}],
+        },
+        "records": [
+            record("w8a8", "2026-12-03T13:05:00+00:00"),
+            record("w4a8", "2026-12-03T13:06:00+00:00", "unfused"),  # a baseline: not ours
+            record("w4a8", "2026-12-03T14:05:00+00:00"),
+        ],
+    }
+    (note,) = megamoe.precision_runs_note(doc)
+    assert "W4A8 records from the run(s) started 2026-12-03 14:00" in note
+    assert "W8A8 from 2026-12-03 13:00" in note
+    doc["records"][2]["clocks"]["before"]["time"] = "2026-12-03T13:07:00+00:00"
+    assert megamoe.precision_runs_note(doc) == []

@@ -18,8 +18,9 @@ of stalls at CTA barriers). Here each CTA has three partitions (W4A8: five):
   warpgroup's MMA runs: no CTA-wide barrier per step.
 
 W4A8 (W4): the producer loads each step's activations as two 128 x 64 halves and the
-weights as their packed bytes (128 rows x 64 bytes, quant.py's word-split packing: each
-32-bit word holds four channels of the step's first 64 and the same four of its last 64).
+weights as their packed bytes (128 rows x 64 bytes, quant.py's packing: 4-bit sign and
+magnitude, each 32-bit word holding four channels of the step's first 64 and the same four
+of its last 64).
 Converter warpgroups (W4_CONVERTERS, taking the ring's steps in turn) turn each slot's
 packed weights into two FP8 halves in shared memory (int4_fp8.py's table lookup, 16-byte
 loads and stores), fence them for the tensor cores and arrive on the slot's "converted"
@@ -31,7 +32,12 @@ MMAs: one H200, 16384 tokens, taking the lookup out (wrong values, timing only) 
 converter from 607 to 826 TFLOP/s (W8A8: 977). Tried and measured there, 2026-11-30: the math
 warpgroups converting their own halves one step ahead (575), one converter (607), two (646),
 two with 5 slots (648), a single 128B-swizzled converted block and one MMA per step (605-633),
-the half-split packing's extra byte gather (2 more `prmt` a word: 574 / 632).
+the half-split packing's extra byte gather (2 more `prmt` a word: 574 / 632). Then
+(2026-12-03, kernels/ab/2026-12-03-w4a8-beside-w8a8-sign-magnitude.json) the weights moved
+to sign and magnitude with the signs apart (int4_fp8.py: 7 instructions a word, 2 of them
+`prmt`, against 11 and 6): in one run, W4A8 takes 1.22-1.43x W8A8's time at 16384 tokens
+(geomean 1.325; 1.264-1.459, geomean 1.387, in the run before the change) and 1.16-1.26x
+at 1024 (geomean 1.195).
 
 A Linear-1 tile runs gate's K steps then up's over the same rows, applies SwiGLU, quantizes
 its rows (one FP8 scale per row for these 128 channels) into the intermediate, fences

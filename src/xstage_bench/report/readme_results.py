@@ -9,11 +9,9 @@ numbers mean, never a number.
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ import pandas as pd
 from xstage_bench.data import layout, stats, storepath
 from xstage_bench.megamoe import schedule
 from xstage_bench.model.document import fitted_paths, path_fit
-from xstage_bench.report.analysis import attention, load, megamoe, megamoe_baselines
+from xstage_bench.report.analysis import attention, load, megamoe, megamoe_baselines, runs
 from xstage_bench.report.tables import megamoe as megamoe_table
 
 BEGIN = (
@@ -226,21 +224,9 @@ BASELINE_OF = {column: column.removeprefix("ours_over_") for column, _ in BASELI
 
 def _same_run_per_configuration(doc: dict, variant: str) -> bool:
     """Whether, for every configuration where the baseline `variant` has an ok record, our
-    kernel's ok records of it were timed in the same run as the baseline's: the run a
-    record belongs to is the last of the file's runs (its first, then each resume) that
-    started before the record's first clock sample."""
-    env = doc["environment"]
-    starts = sorted(
-        datetime.fromisoformat(run["started_at"]) for run in (env, *env.get("resumes", []))
-    )
-
-    def run_of(record: dict) -> int | None:
-        at = ((record.get("clocks") or {}).get("before") or {}).get("time")
-        if at is None:
-            return None
-        return bisect.bisect_right(starts, datetime.fromisoformat(at)) - 1
-
-    runs: dict[tuple, set] = {}
+    kernel's ok records of it were timed in the same run as the baseline's (runs.run_of)."""
+    run_of = runs.run_of(doc)
+    timed_in: dict[tuple, set] = {}
     baseline: dict[tuple, int | None] = {}
     for record in doc["records"]:
         point = record["point"]
@@ -250,9 +236,9 @@ def _same_run_per_configuration(doc: dict, variant: str) -> bool:
         if point.get("variant") == variant:
             baseline[key] = run_of(record)
         elif megamoe.is_ours(point):
-            runs.setdefault(key, set()).add(run_of(record))
+            timed_in.setdefault(key, set()).add(run_of(record))
     return bool(baseline) and all(
-        run is not None and runs.get(key) == {run} for key, run in baseline.items()
+        run is not None and timed_in.get(key) == {run} for key, run in baseline.items()
     )
 
 

@@ -22,7 +22,7 @@ from xstage_bench.data import stats, storepath
 from xstage_bench.data.stats import NOISY_HALF_WIDTH
 from xstage_bench.megamoe import schedule
 from xstage_bench.report import paper
-from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines
+from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines, runs
 from xstage_bench.report.analysis.speedup_ci import headline_ci
 from xstage_bench.report.tables import megamoe_host
 from xstage_bench.report.tables.common import Table
@@ -431,6 +431,7 @@ def build(dataset_dir: Path) -> Table:
             "(megamoe/ceiling.py); roofline / DeepGEMM and / FlashInfer: the same roofline "
             "over their times (dispatch and combine inside). Natural routing."
         )
+        notes += precision_runs_note(doc)
     host = megamoe_host.host_side(doc)
     if not host.empty:
         sections.append(("How each variant's calls were enqueued", host))
@@ -579,6 +580,29 @@ def ceiling_summary(ceiling: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def precision_runs_note(doc: dict) -> list[str]:
+    """A note when our kernel's W4A8 and W8A8 records came from different runs of the file:
+    then 'w4a8 time / w8a8 time' divides times taken apart, not in one run."""
+    run_of = runs.run_of(doc)
+    timed_in: dict[str, set] = {}
+    for record in doc["records"]:
+        point = record["point"]
+        if record["status"] == "ok" and megamoe.is_ours(point) and not point.get("lead_sweep"):
+            timed_in.setdefault(point["precision"], set()).add(run_of(record))
+    w4, w8 = timed_in.get("w4a8", set()), timed_in.get("w8a8", set())
+    if not w4 or not w8 or w4 == w8 or None in w4 | w8:
+        return []
+
+    def when(indices: set) -> str:
+        return ", ".join(runs.started(doc, i) for i in sorted(indices))
+
+    return [
+        "w4a8 time / w8a8 time divides times of different runs of this file (our W4A8 "
+        f"records from the run(s) started {when(w4)} UTC, W8A8 from {when(w8)}): a ratio "
+        "across runs, not timed side by side."
+    ]
 
 
 def ceiling_configs(ceiling: pd.DataFrame) -> pd.DataFrame:
