@@ -10,6 +10,8 @@ did) fails here. Needs torch, triton and snakemake in one environment (.venv-ker
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,13 +28,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def snakemake(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "2", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=900,
+        env=env,
     )
 
 
@@ -135,3 +138,20 @@ def test_a_rerun_has_nothing_to_do(cpu_run):
     out = snakemake(work, "-n", "measured_raw", "--configfile", "config/ci-measure.yaml")
     assert out.returncode == 0
     assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_a_kernel_change_reruns_only_the_jobs_that_run_that_kernel(cpu_run):
+    """Our kernels' build is a param of the jobs that run them (measure.kernel_stamp):
+    another build (here the FP8 kernel XSTAGE_MOE_FP8_KERNEL picks) makes Snakemake run the
+    MegaMoE jobs again, whose sweeps then re-measure only the stale points; attention and
+    the microbenchmarks stay done."""
+    work, _, _ = cpu_run
+    env = {**os.environ, "XSTAGE_MOE_FP8_KERNEL": "tl"}
+    args = ("-n", "measured_raw", "--configfile", "config/ci-measure.yaml")
+    out = snakemake(work, *args, env=env)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    changed = re.search(r"params have changed since last execution:\s*\n\s*(.+)", text)
+    assert changed, text[-4000:]
+    assert set(changed.group(1).split(", ")) == {"megamoe_measure", "megamoe_measure_per_gpu"}
+    assert "attention_measure" not in text and "microbench_" not in text, text[-4000:]

@@ -349,3 +349,24 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     assert megamoe_ws.launch_options()["weight_layout"] == "tile-major"
     tiles = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     assert kernel_refresh(computed, tiles).stale({"precision": "w8a8"})
+
+
+@needs_triton
+def test_the_measuring_rules_kernel_stamp_follows_the_launch_options(monkeypatch):
+    """measure.kernel_stamp, the measuring jobs' `kernels` param, names what the raw config
+    records of our kernels, so a launch option's change reruns the jobs that run them."""
+    from xstage_bench.measure import kernel_stamp
+    from xstage_kernels import flash_ws, megamoe, megamoe_ws
+
+    monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
+    kernel_stamp.cache_clear()
+    before = {e: kernel_stamp(e) for e in ("megamoe", "attention", "microbench")}
+    assert json.loads(before["megamoe"])["w4a8"]["weight_packing"].startswith("word-split")
+    assert json.loads(before["attention"]) == flash_ws.launch_options()
+    assert before["microbench"] == ""
+    monkeypatch.setattr(megamoe_ws, "ROW_BOX_MIN", megamoe_ws.BLOCK)
+    monkeypatch.setattr(flash_ws, "OVERLAP", 1 - flash_ws.OVERLAP)
+    kernel_stamp.cache_clear()
+    assert kernel_stamp("megamoe") != before["megamoe"]
+    assert kernel_stamp("attention") != before["attention"]
+    kernel_stamp.cache_clear()

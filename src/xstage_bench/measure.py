@@ -19,6 +19,7 @@ measurement).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -35,6 +36,30 @@ def experiment_config(config: dict, experiment: str) -> dict:
     )
     keys = ("world_size", "gpu_ids", "store_paths", "timing", section)
     return {k: config[k] for k in keys if k in config}
+
+
+@functools.cache
+def kernel_stamp(experiment: str) -> str:
+    """What names the build of our kernels an experiment's raw config records (its launch
+    options, stages, packing): a measuring rule's param, so that a kernel change reruns the
+    job where Snakemake ran it before, and the sweep then measures again only the points
+    whose kernel changed (its refresh rule). Empty where triton cannot be imported (nothing
+    of ours runs there) and for experiments that name no build of ours."""
+    try:
+        if experiment in ("megamoe", "megamoe_per_gpu"):
+            from xstage_bench.megamoe.runner import kernels_that_ran
+            from xstage_kernels import megamoe
+
+            named = kernels_that_ran(megamoe, "cuda")
+        elif experiment == "attention":
+            from xstage_kernels import flash_ws
+
+            named = flash_ws.launch_options()
+        else:
+            return ""
+    except ImportError:
+        return ""
+    return json.dumps(named, sort_keys=True)
 
 
 def _run(experiment: str, config: dict, args: argparse.Namespace, gpu_ids: list[int]) -> None:

@@ -12,6 +12,7 @@ rule attention_measure:
         dataset=measuring("attention"),
     params:
         config=measure_config("attention"),
+        kernels=lambda wc: kernel_stamp("attention"),
     resources:
         gpu=GPU_JOB,
     conda:

@@ -17,7 +17,7 @@ from xstage_bench.data.config import (
     validate_config,
 )
 from xstage_bench.measurement.machine import dataset_name, probe_gpus
-from xstage_bench.measure import experiment_config
+from xstage_bench.measure import experiment_config, kernel_stamp
 from xstage_bench.megamoe.ours.lead import AUTO, needs_model
 from xstage_bench.run.runlock import RunLockBusy, hold_run_lock
 from xstage_bench.run.stale_lock import clear_stale_locks

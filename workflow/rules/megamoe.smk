@@ -1,6 +1,7 @@
 # Stage 3a: the MegaMoE sweep (expert-wave vs interleaved schedules of the fused kernel),
 # measured on this machine's GPUs or simulated; the traced runs feed the mechanism figures.
 # A lead_rows of 'auto' gives the measuring jobs the dataset's fitted model (megamoe_model).
+# Their `kernels` param names our kernel's build: a change reruns them (measure.kernel_stamp).
 
 
 rule megamoe_measure:
@@ -13,6 +14,7 @@ rule megamoe_measure:
         dataset=measuring("megamoe"),
     params:
         config=measure_config("megamoe"),
+        kernels=lambda wc: kernel_stamp("megamoe"),
         model=megamoe_model_arg("megamoe"),
     resources:
         gpu=GPU_JOB,
@@ -36,6 +38,7 @@ rule megamoe_measure_per_gpu:
         dataset=measuring("megamoe_per_gpu"),
     params:
         config=measure_config("megamoe_per_gpu"),
+        kernels=lambda wc: kernel_stamp("megamoe_per_gpu"),
         model=megamoe_model_arg("megamoe_per_gpu"),
     resources:
         gpu=GPU_JOB,
