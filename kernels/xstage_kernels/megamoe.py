@@ -109,15 +109,14 @@ def _gemm_tile(
     sign_shift = 7 - 4 * half
     for kb in range(0, K // BLOCK_K):
         k0 = kb * BLOCK_K
+        a = tl.load(a_rows + k0 + offs_k[None, :])
         if PRECISION == 0:
-            a = tl.load(a_rows + k0 + offs_k[None, :])
             w = tl.load(w_cols + k0 + offs_k[:, None])
             acc = tl.dot(a, w, acc)
         else:
             sa = tl.load(a_scales + kb)
             sw = tl.load(w_scales + kb)
             if PRECISION == 1:
-                a = tl.load(a_rows + k0 + offs_k[None, :])
                 w = tl.load(w_cols + k0 + offs_k[:, None])
                 step = tl.dot(a, w)
             else:
@@ -127,7 +126,6 @@ def _gemm_tile(
                 negative = tl.load(packed + sign_byte[:, None]).to(tl.int32)
                 negative = (negative >> sign_shift[:, None]) & 1
                 w = tl.where(negative != 0, -magnitude, magnitude).to(tl.float16)
-                a = tl.load(a_rows + k0 + offs_k[None, :])
                 step = tl.dot(a, w.to(tl.float8e4nv))
             acc += step * (sa[:, None] * sw)
     return acc
