@@ -355,6 +355,7 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
 def test_the_measuring_rules_kernel_stamp_follows_the_launch_options(monkeypatch):
     """measure.kernel_stamp, the measuring jobs' `kernels` param, names what the raw config
     records of our kernels, so a launch option's change reruns the jobs that run them."""
+    from xstage_bench.attention import raw_config
     from xstage_bench.measure import kernel_stamp
     from xstage_kernels import flash_ws, megamoe, megamoe_ws
 
@@ -362,7 +363,8 @@ def test_the_measuring_rules_kernel_stamp_follows_the_launch_options(monkeypatch
     kernel_stamp.cache_clear()
     before = {e: kernel_stamp(e) for e in ("megamoe", "attention", "microbench")}
     assert json.loads(before["megamoe"])["w4a8"]["weight_packing"].startswith("word-split")
-    assert json.loads(before["attention"]) == flash_ws.launch_options()
+    assert json.loads(before["attention"]) == raw_config.kernels_that_ran("cuda")
+    assert json.loads(before["attention"])["triton"]["launch_options"] == flash_ws.launch_options()
     assert before["microbench"] == ""
     monkeypatch.setattr(megamoe_ws, "ROW_BOX_MIN", megamoe_ws.BLOCK)
     monkeypatch.setattr(flash_ws, "OVERLAP", 1 - flash_ws.OVERLAP)

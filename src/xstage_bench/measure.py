@@ -52,9 +52,9 @@ def kernel_stamp(experiment: str) -> str:
 
             named = kernels_that_ran(megamoe, "cuda")
         elif experiment == "attention":
-            from xstage_kernels import flash_ws
+            from xstage_bench.attention.raw_config import kernels_that_ran
 
-            named = flash_ws.launch_options()
+            named = kernels_that_ran("cuda")
         else:
             return ""
     except ImportError:
