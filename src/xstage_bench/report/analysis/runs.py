@@ -9,14 +9,19 @@ from collections.abc import Callable
 from datetime import datetime
 
 
+def _starts(doc: dict) -> list[datetime]:
+    """When each run of the file started, in order: run i is the i-th of these."""
+    env = doc["environment"]
+    return sorted(
+        datetime.fromisoformat(run["started_at"]) for run in (env, *env.get("resumes", []))
+    )
+
+
 def run_of(doc: dict) -> Callable[[dict], int | None]:
     """record -> index of the run that timed it (0: the file's first run, then each resume
     in order): the last run that started before the record's first clock sample; None for
     a record without one."""
-    env = doc["environment"]
-    starts = sorted(
-        datetime.fromisoformat(run["started_at"]) for run in (env, *env.get("resumes", []))
-    )
+    starts = _starts(doc)
 
     def index(record: dict) -> int | None:
         at = ((record.get("clocks") or {}).get("before") or {}).get("time")
@@ -28,7 +33,5 @@ def run_of(doc: dict) -> Callable[[dict], int | None]:
 
 
 def started(doc: dict, run: int) -> str:
-    """When run `run` of the file started (ISO time to the minute, UTC)."""
-    env = doc["environment"]
-    runs = sorted((env, *env.get("resumes", [])), key=lambda r: r["started_at"])
-    return runs[run]["started_at"][:16].replace("T", " ")
+    """When run `run` of the file started (UTC, to the minute)."""
+    return _starts(doc)[run].strftime("%Y-%m-%d %H:%M")
