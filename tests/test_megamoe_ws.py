@@ -62,7 +62,7 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(trace, precision):
     slot = (2 if precision == "w8a8" else 2.5) * megamoe_ws.BLOCK**2
     assert got["shared"] >= megamoe_ws.stages(precision) * slot
     w4 = precision == "w4a8"
-    regs = megamoe_ws.W4_REGS if w4 else (megamoe_ws.MATH_REGS, megamoe_ws.PRODUCER_REGS)
+    regs = megamoe_ws.w4_regs() if w4 else (megamoe_ws.MATH_REGS, megamoe_ws.PRODUCER_REGS)
     assert set(regs) <= set(got["setmaxnreg"])  # the worker partitions' setmaxnreg
     # Four K sub-steps of 32 per 128-channel step, in each math warpgroup's loop.
     assert got["wgmma"] > 0 and got["wgmma"] % 4 == 0
@@ -101,6 +101,51 @@ def test_launch_options_compile_to_the_same_loads_and_mmas(precision, option):
         assert changed["global_loads"] < plain["global_loads"]
     else:
         assert changed["global_loads"] == plain["global_loads"]
+
+
+@needs_triton
+def test_w4a8_holding_gate_in_bf16_keeps_the_loads_and_mmas():
+    """GATE_BF16: W4A8's Linear-1 rounds gate to bf16 between gate's and up's step loops
+    and back after; operand loads, MMAs, stores and shared memory stay as they were."""
+    patterns = {**PATTERNS, "to_bf16": r"cvt\.rn\.bf16\.f32", "to_f32": r"cvt\.f32\.bf16"}
+    plain = sm90.compiled("megamoe_ws", "kernels.compile_for_sm90(precision='w4a8')", patterns)
+    call = "kernels.compile_for_sm90(precision='w4a8', gate_bf16=True)"
+    held = sm90.compiled("megamoe_ws", call, patterns)
+    for name in ("wgmma", "expect_tx", "tma_loads", "vector_stores", "release_add", "prmt"):
+        assert held[name] == plain[name] > 0, name
+    assert held["shared"] == plain["shared"]
+    # Gate's 64 values a thread, each way, in each of the two math warpgroups' code.
+    assert plain["to_bf16"] == plain["to_f32"] == 0
+    assert held["to_bf16"] == held["to_f32"] == 2 * 64
+
+
+def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
+    """GATE_BF16 changes W4A8's build only: its raw-config record names it, so turning it on
+    re-measures our W4A8 points and keeps the W8A8 ones. W4_CONVERTER_REGS moves registers
+    between math warpgroup 1 and the converters, never from math warpgroup 0."""
+    from xstage_bench.megamoe.runner import kernel_refresh, kernels_that_ran
+    from xstage_kernels import megamoe, megamoe_ws
+
+    monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
+    monkeypatch.setattr(megamoe_ws, "GATE_BF16", False)
+    fp32 = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
+    monkeypatch.setattr(megamoe_ws, "GATE_BF16", True)
+    assert megamoe_ws.holds_gate_bf16("w4a8") and not megamoe_ws.holds_gate_bf16("w8a8")
+    held = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
+    assert held["kernel"]["ran"]["w4a8"]["gate_held"] == "bf16"
+    assert "gate_held" not in held["kernel"]["ran"]["w8a8"]
+    refresh = kernel_refresh(fp32, held)
+    assert refresh.stale({"precision": "w4a8"}) and not refresh.stale({"precision": "w8a8"})
+    math0 = megamoe_ws.W4_MAX_REGS * 5 - sum(megamoe_ws.w4_regs())
+    for regs in (40, 48):
+        monkeypatch.setattr(megamoe_ws, "W4_CONVERTER_REGS", regs)
+        assert megamoe_ws.w4_regs()[1:3] == (regs, regs)
+        assert megamoe_ws.W4_MAX_REGS * 5 - sum(megamoe_ws.w4_regs()) == math0
+        assert megamoe_ws.launch_options("w4a8")["converter_registers"] == regs
+        assert "converter_registers" not in megamoe_ws.launch_options("w8a8")
+    monkeypatch.setattr(megamoe_ws, "W4_CONVERTER_REGS", 36)
+    with pytest.raises(ValueError, match="W4_CONVERTER_REGS=36: expected a multiple of 8"):
+        megamoe_ws.w4_regs()
 
 
 @needs_triton
@@ -332,10 +377,11 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     monkeypatch.setattr(megamoe_ws, "TILE_MAJOR_WEIGHTS", False)
     monkeypatch.setattr(megamoe_ws, "PREFETCH_TILE", False)
     monkeypatch.setattr(megamoe_ws, "ROW_BOX_MIN", megamoe_ws.BLOCK)
-    assert megamoe_ws.launch_options() == {"padding_halves": "skipped"}
+    monkeypatch.setattr(megamoe_ws, "GATE_BF16", False)
+    assert megamoe_ws.launch_options("w8a8") == {"padding_halves": "skipped"}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)
-    assert megamoe_ws.launch_options() == {"padding_halves": "computed"}
+    assert megamoe_ws.launch_options("w4a8") == {"padding_halves": "computed"}
     computed = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     for precision in ("w8a8", "w4a8"):
         assert computed["kernel"]["ran"][precision]["padding_halves"] == "computed"
@@ -346,7 +392,7 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     assert not refresh.stale({"precision": "w8a8", "variant": "gemm_ceiling"})
     # Tile-major weights are named only when in force, so records before the option match.
     monkeypatch.setattr(megamoe_ws, "TILE_MAJOR_WEIGHTS", True)
-    assert megamoe_ws.launch_options()["weight_layout"] == "tile-major"
+    assert megamoe_ws.launch_options("w8a8")["weight_layout"] == "tile-major"
     tiles = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     assert kernel_refresh(computed, tiles).stale({"precision": "w8a8"})
 

@@ -128,7 +128,10 @@ WARPS = NUM_WARPS + sum(WORKER_WARPS)
 # balanced configurations, at 232 with 24 1.07-1.18x): the conversion, not the spill,
 # bounds W4A8 (taking the table lookup out alone gave 826 TFLOP/s against 607, 2026-11-30).
 W4_CONVERTERS = 2
-W4_REGS = (208, 32, 32, 24)
+# Registers per converter thread; math warpgroup 1 gives up what they take beyond 32, so
+# math warpgroup 0 keeps 5 x 96 - sum(w4_regs()) = 184.
+W4_CONVERTER_REGS = 32
+W4_PRODUCER_REGS = 24
 W4_MAX_REGS = 96
 W4_WORKER_WARPS = (4, 4, 4, 1)
 PAD_DST = -(2**62)  # as megamoe.PAD_DST
@@ -164,7 +167,23 @@ PREFETCH_TILE = True
 # 64 gains less (0.947-0.97 at 1024).
 ROW_BOX_MIN = 32
 ROW_BOXES = (128, 64, 32)
-LAUNCH_OPTIONS = ("SKIP_PADDING_HALVES", "TILE_MAJOR_WEIGHTS", "PREFETCH_TILE", "ROW_BOX_MIN")
+# W4A8: a Linear-1 tile holds gate's 64 x 128 result through up's steps; with up's
+# accumulator and the MMA's that is 192 registers a thread, over the 184 of W4A8's math
+# warpgroup 0, which reloaded accumulators from local memory in every step of up's loop
+# (SASS: 34 local loads and stores a step). Held as bf16 (a rounding of 2^-9, far below the
+# FP8 rounding of the intermediate it feeds), gate spills once a tile and no step loop
+# spills. Paired A/B, one H200 (kernels/ab/2026-12-03-gate-bf16.json): W4A8 0.906-0.932 of
+# the time at 16384 tokens (DiT-MoE 0.991), 0.944-0.963 at 1024. W8A8, which does not spill,
+# lost (1.017-1.048 at 16384), so its build keeps gate in fp32.
+GATE_BF16 = True
+LAUNCH_OPTIONS = (
+    "SKIP_PADDING_HALVES",
+    "TILE_MAJOR_WEIGHTS",
+    "PREFETCH_TILE",
+    "ROW_BOX_MIN",
+    "GATE_BF16",
+    "W4_CONVERTER_REGS",
+)
 PRECISIONS = ("w8a8", "w4a8")
 
 _AMAX_FLOOR = gl.constexpr(AMAX_FLOOR)
@@ -180,7 +199,6 @@ _RECORD = gl.constexpr(RECORD)
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
-_W4_REGS = gl.constexpr(W4_REGS)
 _W4_CONVERTERS = gl.constexpr(W4_CONVERTERS)
 _W4_WORKER_WARPS = gl.constexpr(W4_WORKER_WARPS)
 _INT4_TO_FP8 = gl.constexpr(int4_fp8.ptx())
@@ -228,6 +246,7 @@ class Shared:
     TILE_MAJOR: gl.constexpr
     PREFETCH: gl.constexpr
     ROW_BOX_MIN: gl.constexpr
+    GATE_BF16: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -251,11 +270,12 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN = options
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16 = options
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
         self.PREFETCH = gl.constexpr(PREFETCH)
+        self.GATE_BF16 = gl.constexpr(GATE_BF16)
 
 
 @gluon.jit
@@ -614,8 +634,11 @@ def _linear1_rows(
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
     gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
+    if p.GATE_BF16:
+        gate = gate.to(gl.bfloat16)
     up_scales = s_rows + (I // _BLOCK + nb) * steps
     up, it = _mma_steps(p, it, a_scales, up_scales, steps, WG, acc_layout, True)
+    gate = gate.to(gl.float32)
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
     # SwiGLU and the row's FP8 scale, with one division per element and per row
@@ -698,6 +721,8 @@ def _fused_moe_ws(
     TILE_MAJOR: gl.constexpr,
     PREFETCH: gl.constexpr,
     ROW_BOX_MIN: gl.constexpr,
+    GATE_BF16: gl.constexpr,
+    W4_REGS: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -748,7 +773,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16),
     )
     if W4:
         gl.warp_specialize(
@@ -760,7 +785,7 @@ def _fused_moe_ws(
                 (_producer, (p, 0)),
             ],
             _W4_WORKER_WARPS,
-            _W4_REGS,
+            W4_REGS,
         )
     else:
         gl.warp_specialize(
@@ -874,14 +899,30 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         TILE_MAJOR=TILE_MAJOR_WEIGHTS,
         PREFETCH=PREFETCH_TILE,
         ROW_BOX_MIN=row_box_min(),
+        GATE_BF16=holds_gate_bf16(precision),
+        W4_REGS=w4_regs(),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
 
 
-def launch_options() -> dict:
-    """The launch constants in force (LAUNCH_OPTIONS), as a raw file's kernel record names
-    them: what ran, and what changes our kernel's records when it changes."""
+def holds_gate_bf16(precision: str) -> bool:
+    """Whether a precision's build holds gate in bf16 (GATE_BF16: W4A8's only)."""
+    return GATE_BF16 and _is_w4(precision)
+
+
+def w4_regs() -> tuple[int, int, int, int]:
+    """setmaxnreg of W4A8's worker partitions (math 1, converter 0, converter 1, producer)."""
+    conv = W4_CONVERTER_REGS
+    if conv % 8 or not 24 <= conv <= 64:
+        raise ValueError(f"W4_CONVERTER_REGS={conv}: expected a multiple of 8 from 24 to 64")
+    return (208 - W4_CONVERTERS * (conv - 32), conv, conv, W4_PRODUCER_REGS)
+
+
+def launch_options(precision: str) -> dict:
+    """The launch constants in force for a precision's build (LAUNCH_OPTIONS), as a raw
+    file's kernel record names them: what ran, and what changes our kernel's records when
+    it changes."""
     options = {"padding_halves": "skipped" if SKIP_PADDING_HALVES else "computed"}
     if TILE_MAJOR_WEIGHTS:  # absent: row-major, as every record before the option
         options["weight_layout"] = "tile-major"
@@ -891,6 +932,10 @@ def launch_options() -> dict:
         options["activation_rows"] = (
             f"the fewest of {list(ROW_BOXES)} covering a block's rows, at least {ROW_BOX_MIN}"
         )
+    if holds_gate_bf16(precision):  # absent: gate held in fp32, as every record before the option
+        options["gate_held"] = "bf16"
+    if _is_w4(precision) and W4_CONVERTER_REGS != 32:  # absent: 32, as every record before
+        options["converter_registers"] = W4_CONVERTER_REGS
     return options
 
 
@@ -916,6 +961,7 @@ def compile_for_sm90(
     tile_major_weights: bool = False,
     prefetch_tile: bool = False,
     row_box_min: int = BLOCK,
+    gate_bf16: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -958,8 +1004,20 @@ def compile_for_sm90(
         (names.index("TILE_MAJOR"),): tile_major_weights,
         (names.index("PREFETCH"),): prefetch_tile,
         (names.index("ROW_BOX_MIN"),): row_box_min,
+        (names.index("GATE_BF16"),): gate_bf16 and w4,
+        (names.index("W4_REGS"),): w4_regs(),
     }
-    for name in ("TRACE", "W4", "SKIP_PADDING", "TILE_MAJOR", "PREFETCH", "ROW_BOX_MIN"):
+    constexprs = (
+        "TRACE",
+        "W4",
+        "SKIP_PADDING",
+        "TILE_MAJOR",
+        "PREFETCH",
+        "ROW_BOX_MIN",
+        "GATE_BF16",
+        "W4_REGS",
+    )
+    for name in constexprs:
         signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [

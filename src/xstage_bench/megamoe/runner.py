@@ -111,13 +111,12 @@ def kernels_that_ran(kernel, device_type: str) -> dict:
         return ran
     from xstage_kernels import megamoe_ws
 
-    padding = megamoe_ws.launch_options()
     ran["w8a8"] = {
         "kernel": "ws",
         "source": WS_SOURCE,
         "stages": megamoe_ws.stages("w8a8"),
         "num_warps": megamoe_ws.warps("w8a8"),
-        **padding,
+        **megamoe_ws.launch_options("w8a8"),
     }
     ran["w4a8"] = {
         "kernel": "ws",
@@ -125,7 +124,7 @@ def kernels_that_ran(kernel, device_type: str) -> dict:
         "in shared memory",
         "stages": megamoe_ws.stages("w4a8"),
         "num_warps": megamoe_ws.warps("w4a8"),
-        **padding,
+        **megamoe_ws.launch_options("w4a8"),
         "converters": megamoe_ws.W4_CONVERTERS,
         "weight_packing": "word-split, sign and magnitude (quant.py)",
     }
