@@ -62,7 +62,7 @@ def test_compiles_for_sm90_with_warp_specialized_partitions(trace, precision):
     slot = (2 if precision == "w8a8" else 2.5) * megamoe_ws.BLOCK**2
     assert got["shared"] >= megamoe_ws.stages(precision) * slot
     w4 = precision == "w4a8"
-    regs = megamoe_ws.w4_regs() if w4 else (megamoe_ws.MATH_REGS, megamoe_ws.PRODUCER_REGS)
+    regs = megamoe_ws.W4_REGS if w4 else (megamoe_ws.MATH_REGS, megamoe_ws.PRODUCER_REGS)
     assert set(regs) <= set(got["setmaxnreg"])  # the worker partitions' setmaxnreg
     # Four K sub-steps of 32 per 128-channel step, in each math warpgroup's loop.
     assert got["wgmma"] > 0 and got["wgmma"] % 4 == 0
@@ -121,8 +121,7 @@ def test_w4a8_holding_gate_in_bf16_keeps_the_loads_and_mmas():
 
 def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
     """GATE_BF16 changes W4A8's build only: its raw-config record names it, so turning it on
-    re-measures our W4A8 points and keeps the W8A8 ones. W4_CONVERTER_REGS moves registers
-    between math warpgroup 1 and the converters, never from math warpgroup 0."""
+    re-measures our W4A8 points and keeps the W8A8 ones."""
     from xstage_bench.megamoe.runner import kernel_refresh, kernels_that_ran
     from xstage_kernels import megamoe, megamoe_ws
 
@@ -136,16 +135,6 @@ def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
     assert "gate_held" not in held["kernel"]["ran"]["w8a8"]
     refresh = kernel_refresh(fp32, held)
     assert refresh.stale({"precision": "w4a8"}) and not refresh.stale({"precision": "w8a8"})
-    math0 = megamoe_ws.W4_MAX_REGS * 5 - sum(megamoe_ws.w4_regs())
-    for regs in (40, 48):
-        monkeypatch.setattr(megamoe_ws, "W4_CONVERTER_REGS", regs)
-        assert megamoe_ws.w4_regs()[1:3] == (regs, regs)
-        assert megamoe_ws.W4_MAX_REGS * 5 - sum(megamoe_ws.w4_regs()) == math0
-        assert megamoe_ws.launch_options("w4a8")["converter_registers"] == regs
-        assert "converter_registers" not in megamoe_ws.launch_options("w8a8")
-    monkeypatch.setattr(megamoe_ws, "W4_CONVERTER_REGS", 36)
-    with pytest.raises(ValueError, match="W4_CONVERTER_REGS=36: expected a multiple of 8"):
-        megamoe_ws.w4_regs()
 
 
 @needs_triton

@@ -128,10 +128,11 @@ WARPS = NUM_WARPS + sum(WORKER_WARPS)
 # balanced configurations, at 232 with 24 1.07-1.18x): the conversion, not the spill,
 # bounds W4A8 (taking the table lookup out alone gave 826 TFLOP/s against 607, 2026-11-30).
 W4_CONVERTERS = 2
-# Registers per converter thread; math warpgroup 1 gives up what they take beyond 32, so
-# math warpgroup 0 keeps 5 x 96 - sum(w4_regs()) = 184.
-W4_CONVERTER_REGS = 32
-W4_PRODUCER_REGS = 24
+# With gate in bf16 (GATE_BF16), 40 or 48 registers a converter thread (math warpgroup 1
+# giving up the difference) lost at 16384 tokens: 1.009-1.024x / 1.012-1.037x the time
+# (DiT-MoE and hy3 0.99-1.03), 48 won 1.3-1.5% at 1024 (paired A/B, one H200,
+# kernels/ab/2026-12-03-converter-regs.json).
+W4_REGS = (208, 32, 32, 24)
 W4_MAX_REGS = 96
 W4_WORKER_WARPS = (4, 4, 4, 1)
 PAD_DST = -(2**62)  # as megamoe.PAD_DST
@@ -182,7 +183,6 @@ LAUNCH_OPTIONS = (
     "PREFETCH_TILE",
     "ROW_BOX_MIN",
     "GATE_BF16",
-    "W4_CONVERTER_REGS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -199,6 +199,7 @@ _RECORD = gl.constexpr(RECORD)
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
+_W4_REGS = gl.constexpr(W4_REGS)
 _W4_CONVERTERS = gl.constexpr(W4_CONVERTERS)
 _W4_WORKER_WARPS = gl.constexpr(W4_WORKER_WARPS)
 _INT4_TO_FP8 = gl.constexpr(int4_fp8.ptx())
@@ -722,7 +723,6 @@ def _fused_moe_ws(
     PREFETCH: gl.constexpr,
     ROW_BOX_MIN: gl.constexpr,
     GATE_BF16: gl.constexpr,
-    W4_REGS: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -785,7 +785,7 @@ def _fused_moe_ws(
                 (_producer, (p, 0)),
             ],
             _W4_WORKER_WARPS,
-            W4_REGS,
+            _W4_REGS,
         )
     else:
         gl.warp_specialize(
@@ -900,7 +900,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         PREFETCH=PREFETCH_TILE,
         ROW_BOX_MIN=row_box_min(),
         GATE_BF16=holds_gate_bf16(precision),
-        W4_REGS=w4_regs(),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -909,14 +908,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
 def holds_gate_bf16(precision: str) -> bool:
     """Whether a precision's build holds gate in bf16 (GATE_BF16: W4A8's only)."""
     return GATE_BF16 and _is_w4(precision)
-
-
-def w4_regs() -> tuple[int, int, int, int]:
-    """setmaxnreg of W4A8's worker partitions (math 1, converter 0, converter 1, producer)."""
-    conv = W4_CONVERTER_REGS
-    if conv % 8 or not 24 <= conv <= 64:
-        raise ValueError(f"W4_CONVERTER_REGS={conv}: expected a multiple of 8 from 24 to 64")
-    return (208 - W4_CONVERTERS * (conv - 32), conv, conv, W4_PRODUCER_REGS)
 
 
 def launch_options(precision: str) -> dict:
@@ -934,8 +925,6 @@ def launch_options(precision: str) -> dict:
         )
     if holds_gate_bf16(precision):  # absent: gate held in fp32, as every record before the option
         options["gate_held"] = "bf16"
-    if _is_w4(precision) and W4_CONVERTER_REGS != 32:  # absent: 32, as every record before
-        options["converter_registers"] = W4_CONVERTER_REGS
     return options
 
 
@@ -1005,7 +994,6 @@ def compile_for_sm90(
         (names.index("PREFETCH"),): prefetch_tile,
         (names.index("ROW_BOX_MIN"),): row_box_min,
         (names.index("GATE_BF16"),): gate_bf16 and w4,
-        (names.index("W4_REGS"),): w4_regs(),
     }
     constexprs = (
         "TRACE",
@@ -1015,7 +1003,6 @@ def compile_for_sm90(
         "PREFETCH",
         "ROW_BOX_MIN",
         "GATE_BF16",
-        "W4_REGS",
     )
     for name in constexprs:
         signature[name] = "constexpr"
