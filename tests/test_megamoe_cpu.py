@@ -1276,3 +1276,33 @@ def test_a_capture_runs_the_launches_once_eagerly_then_records_them(monkeypatch)
         *("wait", "enter side stream", "go", "leave side stream", "wait", "sync"),
         *("enter capture into graph", "go", "leave capture into graph"),
     ]
+
+
+@needs_torch
+def test_the_reference_rounds_gate_where_our_build_does_and_follows_the_build_in_force(
+    monkeypatch,
+):
+    """Our W4A8 build rounds gate (not up) to bf16 before SwiGLU (megamoe_ws.GATE_BF16): the
+    reference does the same for it, so the check's tolerance still measures the kernel.
+    The measurer's reference follows the build in force (kernel_ab's arms differ in it);
+    on the CPU (the tl kernel) nothing is rounded."""
+    import torch
+    from fixtures import tiny_cpu_measurer
+
+    from xstage_bench.megamoe import reference
+    from xstage_kernels import megamoe as kernel
+
+    m = tiny_cpu_measurer(1)
+    point = {**_point(world_size=1), "schedule": "expert_wave", "id": "tiny/gate"}
+    prob = m.problem(point)
+    assert not kernel.rounds_gate_bf16("w4a8", prob.homes[0].xq)  # a CPU tensor: tl
+    plain = [r.clone() for r in m.reference()]
+    monkeypatch.setattr(kernel, "rounds_gate_bf16", lambda precision, x: True)
+    held = m.reference()
+    assert not torch.equal(held[0], plain[0])  # some FP8 intermediate rounding flipped
+    assert float((held[0] - plain[0]).norm() / plain[0].norm()) < 0.05
+    both = reference.Intermediate(linear1_bf16=True)
+    every = reference.reference_outputs(prob.homes, prob.experts, m.tokens, prob.precision, both)
+    assert not torch.equal(held[0], every[0])  # up is not rounded
+    monkeypatch.setattr(kernel, "rounds_gate_bf16", lambda precision, x: False)
+    assert torch.equal(m.reference()[0], plain[0])

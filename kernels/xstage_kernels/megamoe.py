@@ -472,6 +472,16 @@ def uses_ws_kernel(precision: str, x) -> bool:
     )
 
 
+def rounds_gate_bf16(precision: str, x) -> bool:
+    """Whether a launch of this precision on x's device rounds gate to bf16 before SwiGLU
+    (megamoe_ws.GATE_BF16, its W4A8 build): a rounding the reference applies too."""
+    if not uses_ws_kernel(precision, x):
+        return False
+    from xstage_kernels import megamoe_ws
+
+    return megamoe_ws.holds_gate_bf16(precision)
+
+
 def _descriptors(x, w1, h, w2, H: int, I: int):  # noqa: E741
     """TMA descriptors of 128 x 128 blocks over the W8A8 operands, weights as 2-D."""
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -1,12 +1,13 @@
 """A plain torch reference for the fused MoE: dequantized weights, fp32 arithmetic.
 
-For a sample of tokens of every home rank: dequantize the token's FP8 (or bf16) input,
-and for each of its top-k experts dequantize that expert's weights, compute gate/up in
-fp32, SwiGLU, Linear-2 in fp32, and add the weighted outputs per token. Two roundings the
-kernel's data path performs by design are applied here too, so that the tolerance
-measures the kernel rather than the formats: the intermediate is requantized as the
-kernel stores it (FP8 per 128 channels, or bf16), and each expert output is rounded to
-bf16 (the combine buffer's type) before the weighted sum. Kernels that store the
+For a sample of tokens of every home rank: dequantize the token's FP8 (or bf16) input, and
+for each of its top-k experts dequantize that expert's weights, compute gate/up in fp32,
+SwiGLU, Linear-2 in fp32, and add the weighted outputs per token. Two roundings the
+kernel's data path performs by design are applied here too, so that the tolerance measures
+the kernel rather than the formats: the intermediate is requantized as the kernel stores
+it (FP8 per 128 channels, or bf16), and each expert output is rounded to bf16 (the combine
+buffer's type) before the weighted sum; where our kernel rounds gate to bf16 before SwiGLU
+(its W4A8 build), so does the reference (`Intermediate.gate_bf16`). Kernels that store the
 intermediate differently (DeepGEMM's SM90 MegaMoE: per-64-channel power-of-two scales, the
 top-k weight applied before quantization) are checked against the same reference told
 their format (`Intermediate`, `stored_intermediate`), so that the tolerance still measures
@@ -71,6 +72,7 @@ class Intermediate:
     block: int = SCALE_BLOCK  # channels per FP8 scale
     weighted: bool = False  # the top-k combine weight is applied before quantization
     linear1_bf16: bool = False  # gate and up are rounded to bf16 before SwiGLU (torch GEMMs)
+    gate_bf16: bool = False  # gate alone is (our W4A8 build: megamoe_ws.GATE_BF16)
 
 
 OURS = Intermediate()
@@ -143,6 +145,8 @@ def reference_outputs(
         gate_up = x @ w1.T
         if intermediate_format.linear1_bf16:
             gate_up = gate_up.to(torch.bfloat16).float()
+        elif intermediate_format.gate_bf16:
+            gate_up[:, :intermediate] = gate_up[:, :intermediate].to(torch.bfloat16).float()
         h = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
         if intermediate_format.weighted:
             h = h * w

@@ -222,8 +222,10 @@ class MoERank(Lockstep):
             for h in self.gather(mine)
         ]
         every = [np.arange(len(t)) for t in tokens]
+        precision = share.point["precision"]
+        fmt = reference.Intermediate(gate_bf16=kernel.rounds_gate_bf16(precision, homes[0].xq))
         partial = reference.reference_outputs(
-            homes, {q: self.experts}, every, share.point["precision"]
+            homes, {q: self.experts}, every, precision, intermediate_format=fmt
         )
         total = torch.stack([p.cpu() for p in partial])
         dist.all_reduce(total, group=self.fabric.ctrl)

@@ -105,7 +105,7 @@ class MoEMeasurer:
         self._weights: list = []
         self._problem_id = None
         self._problem = None  # problem.MoEProblem of the current configuration
-        self._reference: list | None = None
+        self._reference: tuple | None = None  # (the intermediate's format, the outputs)
         self.tokens: list[np.ndarray] = []  # the sampled tokens of every home rank
         self._outputs: dict[str, list] = {}
         self.arm_sets = arm_sets or {}  # config id -> our arms, measured together
@@ -175,12 +175,19 @@ class MoEMeasurer:
         return problem_point(point, self.moe), self._sampled_tokens(point)
 
     def reference(self) -> list:
-        if self._reference is None:
-            prob = self._problem
-            self._reference = reference.reference_outputs(
-                prob.homes, prob.experts, self.tokens, prob.precision
+        """The reference outputs of the sampled tokens, for the kernel build in force (an
+        A/B's arms can differ in what they round: kernel_ab)."""
+        from xstage_kernels import megamoe as kernel
+
+        prob = self._problem
+        rounds = kernel.rounds_gate_bf16(prob.precision, prob.homes[0].xq)
+        fmt = reference.Intermediate(gate_bf16=rounds)
+        if self._reference is None or self._reference[0] != fmt:
+            outputs = reference.reference_outputs(
+                prob.homes, prob.experts, self.tokens, prob.precision, intermediate_format=fmt
             )
-        return self._reference
+            self._reference = (fmt, outputs)
+        return self._reference[1]
 
     def errors(self, outputs: list, ref: list | None = None) -> list[float]:
         """Relative error of each rank's sampled output rows against the reference."""
