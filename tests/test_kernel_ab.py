@@ -39,6 +39,17 @@ def test_a_bad_option_is_named(text, message):
 
 
 @needs_triton
+def test_options_every_arm_holds_are_parsed_and_checked():
+    from xstage_bench.megamoe.kernel_ab import fixed_options
+
+    assert fixed_options("") == {}
+    held = fixed_options("SPLIT_CONVERTED=1,CONVERT_ROWS=64")
+    assert held == {"SPLIT_CONVERTED": 1, "CONVERT_ROWS": 64}
+    with pytest.raises(ValueError, match="'STAGES' is not a launch option"):
+        fixed_options("STAGES=4")
+
+
+@needs_triton
 def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
     out = tmp_path / "ab.json"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -55,6 +66,8 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
             "cpu",
             "--option",
             "SKIP_PADDING_HALVES=0,1",
+            "--set",
+            "TILE_MAJOR_WEIGHTS=0",
             "--min-reps",
             "4",
             "--out",
@@ -70,6 +83,7 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["environment"]["device_type"] == "cpu" and doc["values"] == [0, 1]
+    assert doc["fixed"] == {"TILE_MAJOR_WEIGHTS": 0}
     # ci-measure's one configuration on both store paths of two ranks, every row local
     assert [r["point"]["path"] for r in doc["results"]] == ["peer", "host"]
     for result in doc["results"]:

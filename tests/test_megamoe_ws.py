@@ -119,6 +119,30 @@ def test_w4a8_holding_gate_in_bf16_keeps_the_loads_and_mmas():
     assert held["to_bf16"] == held["to_f32"] == 2 * 64
 
 
+@needs_triton
+def test_converted_halves_in_their_own_buffers_take_the_converters_barriers_out():
+    """SPLIT_CONVERTED and CONVERT_ROWS: the converters' stores into one allocation each
+    cost a barrier of their 4 warps (bar.sync 3 and 4, one per converter); one buffer per
+    half drops the barrier between a part's two stores, 64-row parts half of the rest. The
+    loads, MMAs, conversions and shared memory stay as they were."""
+    patterns = {**PATTERNS, "converter_barriers": r"bar\.sync\s+[34], 128;"}
+
+    def build(split, rows):
+        call = (
+            f"kernels.compile_for_sm90(precision='w4a8', split_converted={split}, "
+            f"convert_rows={rows})"
+        )
+        return sm90.compiled("megamoe_ws", call, patterns)
+
+    one, split, wide = build(False, 32), build(True, 32), build(True, 64)
+    for name in ("wgmma", "expect_tx", "tma_loads", "prmt", "shared_v4_loads", "shared"):
+        assert one[name] == split[name] == wide[name] > 0, name
+    # per converter: 7 between its 8 stores of a step; 4 more publish a step and take a tile
+    assert one["converter_barriers"] == 2 * (7 + 2 + 2)
+    assert split["converter_barriers"] == 2 * (3 + 2 + 2)
+    assert wide["converter_barriers"] == 2 * (1 + 2 + 2)
+
+
 def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
     """GATE_BF16 changes W4A8's build only: its raw-config record names it, so turning it on
     re-measures our W4A8 points and keeps the W8A8 ones."""
@@ -135,6 +159,9 @@ def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
     assert "gate_held" not in held["kernel"]["ran"]["w8a8"]
     refresh = kernel_refresh(fp32, held)
     assert refresh.stale({"precision": "w4a8"}) and not refresh.stale({"precision": "w8a8"})
+    monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 48)
+    with pytest.raises(ValueError, match="CONVERT_ROWS=48: expected one of"):
+        megamoe_ws.convert_rows()
 
 
 @needs_triton

@@ -177,12 +177,22 @@ ROW_BOXES = (128, 64, 32)
 # the time at 16384 tokens (DiT-MoE 0.991), 0.944-0.963 at 1024. W8A8, which does not spill,
 # lost (1.017-1.048 at 16384), so its build keeps gate in fp32.
 GATE_BF16 = True
+# W4A8's converted halves: one allocation for both (2 slots a stage), or one each
+# (SPLIT_CONVERTED), and the rows a converter thread group converts per load and store
+# (CONVERT_ROWS of the step's 128). Triton's shared-memory barrier analysis cannot tell
+# two stores into one allocation apart (the slot index is dynamic), so it puts a barrier
+# of the converter's 4 warps between every two stores: 8 in a step at 32 rows, one buffer.
+SPLIT_CONVERTED = False
+CONVERT_ROWS = 32
+CONVERT_ROW_CHOICES = (32, 64)
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
     "PREFETCH_TILE",
     "ROW_BOX_MIN",
     "GATE_BF16",
+    "SPLIT_CONVERTED",
+    "CONVERT_ROWS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -220,6 +230,7 @@ class Shared:
     a_bufs: gl.shared_memory_descriptor  # W4: two halves per slot (index 2 s, 2 s + 1)
     b_bufs: gl.shared_memory_descriptor  # W4: packed weight bytes
     c_bufs: gl.shared_memory_descriptor  # W4: converted weight halves (W8A8: b_bufs)
+    c_hi_bufs: gl.shared_memory_descriptor  # W4 with SPLIT_CONVERTED: the last channels'
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
     converted: gl.shared_memory_descriptor  # W4 (W8A8: ready)
@@ -248,12 +259,15 @@ class Shared:
     PREFETCH: gl.constexpr
     ROW_BOX_MIN: gl.constexpr
     GATE_BF16: gl.constexpr
+    SPLIT: gl.constexpr
+    CONVERT_ROWS: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs[:4]
         self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:]
-        self.a_bufs, self.b_bufs, self.c_bufs, self.ready, self.empty, self.converted = rings
+        self.a_bufs, self.b_bufs, self.c_bufs, self.c_hi_bufs = rings[:4]
+        self.ready, self.empty, self.converted = rings[4:]
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
         (
             self.tiles_ptr,
@@ -271,12 +285,14 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16 = options
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS = options
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
         self.PREFETCH = gl.constexpr(PREFETCH)
         self.GATE_BF16 = gl.constexpr(GATE_BF16)
+        self.SPLIT = gl.constexpr(SPLIT)
+        self.CONVERT_ROWS = gl.constexpr(CONVERT_ROWS)
 
 
 @gluon.jit
@@ -484,15 +500,28 @@ def _skip_steps(p, it, k_steps):
 
 
 @gluon.jit
+def _converted(p, s, half: gl.constexpr):
+    """W4: slot s's converted FP8 weights of the step's first (half 0) or last 64 channels."""
+    if p.SPLIT:
+        if half == 0:
+            buf = p.c_bufs.index(s)
+        else:
+            buf = p.c_hi_bufs.index(s)
+    else:
+        buf = p.c_bufs.index(2 * s + half)
+    return buf
+
+
+@gluon.jit
 def _issue_mma(p, s, zero, WG: gl.constexpr):
     """Slot s's asynchronous MMA for this warpgroup's rows (W4A8: the two halves, chained)."""
     if p.W4:
         a_lo = p.a_bufs.index(2 * s).slice(WG * _HALF, _HALF)
         a_hi = p.a_bufs.index(2 * s + 1).slice(WG * _HALF, _HALF)
         raw = warpgroup_mma(
-            a_lo, p.c_bufs.index(2 * s).permute((1, 0)), zero, use_acc=False, is_async=True
+            a_lo, _converted(p, s, 0).permute((1, 0)), zero, use_acc=False, is_async=True
         )
-        raw = warpgroup_mma(a_hi, p.c_bufs.index(2 * s + 1).permute((1, 0)), raw, is_async=True)
+        raw = warpgroup_mma(a_hi, _converted(p, s, 1).permute((1, 0)), raw, is_async=True)
     else:
         a = p.a_bufs.index(s).slice(WG * _HALF, _HALF)
         b = p.b_bufs.index(s).permute((1, 0))
@@ -540,8 +569,9 @@ def _converter(p, C: gl.constexpr):
                 it = it0 + k
                 s = it % p.STAGES
                 mbarrier.wait(p.ready.index(s), (it // p.STAGES) & 1)
-                for part in gl.static_range(4):
-                    packed = p.b_bufs.index(s).slice(part * _QUARTER, _QUARTER).load(rows)
+                n_rows: gl.constexpr = p.CONVERT_ROWS
+                for part in gl.static_range(_BLOCK // n_rows):
+                    packed = p.b_bufs.index(s).slice(part * n_rows, n_rows).load(rows)
                     lo, hi = gl.inline_asm_elementwise(
                         _INT4_TO_FP8,
                         "=r,=r,r",
@@ -550,9 +580,9 @@ def _converter(p, C: gl.constexpr):
                         is_pure=True,
                         pack=4,
                     )
-                    lo_dst = p.c_bufs.index(2 * s).slice(part * _QUARTER, _QUARTER)
+                    lo_dst = _converted(p, s, 0).slice(part * n_rows, n_rows)
                     lo_dst.store(lo.to(gl.float8e4nv, bitcast=True))
-                    hi_dst = p.c_bufs.index(2 * s + 1).slice(part * _QUARTER, _QUARTER)
+                    hi_dst = _converted(p, s, 1).slice(part * n_rows, n_rows)
                     hi_dst.store(hi.to(gl.float8e4nv, bitcast=True))
                 fence_async_shared()
                 # Every warp stored its rows before one thread arrives.
@@ -723,6 +753,8 @@ def _fused_moe_ws(
     PREFETCH: gl.constexpr,
     ROW_BOX_MIN: gl.constexpr,
     GATE_BF16: gl.constexpr,
+    SPLIT: gl.constexpr,
+    CONVERT_ROWS: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -732,7 +764,12 @@ def _fused_moe_ws(
     if W4:
         a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [2 * STAGES] + a_block, x_desc.layout)
         b_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES] + b_block, w1_desc.layout)
-        c_bufs = gl.allocate_shared_memory(gl.float8e4nv, [2 * STAGES] + a_block, x_desc.layout)
+        if SPLIT:
+            c_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES] + a_block, x_desc.layout)
+            c_hi_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES] + a_block, x_desc.layout)
+        else:
+            c_bufs = gl.allocate_shared_memory(gl.float8e4nv, [2 * STAGES] + a_block, x_desc.layout)
+            c_hi_bufs = c_bufs
         converted = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(converted.index(i), count=1)  # the converter's
@@ -740,6 +777,7 @@ def _fused_moe_ws(
         a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES] + a_block, x_desc.layout)
         b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES] + b_block, w1_desc.layout)
         c_bufs = b_bufs
+        c_hi_bufs = b_bufs
         converted = ready
     tile_ids = gl.allocate_shared_memory(
         gl.int32, [_TILE_SLOTS, _RECORD], gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -755,7 +793,7 @@ def _fused_moe_ws(
         mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
     p = Shared(
         (x_desc, w1_desc, h_desc, w2_desc, x64_desc, x32_desc, h64_desc, h32_desc),
-        (a_bufs, b_bufs, c_bufs, ready, empty, converted),
+        (a_bufs, b_bufs, c_bufs, c_hi_bufs, ready, empty, converted),
         (tile_ids, tile_ready, tile_empty),
         (
             tiles_ptr,
@@ -773,7 +811,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS),
     )
     if W4:
         gl.warp_specialize(
@@ -900,6 +938,8 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         PREFETCH=PREFETCH_TILE,
         ROW_BOX_MIN=row_box_min(),
         GATE_BF16=holds_gate_bf16(precision),
+        SPLIT=bool(SPLIT_CONVERTED),
+        CONVERT_ROWS=convert_rows(),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -908,6 +948,13 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
 def holds_gate_bf16(precision: str) -> bool:
     """Whether a precision's build holds gate in bf16 (GATE_BF16: W4A8's only)."""
     return GATE_BF16 and _is_w4(precision)
+
+
+def convert_rows() -> int:
+    """CONVERT_ROWS, checked: one of CONVERT_ROW_CHOICES."""
+    if CONVERT_ROWS not in CONVERT_ROW_CHOICES:
+        raise ValueError(f"CONVERT_ROWS={CONVERT_ROWS}: expected one of {CONVERT_ROW_CHOICES}")
+    return CONVERT_ROWS
 
 
 def launch_options(precision: str) -> dict:
@@ -925,6 +972,10 @@ def launch_options(precision: str) -> dict:
         )
     if holds_gate_bf16(precision):  # absent: gate held in fp32, as every record before the option
         options["gate_held"] = "bf16"
+    if _is_w4(precision) and SPLIT_CONVERTED:  # absent: one buffer, as every record before
+        options["converted_halves"] = "one buffer each"
+    if _is_w4(precision) and convert_rows() != 32:  # absent: 32, as every record before
+        options["converted_rows_per_store"] = CONVERT_ROWS
     return options
 
 
@@ -951,6 +1002,8 @@ def compile_for_sm90(
     prefetch_tile: bool = False,
     row_box_min: int = BLOCK,
     gate_bf16: bool = False,
+    split_converted: bool = False,
+    convert_rows: int = 32,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -994,6 +1047,8 @@ def compile_for_sm90(
         (names.index("PREFETCH"),): prefetch_tile,
         (names.index("ROW_BOX_MIN"),): row_box_min,
         (names.index("GATE_BF16"),): gate_bf16 and w4,
+        (names.index("SPLIT"),): split_converted,
+        (names.index("CONVERT_ROWS"),): convert_rows,
     }
     constexprs = (
         "TRACE",
@@ -1003,6 +1058,8 @@ def compile_for_sm90(
         "PREFETCH",
         "ROW_BOX_MIN",
         "GATE_BF16",
+        "SPLIT",
+        "CONVERT_ROWS",
     )
     for name in constexprs:
         signature[name] = "constexpr"

@@ -46,6 +46,13 @@ def parse_option(text: str) -> tuple[str, list[int]]:
     return launch_option.values(text, megamoe_ws)
 
 
+def fixed_options(text: str) -> dict[str, int]:
+    """'NAME=v,NAME2=v2' -> the launch constants every arm holds (`--set`)."""
+    from xstage_kernels import megamoe_ws
+
+    return dict(launch_option.fixed(item, megamoe_ws) for item in text.split(",") if item)
+
+
 def local_configs(moe: dict, world_size: int, paths: Sequence[str]) -> list[dict]:
     """The grid's configurations with every combine row local, as expert-wave points."""
     configs = grid.megamoe_points({**moe, "remote_fractions": [grid.NATURAL]}, world_size, paths)
@@ -141,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_grid_arguments(parser)
     parser.add_argument("--option", required=True, help="NAME=v1,v2 (megamoe_ws.LAUNCH_OPTIONS)")
+    parser.add_argument(
+        "--set", default="", help="other launch options for every arm, e.g. SPLIT_CONVERTED=1"
+    )
     parser.add_argument("--out", required=True, type=Path, help="JSON to write")
     parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
     parser.add_argument(
@@ -161,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, moe = selected_grid(args)
         option, values = parse_option(args.option)
+        fixed = fixed_options(args.set)
     except ValueError as e:
         parser.error(str(e))
     from xstage_bench.megamoe.ours.measurer import MoEMeasurer
@@ -174,11 +185,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         reps = {"min_reps": args.min_reps, "max_reps": max(args.min_reps, policy.max_reps)}
         policy = dataclasses.replace(policy, **reps)
     measurer = MoEMeasurer(moe, policy, devices, check_tokens=args.check_tokens)
-    kept = getattr(megamoe_ws, option)
+    if option in fixed:
+        parser.error(f"--set {option}: that is the option compared (--option)")
+    kept = {name: getattr(megamoe_ws, name) for name in [option, *fixed]}
+    for name, value in fixed.items():
+        setattr(megamoe_ws, name, value)
     doc = {
         "what": "kernel A/B (xstage_bench.megamoe.kernel_ab): development numbers, not a dataset",
         "option": option,
         "values": values,
+        "fixed": fixed,
         "environment": capture_measured(device_type),
         "results": [],
     }
@@ -190,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             atomic_write_text(args.out, json.dumps(doc, indent=1))
             print(f"[{n}/{len(points)}] {summary_line(result)}", flush=True)
     finally:
-        setattr(megamoe_ws, option, kept)
+        for name, value in kept.items():
+            setattr(megamoe_ws, name, value)
         measurer.close()
     return 0
 
