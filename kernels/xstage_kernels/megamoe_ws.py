@@ -37,7 +37,9 @@ the half-split packing's extra byte gather (2 more `prmt` a word: 574 / 632). Th
 to sign and magnitude with the signs apart (int4_fp8.py: 7 instructions a word, 2 of them
 `prmt`, against 11 and 6): in one run, W4A8 takes 1.22-1.43x W8A8's time at 16384 tokens
 (geomean 1.325; 1.264-1.459, geomean 1.387, in the run before the change) and 1.16-1.26x
-at 1024 (geomean 1.195).
+at 1024 (geomean 1.195). Then math warpgroup 0's spill left the step loops (GATE_BF16):
+W4A8 0.906-0.963 of the time; in ref-h200x1's one run of both (2026-12-03, 42
+configurations) W4A8 takes 1.193x W8A8's time (geomean).
 
 A Linear-1 tile runs gate's K steps then up's over the same rows, applies SwiGLU, quantizes
 its rows (one FP8 scale per row for these 128 channels) into the intermediate, fences
@@ -121,8 +123,9 @@ WARPS = NUM_WARPS + sum(WORKER_WARPS)
 # has 20 warps (the producer's warpgroup is padded) and launches with 96 registers per
 # thread; setmaxnreg gives the workers (math 1, converter 0, converter 1, producer) W4_REGS
 # and the default partition, math warpgroup 0, what is left: 5 x 96 - 296 = 184, where it
-# spills (ptxas: 380 bytes; ncu on one H200, DeepSeek-V4 Flash at 1024 tokens: 23.6M
-# local-memory requests, L1TEX waits 43% of the stalls). Still, two converters beat one
+# spilled inside up's step loop until gate was held in bf16 (GATE_BF16; ncu on one H200,
+# DeepSeek-V4 Flash at 1024 tokens, before: 23.6M local-memory requests, L1TEX waits 43%
+# of the stalls); it still spills once a tile, around that loop. Still, two converters beat one
 # converter with no spill at all (one H200, 2026-12-02, kernel_ab W4_LAYOUT, paired: both
 # math warpgroups at 224 with a 40-register converter took 1.03-1.14x the time over the 21
 # balanced configurations, at 232 with 24 1.07-1.18x): the conversion, not the spill,
@@ -178,12 +181,15 @@ ROW_BOXES = (128, 64, 32)
 # lost (1.017-1.048 at 16384), so its build keeps gate in fp32.
 GATE_BF16 = True
 # W4A8's converted halves: one allocation for both (2 slots a stage), or one each
-# (SPLIT_CONVERTED), and the rows a converter thread group converts per load and store
-# (CONVERT_ROWS of the step's 128). Triton's shared-memory barrier analysis cannot tell
-# two stores into one allocation apart (the slot index is dynamic), so it puts a barrier
-# of the converter's 4 warps between every two stores: 8 in a step at 32 rows, one buffer.
-SPLIT_CONVERTED = False
-CONVERT_ROWS = 32
+# (SPLIT_CONVERTED), and the rows a converter converts per load and store (CONVERT_ROWS of
+# the step's 128). Triton's shared-memory barrier analysis cannot tell two stores into one
+# allocation apart (the slot index is dynamic), so it puts a barrier of the converter's 4
+# warps between every two of them: 7 a step at 32 rows into one buffer, 3 with a buffer per
+# half, 1 with 64-row parts (still no spill at the converters' 32 registers). Paired A/B,
+# one H200, W4A8, 1024/4096/16384 tokens, every shape (kernels/ab/2026-12-03-split-*,
+# *-convert-rows-*): a buffer per half 0.990-1.000 of the time, then 64 rows 0.931-0.965.
+SPLIT_CONVERTED = True
+CONVERT_ROWS = 64
 CONVERT_ROW_CHOICES = (32, 64)
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
