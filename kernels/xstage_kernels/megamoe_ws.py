@@ -38,8 +38,11 @@ to sign and magnitude with the signs apart (int4_fp8.py: 7 instructions a word, 
 `prmt`, against 11 and 6): in one run, W4A8 takes 1.22-1.43x W8A8's time at 16384 tokens
 (geomean 1.325; 1.264-1.459, geomean 1.387, in the run before the change) and 1.16-1.26x
 at 1024 (geomean 1.195). Then math warpgroup 0's spill left the step loops (GATE_BF16):
-W4A8 0.906-0.963 of the time; in ref-h200x1's one run of both (2026-12-03, 42
-configurations) W4A8 takes 1.193x W8A8's time (geomean).
+W4A8 0.906-0.963 of the time (ref-h200x1, both precisions in one run: W4A8 1.193x W8A8's
+time, geomean over 42 configurations). Then the converters' stores lost most of the
+barriers the compiler put between them (SPLIT_CONVERTED, CONVERT_ROWS: 0.93-0.965 of the
+time): in ref-h200x1's run at that code, 1.114x (kernel time, geomean; expert waves with
+every row on the GPU: 1.077 at 1024 tokens, 1.137 at 4096, 1.143 at 16384).
 
 A Linear-1 tile runs gate's K steps then up's over the same rows, applies SwiGLU, quantizes
 its rows (one FP8 scale per row for these 128 channels) into the intermediate, fences
