@@ -554,7 +554,8 @@ def _converter(p, C: gl.constexpr):
     """W4: converter C of W4_CONVERTERS turns every W4_CONVERTERS-th slot's packed weights
     into its two FP8 halves, in ring order (the tile list's steps), each published to the
     tensor cores through the slot's "converted" barrier."""
-    # 32 rows x 64 bytes at a time, a 16-byte chunk per thread: few live registers.
+    # CONVERT_ROWS rows x 64 bytes at a time, 16-byte chunks (one per 32 rows) per thread:
+    # few live registers.
     rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     it = 0
