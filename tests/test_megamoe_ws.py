@@ -143,6 +143,7 @@ def test_converted_halves_in_their_own_buffers_take_the_converters_barriers_out(
     assert wide["converter_barriers"] == 2 * (1 + 2 + 2)
 
 
+@needs_triton
 def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
     """GATE_BF16 changes W4A8's build only: its raw-config record names it, so turning it on
     re-measures our W4A8 points and keeps the W8A8 ones."""
