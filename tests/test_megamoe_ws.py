@@ -160,6 +160,15 @@ def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
     assert "gate_held" not in held["kernel"]["ran"]["w8a8"]
     refresh = kernel_refresh(fp32, held)
     assert refresh.stale({"precision": "w4a8"}) and not refresh.stale({"precision": "w8a8"})
+    # So do the converters' buffers and rows: named in W4A8's record alone.
+    monkeypatch.setattr(megamoe_ws, "SPLIT_CONVERTED", True)
+    monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 64)
+    split = megamoe_ws.launch_options("w4a8")
+    assert split["converted_halves"] == "one buffer each"
+    assert split["converted_rows_per_store"] == 64
+    assert megamoe_ws.launch_options("w8a8") == {
+        k: v for k, v in split.items() if not k.startswith("converted") and k != "gate_held"
+    }
     monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 48)
     with pytest.raises(ValueError, match="CONVERT_ROWS=48: expected one of"):
         megamoe_ws.convert_rows()
@@ -395,6 +404,8 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     monkeypatch.setattr(megamoe_ws, "PREFETCH_TILE", False)
     monkeypatch.setattr(megamoe_ws, "ROW_BOX_MIN", megamoe_ws.BLOCK)
     monkeypatch.setattr(megamoe_ws, "GATE_BF16", False)
+    monkeypatch.setattr(megamoe_ws, "SPLIT_CONVERTED", False)
+    monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 32)
     assert megamoe_ws.launch_options("w8a8") == {"padding_halves": "skipped"}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)
