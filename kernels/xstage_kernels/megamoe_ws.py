@@ -871,11 +871,17 @@ def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8"):  # noqa:
     )
 
 
+def _one_of(name: str, choices: tuple[int, ...]) -> int:
+    """The launch constant `name` as it is now, checked: one of `choices`."""
+    value = globals()[name]
+    if value not in choices:
+        raise ValueError(f"{name}={value}: expected one of {choices}")
+    return value
+
+
 def row_box_min() -> int:
     """ROW_BOX_MIN, checked: one of ROW_BOXES."""
-    if ROW_BOX_MIN not in ROW_BOXES:
-        raise ValueError(f"ROW_BOX_MIN={ROW_BOX_MIN}: expected one of {ROW_BOXES}")
-    return ROW_BOX_MIN
+    return _one_of("ROW_BOX_MIN", ROW_BOXES)
 
 
 def tile_major(w, width: int):
@@ -962,9 +968,7 @@ def holds_gate_bf16(precision: str) -> bool:
 
 def convert_rows() -> int:
     """CONVERT_ROWS, checked: one of CONVERT_ROW_CHOICES."""
-    if CONVERT_ROWS not in CONVERT_ROW_CHOICES:
-        raise ValueError(f"CONVERT_ROWS={CONVERT_ROWS}: expected one of {CONVERT_ROW_CHOICES}")
-    return CONVERT_ROWS
+    return _one_of("CONVERT_ROWS", CONVERT_ROW_CHOICES)
 
 
 def launch_options(precision: str) -> dict:
@@ -985,7 +989,7 @@ def launch_options(precision: str) -> dict:
     if _is_w4(precision) and SPLIT_CONVERTED:  # absent: one buffer, as every record before
         options["converted_halves"] = "one buffer each"
     if _is_w4(precision) and convert_rows() != 32:  # absent: 32, as every record before
-        options["converted_rows_per_store"] = CONVERT_ROWS
+        options["converted_rows_per_store"] = convert_rows()
     return options
 
 
