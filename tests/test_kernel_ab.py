@@ -50,6 +50,25 @@ def test_options_every_arm_holds_are_parsed_and_checked():
 
 
 @needs_triton
+def test_holding_the_compared_option_is_refused_before_any_device_is_touched(capsys, monkeypatch):
+    from xstage_bench.megamoe import kernel_ab
+    from xstage_bench.megamoe.ours import measurer
+
+    def no_measurer(*args, **kwargs):
+        raise AssertionError("the measurer was built before the arguments were checked")
+
+    monkeypatch.setattr(measurer, "MoEMeasurer", no_measurer)
+
+    config = str(ROOT / "config" / "ci-measure.yaml")
+    argv = ["--config", config, "--dataset", "ab-test", "--device", "cpu", "--out", "unused"]
+    argv += ["--option", "GATE_BF16=0,1", "--set", "GATE_BF16=1"]
+    with pytest.raises(SystemExit) as stop:
+        kernel_ab.main(argv)
+    assert stop.value.code == 2
+    assert "--set GATE_BF16: that is the option compared" in capsys.readouterr().err
+
+
+@needs_triton
 def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
     out = tmp_path / "ab.json"
     env = {**os.environ, "TRITON_INTERPRET": "1"}

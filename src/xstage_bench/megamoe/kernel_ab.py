@@ -174,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fixed = fixed_options(args.set)
     except ValueError as e:
         parser.error(str(e))
+    if option in fixed:
+        parser.error(f"--set {option}: that is the option compared (--option)")
     from xstage_bench.megamoe.ours.measurer import MoEMeasurer
     from xstage_kernels import megamoe_ws
 
@@ -185,8 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         reps = {"min_reps": args.min_reps, "max_reps": max(args.min_reps, policy.max_reps)}
         policy = dataclasses.replace(policy, **reps)
     measurer = MoEMeasurer(moe, policy, devices, check_tokens=args.check_tokens)
-    if option in fixed:
-        parser.error(f"--set {option}: that is the option compared (--option)")
     kept = {name: getattr(megamoe_ws, name) for name in [option, *fixed]}
     for name, value in fixed.items():
         setattr(megamoe_ws, name, value)
