@@ -78,6 +78,14 @@ class Intermediate:
 OURS = Intermediate()
 
 
+def ours_for(precision: str, x) -> Intermediate:
+    """How our kernel stores the intermediate in a launch of `precision` on x's device (its
+    W4A8 build on a GPU rounds gate to bf16: megamoe.rounds_gate_bf16)."""
+    from xstage_kernels import megamoe as kernel
+
+    return Intermediate(gate_bf16=kernel.rounds_gate_bf16(precision, x))
+
+
 def _intermediate(h, precision: str, block: int):
     """The intermediate as the kernel stores and reloads it."""
     import torch

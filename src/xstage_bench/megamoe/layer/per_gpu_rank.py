@@ -223,7 +223,7 @@ class MoERank(Lockstep):
         ]
         every = [np.arange(len(t)) for t in tokens]
         precision = share.point["precision"]
-        fmt = reference.Intermediate(gate_bf16=kernel.rounds_gate_bf16(precision, homes[0].xq))
+        fmt = reference.ours_for(precision, homes[0].xq)
         partial = reference.reference_outputs(
             homes, {q: self.experts}, every, precision, intermediate_format=fmt
         )

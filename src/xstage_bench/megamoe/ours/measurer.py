@@ -177,11 +177,8 @@ class MoEMeasurer:
     def reference(self) -> list:
         """The reference outputs of the sampled tokens, for the kernel build in force (an
         A/B's arms can differ in what they round: kernel_ab)."""
-        from xstage_kernels import megamoe as kernel
-
         prob = self._problem
-        rounds = kernel.rounds_gate_bf16(prob.precision, prob.homes[0].xq)
-        fmt = reference.Intermediate(gate_bf16=rounds)
+        fmt = reference.ours_for(prob.precision, prob.homes[0].xq)
         if self._reference is None or self._reference[0] != fmt:
             outputs = reference.reference_outputs(
                 prob.homes, prob.experts, self.tokens, prob.precision, intermediate_format=fmt
