@@ -446,3 +446,43 @@ def test_the_measuring_rules_kernel_stamp_follows_the_launch_options(monkeypatch
     assert kernel_stamp("megamoe") != before["megamoe"]
     assert kernel_stamp("attention") != before["attention"]
     kernel_stamp.cache_clear()
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+def test_warpgroup_lag_adds_one_signal_and_one_wait_per_tile_start(precision):
+    """WG_LAG: math warpgroup 1 starts a tile after warpgroup 0 has issued its lead steps.
+    Each tile's first loop (gate's or Linear-2's), computed or skipped, gains one wait and
+    one arrival per warpgroup (warpgroup 0 waits for the previous tile's signal to be
+    seen); the loads, MMAs, stores and shared memory stay as they were."""
+    patterns = {**PATTERNS, "waits": r"mbarrier\.try_wait"}
+
+    def build(lag):
+        call = f"kernels.compile_for_sm90(precision={precision!r}, wg_lag={lag})"
+        return sm90.compiled("megamoe_ws", call, patterns)
+
+    plain, lagged = build(0), build(2)
+    for name in ("wgmma", "expect_tx", "tma_loads", "vector_stores", "release_add", "shared"):
+        assert lagged[name] == plain[name] > 0, name
+    # 2 first loops x (computed, skipped) x 2 warpgroups
+    assert lagged["mbarrier_arrive"] == plain["mbarrier_arrive"] + 8
+    assert lagged["waits"] == plain["waits"] + 8
+
+
+@needs_triton
+def test_warpgroup_lag_is_checked_and_named_in_both_precisions_records(monkeypatch):
+    """WG_LAG changes both builds: each record names it; a lag past the ring is refused."""
+    from xstage_kernels import megamoe_ws
+
+    monkeypatch.setattr(megamoe_ws, "WG_LAG", 0)
+    assert "warpgroup_lag_steps" not in megamoe_ws.launch_options("w8a8")
+    monkeypatch.setattr(megamoe_ws, "WG_LAG", 3)
+    for precision in megamoe_ws.PRECISIONS:
+        assert megamoe_ws.launch_options(precision)["warpgroup_lag_steps"] == 3
+    monkeypatch.setattr(megamoe_ws, "WG_LAG", 5)
+    with pytest.raises(ValueError, match="WG_LAG=5: expected one of"):
+        megamoe_ws.wg_lag("w8a8")
+    monkeypatch.setattr(megamoe_ws, "STAGES", 2)
+    monkeypatch.setattr(megamoe_ws, "WG_LAG", 3)
+    with pytest.raises(ValueError, match="WG_LAG=3: more than the 2 slots of w8a8"):
+        megamoe_ws.wg_lag("w8a8")
