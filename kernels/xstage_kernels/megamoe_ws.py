@@ -194,13 +194,6 @@ GATE_BF16 = True
 SPLIT_CONVERTED = True
 CONVERT_ROWS = 64
 CONVERT_ROW_CHOICES = (32, 64)
-# Math warpgroup 1 starts each tile once warpgroup 0 has issued WG_LAG of its steps, so the
-# two do not reach a tile's end at once: while one runs its epilogue (SwiGLU and the
-# intermediate's stores, or the combine stores), the other still issues MMAs, and the
-# tensor cores no longer idle through both epilogues together. Warpgroup 0 runs up to
-# WG_LAG slots further ahead of the ring's release. 0: no lag (both start a tile together).
-WG_LAG = 0
-WG_LAG_CHOICES = (0, 1, 2, 3, 4)
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -209,7 +202,6 @@ LAUNCH_OPTIONS = (
     "GATE_BF16",
     "SPLIT_CONVERTED",
     "CONVERT_ROWS",
-    "WG_LAG",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -254,8 +246,6 @@ class Shared:
     tile_ids: gl.shared_memory_descriptor  # tile records (_tile_record)
     tile_ready: gl.shared_memory_descriptor
     tile_empty: gl.shared_memory_descriptor
-    lag_full: gl.shared_memory_descriptor  # WG_LAG: warpgroup 0 issued its lead steps
-    lag_empty: gl.shared_memory_descriptor  # WG_LAG: warpgroup 1 saw that
     tiles_ptr: gl.tensor
     sync_ptr: gl.tensor
     xs_ptr: gl.tensor
@@ -280,7 +270,6 @@ class Shared:
     GATE_BF16: gl.constexpr
     SPLIT: gl.constexpr
     CONVERT_ROWS: gl.constexpr
-    WG_LAG: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -288,7 +277,7 @@ class Shared:
         self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:]
         self.a_bufs, self.b_bufs, self.c_bufs, self.c_hi_bufs = rings[:4]
         self.ready, self.empty, self.converted = rings[4:]
-        self.tile_ids, self.tile_ready, self.tile_empty, self.lag_full, self.lag_empty = tile_ring
+        self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
         (
             self.tiles_ptr,
             self.sync_ptr,
@@ -305,9 +294,7 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS, WG_LAG = (
-            options
-        )
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS = options
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -315,7 +302,6 @@ class Shared:
         self.GATE_BF16 = gl.constexpr(GATE_BF16)
         self.SPLIT = gl.constexpr(SPLIT)
         self.CONVERT_ROWS = gl.constexpr(CONVERT_ROWS)
-        self.WG_LAG = gl.constexpr(WG_LAG)
 
 
 @gluon.jit
@@ -472,14 +458,11 @@ def _mma_steps(
     WG: gl.constexpr,
     acc_layout: gl.constexpr,
     A_WRITTEN: gl.constexpr,
-    tile,
-    LEAD: gl.constexpr,
 ):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
     slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
-    A_WRITTEN: the activation scales were written before the launch (Linear-1's). LEAD: the
-    tile's first loop, where the warpgroups keep their lag (WG_LAG) for tile number `tile`."""
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     # Scales written before the launch load before the first slot is waited for (PREFETCH);
@@ -491,8 +474,6 @@ def _mma_steps(
         sw = gl.load(w_scales)
     if early_a:
         sa = gl.load(a_scales)
-    if LEAD and WG == 1:
-        _lag_wait(p, tile)
     mbarrier.wait(p.converted.index(it % p.STAGES), (it // p.STAGES) & 1)
     if not early_a:
         sa = gl.load(a_scales)
@@ -502,9 +483,6 @@ def _mma_steps(
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
         raw = _issue_mma(p, s, zero, WG)
-        if LEAD and WG == 0 and p.WG_LAG > 0:
-            if k == gl.minimum(k_steps, p.WG_LAG) - 1:
-                _lag_signal(p, tile)
         nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
         sa_next = gl.load(a_scales + nxt)
         sw_next = gl.load(w_scales + nxt)
@@ -518,33 +496,10 @@ def _mma_steps(
 
 
 @gluon.jit
-def _lag_signal(p, tile):
-    """Math warpgroup 0 issued its WG_LAG lead steps of tile number `tile` (WG_LAG): once
-    warpgroup 1 saw the previous tile's signal, this one is posted."""
-    if p.WG_LAG > 0:
-        mbarrier.wait(p.lag_empty, (tile & 1) ^ 1)
-        mbarrier.arrive(p.lag_full, count=1)
-
-
-@gluon.jit
-def _lag_wait(p, tile):
-    """Math warpgroup 1 starts tile number `tile` after warpgroup 0's signal (WG_LAG)."""
-    if p.WG_LAG > 0:
-        mbarrier.wait(p.lag_full, tile & 1)
-        mbarrier.arrive(p.lag_empty, count=1)
-
-
-@gluon.jit
-def _skip_steps(p, it, k_steps, WG: gl.constexpr, tile, LEAD: gl.constexpr):
+def _skip_steps(p, it, k_steps):
     """Release k_steps ring slots without an MMA: this warpgroup's rows are all padding.
     Each slot is waited for first, so the release counts toward that slot's current fill
-    (running ahead would release a later fill before the other warpgroup read this one).
-    The lag (WG_LAG) is kept as in _mma_steps."""
-    if LEAD:
-        if WG == 0:
-            _lag_signal(p, tile)
-        else:
-            _lag_wait(p, tile)
+    (running ahead would release a later fill before the other warpgroup read this one)."""
     for _ in range(k_steps):
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
@@ -687,18 +642,18 @@ def _math(p, WG: gl.constexpr):
                     live = gl.load(p.row_dst_ptr + row0) != _PAD_DST
             if kind == 0:
                 if live:
-                    it = _linear1_rows(p, it, e, nb, row0, base, WG, acc_layout, h_store, j - 1)
+                    it = _linear1_rows(p, it, e, nb, row0, base, WG, acc_layout, h_store)
                 else:
-                    it = _skip_steps(p, it, 2 * (p.H // _BLOCK), WG, j - 1, True)
+                    it = _skip_steps(p, it, 2 * (p.H // _BLOCK))
                 _fence_proxy_async()
                 # Every warp of this warpgroup stored its rows before one thread releases them.
                 gl.thread_barrier()
                 gl.atomic_add(p.sync_ptr + 2 + blk, 1, sem="release")
             else:
                 if live:
-                    it = _linear2_rows(p, it, e, nb, row0, base, WG, acc_layout, out_store, j - 1)
+                    it = _linear2_rows(p, it, e, nb, row0, base, WG, acc_layout, out_store)
                 else:
-                    it = _skip_steps(p, it, p.I // _BLOCK, WG, j - 1, True)
+                    it = _skip_steps(p, it, p.I // _BLOCK)
                 if p.TRACE:
                     gl.thread_barrier()
             if p.TRACE:
@@ -707,16 +662,7 @@ def _math(p, WG: gl.constexpr):
 
 @gluon.jit
 def _linear1_rows(
-    p,
-    it,
-    e,
-    nb,
-    row0,
-    base,
-    WG: gl.constexpr,
-    acc_layout: gl.constexpr,
-    h_store: gl.constexpr,
-    tile,
+    p, it, e, nb, row0, base, WG: gl.constexpr, acc_layout: gl.constexpr, h_store: gl.constexpr
 ):
     """This warpgroup's 64 rows of a Linear-1 tile: gate and up over the ring, SwiGLU, and
     the rows quantized into the intermediate (one FP8 scale per row and 128 channels)."""
@@ -728,12 +674,11 @@ def _linear1_rows(
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
-    gate_scales = s_rows + nb * steps
-    gate, it = _mma_steps(p, it, a_scales, gate_scales, steps, WG, acc_layout, True, tile, True)
+    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
     if p.GATE_BF16:
         gate = gate.to(gl.bfloat16)
     up_scales = s_rows + (I // _BLOCK + nb) * steps
-    up, it = _mma_steps(p, it, a_scales, up_scales, steps, WG, acc_layout, True, tile, False)
+    up, it = _mma_steps(p, it, a_scales, up_scales, steps, WG, acc_layout, True)
     gate = gate.to(gl.float32)
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
@@ -753,16 +698,7 @@ def _linear1_rows(
 
 @gluon.jit
 def _linear2_rows(
-    p,
-    it,
-    e,
-    nb,
-    row0,
-    base,
-    WG: gl.constexpr,
-    acc_layout: gl.constexpr,
-    out_store: gl.constexpr,
-    tile,
+    p, it, e, nb, row0, base, WG: gl.constexpr, acc_layout: gl.constexpr, out_store: gl.constexpr
 ):
     """This warpgroup's 64 rows of a Linear-2 tile, each stored straight into its home
     rank's combine buffer (out_ptr + row_dst[r]: the combine push)."""
@@ -782,8 +718,6 @@ def _linear2_rows(
         WG,
         acc_layout,
         False,
-        tile,
-        True,
     )
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
@@ -831,7 +765,6 @@ def _fused_moe_ws(
     GATE_BF16: gl.constexpr,
     SPLIT: gl.constexpr,
     CONVERT_ROWS: gl.constexpr,
-    WG_LAG: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -864,10 +797,6 @@ def _fused_moe_ws(
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per math warpgroup
-    lag_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    lag_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(lag_full, count=1)
-    mbarrier.init(lag_empty, count=1)
     for i in gl.static_range(_TILE_SLOTS):
         mbarrier.init(tile_ready.index(i), count=1)
         # read by both math warpgroups (and W4's converter) before the producer reuses it
@@ -875,7 +804,7 @@ def _fused_moe_ws(
     p = Shared(
         (x_desc, w1_desc, h_desc, w2_desc, x64_desc, x32_desc, h64_desc, h32_desc),
         (a_bufs, b_bufs, c_bufs, c_hi_bufs, ready, empty, converted),
-        (tile_ids, tile_ready, tile_empty, lag_full, lag_empty),
+        (tile_ids, tile_ready, tile_empty),
         (
             tiles_ptr,
             sync_ptr,
@@ -892,7 +821,7 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS, WG_LAG),
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS),
     )
     if W4:
         gl.warp_specialize(
@@ -1027,7 +956,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         GATE_BF16=holds_gate_bf16(precision),
         SPLIT=bool(SPLIT_CONVERTED),
         CONVERT_ROWS=convert_rows(),
-        WG_LAG=wg_lag(precision),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1041,14 +969,6 @@ def holds_gate_bf16(precision: str) -> bool:
 def convert_rows() -> int:
     """CONVERT_ROWS, checked: one of CONVERT_ROW_CHOICES."""
     return _one_of("CONVERT_ROWS", CONVERT_ROW_CHOICES)
-
-
-def wg_lag(precision: str) -> int:
-    """WG_LAG, checked: one of WG_LAG_CHOICES, and no more than the precision's ring holds."""
-    lag = _one_of("WG_LAG", WG_LAG_CHOICES)
-    if lag > stages(precision):
-        raise ValueError(f"WG_LAG={lag}: more than the {stages(precision)} slots of {precision}")
-    return lag
 
 
 def launch_options(precision: str) -> dict:
@@ -1070,8 +990,6 @@ def launch_options(precision: str) -> dict:
         options["converted_halves"] = "one buffer each"
     if _is_w4(precision) and convert_rows() != 32:  # absent: 32, as every record before
         options["converted_rows_per_store"] = convert_rows()
-    if wg_lag(precision):  # absent: both math warpgroups start a tile together, as before
-        options["warpgroup_lag_steps"] = wg_lag(precision)
     return options
 
 
@@ -1100,7 +1018,6 @@ def compile_for_sm90(
     gate_bf16: bool = False,
     split_converted: bool = False,
     convert_rows: int = 32,
-    wg_lag: int = 0,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1146,7 +1063,6 @@ def compile_for_sm90(
         (names.index("GATE_BF16"),): gate_bf16 and w4,
         (names.index("SPLIT"),): split_converted,
         (names.index("CONVERT_ROWS"),): convert_rows,
-        (names.index("WG_LAG"),): wg_lag,
     }
     constexprs = (
         "TRACE",
@@ -1158,7 +1074,6 @@ def compile_for_sm90(
         "GATE_BF16",
         "SPLIT",
         "CONVERT_ROWS",
-        "WG_LAG",
     )
     for name in constexprs:
         signature[name] = "constexpr"
