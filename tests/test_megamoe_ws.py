@@ -446,3 +446,28 @@ def test_the_measuring_rules_kernel_stamp_follows_the_launch_options(monkeypatch
     assert kernel_stamp("megamoe") != before["megamoe"]
     assert kernel_stamp("attention") != before["attention"]
     kernel_stamp.cache_clear()
+
+
+@needs_triton
+def test_a_relaxed_claim_changes_the_claims_atomic_alone(monkeypatch):
+    """CLAIM_RELAXED: the producer's claim of its next tile is a relaxed atomic; the
+    row-block poll keeps its acquire and the intermediate's release stays; both builds'
+    records name the claim."""
+    from xstage_kernels import megamoe_ws
+
+    patterns = {
+        **PATTERNS,
+        "acq_rel_claim": r"atom\.global\.gpu\.acq_rel\.add",
+        "relaxed_claim": r"atom\.global\.gpu\.relaxed\.add",
+        "acquire_poll": r"ld\.global\.gpu\.acquire",
+    }
+    call = "kernels.compile_for_sm90(precision='w8a8', claim_relaxed={})"
+    plain = sm90.compiled("megamoe_ws", call.format(False), patterns)
+    relaxed = sm90.compiled("megamoe_ws", call.format(True), patterns)
+    assert (plain["acq_rel_claim"], plain["relaxed_claim"]) == (1, 0)
+    assert (relaxed["acq_rel_claim"], relaxed["relaxed_claim"]) == (0, 1)
+    for name in ("acquire_poll", "release_add", "wgmma", "tma_loads", "shared"):
+        assert relaxed[name] == plain[name] > 0, name
+    monkeypatch.setattr(megamoe_ws, "CLAIM_RELAXED", True)
+    for precision in megamoe_ws.PRECISIONS:
+        assert megamoe_ws.launch_options(precision)["tile_claim"] == "relaxed"

@@ -194,6 +194,11 @@ GATE_BF16 = True
 SPLIT_CONVERTED = True
 CONVERT_ROWS = 64
 CONVERT_ROW_CHOICES = (32, 64)
+# The producer claims its next tile with a relaxed atomic (CLAIM_RELAXED) instead of an
+# acquire-release one: the tile list and the row destinations were written before the
+# launch, and a Linear-2 tile's inputs are acquired by the row-block poll, so the claim
+# orders nothing, and the claim is on the path from one tile's loads to the next's.
+CLAIM_RELAXED = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -202,6 +207,7 @@ LAUNCH_OPTIONS = (
     "GATE_BF16",
     "SPLIT_CONVERTED",
     "CONVERT_ROWS",
+    "CLAIM_RELAXED",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -270,6 +276,7 @@ class Shared:
     GATE_BF16: gl.constexpr
     SPLIT: gl.constexpr
     CONVERT_ROWS: gl.constexpr
+    CLAIM_RELAXED: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -294,7 +301,10 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS = options
+        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS) = options[
+            :7
+        ]
+        self.CLAIM_RELAXED = gl.constexpr(options[7])
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -405,7 +415,10 @@ def _producer(p, WG: gl.constexpr):
     j = 0
     running = True
     while running:
-        idx = gl.atomic_add(p.sync_ptr, 1)
+        if p.CLAIM_RELAXED:
+            idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
+        else:
+            idx = gl.atomic_add(p.sync_ptr, 1)
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
         rec = _tile_record(p, idx, running, one_warp)
@@ -765,6 +778,7 @@ def _fused_moe_ws(
     GATE_BF16: gl.constexpr,
     SPLIT: gl.constexpr,
     CONVERT_ROWS: gl.constexpr,
+    CLAIM_RELAXED: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -821,7 +835,16 @@ def _fused_moe_ws(
         TRACE,
         W4,
         STAGES,
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS),
+        (
+            SKIP_PADDING,
+            TILE_MAJOR,
+            PREFETCH,
+            ROW_BOX_MIN,
+            GATE_BF16,
+            SPLIT,
+            CONVERT_ROWS,
+            CLAIM_RELAXED,
+        ),
     )
     if W4:
         gl.warp_specialize(
@@ -956,6 +979,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         GATE_BF16=holds_gate_bf16(precision),
         SPLIT=bool(SPLIT_CONVERTED),
         CONVERT_ROWS=convert_rows(),
+        CLAIM_RELAXED=bool(CLAIM_RELAXED),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -990,6 +1014,8 @@ def launch_options(precision: str) -> dict:
         options["converted_halves"] = "one buffer each"
     if _is_w4(precision) and convert_rows() != 32:  # absent: 32, as every record before
         options["converted_rows_per_store"] = convert_rows()
+    if CLAIM_RELAXED:  # absent: an acquire-release claim, as every record before the option
+        options["tile_claim"] = "relaxed"
     return options
 
 
@@ -1018,6 +1044,7 @@ def compile_for_sm90(
     gate_bf16: bool = False,
     split_converted: bool = False,
     convert_rows: int = 32,
+    claim_relaxed: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1063,6 +1090,7 @@ def compile_for_sm90(
         (names.index("GATE_BF16"),): gate_bf16 and w4,
         (names.index("SPLIT"),): split_converted,
         (names.index("CONVERT_ROWS"),): convert_rows,
+        (names.index("CLAIM_RELAXED"),): claim_relaxed,
     }
     constexprs = (
         "TRACE",
@@ -1074,6 +1102,7 @@ def compile_for_sm90(
         "GATE_BF16",
         "SPLIT",
         "CONVERT_ROWS",
+        "CLAIM_RELAXED",
     )
     for name in constexprs:
         signature[name] = "constexpr"
