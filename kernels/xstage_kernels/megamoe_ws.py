@@ -207,7 +207,7 @@ CLAIM_RELAXED = True
 # so that those round trips overlap the ring's last slots instead of the next tile's start.
 # Claiming half a tile ahead lost (CLAIM_AHEAD, kernels/ab/*-claim-ahead-*): a claimed tile
 # waits for the current one. 0: after the last load.
-CLAIM_EARLY = 0
+CLAIM_EARLY = 2
 CLAIM_EARLY_CHOICES = (0, 1, 2, 4)
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
