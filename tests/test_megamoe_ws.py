@@ -471,26 +471,3 @@ def test_a_relaxed_claim_changes_the_claims_atomic_alone(monkeypatch):
     monkeypatch.setattr(megamoe_ws, "CLAIM_RELAXED", True)
     for precision in megamoe_ws.PRECISIONS:
         assert megamoe_ws.launch_options(precision)["tile_claim"] == "relaxed"
-
-
-@needs_triton
-def test_an_early_claim_splits_the_last_loads_of_each_tile_off():
-    """CLAIM_EARLY: the producer claims its next tile a few loads before the current tile's
-    last, so each tile's last loop of loads is split in two around the claim (more load
-    sites in the code, the same loads at run time); the MMAs and shared memory stay."""
-    from xstage_kernels import megamoe_ws
-
-    call = "kernels.compile_for_sm90(precision='w8a8', claim_early={})"
-    plain = sm90.compiled("megamoe_ws", call.format(0), PATTERNS)
-    early = sm90.compiled("megamoe_ws", call.format(2), PATTERNS)
-    per_step = plain["tma_loads"] // plain["expect_tx"]
-    # Linear-1's up loop and Linear-2's loop: one more copy of their loads each.
-    assert early["expect_tx"] == plain["expect_tx"] + 2
-    assert early["tma_loads"] == plain["tma_loads"] + 2 * per_step
-    assert early["wgmma"] == plain["wgmma"] and early["shared"] == plain["shared"]
-    megamoe_ws.CLAIM_EARLY, kept = 3, megamoe_ws.CLAIM_EARLY
-    try:
-        with pytest.raises(ValueError, match="CLAIM_EARLY=3: expected one of"):
-            megamoe_ws.claim_early()
-    finally:
-        megamoe_ws.CLAIM_EARLY = kept

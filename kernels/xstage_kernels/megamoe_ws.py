@@ -202,13 +202,6 @@ CONVERT_ROW_CHOICES = (32, 64)
 # (kernels/ab/2026-12-03-claim-relaxed-*): W8A8 0.971-0.999 of the time (geomean 0.991),
 # W4A8 0.979-1.000 (0.991).
 CLAIM_RELAXED = True
-# The producer claims its next tile (the list counter, then the tile's record: dependent
-# global loads) CLAIM_EARLY loads before the current tile's last, rather than after it,
-# so that those round trips overlap the ring's last slots instead of the next tile's start.
-# Claiming half a tile ahead lost (CLAIM_AHEAD, kernels/ab/*-claim-ahead-*): a claimed tile
-# waits for the current one. 0: after the last load.
-CLAIM_EARLY = 2
-CLAIM_EARLY_CHOICES = (0, 1, 2, 4)
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -218,7 +211,6 @@ LAUNCH_OPTIONS = (
     "SPLIT_CONVERTED",
     "CONVERT_ROWS",
     "CLAIM_RELAXED",
-    "CLAIM_EARLY",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -288,7 +280,6 @@ class Shared:
     SPLIT: gl.constexpr
     CONVERT_ROWS: gl.constexpr
     CLAIM_RELAXED: gl.constexpr
-    CLAIM_EARLY: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -317,7 +308,6 @@ class Shared:
             :7
         ]
         self.CLAIM_RELAXED = gl.constexpr(options[7])
-        self.CLAIM_EARLY = gl.constexpr(options[8])
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -342,13 +332,12 @@ def _fence_proxy_async():
 
 
 @gluon.jit
-def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps, k0, k1):
-    """Stream steps k0..k1 of k_steps (A, B) steps of 128 channels into the ring; returns the
-    ring counter. A is x (IS_X) or the intermediate, `box` (128, 64 or 32) of its rows from
-    a_row. W4: A as two 128-row x 64 halves, B as 128 rows of 64 packed bytes. b_row is a
-    multiple of 128; tile-major weights hold its step k at block row (b_row / 128) * k_steps
-    + k."""
-    for k in range(k0, k1):
+def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
+    """Stream k_steps (A, B) steps of 128 channels into the ring; returns the ring counter.
+    A is x (IS_X) or the intermediate, `box` (128, 64 or 32) of its rows from a_row. W4: A
+    as two 128-row x 64 halves, B as 128 rows of 64 packed bytes. b_row is a multiple of
+    128; tile-major weights hold its step k at block row (b_row / 128) * k_steps + k."""
+    for k in range(k_steps):
         if p.TILE_MAJOR:
             b_at = [((b_row // _BLOCK) * k_steps + k) * _BLOCK, 0]
         else:
@@ -422,32 +411,25 @@ def _row_box(p, rec, layout: gl.constexpr):
 
 
 @gluon.jit
-def _claim(p, layout: gl.constexpr):
-    """The next tile of the list: (its index, when it was taken, its record)."""
-    if p.CLAIM_RELAXED:
-        idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
-    else:
-        idx = gl.atomic_add(p.sync_ptr, 1)
-    taken = _now() if p.TRACE else 0
-    return idx, taken, _tile_record(p, idx, idx < p.n_tiles, layout)
-
-
-@gluon.jit
 def _producer(p, WG: gl.constexpr):
     one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     pid = gl.program_id(0)
     it = 0
     j = 0
-    idx, taken, rec = _claim(p, one_warp)
     running = True
     while running:
+        if p.CLAIM_RELAXED:
+            idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
+        else:
+            idx = gl.atomic_add(p.sync_ptr, 1)
+        taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
+        rec = _tile_record(p, idx, running, one_warp)
         slot = j % _TILE_SLOTS
         mbarrier.wait(p.tile_empty.index(slot), ((j // _TILE_SLOTS) & 1) ^ 1)
         p.tile_ids.index(slot).store(rec)
         mbarrier.arrive(p.tile_ready.index(slot), count=1)
         j += 1
-        nxt_idx, nxt_taken, nxt_rec = idx, taken, rec  # CLAIM_EARLY: claimed below
         if running:
             kind = _field(rec, 1, one_warp)
             e = _field(rec, 2, one_warp)
@@ -458,14 +440,8 @@ def _producer(p, WG: gl.constexpr):
             if kind == 0:
                 w_row = e * 2 * p.I + nb * _BLOCK
                 steps = p.H // _BLOCK
-                a_row = blk * _BLOCK
-                split = gl.maximum(steps - p.CLAIM_EARLY, 0)
-                it = _load_steps(p, it, True, a_row, box, p.w1_desc, w_row, steps, 0, steps)
-                up = w_row + p.I
-                it = _load_steps(p, it, True, a_row, box, p.w1_desc, up, steps, 0, split)
-                if p.CLAIM_EARLY > 0:
-                    nxt_idx, nxt_taken, nxt_rec = _claim(p, one_warp)
-                it = _load_steps(p, it, True, a_row, box, p.w1_desc, up, steps, split, steps)
+                it = _load_steps(p, it, True, blk * _BLOCK, box, p.w1_desc, w_row, steps)
+                it = _load_steps(p, it, True, blk * _BLOCK, box, p.w1_desc, w_row + p.I, steps)
             else:
                 # Wait until both warpgroups of every Linear-1 tile of this row block released it.
                 need = 2 * (p.I // _BLOCK)
@@ -480,22 +456,12 @@ def _producer(p, WG: gl.constexpr):
                 if p.TRACE:
                     ready = _now()
                 w_row = e * p.H + nb * _BLOCK
-                steps = p.I // _BLOCK
-                a_row = blk * _BLOCK
-                split = gl.maximum(steps - p.CLAIM_EARLY, 0)
-                it = _load_steps(p, it, False, a_row, box, p.w2_desc, w_row, steps, 0, split)
-                if p.CLAIM_EARLY > 0:
-                    nxt_idx, nxt_taken, nxt_rec = _claim(p, one_warp)
-                it = _load_steps(p, it, False, a_row, box, p.w2_desc, w_row, steps, split, steps)
+                it = _load_steps(p, it, False, blk * _BLOCK, box, p.w2_desc, w_row, p.I // _BLOCK)
             if p.TRACE:
                 base = p.trace_ptr + idx.to(gl.int64) * 6
                 gl.store(base + 0, pid.to(gl.int64))
                 gl.store(base + 1, taken)
                 gl.store(base + 2, ready)
-        if p.CLAIM_EARLY > 0:
-            idx, taken, rec = nxt_idx, nxt_taken, nxt_rec
-        elif running:
-            idx, taken, rec = _claim(p, one_warp)
 
 
 @gluon.jit
@@ -816,7 +782,6 @@ def _fused_moe_ws(
     SPLIT: gl.constexpr,
     CONVERT_ROWS: gl.constexpr,
     CLAIM_RELAXED: gl.constexpr,
-    CLAIM_EARLY: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -882,7 +847,6 @@ def _fused_moe_ws(
             SPLIT,
             CONVERT_ROWS,
             CLAIM_RELAXED,
-            CLAIM_EARLY,
         ),
     )
     if W4:
@@ -1019,7 +983,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         SPLIT=bool(SPLIT_CONVERTED),
         CONVERT_ROWS=convert_rows(),
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
-        CLAIM_EARLY=claim_early(),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1033,11 +996,6 @@ def holds_gate_bf16(precision: str) -> bool:
 def convert_rows() -> int:
     """CONVERT_ROWS, checked: one of CONVERT_ROW_CHOICES."""
     return _one_of("CONVERT_ROWS", CONVERT_ROW_CHOICES)
-
-
-def claim_early() -> int:
-    """CLAIM_EARLY, checked: one of CLAIM_EARLY_CHOICES."""
-    return _one_of("CLAIM_EARLY", CLAIM_EARLY_CHOICES)
 
 
 def launch_options(precision: str) -> dict:
@@ -1061,8 +1019,6 @@ def launch_options(precision: str) -> dict:
         options["converted_rows_per_store"] = convert_rows()
     if CLAIM_RELAXED:  # absent: an acquire-release claim, as every record before the option
         options["tile_claim"] = "relaxed"
-    if claim_early():  # absent: the next tile claimed after the last load, as before
-        options["next_tile_claimed_loads_before_the_last"] = claim_early()
     return options
 
 
@@ -1092,7 +1048,6 @@ def compile_for_sm90(
     split_converted: bool = False,
     convert_rows: int = 32,
     claim_relaxed: bool = False,
-    claim_early: int = 0,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1139,7 +1094,6 @@ def compile_for_sm90(
         (names.index("SPLIT"),): split_converted,
         (names.index("CONVERT_ROWS"),): convert_rows,
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
-        (names.index("CLAIM_EARLY"),): claim_early,
     }
     constexprs = (
         "TRACE",
@@ -1152,7 +1106,6 @@ def compile_for_sm90(
         "SPLIT",
         "CONVERT_ROWS",
         "CLAIM_RELAXED",
-        "CLAIM_EARLY",
     )
     for name in constexprs:
         signature[name] = "constexpr"
