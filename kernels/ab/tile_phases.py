@@ -40,14 +40,20 @@ STEADY_PERCENTILE = 10  # of a kind's MMA phase per step: its tiles that waited 
 
 def traced_stamps(measurer, point: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     """(stamps [tile, 6] in ns, tile list [tile, 4], check facts) of rank 0, after the
-    check (the warm-up) ran the traced build."""
+    check (the warm-up) ran the traced build. A build that fails its check (a diagnostic
+    build, --set) is still traced: its facts say it failed."""
+    from xstage_bench.measurement.protocol import PointFailed
+
     prob = measurer.problem(point)
     key = prob.arm(point)
     bufs = [
         measurer.torch.zeros(rb.tiles[key].shape[0], 6, dtype=measurer.torch.int64, device=d)
         for rb, d in zip(prob.ranks, measurer.devices, strict=True)
     ]
-    facts = measurer.checked(point, trace=bufs)
+    try:
+        facts = measurer.checked(point, trace=bufs)
+    except PointFailed as failed:
+        facts = {"check": f"failed ({failed}): timing only"}
     for b in bufs:
         b.zero_()
     prob.forward(key, local=False, trace=bufs)
@@ -99,7 +105,16 @@ def phases(stamps: np.ndarray, tiles: np.ndarray, H: int, I: int) -> dict:  # no
 
 
 def main(argv) -> int:
+    from xstage_kernels import megamoe_ws
+
     out_path = None
+    while "--set" in argv:  # NAME=v: a launch option for every configuration
+        at = argv.index("--set")
+        name, _, value = argv[at + 1].partition("=")
+        if name not in megamoe_ws.LAUNCH_OPTIONS:
+            raise SystemExit(f"--set {argv[at + 1]}: not one of {megamoe_ws.LAUNCH_OPTIONS}")
+        setattr(megamoe_ws, name, int(value))
+        argv = argv[:at] + argv[at + 2 :]
     if "--out" in argv:
         at = argv.index("--out")
         out_path = Path(argv[at + 1])
@@ -120,6 +135,7 @@ def main(argv) -> int:
         doc = {
             "what": "traced build's per-tile phases of our kernel (kernels/ab/tile_phases.py)",
             "environment": capture_measured(),
+            "launch_options": {n: getattr(megamoe_ws, n) for n in megamoe_ws.LAUNCH_OPTIONS},
             "results": results,
         }
         atomic_write_text(out_path, json.dumps(doc, indent=1) + "\n")

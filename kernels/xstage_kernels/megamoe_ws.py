@@ -202,6 +202,9 @@ CONVERT_ROW_CHOICES = (32, 64)
 # (kernels/ab/2026-12-03-claim-relaxed-*): W8A8 0.971-0.999 of the time (geomean 0.991),
 # W4A8 0.979-1.000 (0.991).
 CLAIM_RELAXED = True
+# DIAGNOSTIC, timing only, wrong outputs: the step loops keep each tile's first scales
+# (no scale loads in the loop), to time the loop without the loads' latency.
+DIAG_NO_SCALE_LOADS = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -211,6 +214,7 @@ LAUNCH_OPTIONS = (
     "SPLIT_CONVERTED",
     "CONVERT_ROWS",
     "CLAIM_RELAXED",
+    "DIAG_NO_SCALE_LOADS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -280,6 +284,7 @@ class Shared:
     SPLIT: gl.constexpr
     CONVERT_ROWS: gl.constexpr
     CLAIM_RELAXED: gl.constexpr
+    DIAG: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -308,6 +313,7 @@ class Shared:
             :7
         ]
         self.CLAIM_RELAXED = gl.constexpr(options[7])
+        self.DIAG = gl.constexpr(options[8])
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -500,8 +506,12 @@ def _mma_steps(
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
         raw = _issue_mma(p, s, zero, WG)
         nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
-        sa_next = gl.load(a_scales + nxt)
-        sw_next = gl.load(w_scales + nxt)
+        if p.DIAG:
+            sa_next = sa
+            sw_next = sw
+        else:
+            sa_next = gl.load(a_scales + nxt)
+            sw_next = gl.load(w_scales + nxt)
         raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
         mbarrier.arrive(p.empty.index(s), count=1)
         acc += raw * (sa * sw)[:, None]
@@ -782,6 +792,7 @@ def _fused_moe_ws(
     SPLIT: gl.constexpr,
     CONVERT_ROWS: gl.constexpr,
     CLAIM_RELAXED: gl.constexpr,
+    DIAG: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -847,6 +858,7 @@ def _fused_moe_ws(
             SPLIT,
             CONVERT_ROWS,
             CLAIM_RELAXED,
+            DIAG,
         ),
     )
     if W4:
@@ -983,6 +995,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         SPLIT=bool(SPLIT_CONVERTED),
         CONVERT_ROWS=convert_rows(),
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
+        DIAG=bool(DIAG_NO_SCALE_LOADS),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1048,6 +1061,7 @@ def compile_for_sm90(
     split_converted: bool = False,
     convert_rows: int = 32,
     claim_relaxed: bool = False,
+    diag: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1094,6 +1108,7 @@ def compile_for_sm90(
         (names.index("SPLIT"),): split_converted,
         (names.index("CONVERT_ROWS"),): convert_rows,
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
+        (names.index("DIAG"),): diag,
     }
     constexprs = (
         "TRACE",
@@ -1106,6 +1121,7 @@ def compile_for_sm90(
         "SPLIT",
         "CONVERT_ROWS",
         "CLAIM_RELAXED",
+        "DIAG",
     )
     for name in constexprs:
         signature[name] = "constexpr"
