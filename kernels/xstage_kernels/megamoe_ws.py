@@ -76,7 +76,15 @@ its peak throughput (7.1 TB/s through L2, 6.1 TB/s L2 to SMs), DRAM 27%, hit rat
 no aggregate bandwidth is saturated either. What is left is latency, the slot waits and
 the MMA's own wait of the stall profile above (not separated further); a 2-CTA cluster
 sharing activation blocks by TMA multicast would halve the bytes each CTA waits for (not
-tried).
+tried). Tile by tile (kernels/ab/*-tile-phases-*, the traced build, every shape at 16384
+tokens): 0.80 of the CTAs' time (median over shapes) goes to step loops at their steady
+pace, 0.08 to a tile's first slots, 0.12 to epilogues; a steady step of both warpgroups
+takes 0.36-0.53 us against ~0.28 us at the tensor cores' peak. Without the loops' scale
+loads (a diagnostic build, wrong outputs) the kernel took 0.91-0.93 of the time and a step
+still ~0.44 us: each warpgroup's serial MMA, wait, promotion and next issue bounds the loop.
+Also tried and lost (kernels/ab): warpgroup 1 lagging warpgroup 0 by 2-4 steps so that
+their epilogues do not coincide (WG_LAG, 1.00-1.05x), and the producer claiming its next
+tile 1-4 loads before the current one's last (CLAIM_EARLY, 1.007-1.012x geomean).
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -202,9 +210,6 @@ CONVERT_ROW_CHOICES = (32, 64)
 # (kernels/ab/2026-12-03-claim-relaxed-*): W8A8 0.971-0.999 of the time (geomean 0.991),
 # W4A8 0.979-1.000 (0.991).
 CLAIM_RELAXED = True
-# DIAGNOSTIC, timing only, wrong outputs: the step loops keep each tile's first scales
-# (no scale loads in the loop), to time the loop without the loads' latency.
-DIAG_NO_SCALE_LOADS = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -214,7 +219,6 @@ LAUNCH_OPTIONS = (
     "SPLIT_CONVERTED",
     "CONVERT_ROWS",
     "CLAIM_RELAXED",
-    "DIAG_NO_SCALE_LOADS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -284,7 +288,6 @@ class Shared:
     SPLIT: gl.constexpr
     CONVERT_ROWS: gl.constexpr
     CLAIM_RELAXED: gl.constexpr
-    DIAG: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -313,7 +316,6 @@ class Shared:
             :7
         ]
         self.CLAIM_RELAXED = gl.constexpr(options[7])
-        self.DIAG = gl.constexpr(options[8])
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -506,12 +508,8 @@ def _mma_steps(
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
         raw = _issue_mma(p, s, zero, WG)
         nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
-        if p.DIAG:
-            sa_next = sa
-            sw_next = sw
-        else:
-            sa_next = gl.load(a_scales + nxt)
-            sw_next = gl.load(w_scales + nxt)
+        sa_next = gl.load(a_scales + nxt)
+        sw_next = gl.load(w_scales + nxt)
         raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
         mbarrier.arrive(p.empty.index(s), count=1)
         acc += raw * (sa * sw)[:, None]
@@ -792,7 +790,6 @@ def _fused_moe_ws(
     SPLIT: gl.constexpr,
     CONVERT_ROWS: gl.constexpr,
     CLAIM_RELAXED: gl.constexpr,
-    DIAG: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -858,7 +855,6 @@ def _fused_moe_ws(
             SPLIT,
             CONVERT_ROWS,
             CLAIM_RELAXED,
-            DIAG,
         ),
     )
     if W4:
@@ -995,7 +991,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         SPLIT=bool(SPLIT_CONVERTED),
         CONVERT_ROWS=convert_rows(),
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
-        DIAG=bool(DIAG_NO_SCALE_LOADS),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1061,7 +1056,6 @@ def compile_for_sm90(
     split_converted: bool = False,
     convert_rows: int = 32,
     claim_relaxed: bool = False,
-    diag: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1108,7 +1102,6 @@ def compile_for_sm90(
         (names.index("SPLIT"),): split_converted,
         (names.index("CONVERT_ROWS"),): convert_rows,
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
-        (names.index("DIAG"),): diag,
     }
     constexprs = (
         "TRACE",
@@ -1121,7 +1114,6 @@ def compile_for_sm90(
         "SPLIT",
         "CONVERT_ROWS",
         "CLAIM_RELAXED",
-        "DIAG",
     )
     for name in constexprs:
         signature[name] = "constexpr"
