@@ -81,7 +81,7 @@ tokens): 0.80 of the CTAs' time (median over shapes) goes to step loops at their
 pace, 0.08 to a tile's first slots, 0.12 to epilogues; a steady step of both warpgroups
 takes 0.36-0.53 us against ~0.28 us at the tensor cores' peak. Without the loops' scale
 loads (a diagnostic build, wrong outputs) the kernel took 0.91-0.93 of the time and a step
-still ~0.44 us: each warpgroup's serial MMA, wait, promotion and next issue bounds the loop.
+still 0.34-0.45 us: each warpgroup's serial MMA, wait, promotion and next issue bounds it.
 Also tried and lost (kernels/ab): warpgroup 1 lagging warpgroup 0 by 2-4 steps so that
 their epilogues do not coincide (WG_LAG, 1.00-1.05x), and the producer claiming its next
 tile 1-4 loads before the current one's last (CLAIM_EARLY, 1.007-1.012x geomean).
