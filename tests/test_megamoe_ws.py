@@ -406,6 +406,7 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     monkeypatch.setattr(megamoe_ws, "GATE_BF16", False)
     monkeypatch.setattr(megamoe_ws, "SPLIT_CONVERTED", False)
     monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 32)
+    monkeypatch.setattr(megamoe_ws, "CLAIM_RELAXED", False)
     assert megamoe_ws.launch_options("w8a8") == {"padding_halves": "skipped"}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)
