@@ -312,10 +312,10 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        (SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS) = options[
-            :7
-        ]
-        self.CLAIM_RELAXED = gl.constexpr(options[7])
+        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS, CLAIM = (
+            options
+        )
+        self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
