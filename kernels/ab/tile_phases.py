@@ -33,6 +33,7 @@ import numpy as np
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.megamoe import schedule
+from xstage_kernels.formats import TRACE_FIELDS
 
 BLOCK = 128
 STEADY_PERCENTILE = 10  # of a kind's MMA phase per step: its tiles that waited least
@@ -47,7 +48,9 @@ def traced_stamps(measurer, point: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     prob = measurer.problem(point)
     key = prob.arm(point)
     bufs = [
-        measurer.torch.zeros(rb.tiles[key].shape[0], 6, dtype=measurer.torch.int64, device=d)
+        measurer.torch.zeros(
+            rb.tiles[key].shape[0], len(TRACE_FIELDS), dtype=measurer.torch.int64, device=d
+        )
         for rb, d in zip(prob.ranks, measurer.devices, strict=True)
     ]
     try:
@@ -64,20 +67,24 @@ def traced_stamps(measurer, point: dict) -> tuple[np.ndarray, np.ndarray, dict]:
 def phases(stamps: np.ndarray, tiles: np.ndarray, H: int, I: int) -> dict:  # noqa: E741
     """The breakdown above, in us, from one rank's stamps and tile list."""
     us = 1e-3
-    taken, ready, mma_done, store_end = (stamps[:, i].astype(np.float64) for i in (1, 2, 3, 5))
+    program, taken, ready, mma_done, store_end = (
+        stamps[:, TRACE_FIELDS.index(name)].astype(np.float64)
+        for name in ("program", "taken", "ready", "mma_done", "store_end")
+    )
     kind = tiles[:, 0]
     steps = np.where(kind == schedule.L1, 2 * H // BLOCK, I // BLOCK)
     t0, t_end = taken.min(), store_end.max()
     mma = np.zeros(len(tiles))
     tail = []
-    for program in np.unique(stamps[:, 0]):
-        mine = np.flatnonzero(stamps[:, 0] == program)
+    programs = np.unique(program)
+    for cta in programs:
+        mine = np.flatnonzero(program == cta)
         mine = mine[np.argsort(taken[mine])]
         before = np.concatenate([[t0], store_end[mine[:-1]]])
         mma[mine] = mma_done[mine] - before
         tail.append(t_end - store_end[mine[-1]])
     epilogue = store_end - mma_done
-    out: dict = {"kernel_us": (t_end - t0) * us, "programs": len(np.unique(stamps[:, 0]))}
+    out: dict = {"kernel_us": (t_end - t0) * us, "programs": len(programs)}
     total = out["programs"] * (t_end - t0)
     parts = {"tail": float(np.sum(tail))}
     for k, name in ((schedule.L1, "L1"), (schedule.L2, "L2")):
@@ -105,15 +112,17 @@ def phases(stamps: np.ndarray, tiles: np.ndarray, H: int, I: int) -> dict:  # no
 
 
 def main(argv) -> int:
+    from xstage_bench.measurement import launch_option
     from xstage_kernels import megamoe_ws
 
     out_path = None
     while "--set" in argv:  # NAME=v: a launch option for every configuration
         at = argv.index("--set")
-        name, _, value = argv[at + 1].partition("=")
-        if name not in megamoe_ws.LAUNCH_OPTIONS:
-            raise SystemExit(f"--set {argv[at + 1]}: not one of {megamoe_ws.LAUNCH_OPTIONS}")
-        setattr(megamoe_ws, name, int(value))
+        try:
+            name, value = launch_option.fixed(argv[at + 1], megamoe_ws)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        setattr(megamoe_ws, name, value)
         argv = argv[:at] + argv[at + 2 :]
     if "--out" in argv:
         at = argv.index("--out")
