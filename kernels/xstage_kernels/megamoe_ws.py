@@ -210,6 +210,19 @@ CONVERT_ROW_CHOICES = (32, 64)
 # (kernels/ab/2026-12-03-claim-relaxed-*): W8A8 0.971-0.999 of the time (geomean 0.991),
 # W4A8 0.979-1.000 (0.991).
 CLAIM_RELAXED = True
+# SwiGLU's sigmoid through one tanh.approx a value (sigmoid(g) = (1 + tanh(g / 2)) / 2)
+# instead of an exp and a division, each with its range checks: the Linear-1 epilogue, which
+# both math warpgroups run at once while the tensor cores idle, went from 2 MUFU operations
+# and ~13 instructions a value to 1 and 4. tanh.approx is good to ~2^-11, far below the FP8
+# rounding of the intermediate it feeds.
+SWIGLU_TANH = False
+# A math warpgroup defers the release of a Linear-1 tile's row block (a barrier of its
+# warps, then one thread's release atomic, whose fence waits until the tile's stores are
+# acknowledged) until it has issued the first MMA of its next tile, when that tile is a
+# Linear-1 one: its slots never wait for a row block, so the deferral cannot hold up a
+# Linear-2 tile that waits for this release. Before any other tile, and after the last,
+# the release happens at once.
+DEFER_RELEASE = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -219,6 +232,8 @@ LAUNCH_OPTIONS = (
     "SPLIT_CONVERTED",
     "CONVERT_ROWS",
     "CLAIM_RELAXED",
+    "SWIGLU_TANH",
+    "DEFER_RELEASE",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -288,6 +303,8 @@ class Shared:
     SPLIT: gl.constexpr
     CONVERT_ROWS: gl.constexpr
     CLAIM_RELAXED: gl.constexpr
+    SWIGLU_TANH: gl.constexpr
+    DEFER_RELEASE: gl.constexpr
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
@@ -312,10 +329,21 @@ class Shared:
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
-        SKIP_PADDING, TILE_MAJOR, PREFETCH, ROW_BOX_MIN, GATE_BF16, SPLIT, CONVERT_ROWS, CLAIM = (
-            options
-        )
+        (
+            SKIP_PADDING,
+            TILE_MAJOR,
+            PREFETCH,
+            ROW_BOX_MIN,
+            GATE_BF16,
+            SPLIT,
+            CONVERT_ROWS,
+            CLAIM,
+            TANH,
+            DEFER,
+        ) = options
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
+        self.SWIGLU_TANH = gl.constexpr(TANH)
+        self.DEFER_RELEASE = gl.constexpr(DEFER)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
         self.SKIP_PADDING = gl.constexpr(SKIP_PADDING)
         self.TILE_MAJOR = gl.constexpr(TILE_MAJOR)
@@ -482,11 +510,14 @@ def _mma_steps(
     WG: gl.constexpr,
     acc_layout: gl.constexpr,
     A_WRITTEN: gl.constexpr,
+    release=-1,
 ):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
     slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
-    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's).
+    release: a row block whose release was deferred (DEFER_RELEASE) to just after the
+    first MMA's issue, or -1."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     # Scales written before the launch load before the first slot is waited for (PREFETCH);
@@ -507,6 +538,9 @@ def _mma_steps(
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
         raw = _issue_mma(p, s, zero, WG)
+        if p.DEFER_RELEASE:
+            if (k == 0) & (release >= 0):  # its fence waits under this MMA
+                _release(p, release)
         nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
         sa_next = gl.load(a_scales + nxt)
         sw_next = gl.load(w_scales + nxt)
@@ -517,6 +551,14 @@ def _mma_steps(
         sw = sw_next
         it += 1
     return acc, it
+
+
+@gluon.jit
+def _release(p, blk):
+    """Count this warpgroup's part of a Linear-1 tile of row block blk as done: every warp
+    stored (and fenced for the async proxy) its rows before one thread's release."""
+    gl.thread_barrier()
+    gl.atomic_add(p.sync_ptr + 2 + blk, 1, sem="release")
 
 
 @gluon.jit
@@ -636,6 +678,7 @@ def _math(p, WG: gl.constexpr):
     one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     it = 0
     j = 0
+    pending = -1  # a row block whose release waits (DEFER_RELEASE), or -1
     running = True
     while running:
         rec = _take_tile(p, j, one_wg)
@@ -664,15 +707,21 @@ def _math(p, WG: gl.constexpr):
                     live = _field(rec, 5 + WG, one_wg) != 0
                 else:
                     live = gl.load(p.row_dst_ptr + row0) != _PAD_DST
+            if p.DEFER_RELEASE:
+                # Held over only into a Linear-1 tile with rows to compute (see DEFER_RELEASE).
+                if (pending >= 0) & ((kind != 0) | (live == 0)):
+                    _release(p, pending)
+                    pending = -1
             if kind == 0:
                 if live:
-                    it = _linear1_rows(p, it, e, nb, row0, base, WG, acc_layout, h_store)
+                    it = _linear1_rows(p, it, e, nb, row0, base, WG, acc_layout, h_store, pending)
                 else:
                     it = _skip_steps(p, it, 2 * (p.H // _BLOCK))
                 _fence_proxy_async()
-                # Every warp of this warpgroup stored its rows before one thread releases them.
-                gl.thread_barrier()
-                gl.atomic_add(p.sync_ptr + 2 + blk, 1, sem="release")
+                if p.DEFER_RELEASE:
+                    pending = blk
+                else:
+                    _release(p, blk)
             else:
                 if live:
                     it = _linear2_rows(p, it, e, nb, row0, base, WG, acc_layout, out_store)
@@ -682,11 +731,23 @@ def _math(p, WG: gl.constexpr):
                     gl.thread_barrier()
             if p.TRACE:
                 gl.atomic_max(base + 5, _now())
+    if p.DEFER_RELEASE:
+        if pending >= 0:
+            _release(p, pending)
 
 
 @gluon.jit
 def _linear1_rows(
-    p, it, e, nb, row0, base, WG: gl.constexpr, acc_layout: gl.constexpr, h_store: gl.constexpr
+    p,
+    it,
+    e,
+    nb,
+    row0,
+    base,
+    WG: gl.constexpr,
+    acc_layout: gl.constexpr,
+    h_store: gl.constexpr,
+    release=-1,
 ):
     """This warpgroup's 64 rows of a Linear-1 tile: gate and up over the ring, SwiGLU, and
     the rows quantized into the intermediate (one FP8 scale per row and 128 channels)."""
@@ -698,7 +759,8 @@ def _linear1_rows(
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
-    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
+    gate_scales = s_rows + nb * steps
+    gate, it = _mma_steps(p, it, a_scales, gate_scales, steps, WG, acc_layout, True, release)
     if p.GATE_BF16:
         gate = gate.to(gl.bfloat16)
     up_scales = s_rows + (I // _BLOCK + nb) * steps
@@ -706,9 +768,17 @@ def _linear1_rows(
     gate = gate.to(gl.float32)
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
-    # SwiGLU and the row's FP8 scale, with one division per element and per row
+    # SwiGLU and the row's FP8 scale, with one division (or tanh) per element and per row
     # (the tensor cores idle while both warpgroups run this epilogue).
-    h = gl.fdiv(gate * up, 1.0 + gl.exp(-gate))
+    if p.SWIGLU_TANH:
+        half_gate = gate * 0.5
+        t = gl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=f,f", [half_gate], dtype=gl.float32, is_pure=True, pack=1
+        )
+        half_h = half_gate * up  # g u sigmoid(g) = (g / 2) u (1 + tanh(g / 2))
+        h = half_h * t + half_h
+    else:
+        h = gl.fdiv(gate * up, 1.0 + gl.exp(-gate))
     amax = gl.maximum(gl.max(gl.abs(h), axis=1), _AMAX_FLOOR)
     scale = amax / _FP8_MAX
     q = gl.convert_layout((h * (_FP8_MAX / amax)[:, None]).to(gl.float8e4nv), h_store)
@@ -790,6 +860,8 @@ def _fused_moe_ws(
     SPLIT: gl.constexpr,
     CONVERT_ROWS: gl.constexpr,
     CLAIM_RELAXED: gl.constexpr,
+    SWIGLU_TANH: gl.constexpr,
+    DEFER_RELEASE: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -855,6 +927,8 @@ def _fused_moe_ws(
             SPLIT,
             CONVERT_ROWS,
             CLAIM_RELAXED,
+            SWIGLU_TANH,
+            DEFER_RELEASE,
         ),
     )
     if W4:
@@ -991,6 +1065,8 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         SPLIT=bool(SPLIT_CONVERTED),
         CONVERT_ROWS=convert_rows(),
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
+        SWIGLU_TANH=bool(SWIGLU_TANH),
+        DEFER_RELEASE=bool(DEFER_RELEASE),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1027,6 +1103,10 @@ def launch_options(precision: str) -> dict:
         options["converted_rows_per_store"] = convert_rows()
     if CLAIM_RELAXED:  # absent: an acquire-release claim, as every record before the option
         options["tile_claim"] = "relaxed"
+    if SWIGLU_TANH:  # absent: an exp and a division, as every record before the option
+        options["swiglu_sigmoid"] = "tanh.approx"
+    if DEFER_RELEASE:  # absent: released at the tile's end, as every record before the option
+        options["row_block_release"] = "after the next Linear-1 tile's first MMA"
     return options
 
 
@@ -1056,6 +1136,8 @@ def compile_for_sm90(
     split_converted: bool = False,
     convert_rows: int = 32,
     claim_relaxed: bool = False,
+    swiglu_tanh: bool = False,
+    defer_release: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1102,6 +1184,8 @@ def compile_for_sm90(
         (names.index("SPLIT"),): split_converted,
         (names.index("CONVERT_ROWS"),): convert_rows,
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
+        (names.index("SWIGLU_TANH"),): swiglu_tanh,
+        (names.index("DEFER_RELEASE"),): defer_release,
     }
     constexprs = (
         "TRACE",
@@ -1114,6 +1198,8 @@ def compile_for_sm90(
         "SPLIT",
         "CONVERT_ROWS",
         "CLAIM_RELAXED",
+        "SWIGLU_TANH",
+        "DEFER_RELEASE",
     )
     for name in constexprs:
         signature[name] = "constexpr"
