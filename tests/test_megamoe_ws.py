@@ -407,6 +407,7 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     monkeypatch.setattr(megamoe_ws, "SPLIT_CONVERTED", False)
     monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 32)
     monkeypatch.setattr(megamoe_ws, "CLAIM_RELAXED", False)
+    monkeypatch.setattr(megamoe_ws, "SWIGLU_TANH", False)
     assert megamoe_ws.launch_options("w8a8") == {"padding_halves": "skipped"}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)
@@ -472,3 +473,27 @@ def test_a_relaxed_claim_changes_the_claims_atomic_alone(monkeypatch):
     monkeypatch.setattr(megamoe_ws, "CLAIM_RELAXED", True)
     for precision in megamoe_ws.PRECISIONS:
         assert megamoe_ws.launch_options(precision)["tile_claim"] == "relaxed"
+
+
+@needs_triton
+def test_swiglu_through_tanh_replaces_the_exp_and_the_division(monkeypatch):
+    """SWIGLU_TANH: the Linear-1 epilogue's sigmoid is one tanh.approx a value, with no exp
+    (ex2) and no division left in the kernel; the MMAs are those of the exact build."""
+    from xstage_kernels import megamoe_ws
+
+    patterns = {
+        **PATTERNS,
+        "tanh": r"tanh\.approx\.f32",
+        "ex2": r"ex2\.approx",
+        "division": r"div\.(full|rn|approx)\.f32",
+    }
+    call = "kernels.compile_for_sm90(precision='w8a8', swiglu_tanh={})"
+    exact = sm90.compiled("megamoe_ws", call.format(False), patterns)
+    tanh = sm90.compiled("megamoe_ws", call.format(True), patterns)
+    assert exact["tanh"] == 0 and exact["ex2"] > 0 and exact["division"] > 0
+    assert tanh["tanh"] > 0 and tanh["ex2"] == 0
+    assert tanh["division"] < exact["division"]  # the row scales' divisions stay
+    assert tanh["wgmma"] == exact["wgmma"] > 0
+    monkeypatch.setattr(megamoe_ws, "SWIGLU_TANH", True)
+    for precision in megamoe_ws.PRECISIONS:
+        assert megamoe_ws.launch_options(precision)["swiglu_sigmoid"] == "tanh.approx"
