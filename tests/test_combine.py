@@ -149,7 +149,7 @@ def test_combine_rank_runs_the_named_reduction_and_cpu_defaults_to_bmm(interpret
 
     T, topk, H = 12, 4, 256
     weights, comb, out, _ = _inputs(T, topk, H, seed=7)
-    none = dict.fromkeys(("plan", "grid", "x", "xs", "h", "hs", "row_dst", "sync"))
+    none = dict.fromkeys(("plan", "grid", "x", "xs", "xs_steps", "h", "hs", "row_dst", "sync"))
     rb = RankBuffers(**none, comb=comb, out=out, combine_weights=weights, tiles={})
     point = {"tokens_per_rank": T, "topk": topk, "H": H}
     assert reduction.default_reduction("cpu") == reduction.BMM

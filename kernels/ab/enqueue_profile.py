@@ -47,7 +47,14 @@ def host_us(fn, calls: int = CALLS) -> float:
 def pieces(prob, key, point) -> dict:
     rb, ex = prob.ranks[0], prob.experts[0]
     H, I = point["H"], point["I"]  # noqa: E741
-    descs = megamoe_ws.descriptors(rb.x, ex.w1, rb.h, ex.w2, H, I, point["precision"])
+    scales = (rb.xs_steps, rb.hs, ex.s1, ex.s2)
+
+    def descriptors():
+        return megamoe_ws.descriptors(
+            rb.x, ex.w1, rb.h, ex.w2, H, I, point["precision"], scales=scales
+        )
+
+    descs = descriptors()
     kw = dict(
         tiles=rb.tiles[key],
         sync=rb.sync,
@@ -61,6 +68,7 @@ def pieces(prob, key, point) -> dict:
         H=H,
         I=I,
         max_spin=4_000_000,
+        R=rb.x.shape[0],
     )
 
     def events():
@@ -75,9 +83,7 @@ def pieces(prob, key, point) -> dict:
             lambda: launch_rank(rb, ex, prob.point, key, prob.num_programs)
         ),
         "sync.zero_": host_us(rb.sync.zero_),
-        "descriptors": host_us(
-            lambda: megamoe_ws.descriptors(rb.x, ex.w1, rb.h, ex.w2, H, I, point["precision"])
-        ),
+        "descriptors": host_us(descriptors),
         "kernel launch (descriptors built)": host_us(
             lambda: megamoe_ws.launch(
                 precision=point["precision"], num_programs=prob.num_programs, descs=descs, **kw

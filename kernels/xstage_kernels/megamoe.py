@@ -385,10 +385,13 @@ def launch(
     trace=None,
     max_spin: int = MAX_SPIN,
     emulate_ns: tuple[int, int] | None = None,
+    xs_steps=None,
 ) -> None:
     """Enqueue one fused launch on the current device and stream (tensors on that device,
     except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand.
-    emulate_ns: (Linear-1, Linear-2) waits per tile that replace the MMAs (EMULATE)."""
+    emulate_ns: (Linear-1, Linear-2) waits per tile that replace the MMAs (EMULATE).
+    xs_steps: xs step-major (megamoe_ws.step_major), which the warp-specialized kernel
+    reads; made here when not given (a copy each launch: callers that time keep one)."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
         raise ValueError(f"H={H} and I={I} must be multiples of {BLOCK_N}")
@@ -400,6 +403,8 @@ def launch(
     if uses_ws_kernel(precision, x) and emulate_ns is None:
         from xstage_kernels import megamoe_ws
 
+        if xs_steps is None:
+            xs_steps = megamoe_ws.step_major(xs)
         megamoe_ws.launch(
             precision=precision,
             num_programs=num_programs,
@@ -413,10 +418,13 @@ def launch(
             hs=hs,
             out=out,
             row_dst=row_dst,
-            descs=megamoe_ws.descriptors(x, w1, h, w2, H, I, precision),
+            descs=megamoe_ws.descriptors(
+                x, w1, h, w2, H, I, precision, scales=(xs_steps, hs, s1, s2)
+            ),
             H=H,
             I=I,
             max_spin=max_spin,
+            R=x.shape[0],
         )
         return
     tma = precision == "w8a8" and emulate_ns is None and tma_available(x)

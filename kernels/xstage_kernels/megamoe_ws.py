@@ -221,6 +221,14 @@ CLAIM_RELAXED = True
 # (kernels/ab/2026-12-03-swiglu-tanh-*): W8A8 0.968-1.001 of the time (geomean 0.990;
 # DiT-MoE 0.968-0.979), W4A8 0.948-0.988 (0.978).
 SWIGLU_TANH = True
+# Each step's scales arrive with its slot (SCALES_TMA): the producer's TMA loads the step's
+# activation scales of the row block (128 floats: the received rows' scales and the
+# intermediate's are stored step-major for this, see descriptors) and its weight scale
+# (in a 4-float box) into the slot, and the math warpgroups read them from shared memory
+# after the slot's wait, instead of loading them from global memory each step (ptxas moves
+# the copy of those loaded values above the MMA's wait, so each step waited for them).
+SCALES_TMA = False
+SCALE_BOX = 4  # floats of a weight-scale load (16 bytes, a TMA box's least)
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -231,6 +239,7 @@ LAUNCH_OPTIONS = (
     "CONVERT_ROWS",
     "CLAIM_RELAXED",
     "SWIGLU_TANH",
+    "SCALES_TMA",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -242,6 +251,7 @@ _STAGES = gl.constexpr(STAGES)
 _W4_STAGES = gl.constexpr(W4_STAGES)
 _HALF = gl.constexpr(HALF)
 _QUARTER = gl.constexpr(BLOCK // 4)
+_SCALE_BOX = gl.constexpr(SCALE_BOX)
 _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _RECORD = gl.constexpr(RECORD)
 _MATH_REGS = gl.constexpr(MATH_REGS)
@@ -265,6 +275,10 @@ class Shared:
     x32_desc: tma.tensor_descriptor
     h64_desc: tma.tensor_descriptor
     h32_desc: tma.tensor_descriptor
+    xs_desc: tma.tensor_descriptor  # SCALES_TMA: x's and h's scales, step-major
+    hs_desc: tma.tensor_descriptor
+    s1_desc: tma.tensor_descriptor  # SCALES_TMA: the weight scales, flat
+    s2_desc: tma.tensor_descriptor
     a_bufs: gl.shared_memory_descriptor  # W4: two halves per slot (index 2 s, 2 s + 1)
     b_bufs: gl.shared_memory_descriptor  # W4: packed weight bytes
     c_bufs: gl.shared_memory_descriptor  # W4: converted weight halves (W8A8: b_bufs)
@@ -272,6 +286,8 @@ class Shared:
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
     converted: gl.shared_memory_descriptor  # W4 (W8A8: ready)
+    sa_bufs: gl.shared_memory_descriptor  # SCALES_TMA: a slot's activation scales
+    sw_bufs: gl.shared_memory_descriptor  # SCALES_TMA: a slot's weight scale (first of 4)
     tile_ids: gl.shared_memory_descriptor  # tile records (_tile_record)
     tile_ready: gl.shared_memory_descriptor
     tile_empty: gl.shared_memory_descriptor
@@ -301,13 +317,16 @@ class Shared:
     CONVERT_ROWS: gl.constexpr
     CLAIM_RELAXED: gl.constexpr
     SWIGLU_TANH: gl.constexpr
+    SCALES_TMA: gl.constexpr
+    R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs[:4]
-        self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:]
+        self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:8]
+        self.xs_desc, self.hs_desc, self.s1_desc, self.s2_desc = descs[8:]
         self.a_bufs, self.b_bufs, self.c_bufs, self.c_hi_bufs = rings[:4]
-        self.ready, self.empty, self.converted = rings[4:]
+        self.ready, self.empty, self.converted, self.sa_bufs, self.sw_bufs = rings[4:]
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
         (
             self.tiles_ptr,
@@ -321,7 +340,7 @@ class Shared:
             self.row_dst_ptr,
             self.trace_ptr,
         ) = ptrs
-        self.n_tiles, self.H, self.I, self.max_spin = sizes
+        self.n_tiles, self.H, self.I, self.max_spin, self.R = sizes
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
         self.STAGES = gl.constexpr(STAGES)
@@ -335,7 +354,9 @@ class Shared:
             CONVERT_ROWS,
             CLAIM,
             TANH,
+            SCALES_TMA,
         ) = options
+        self.SCALES_TMA = gl.constexpr(SCALES_TMA)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.SWIGLU_TANH = gl.constexpr(TANH)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
@@ -381,6 +402,15 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
         else:
             _load_a(p, s, k, a_row, IS_X, _QUARTER)
         tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
+        if p.SCALES_TMA:
+            # The step's activation scales of the block's 128 rows, and its weight scale:
+            # b_row / 128 is the weight's block row, whose K steps' scales are consecutive.
+            s_desc = p.xs_desc if IS_X else p.hs_desc
+            sa_at = [k, a_row]
+            tma.async_copy_global_to_shared(s_desc, sa_at, p.ready.index(s), p.sa_bufs.index(s))
+            w_desc = p.s1_desc if IS_X else p.s2_desc
+            sw_at = [0, (b_row // _BLOCK) * k_steps + k]
+            tma.async_copy_global_to_shared(w_desc, sw_at, p.ready.index(s), p.sw_bufs.index(s))
         it += 1
     return it
 
@@ -390,7 +420,8 @@ def _load_a(p, s, k, a_row, IS_X: gl.constexpr, ROWS: gl.constexpr):
     """Slot s's A rows a_row..a_row+ROWS of step k into the slot's first ROWS rows, and the
     bytes the slot then waits for (with its B)."""
     b_bytes: gl.constexpr = _BLOCK * (_HALF if p.W4 else _BLOCK)
-    mbarrier.expect(p.ready.index(s), ROWS * _BLOCK + b_bytes)
+    scale_bytes: gl.constexpr = 4 * (_BLOCK + _SCALE_BOX) if p.SCALES_TMA else 0
+    mbarrier.expect(p.ready.index(s), ROWS * _BLOCK + b_bytes + scale_bytes)
     if ROWS == _BLOCK:
         desc = p.x_desc if IS_X else p.h_desc
     elif ROWS == _HALF:
@@ -511,6 +542,17 @@ def _mma_steps(
     A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
+    if p.SCALES_TMA:
+        for _ in range(k_steps):
+            s = it % p.STAGES
+            mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
+            raw = _issue_mma(p, s, zero, WG)
+            scale = _slot_scales(p, s, WG, acc_layout)
+            raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+            mbarrier.arrive(p.empty.index(s), count=1)
+            acc += raw * scale[:, None]
+            it += 1
+        return acc, it
     # Scales written before the launch load before the first slot is waited for (PREFETCH);
     # Linear-2's activation scales only once it is full: that is after the producer saw the
     # row block released, so the intermediate's scales are written.
@@ -539,6 +581,17 @@ def _mma_steps(
         sw = sw_next
         it += 1
     return acc, it
+
+
+@gluon.jit
+def _slot_scales(p, s, WG: gl.constexpr, acc_layout: gl.constexpr):
+    """Slot s's scale of each of this warpgroup's rows: activation scale x weight scale."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    rows = p.sa_bufs.index(s)._reinterpret(gl.float32, [_BLOCK], flat).slice(WG * _HALF, _HALF)
+    sa = rows.load(gl.SliceLayout(1, acc_layout))
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    sw = p.sw_bufs.index(s)._reinterpret(gl.float32, [_SCALE_BOX], flat).slice(0, 1).load(one)
+    return sa * gl.max(sw, axis=0)
 
 
 @gluon.jit
@@ -746,7 +799,10 @@ def _linear1_rows(
         gl.store(base + 4, _now())
     rows = row0 + rows_h
     gl.store(p.h_ptr + rows[:, None] * I + (nb * _BLOCK + cols_h)[None, :], q)
-    gl.store(p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK) + nb, scale)
+    if p.SCALES_TMA:  # step-major: [I / 128, R]
+        gl.store(p.hs_ptr + nb.to(gl.int64) * p.R + row0 + rows_acc, scale)
+    else:
+        gl.store(p.hs_ptr + (row0 + rows_acc) * (I // _BLOCK) + nb, scale)
     return it
 
 
@@ -807,9 +863,14 @@ def _fused_moe_ws(
     x32_desc,
     h64_desc,
     h32_desc,
+    xs_desc,
+    hs_desc,
+    s1_desc,
+    s2_desc,
     H,
     I,  # noqa: E741
     max_spin,
+    R,
     TRACE: gl.constexpr,
     W4: gl.constexpr,
     SKIP_PADDING: gl.constexpr,
@@ -821,6 +882,7 @@ def _fused_moe_ws(
     CONVERT_ROWS: gl.constexpr,
     CLAIM_RELAXED: gl.constexpr,
     SWIGLU_TANH: gl.constexpr,
+    SCALES_TMA: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -845,6 +907,11 @@ def _fused_moe_ws(
         c_bufs = b_bufs
         c_hi_bufs = b_bufs
         converted = ready
+    scale_slots: gl.constexpr = STAGES if SCALES_TMA else 1  # unused without SCALES_TMA
+    sa_block: gl.constexpr = xs_desc.block_type.shape
+    sa_bufs = gl.allocate_shared_memory(gl.float32, [scale_slots] + sa_block, xs_desc.layout)
+    sw_block: gl.constexpr = s1_desc.block_type.shape
+    sw_bufs = gl.allocate_shared_memory(gl.float32, [scale_slots] + sw_block, s1_desc.layout)
     tile_ids = gl.allocate_shared_memory(
         gl.int32, [_TILE_SLOTS, _RECORD], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )
@@ -858,8 +925,21 @@ def _fused_moe_ws(
         # read by both math warpgroups (and W4's converter) before the producer reuses it
         mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
     p = Shared(
-        (x_desc, w1_desc, h_desc, w2_desc, x64_desc, x32_desc, h64_desc, h32_desc),
-        (a_bufs, b_bufs, c_bufs, c_hi_bufs, ready, empty, converted),
+        (
+            x_desc,
+            w1_desc,
+            h_desc,
+            w2_desc,
+            x64_desc,
+            x32_desc,
+            h64_desc,
+            h32_desc,
+            xs_desc,
+            hs_desc,
+            s1_desc,
+            s2_desc,
+        ),
+        (a_bufs, b_bufs, c_bufs, c_hi_bufs, ready, empty, converted, sa_bufs, sw_bufs),
         (tile_ids, tile_ready, tile_empty),
         (
             tiles_ptr,
@@ -873,7 +953,7 @@ def _fused_moe_ws(
             row_dst_ptr,
             trace_ptr,
         ),
-        (n_tiles, H, I, max_spin),
+        (n_tiles, H, I, max_spin, R),
         TRACE,
         W4,
         STAGES,
@@ -887,6 +967,7 @@ def _fused_moe_ws(
             CONVERT_ROWS,
             CLAIM_RELAXED,
             SWIGLU_TANH,
+            SCALES_TMA,
         ),
     )
     if W4:
@@ -909,10 +990,13 @@ def _fused_moe_ws(
         )
 
 
-def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8"):  # noqa: E741
+def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8", *, scales):  # noqa: E741
     """Gluon TMA descriptors, weights as 2-D (experts * rows, K or K/2 packed bytes): W8A8
     128 x 128 FP8 blocks; W4A8 128 x 64 (activation halves, packed weight bytes). With
-    TILE_MAJOR_WEIGHTS the weights' descriptors are over their tile-major copies."""
+    TILE_MAJOR_WEIGHTS the weights' descriptors are over their tile-major copies.
+    scales: (xs_steps, hs, s1, s2), the scales' descriptors (SCALES_TMA): x's step-major
+    (step_major), the intermediate's buffer as step-major [I / 128, rows] (its layout is
+    this kernel's own), the weights' flat."""
     w4 = _is_w4(precision)
     width = HALF if w4 else BLOCK
     fp8 = gl.NVMMASharedLayout.get_default_for([BLOCK, width], gl.float8e4nv)
@@ -934,7 +1018,32 @@ def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8"):  # noqa:
         weights(w2),
         *(rows(x, H, box) for box in ROW_BOXES[1:]),
         *(rows(h, I, box) for box in ROW_BOXES[1:]),
+        *scale_descriptors(*scales, H=H, I=I, rows=x.shape[0]),
     )
+
+
+def scale_descriptors(xs_steps, hs, s1, s2, *, H: int, I: int, rows: int):  # noqa: E741
+    """SCALES_TMA's descriptors: a step's scales of 128 rows ([1, 128] boxes of x's
+    step-major scales and of the intermediate's), and a weight block row's scale of a step
+    ([1, SCALE_BOX] boxes of the flat weight scales, as [1, n]: a TMA box's inner extent
+    is at least 16 bytes, and a row's stride need not be a multiple of 16 with one row)."""
+    flat = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    hs_steps = hs.view(-1)[: (I // BLOCK) * rows].view(I // BLOCK, rows)
+
+    def steps(a):
+        return TensorDescriptor(a, list(a.shape), [a.shape[1], 1], [1, BLOCK], flat)
+
+    def flat_row(s):
+        n = s.numel()
+        stride = -(-n // SCALE_BOX) * SCALE_BOX  # one row: never stepped over
+        return TensorDescriptor(s.view(1, n), [1, n], [stride, 1], [1, SCALE_BOX], flat)
+
+    return steps(xs_steps), steps(hs_steps), flat_row(s1), flat_row(s2)
+
+
+def step_major(scales):
+    """(rows, K / 128) scales as (K / 128, rows): a step's scales of a row block consecutive."""
+    return scales.t().contiguous()
 
 
 def _one_of(name: str, choices: tuple[int, ...]) -> int:
@@ -987,7 +1096,7 @@ def _is_w4(precision: str) -> bool:
     return precision == "w4a8"
 
 
-def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, max_spin):  # noqa: E741
+def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, max_spin, R):  # noqa: E741
     """The kernel's positional arguments, in its signature's order."""
     return (
         tiles,
@@ -1005,6 +1114,7 @@ def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, ma
         H,
         I,
         max_spin,
+        R,
     )
 
 
@@ -1024,6 +1134,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         CONVERT_ROWS=convert_rows(),
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
         SWIGLU_TANH=bool(SWIGLU_TANH),
+        SCALES_TMA=bool(SCALES_TMA),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1062,6 +1173,8 @@ def launch_options(precision: str) -> dict:
         options["tile_claim"] = "relaxed"
     if SWIGLU_TANH:  # absent: an exp and a division, as every record before the option
         options["swiglu_sigmoid"] = "tanh.approx"
+    if SCALES_TMA:  # absent: each step's scales loaded by the math warpgroups
+        options["step_scales"] = "with the slot, by TMA (scales step-major)"
     return options
 
 
@@ -1092,6 +1205,7 @@ def compile_for_sm90(
     convert_rows: int = 32,
     claim_relaxed: bool = False,
     swiglu_tanh: bool = False,
+    scales_tma: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1108,21 +1222,28 @@ def compile_for_sm90(
     i32 = torch.empty(4, dtype=torch.int32)
     f32 = torch.empty(4, dtype=torch.float32)
     i64 = torch.empty(4, dtype=torch.int64)
+    scales = (  # one row block, one step: xs steps, hs, s1 (gate and up), s2
+        torch.empty(1, BLOCK, dtype=torch.float32),
+        torch.empty(BLOCK, 1, dtype=torch.float32),
+        torch.empty(1, 2, 1, dtype=torch.float32),
+        torch.empty(1, 1, 1, dtype=torch.float32),
+    )
     values = args(
         tiles=i32.view(1, 4),
         sync=i32,
         xs=f32,
-        s1=f32,
-        s2=f32,
+        s1=scales[2],
+        s2=scales[3],
         h=fp8,
-        hs=f32,
+        hs=scales[1],
         out=torch.empty(4, dtype=torch.bfloat16),
         row_dst=i64,
         trace=i64,
-        descs=descriptors(fp8, w1, fp8, w2, BLOCK, BLOCK, precision),
+        descs=descriptors(fp8, w1, fp8, w2, BLOCK, BLOCK, precision, scales=scales),
         H=BLOCK,
         I=BLOCK,
         max_spin=2,
+        R=BLOCK,
     )
     names = list(_fused_moe_ws.arg_names)
     # The values stop before the trailing constexprs.
@@ -1139,6 +1260,7 @@ def compile_for_sm90(
         (names.index("CONVERT_ROWS"),): convert_rows,
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
+        (names.index("SCALES_TMA"),): scales_tma,
     }
     constexprs = (
         "TRACE",
@@ -1152,12 +1274,15 @@ def compile_for_sm90(
         "CONVERT_ROWS",
         "CLAIM_RELAXED",
         "SWIGLU_TANH",
+        "SCALES_TMA",
     )
     for name in constexprs:
         signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.
     aligned = [
-        i for i, v in enumerate(values) if isinstance(v, torch.Tensor) or names[i] in ("H", "I")
+        i
+        for i, v in enumerate(values)
+        if isinstance(v, torch.Tensor) or names[i] in ("H", "I", "R")
     ]
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     source = GluonASTSource(_fused_moe_ws, signature, constants, attrs)

@@ -28,6 +28,7 @@ class RankBuffers:
     grid: schedule.TileGrid
     x: object  # received rows (padded_rows, H)
     xs: object  # their scales, or a 1-element dummy (bf16)
+    xs_steps: object  # the same step-major (H/128, padded_rows): what the FP8 kernel reads
     h: object  # intermediate (padded_rows, I)
     hs: object
     comb: object  # this rank's combine buffer (T * topk, H) bf16: peers write into it
@@ -99,6 +100,7 @@ def rank_buffers(
         grid=grid,
         x=x,
         xs=xs,
+        xs_steps=xs.t().contiguous() if xs.ndim == 2 else xs,
         h=torch.empty(plan.padded_rows, I, dtype=act_dtype(torch, precision), device=device),
         hs=scale_buffer(torch, precision, plan.padded_rows, I, device),
         comb=comb,
@@ -178,4 +180,5 @@ def launch_rank(
         num_programs=num_programs,
         trace=trace,
         emulate_ns=emulate_ns,
+        xs_steps=rb.xs_steps,
     )
