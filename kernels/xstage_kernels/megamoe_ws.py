@@ -224,11 +224,14 @@ SWIGLU_TANH = True
 # Each step's scales arrive with its slot (SCALES_TMA): the producer's TMA loads the step's
 # activation scales of the row block (128 floats: the received rows' scales and the
 # intermediate's are stored step-major for this, see descriptors) and its weight scale
-# (in a 4-float box) into the slot, and the math warpgroups read them from shared memory
-# after the slot's wait, instead of loading them from global memory each step (ptxas moves
-# the copy of those loaded values above the MMA's wait, so each step waited for them).
+# (the first of a SCALE_BOX-float box) into the slot, and the math warpgroups read them
+# from shared memory after the slot's wait, instead of loading them from global memory
+# each step (ptxas moves the copy of those loaded values above the MMA's wait, so each step
+# waited for them).
 SCALES_TMA = False
-SCALE_BOX = 4  # floats of a weight-scale load (16 bytes, a TMA box's least)
+# Floats of a weight-scale load: 128 bytes, so that each slot's TMA destination keeps the
+# 128-byte alignment TMA needs (16-byte slots faulted: an illegal instruction on one H200).
+SCALE_BOX = 32
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -287,7 +290,7 @@ class Shared:
     empty: gl.shared_memory_descriptor
     converted: gl.shared_memory_descriptor  # W4 (W8A8: ready)
     sa_bufs: gl.shared_memory_descriptor  # SCALES_TMA: a slot's activation scales
-    sw_bufs: gl.shared_memory_descriptor  # SCALES_TMA: a slot's weight scale (first of 4)
+    sw_bufs: gl.shared_memory_descriptor  # SCALES_TMA: a slot's weight scale (box's first)
     tile_ids: gl.shared_memory_descriptor  # tile records (_tile_record)
     tile_ready: gl.shared_memory_descriptor
     tile_empty: gl.shared_memory_descriptor
