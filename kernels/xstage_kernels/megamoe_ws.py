@@ -230,7 +230,7 @@ SWIGLU_TANH = True
 # waited for them).
 SCALES_TMA = False
 # Floats of a weight-scale load: 128 bytes, so that each slot's TMA destination keeps the
-# 128-byte alignment TMA needs (16-byte slots faulted: an illegal instruction on one H200).
+# 128-byte alignment TMA asks of shared memory.
 SCALE_BOX = 32
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
@@ -412,7 +412,7 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
             sa_at = [k, a_row]
             tma.async_copy_global_to_shared(s_desc, sa_at, p.ready.index(s), p.sa_bufs.index(s))
             w_desc = p.s1_desc if IS_X else p.s2_desc
-            sw_at = [0, (b_row // _BLOCK) * k_steps + k]
+            sw_at = [(b_row // _BLOCK) * k_steps + k]
             tma.async_copy_global_to_shared(w_desc, sw_at, p.ready.index(s), p.sw_bufs.index(s))
         it += 1
     return it
@@ -1028,20 +1028,21 @@ def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8", *, scales
 def scale_descriptors(xs_steps, hs, s1, s2, *, H: int, I: int, rows: int):  # noqa: E741
     """SCALES_TMA's descriptors: a step's scales of 128 rows ([1, 128] boxes of x's
     step-major scales and of the intermediate's), and a weight block row's scale of a step
-    ([1, SCALE_BOX] boxes of the flat weight scales, as [1, n]: a TMA box's inner extent
-    is at least 16 bytes, and a row's stride need not be a multiple of 16 with one row)."""
-    flat = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    (SCALE_BOX boxes of the weight scales, flat: a weight row's steps need not span a
+    multiple of 16 bytes, which a 2-D descriptor's row stride must). Each describes exactly
+    its tensor's memory (a 2-D view of one padded row faulted on one H200)."""
+    rows_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    flat_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
     hs_steps = hs.view(-1)[: (I // BLOCK) * rows].view(I // BLOCK, rows)
 
     def steps(a):
-        return TensorDescriptor(a, list(a.shape), [a.shape[1], 1], [1, BLOCK], flat)
+        return TensorDescriptor(a, list(a.shape), [a.shape[1], 1], [1, BLOCK], rows_layout)
 
-    def flat_row(s):
-        n = s.numel()
-        stride = -(-n // SCALE_BOX) * SCALE_BOX  # one row: never stepped over
-        return TensorDescriptor(s.view(1, n), [1, n], [stride, 1], [1, SCALE_BOX], flat)
+    def flat(s):
+        s = s.view(-1)
+        return TensorDescriptor(s, [s.numel()], [1], [SCALE_BOX], flat_layout)
 
-    return steps(xs_steps), steps(hs_steps), flat_row(s1), flat_row(s2)
+    return steps(xs_steps), steps(hs_steps), flat(s1), flat(s2)
 
 
 def step_major(scales):
