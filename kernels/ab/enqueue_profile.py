@@ -47,7 +47,7 @@ def host_us(fn, calls: int = CALLS) -> float:
 def pieces(prob, key, point) -> dict:
     rb, ex = prob.ranks[0], prob.experts[0]
     H, I = point["H"], point["I"]  # noqa: E741
-    scales = (rb.xs_steps, rb.hs, ex.s1, ex.s2)
+    scales = (rb.xs_steps, rb.hs)
 
     def descriptors():
         return megamoe_ws.descriptors(

@@ -418,9 +418,7 @@ def launch(
             hs=hs,
             out=out,
             row_dst=row_dst,
-            descs=megamoe_ws.descriptors(
-                x, w1, h, w2, H, I, precision, scales=(xs_steps, hs, s1, s2)
-            ),
+            descs=megamoe_ws.descriptors(x, w1, h, w2, H, I, precision, scales=(xs_steps, hs)),
             H=H,
             I=I,
             max_spin=max_spin,

@@ -221,17 +221,15 @@ CLAIM_RELAXED = True
 # (kernels/ab/2026-12-03-swiglu-tanh-*): W8A8 0.968-1.001 of the time (geomean 0.990;
 # DiT-MoE 0.968-0.979), W4A8 0.948-0.988 (0.978).
 SWIGLU_TANH = True
-# Each step's scales arrive with its slot (SCALES_TMA): the producer's TMA loads the step's
-# activation scales of the row block (128 floats: the received rows' scales and the
-# intermediate's are stored step-major for this, see descriptors) and its weight scale
-# (the first of a SCALE_BOX-float box) into the slot, and the math warpgroups read them
-# from shared memory after the slot's wait, instead of loading them from global memory
-# each step (ptxas moves the copy of those loaded values above the MMA's wait, so each step
-# waited for them).
+# Each step's activation scales arrive with its slot (SCALES_TMA): the producer's TMA loads
+# the step's scales of the row block's 128 rows (the received rows' scales and the
+# intermediate's are stored step-major for this, see descriptors) into the slot, and the
+# math warpgroups read them from shared memory after the slot's wait, instead of loading
+# them from global memory each step (ptxas moves the copy of those loaded values above the
+# MMA's wait, so each step waited for them). The weight scale, one float a step that the
+# whole warpgroup reads, is still loaded a step ahead. (Its own TMA, a 32-float box of the
+# flat weight scales, was an illegal instruction on one H200, 2-D or 1-D: not pursued.)
 SCALES_TMA = False
-# Floats of a weight-scale load: 128 bytes, so that each slot's TMA destination keeps the
-# 128-byte alignment TMA asks of shared memory.
-SCALE_BOX = 32
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -254,7 +252,6 @@ _STAGES = gl.constexpr(STAGES)
 _W4_STAGES = gl.constexpr(W4_STAGES)
 _HALF = gl.constexpr(HALF)
 _QUARTER = gl.constexpr(BLOCK // 4)
-_SCALE_BOX = gl.constexpr(SCALE_BOX)
 _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _RECORD = gl.constexpr(RECORD)
 _MATH_REGS = gl.constexpr(MATH_REGS)
@@ -280,8 +277,6 @@ class Shared:
     h32_desc: tma.tensor_descriptor
     xs_desc: tma.tensor_descriptor  # SCALES_TMA: x's and h's scales, step-major
     hs_desc: tma.tensor_descriptor
-    s1_desc: tma.tensor_descriptor  # SCALES_TMA: the weight scales, flat
-    s2_desc: tma.tensor_descriptor
     a_bufs: gl.shared_memory_descriptor  # W4: two halves per slot (index 2 s, 2 s + 1)
     b_bufs: gl.shared_memory_descriptor  # W4: packed weight bytes
     c_bufs: gl.shared_memory_descriptor  # W4: converted weight halves (W8A8: b_bufs)
@@ -290,7 +285,6 @@ class Shared:
     empty: gl.shared_memory_descriptor
     converted: gl.shared_memory_descriptor  # W4 (W8A8: ready)
     sa_bufs: gl.shared_memory_descriptor  # SCALES_TMA: a slot's activation scales
-    sw_bufs: gl.shared_memory_descriptor  # SCALES_TMA: a slot's weight scale (box's first)
     tile_ids: gl.shared_memory_descriptor  # tile records (_tile_record)
     tile_ready: gl.shared_memory_descriptor
     tile_empty: gl.shared_memory_descriptor
@@ -327,9 +321,9 @@ class Shared:
     def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs[:4]
         self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:8]
-        self.xs_desc, self.hs_desc, self.s1_desc, self.s2_desc = descs[8:]
+        self.xs_desc, self.hs_desc = descs[8:]
         self.a_bufs, self.b_bufs, self.c_bufs, self.c_hi_bufs = rings[:4]
-        self.ready, self.empty, self.converted, self.sa_bufs, self.sw_bufs = rings[4:]
+        self.ready, self.empty, self.converted, self.sa_bufs = rings[4:]
         self.tile_ids, self.tile_ready, self.tile_empty = tile_ring
         (
             self.tiles_ptr,
@@ -405,15 +399,10 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
         else:
             _load_a(p, s, k, a_row, IS_X, _QUARTER)
         tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
-        if p.SCALES_TMA:
-            # The step's activation scales of the block's 128 rows, and its weight scale:
-            # b_row / 128 is the weight's block row, whose K steps' scales are consecutive.
+        if p.SCALES_TMA:  # the step's activation scales of the block's 128 rows
             s_desc = p.xs_desc if IS_X else p.hs_desc
             sa_at = [k, a_row]
             tma.async_copy_global_to_shared(s_desc, sa_at, p.ready.index(s), p.sa_bufs.index(s))
-            w_desc = p.s1_desc if IS_X else p.s2_desc
-            sw_at = [(b_row // _BLOCK) * k_steps + k]
-            tma.async_copy_global_to_shared(w_desc, sw_at, p.ready.index(s), p.sw_bufs.index(s))
         it += 1
     return it
 
@@ -423,7 +412,7 @@ def _load_a(p, s, k, a_row, IS_X: gl.constexpr, ROWS: gl.constexpr):
     """Slot s's A rows a_row..a_row+ROWS of step k into the slot's first ROWS rows, and the
     bytes the slot then waits for (with its B)."""
     b_bytes: gl.constexpr = _BLOCK * (_HALF if p.W4 else _BLOCK)
-    scale_bytes: gl.constexpr = 4 * (_BLOCK + _SCALE_BOX) if p.SCALES_TMA else 0
+    scale_bytes: gl.constexpr = 4 * _BLOCK if p.SCALES_TMA else 0
     mbarrier.expect(p.ready.index(s), ROWS * _BLOCK + b_bytes + scale_bytes)
     if ROWS == _BLOCK:
         desc = p.x_desc if IS_X else p.h_desc
@@ -546,14 +535,17 @@ def _mma_steps(
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     if p.SCALES_TMA:
-        for _ in range(k_steps):
+        sw = gl.load(w_scales)
+        for k in range(k_steps):
             s = it % p.STAGES
             mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
             raw = _issue_mma(p, s, zero, WG)
-            scale = _slot_scales(p, s, WG, acc_layout)
+            sa = _slot_scales(p, s, WG, acc_layout)
+            sw_next = gl.load(w_scales + gl.minimum(k + 1, k_steps - 1))
             raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
             mbarrier.arrive(p.empty.index(s), count=1)
-            acc += raw * scale[:, None]
+            acc += raw * (sa * sw)[:, None]
+            sw = sw_next
             it += 1
         return acc, it
     # Scales written before the launch load before the first slot is waited for (PREFETCH);
@@ -588,13 +580,10 @@ def _mma_steps(
 
 @gluon.jit
 def _slot_scales(p, s, WG: gl.constexpr, acc_layout: gl.constexpr):
-    """Slot s's scale of each of this warpgroup's rows: activation scale x weight scale."""
+    """Slot s's activation scale of each of this warpgroup's rows."""
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     rows = p.sa_bufs.index(s)._reinterpret(gl.float32, [_BLOCK], flat).slice(WG * _HALF, _HALF)
-    sa = rows.load(gl.SliceLayout(1, acc_layout))
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    sw = p.sw_bufs.index(s)._reinterpret(gl.float32, [_SCALE_BOX], flat).slice(0, 1).load(one)
-    return sa * gl.max(sw, axis=0)
+    return rows.load(gl.SliceLayout(1, acc_layout))
 
 
 @gluon.jit
@@ -868,8 +857,6 @@ def _fused_moe_ws(
     h32_desc,
     xs_desc,
     hs_desc,
-    s1_desc,
-    s2_desc,
     H,
     I,  # noqa: E741
     max_spin,
@@ -913,8 +900,6 @@ def _fused_moe_ws(
     scale_slots: gl.constexpr = STAGES if SCALES_TMA else 1  # unused without SCALES_TMA
     sa_block: gl.constexpr = xs_desc.block_type.shape
     sa_bufs = gl.allocate_shared_memory(gl.float32, [scale_slots] + sa_block, xs_desc.layout)
-    sw_block: gl.constexpr = s1_desc.block_type.shape
-    sw_bufs = gl.allocate_shared_memory(gl.float32, [scale_slots] + sw_block, s1_desc.layout)
     tile_ids = gl.allocate_shared_memory(
         gl.int32, [_TILE_SLOTS, _RECORD], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )
@@ -939,10 +924,8 @@ def _fused_moe_ws(
             h32_desc,
             xs_desc,
             hs_desc,
-            s1_desc,
-            s2_desc,
         ),
-        (a_bufs, b_bufs, c_bufs, c_hi_bufs, ready, empty, converted, sa_bufs, sw_bufs),
+        (a_bufs, b_bufs, c_bufs, c_hi_bufs, ready, empty, converted, sa_bufs),
         (tile_ids, tile_ready, tile_empty),
         (
             tiles_ptr,
@@ -997,9 +980,9 @@ def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8", *, scales
     """Gluon TMA descriptors, weights as 2-D (experts * rows, K or K/2 packed bytes): W8A8
     128 x 128 FP8 blocks; W4A8 128 x 64 (activation halves, packed weight bytes). With
     TILE_MAJOR_WEIGHTS the weights' descriptors are over their tile-major copies.
-    scales: (xs_steps, hs, s1, s2), the scales' descriptors (SCALES_TMA): x's step-major
-    (step_major), the intermediate's buffer as step-major [I / 128, rows] (its layout is
-    this kernel's own), the weights' flat."""
+    scales: (xs_steps, hs), whose descriptors SCALES_TMA reads: x's scales step-major
+    (step_major) and the intermediate's buffer as step-major [I / 128, rows] (its layout is
+    this kernel's own)."""
     w4 = _is_w4(precision)
     width = HALF if w4 else BLOCK
     fp8 = gl.NVMMASharedLayout.get_default_for([BLOCK, width], gl.float8e4nv)
@@ -1021,28 +1004,20 @@ def descriptors(x, w1, h, w2, H: int, I: int, precision: str = "w8a8", *, scales
         weights(w2),
         *(rows(x, H, box) for box in ROW_BOXES[1:]),
         *(rows(h, I, box) for box in ROW_BOXES[1:]),
-        *scale_descriptors(*scales, H=H, I=I, rows=x.shape[0]),
+        *scale_descriptors(*scales, I=I, rows=x.shape[0]),
     )
 
 
-def scale_descriptors(xs_steps, hs, s1, s2, *, H: int, I: int, rows: int):  # noqa: E741
-    """SCALES_TMA's descriptors: a step's scales of 128 rows ([1, 128] boxes of x's
-    step-major scales and of the intermediate's), and a weight block row's scale of a step
-    (SCALE_BOX boxes of the weight scales, flat: a weight row's steps need not span a
-    multiple of 16 bytes, which a 2-D descriptor's row stride must). Each describes exactly
-    its tensor's memory (a 2-D view of one padded row faulted on one H200)."""
-    rows_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    flat_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+def scale_descriptors(xs_steps, hs, *, I: int, rows: int):  # noqa: E741
+    """SCALES_TMA's descriptors: a step's scales of 128 rows ([1, 128] boxes) of x's
+    step-major scales and of the intermediate's (its buffer read as [I / 128, rows])."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     hs_steps = hs.view(-1)[: (I // BLOCK) * rows].view(I // BLOCK, rows)
 
     def steps(a):
-        return TensorDescriptor(a, list(a.shape), [a.shape[1], 1], [1, BLOCK], rows_layout)
+        return TensorDescriptor(a, list(a.shape), [a.shape[1], 1], [1, BLOCK], layout)
 
-    def flat(s):
-        s = s.view(-1)
-        return TensorDescriptor(s, [s.numel()], [1], [SCALE_BOX], flat_layout)
-
-    return steps(xs_steps), steps(hs_steps), flat(s1), flat(s2)
+    return steps(xs_steps), steps(hs_steps)
 
 
 def step_major(scales):
@@ -1226,18 +1201,16 @@ def compile_for_sm90(
     i32 = torch.empty(4, dtype=torch.int32)
     f32 = torch.empty(4, dtype=torch.float32)
     i64 = torch.empty(4, dtype=torch.int64)
-    scales = (  # one row block, one step: xs steps, hs, s1 (gate and up), s2
+    scales = (  # one row block, one step: x's scales step-major, the intermediate's
         torch.empty(1, BLOCK, dtype=torch.float32),
         torch.empty(BLOCK, 1, dtype=torch.float32),
-        torch.empty(1, 2, 1, dtype=torch.float32),
-        torch.empty(1, 1, 1, dtype=torch.float32),
     )
     values = args(
         tiles=i32.view(1, 4),
         sync=i32,
         xs=f32,
-        s1=scales[2],
-        s2=scales[3],
+        s1=f32,
+        s2=f32,
         h=fp8,
         hs=scales[1],
         out=torch.empty(4, dtype=torch.bfloat16),
