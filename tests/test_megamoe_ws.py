@@ -408,6 +408,7 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 32)
     monkeypatch.setattr(megamoe_ws, "CLAIM_RELAXED", False)
     monkeypatch.setattr(megamoe_ws, "SWIGLU_TANH", False)
+    monkeypatch.setattr(megamoe_ws, "SCALES_TMA", False)
     assert megamoe_ws.launch_options("w8a8") == {"padding_halves": "skipped"}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)
@@ -497,3 +498,45 @@ def test_swiglu_through_tanh_replaces_the_exp_and_the_division(monkeypatch):
     monkeypatch.setattr(megamoe_ws, "SWIGLU_TANH", True)
     for precision in megamoe_ws.PRECISIONS:
         assert megamoe_ws.launch_options(precision)["swiglu_sigmoid"] == "tanh.approx"
+
+
+@needs_triton
+def test_scales_through_the_slots_leave_the_step_loops_one_global_load(monkeypatch):
+    """SCALES_TMA: each step's activation scales come with the slot (one more TMA load a
+    step, read from shared memory), so the math warpgroups' step loops load only the weight
+    scale from global memory; the MMAs are those of the plain build."""
+    from xstage_kernels import megamoe_ws
+
+    patterns = {**GLOBAL_LOADS, "shared_loads": r"ld\.shared\.b32"}
+    call = "kernels.compile_for_sm90(precision='w8a8', scales_tma={})"
+    plain = sm90.compiled("megamoe_ws", call.format(False), patterns)
+    slots = sm90.compiled("megamoe_ws", call.format(True), patterns)
+    assert slots["tma_loads"] > plain["tma_loads"] > 0
+    assert slots["global_loads"] < plain["global_loads"]
+    assert slots["shared_loads"] > plain["shared_loads"]
+    assert slots["wgmma"] == plain["wgmma"] > 0
+    assert slots["shared"] - plain["shared"] == megamoe_ws.STAGES * 4 * megamoe_ws.BLOCK
+    monkeypatch.setattr(megamoe_ws, "SCALES_TMA", True)
+    for precision in megamoe_ws.PRECISIONS:
+        assert "TMA" in megamoe_ws.launch_options(precision)["step_scales"]
+
+
+@needs_triton
+def test_the_scale_descriptors_read_a_steps_scales_of_a_row_block():
+    """x's scales step-major (a step's 128 rows consecutive) and the intermediate's buffer
+    read as [I / 128, rows], each in [1, 128] boxes."""
+    import torch
+
+    from xstage_kernels import megamoe_ws
+    from xstage_kernels.formats import step_major
+
+    rows, I = 256, 384  # noqa: E741
+    xs = torch.arange(rows * 3, dtype=torch.float32).view(rows, 3)
+    steps = step_major(xs)
+    assert steps.shape == (3, rows) and steps.is_contiguous()
+    assert torch.equal(steps[1, :5], xs[:5, 1])
+    hs = torch.zeros(rows, I // megamoe_ws.BLOCK)
+    x_desc, h_desc = megamoe_ws.scale_descriptors(steps, hs, I=I, rows=rows)
+    assert list(x_desc.shape) == [3, rows] and list(x_desc.block_shape) == [1, 128]
+    assert list(h_desc.shape) == [I // 128, rows] and list(h_desc.strides) == [rows, 1]
+    assert h_desc.base.data_ptr() == hs.data_ptr()

@@ -15,6 +15,12 @@ AMAX_FLOOR = 1e-10
 PRECISIONS = ("bf16", "w8a8", "w4a8")
 
 
+def step_major(scales):
+    """(rows, K / 128) scales as (K / 128, rows), a step's scales of consecutive rows
+    consecutive: how the warp-specialized kernel's TMA reads activation scales."""
+    return scales.t().contiguous()
+
+
 def check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")

@@ -50,7 +50,14 @@ import os
 import triton
 import triton.language as tl
 
-from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX, SCALE_BLOCK, TRACE_FIELDS, check_precision
+from xstage_kernels.formats import (
+    AMAX_FLOOR,
+    FP8_MAX,
+    SCALE_BLOCK,
+    TRACE_FIELDS,
+    check_precision,
+    step_major,
+)
 from xstage_kernels.tma import available as tma_available
 
 BLOCK_M = 128
@@ -390,7 +397,7 @@ def launch(
     """Enqueue one fused launch on the current device and stream (tensors on that device,
     except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand.
     emulate_ns: (Linear-1, Linear-2) waits per tile that replace the MMAs (EMULATE).
-    xs_steps: xs step-major (megamoe_ws.step_major), which the warp-specialized kernel
+    xs_steps: xs step-major (formats.step_major), which the warp-specialized kernel
     reads; made here when not given (a copy each launch: callers that time keep one)."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
@@ -404,7 +411,7 @@ def launch(
         from xstage_kernels import megamoe_ws
 
         if xs_steps is None:
-            xs_steps = megamoe_ws.step_major(xs)
+            xs_steps = step_major(xs)
         megamoe_ws.launch(
             precision=precision,
             num_programs=num_programs,

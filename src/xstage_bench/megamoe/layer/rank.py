@@ -18,6 +18,7 @@ from xstage_bench.megamoe import routing, schedule
 from xstage_bench.megamoe.quant import SCALE_BLOCK
 from xstage_bench.megamoe.reference import ExpertWeights
 from xstage_kernels import megamoe as kernel
+from xstage_kernels.formats import step_major
 
 
 @dataclass
@@ -100,7 +101,7 @@ def rank_buffers(
         grid=grid,
         x=x,
         xs=xs,
-        xs_steps=xs.t().contiguous() if xs.ndim == 2 else xs,
+        xs_steps=step_major(xs) if xs.ndim == 2 else xs,
         h=torch.empty(plan.padded_rows, I, dtype=act_dtype(torch, precision), device=device),
         hs=scale_buffer(torch, precision, plan.padded_rows, I, device),
         comb=comb,
