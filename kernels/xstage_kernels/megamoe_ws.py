@@ -84,6 +84,14 @@ loads (a diagnostic build, wrong outputs) the kernel took 0.91-0.93 of the time 
 still 0.34-0.45 us: each warpgroup's serial MMA, wait, promotion and next issue bounds it.
 The activation scales then moved into the slots, by TMA (SCALES_TMA: 0.914-0.966 of the
 time at 16384 tokens, a steady step 0.35-0.47 us: kernels/ab/*-tile-phases-*-scales-tma).
+What is left follows the bytes a step loads: the shapes whose row blocks load 64 of their
+rows (qwen, hy3) step in 0.35-0.36 us, the others, loading all 128, in 0.46-0.47 us. At
+0.46 us a step (32.5 KiB each: activations, weights, scales) the 132 CTAs draw about 9.4
+TB/s from L2. So operand delivery from L2 (its bandwidth or its latency at this load; not
+profiled since), more than the MMAs' issue, bounds the steps. What would cut those bytes: a
+2-CTA cluster whose CTAs share one operand by TMA multicast (two column blocks of one row
+block), or wider tiles, which the two fp32 accumulators of a promoting warpgroup leave no
+registers for (neither tried).
 Also tried and lost (kernels/ab): warpgroup 1 lagging warpgroup 0 by 2-4 steps so that
 their epilogues do not coincide (WG_LAG, 1.00-1.05x), and the producer claiming its next
 tile 1-4 loads before the current one's last (CLAIM_EARLY, 1.007-1.012x geomean), and a
