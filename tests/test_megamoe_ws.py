@@ -44,6 +44,12 @@ PATTERNS = {
 GLOBAL_LOADS = {**PATTERNS, "global_loads": r"ld\.global"}
 
 
+def _builds(option: str, patterns: dict) -> tuple[dict, dict]:
+    """The W8A8 build's pattern counts with a compile_for_sm90 option off, then on."""
+    call = f"kernels.compile_for_sm90(precision='w8a8', {option}={{}})"
+    return tuple(sm90.compiled("megamoe_ws", call.format(on), patterns) for on in (False, True))
+
+
 def _compiled(trace: bool, precision: str) -> dict:
     call = f"kernels.compile_for_sm90(trace={trace}, precision={precision!r})"
     return sm90.compiled("megamoe_ws", call, PATTERNS)
@@ -464,9 +470,7 @@ def test_a_relaxed_claim_changes_the_claims_atomic_alone(monkeypatch):
         "relaxed_claim": r"atom\.global\.gpu\.relaxed\.add",
         "acquire_poll": r"ld\.global\.gpu\.acquire",
     }
-    call = "kernels.compile_for_sm90(precision='w8a8', claim_relaxed={})"
-    plain = sm90.compiled("megamoe_ws", call.format(False), patterns)
-    relaxed = sm90.compiled("megamoe_ws", call.format(True), patterns)
+    plain, relaxed = _builds("claim_relaxed", patterns)
     assert (plain["acq_rel_claim"], plain["relaxed_claim"]) == (1, 0)
     assert (relaxed["acq_rel_claim"], relaxed["relaxed_claim"]) == (0, 1)
     for name in ("acquire_poll", "release_add", "wgmma", "tma_loads", "shared"):
@@ -488,9 +492,7 @@ def test_swiglu_through_tanh_replaces_the_exp_and_the_division(monkeypatch):
         "ex2": r"ex2\.approx",
         "division": r"div\.(full|rn|approx)\.f32",
     }
-    call = "kernels.compile_for_sm90(precision='w8a8', swiglu_tanh={})"
-    exact = sm90.compiled("megamoe_ws", call.format(False), patterns)
-    tanh = sm90.compiled("megamoe_ws", call.format(True), patterns)
+    exact, tanh = _builds("swiglu_tanh", patterns)
     assert exact["tanh"] == 0 and exact["ex2"] > 0 and exact["division"] > 0
     assert tanh["tanh"] > 0 and tanh["ex2"] == 0
     assert tanh["division"] < exact["division"]  # the row scales' divisions stay
@@ -508,9 +510,7 @@ def test_scales_through_the_slots_leave_the_step_loops_one_global_load(monkeypat
     from xstage_kernels import megamoe_ws
 
     patterns = {**GLOBAL_LOADS, "shared_loads": r"ld\.shared\.b32"}
-    call = "kernels.compile_for_sm90(precision='w8a8', scales_tma={})"
-    plain = sm90.compiled("megamoe_ws", call.format(False), patterns)
-    slots = sm90.compiled("megamoe_ws", call.format(True), patterns)
+    plain, slots = _builds("scales_tma", patterns)
     assert slots["tma_loads"] > plain["tma_loads"] > 0
     assert slots["global_loads"] < plain["global_loads"]
     assert slots["shared_loads"] > plain["shared_loads"]
