@@ -243,6 +243,10 @@ SWIGLU_TANH = True
 # 0.914-0.966 of the time at 16384 tokens (geomean 0.938), 0.957-0.992 at 4096, 0.976-1.003
 # at 1024; W4A8 0.950-0.988 at 16384, 0.971-0.997 at 4096; outputs as before.
 SCALES_TMA = True
+# DIAGNOSTIC, timing only, wrong outputs (W8A8): what a steady step waits for. 1: no loads
+# (the producer arrives on each slot, the MMAs read what the slots hold); 2: no MMAs (the
+# math warpgroups release each slot once it is full); 3: as 2 with every odd CTA idle.
+DIAG_STEPS = 0
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -254,6 +258,7 @@ LAUNCH_OPTIONS = (
     "CLAIM_RELAXED",
     "SWIGLU_TANH",
     "SCALES_TMA",
+    "DIAG_STEPS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -328,6 +333,7 @@ class Shared:
     CLAIM_RELAXED: gl.constexpr
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
+    DIAG: gl.constexpr
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
@@ -365,7 +371,9 @@ class Shared:
             CLAIM,
             TANH,
             SCALES_TMA,
+            DIAG,
         ) = options
+        self.DIAG = gl.constexpr(DIAG)
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.SWIGLU_TANH = gl.constexpr(TANH)
@@ -405,14 +413,17 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
             b_at = [b_row, k * (_HALF if p.W4 else _BLOCK)]
         s = it % p.STAGES
         mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
-        if box == _BLOCK:
+        if p.DIAG == 1:
+            mbarrier.arrive(p.ready.index(s), count=1)
+        elif box == _BLOCK:
             _load_a(p, s, k, a_row, IS_X, _BLOCK)
         elif box == _HALF:
             _load_a(p, s, k, a_row, IS_X, _HALF)
         else:
             _load_a(p, s, k, a_row, IS_X, _QUARTER)
-        tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
-        if p.SCALES_TMA:  # the step's activation scales of the block's 128 rows
+        if p.DIAG != 1:
+            tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
+        if p.SCALES_TMA and p.DIAG != 1:  # the step's activation scales of the block's 128 rows
             s_desc = p.xs_desc if IS_X else p.hs_desc
             sa_at = [k, a_row]
             tma.async_copy_global_to_shared(s_desc, sa_at, p.ready.index(s), p.sa_bufs.index(s))
@@ -483,8 +494,13 @@ def _producer(p, WG: gl.constexpr):
     it = 0
     j = 0
     running = True
+    idle = False
+    if p.DIAG == 3:
+        idle = pid % 2 == 1
     while running:
-        if p.CLAIM_RELAXED:
+        if idle:
+            idx = p.n_tiles
+        elif p.CLAIM_RELAXED:
             idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
         else:
             idx = gl.atomic_add(p.sync_ptr, 1)
@@ -547,6 +563,8 @@ def _mma_steps(
     A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
+    if p.DIAG >= 2:
+        return acc, _skip_steps(p, it, k_steps)
     if p.SCALES_TMA:
         sw = gl.load(w_scales)
         for k in range(k_steps):
@@ -886,6 +904,7 @@ def _fused_moe_ws(
     CLAIM_RELAXED: gl.constexpr,
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
+    DIAG: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -967,6 +986,7 @@ def _fused_moe_ws(
             CLAIM_RELAXED,
             SWIGLU_TANH,
             SCALES_TMA,
+            DIAG,
         ),
     )
     if W4:
@@ -1122,6 +1142,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
         SWIGLU_TANH=bool(SWIGLU_TANH),
         SCALES_TMA=bool(SCALES_TMA),
+        DIAG=int(DIAG_STEPS),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1193,6 +1214,7 @@ def compile_for_sm90(
     claim_relaxed: bool = False,
     swiglu_tanh: bool = False,
     scales_tma: bool = False,
+    diag: int = 0,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1246,6 +1268,7 @@ def compile_for_sm90(
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
         (names.index("SCALES_TMA"),): scales_tma,
+        (names.index("DIAG"),): diag,
     }
     constexprs = (
         "TRACE",
@@ -1260,6 +1283,7 @@ def compile_for_sm90(
         "CLAIM_RELAXED",
         "SWIGLU_TANH",
         "SCALES_TMA",
+        "DIAG",
     )
     for name in constexprs:
         signature[name] = "constexpr"
