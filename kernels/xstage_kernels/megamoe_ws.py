@@ -84,14 +84,24 @@ loads (a diagnostic build, wrong outputs) the kernel took 0.91-0.93 of the time 
 still 0.34-0.45 us: each warpgroup's serial MMA, wait, promotion and next issue bounds it.
 The activation scales then moved into the slots, by TMA (SCALES_TMA: 0.914-0.966 of the
 time at 16384 tokens, a steady step 0.35-0.47 us: kernels/ab/*-tile-phases-*-scales-tma).
-What is left follows the bytes a step loads: the shapes whose row blocks load 64 of their
-rows (qwen, hy3) step in 0.35-0.36 us, the others, loading all 128, in 0.46-0.47 us. At
-0.46 us a step (32.5 KiB each: activations, weights, scales) the 132 CTAs draw about 9.4
-TB/s from L2. So operand delivery from L2 (its bandwidth or its latency at this load; not
-profiled since), more than the MMAs' issue, bounds the steps. What would cut those bytes: a
-2-CTA cluster whose CTAs share one operand by TMA multicast (two column blocks of one row
-block), or wider tiles, which the two fp32 accumulators of a promoting warpgroup leave no
-registers for (neither tried).
+Then (2026-12-04, kernels/ab/*-diag-steps-*, every shape at 16384 tokens, one run each, a
+diagnostic build that was taken out again) a steady step was timed without part of its
+work: without its operand loads (no TMA, no L2 traffic; the MMAs read what the slots held)
+a Linear-1 step of the full-block shapes took 0.41-0.45 us, against 0.48-0.50 us with them
+(qwen, hy3: 0.32 against 0.36); without its MMAs (the slots released as soon as they fill)
+0.24-0.32 us, and 0.17-0.20 us with half the CTAs idle. Nsight Compute on DeepSeek-V4
+Flash (kernels/ab/2026-12-04-ncu-smem-*): the tensor pipe 56% busy with the loads, 59%
+without, shared memory's data stage 47% (90% of it the MMAs' operand reads). So the loads
+cost about a tenth of a step and no memory level is saturated; what bounds a step is each
+math warpgroup's serial turn of MMA, wait, promotion and next issue at 128 columns a
+promotion: of a warpgroup's 0.42 us round, its own MMA takes about 0.14 us at the tensor
+cores' peak and the rest of its turn about 0.28 us, twice the other warpgroup's MMA that
+should hide it. More columns per
+promotion (a 64 x 256 product, or gate and up of a Linear-1 tile as one 256-column MMA)
+would halve the turns per FLOP, but a promoting warpgroup then holds a 128-register
+accumulator and a 128-register product: more than the 232 it has. Sharing operands
+across a 2-CTA cluster by TMA multicast would cut only the loads' tenth (and Triton 3.6's
+Gluon has no multicast copy).
 Also tried and lost (kernels/ab): warpgroup 1 lagging warpgroup 0 by 2-4 steps so that
 their epilogues do not coincide (WG_LAG, 1.00-1.05x), and the producer claiming its next
 tile 1-4 loads before the current one's last (CLAIM_EARLY, 1.007-1.012x geomean), and a
@@ -243,10 +253,6 @@ SWIGLU_TANH = True
 # 0.914-0.966 of the time at 16384 tokens (geomean 0.938), 0.957-0.992 at 4096, 0.976-1.003
 # at 1024; W4A8 0.950-0.988 at 16384, 0.971-0.997 at 4096; outputs as before.
 SCALES_TMA = True
-# DIAGNOSTIC, timing only, wrong outputs (W8A8): what a steady step waits for. 1: no loads
-# (the producer arrives on each slot, the MMAs read what the slots hold); 2: no MMAs (the
-# math warpgroups release each slot once it is full); 3: as 2 with every odd CTA idle.
-DIAG_STEPS = 0
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -258,7 +264,6 @@ LAUNCH_OPTIONS = (
     "CLAIM_RELAXED",
     "SWIGLU_TANH",
     "SCALES_TMA",
-    "DIAG_STEPS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -333,7 +338,6 @@ class Shared:
     CLAIM_RELAXED: gl.constexpr
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
-    DIAG: gl.constexpr
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
@@ -371,9 +375,7 @@ class Shared:
             CLAIM,
             TANH,
             SCALES_TMA,
-            DIAG,
         ) = options
-        self.DIAG = gl.constexpr(DIAG)
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.SWIGLU_TANH = gl.constexpr(TANH)
@@ -413,17 +415,14 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
             b_at = [b_row, k * (_HALF if p.W4 else _BLOCK)]
         s = it % p.STAGES
         mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
-        if p.DIAG == 1:
-            mbarrier.arrive(p.ready.index(s), count=1)
-        elif box == _BLOCK:
+        if box == _BLOCK:
             _load_a(p, s, k, a_row, IS_X, _BLOCK)
         elif box == _HALF:
             _load_a(p, s, k, a_row, IS_X, _HALF)
         else:
             _load_a(p, s, k, a_row, IS_X, _QUARTER)
-        if p.DIAG != 1:
-            tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
-        if p.SCALES_TMA and p.DIAG != 1:  # the step's activation scales of the block's 128 rows
+        tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
+        if p.SCALES_TMA:  # the step's activation scales of the block's 128 rows
             s_desc = p.xs_desc if IS_X else p.hs_desc
             sa_at = [k, a_row]
             tma.async_copy_global_to_shared(s_desc, sa_at, p.ready.index(s), p.sa_bufs.index(s))
@@ -494,13 +493,8 @@ def _producer(p, WG: gl.constexpr):
     it = 0
     j = 0
     running = True
-    idle = False
-    if p.DIAG == 3:
-        idle = pid % 2 == 1
     while running:
-        if idle:
-            idx = p.n_tiles
-        elif p.CLAIM_RELAXED:
+        if p.CLAIM_RELAXED:
             idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
         else:
             idx = gl.atomic_add(p.sync_ptr, 1)
@@ -563,8 +557,6 @@ def _mma_steps(
     A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
-    if p.DIAG >= 2:
-        return acc, _skip_steps(p, it, k_steps)
     if p.SCALES_TMA:
         sw = gl.load(w_scales)
         for k in range(k_steps):
@@ -904,7 +896,6 @@ def _fused_moe_ws(
     CLAIM_RELAXED: gl.constexpr,
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
-    DIAG: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -986,7 +977,6 @@ def _fused_moe_ws(
             CLAIM_RELAXED,
             SWIGLU_TANH,
             SCALES_TMA,
-            DIAG,
         ),
     )
     if W4:
@@ -1142,7 +1132,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
         SWIGLU_TANH=bool(SWIGLU_TANH),
         SCALES_TMA=bool(SCALES_TMA),
-        DIAG=int(DIAG_STEPS),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1214,7 +1203,6 @@ def compile_for_sm90(
     claim_relaxed: bool = False,
     swiglu_tanh: bool = False,
     scales_tma: bool = False,
-    diag: int = 0,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1268,7 +1256,6 @@ def compile_for_sm90(
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
         (names.index("SCALES_TMA"),): scales_tma,
-        (names.index("DIAG"),): diag,
     }
     constexprs = (
         "TRACE",
@@ -1283,7 +1270,6 @@ def compile_for_sm90(
         "CLAIM_RELAXED",
         "SWIGLU_TANH",
         "SCALES_TMA",
-        "DIAG",
     )
     for name in constexprs:
         signature[name] = "constexpr"
