@@ -85,23 +85,22 @@ still 0.34-0.45 us: each warpgroup's serial MMA, wait, promotion and next issue 
 The activation scales then moved into the slots, by TMA (SCALES_TMA: 0.914-0.966 of the
 time at 16384 tokens, a steady step 0.35-0.47 us: kernels/ab/*-tile-phases-*-scales-tma).
 Then (2026-12-04, kernels/ab/*-diag-steps-*, every shape at 16384 tokens, one run each, a
-diagnostic build that was taken out again) a steady step was timed without part of its
-work: without its operand loads (no TMA, no L2 traffic; the MMAs read what the slots held)
-a Linear-1 step of the full-block shapes took 0.41-0.45 us, against 0.48-0.50 us with them
+diagnostic build that was taken out again) a steady step was timed without part of its work:
+without its operand loads (no TMA, no L2 traffic; the MMAs read what the slots held) a
+Linear-1 step of the full-block shapes took 0.41-0.45 us, against 0.48-0.50 us with them
 (qwen, hy3: 0.32 against 0.36); without its MMAs (the slots released as soon as they fill)
-0.24-0.32 us, and 0.17-0.20 us with half the CTAs idle. Nsight Compute on DeepSeek-V4
-Flash (kernels/ab/2026-12-04-ncu-smem-*): the tensor pipe 56% busy with the loads, 59%
-without, shared memory's data stage 47% (90% of it the MMAs' operand reads). So the loads
-cost about a tenth of a step and no memory level is saturated; what bounds a step is each
-math warpgroup's serial turn of MMA, wait, promotion and next issue at 128 columns a
-promotion: of a warpgroup's 0.42 us round, its own MMA takes about 0.14 us at the tensor
-cores' peak and the rest of its turn about 0.28 us, twice the other warpgroup's MMA that
-should hide it. More columns per
-promotion (a 64 x 256 product, or gate and up of a Linear-1 tile as one 256-column MMA)
-would halve the turns per FLOP, but a promoting warpgroup then holds a 128-register
-accumulator and a 128-register product: more than the 232 it has. Sharing operands
-across a 2-CTA cluster by TMA multicast would cut only the loads' tenth (and Triton 3.6's
-Gluon has no multicast copy).
+0.24-0.32 us, and 0.17-0.20 us with half the CTAs idle. Nsight Compute on DeepSeek-V4 Flash
+(kernels/ab/2026-12-04-ncu-smem-*): the tensor pipe 56% busy with the loads, 59% without,
+shared memory's data stage 47% (90% of it the MMAs' operand reads). So the loads cost about
+a tenth of a step and no memory level is saturated; what bounds a step is each math
+warpgroup's serial turn of MMA, wait, promotion and next issue at 128 columns a promotion:
+of a warpgroup's 0.42 us round, its own MMA takes about 0.14 us at the tensor cores' peak
+and the rest of its turn about 0.28 us, twice the other warpgroup's MMA that should hide it.
+More columns per promotion (a 64 x 256 product, or gate and up of a Linear-1 tile as one
+256-column MMA) would halve the turns per FLOP, but a promoting warpgroup then holds a
+128-register accumulator and a 128-register product: more than the 232 it has. Sharing
+operands across a 2-CTA cluster by TMA multicast would cut only the loads' tenth (and Triton
+3.6's Gluon has no multicast copy).
 Also tried and lost (kernels/ab): warpgroup 1 lagging warpgroup 0 by 2-4 steps so that
 their epilogues do not coincide (WG_LAG, 1.00-1.05x), and the producer claiming its next
 tile 1-4 loads before the current one's last (CLAIM_EARLY, 1.007-1.012x geomean), and a
