@@ -71,19 +71,18 @@ after those waits lost their paired A/B there and were taken out (kernels/ab, co
 (1.02-1.24x), and gate's and Linear-2's loops unrolled by two so that no copy waits for the
 scale loads (1.01-1.05x, W4A8 1.00-1.06x). The first three added work or latency to the
 one producer warp, whose slots are what the math warps wait for. Measured since
-(kernels/ab/2026-12-03-ncu-memory-*, same shape, SM clock locked at 1.33 GHz): L2 59% of
-its peak throughput (7.1 TB/s through L2, 6.1 TB/s L2 to SMs), DRAM 27%, hit rate 69%; so
-no aggregate bandwidth is saturated either. What is left is latency, the slot waits and
-the MMA's own wait of the stall profile above (not separated further); a 2-CTA cluster
-sharing activation blocks by TMA multicast would halve the bytes each CTA waits for (not
-tried). Tile by tile (kernels/ab/*-tile-phases-*, the traced build, every shape at 16384
-tokens): 0.80 of the CTAs' time (median over shapes) goes to step loops at their steady
-pace, 0.08 to a tile's first slots, 0.12 to epilogues; a steady step of both warpgroups
-takes 0.36-0.53 us against ~0.28 us at the tensor cores' peak. Without the loops' scale
-loads (a diagnostic build, wrong outputs) the kernel took 0.91-0.93 of the time and a step
-still 0.34-0.45 us: each warpgroup's serial MMA, wait, promotion and next issue bounds it.
-The activation scales then moved into the slots, by TMA (SCALES_TMA: 0.914-0.966 of the
-time at 16384 tokens, a steady step 0.35-0.47 us: kernels/ab/*-tile-phases-*-scales-tma).
+(kernels/ab/2026-12-03-ncu-memory-*, same shape, SM clock locked at 1.33 GHz): L2 59% of its
+peak throughput (7.1 TB/s through L2, 6.1 TB/s L2 to SMs), DRAM 27%, hit rate 69%; so no
+aggregate bandwidth is saturated either. What is left is latency, the slot waits and the
+MMA's own wait of the stall profile above (separated on 2026-12-04: below). Tile by tile
+(kernels/ab/*-tile-phases-*, the traced build, every shape at 16384 tokens): 0.80 of the
+CTAs' time (median over shapes) goes to step loops at their steady pace, 0.08 to a tile's
+first slots, 0.12 to epilogues; a steady step of both warpgroups takes 0.36-0.53 us against
+~0.28 us at the tensor cores' peak. Without the loops' scale loads (a diagnostic build,
+wrong outputs) the kernel took 0.91-0.93 of the time and a step still 0.34-0.45 us: each
+warpgroup's serial MMA, wait, promotion and next issue bounds it. The activation scales then
+moved into the slots, by TMA (SCALES_TMA: 0.914-0.966 of the time at 16384 tokens, a steady
+step 0.35-0.47 us: kernels/ab/*-tile-phases-*-scales-tma).
 Then (2026-12-04, kernels/ab/*-diag-steps-*, every shape at 16384 tokens, one run each, a
 diagnostic build that was taken out again) a steady step was timed without part of its work:
 without its operand loads (no TMA, no L2 traffic; the MMAs read what the slots held) a
