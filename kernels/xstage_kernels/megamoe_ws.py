@@ -251,6 +251,16 @@ SWIGLU_TANH = True
 # 0.914-0.966 of the time at 16384 tokens (geomean 0.938), 0.957-0.992 at 4096, 0.976-1.003
 # at 1024; W4A8 0.950-0.988 at 16384, 0.971-0.997 at 4096; outputs as before.
 SCALES_TMA = True
+# W8A8 with SCALES_TMA: gate's and Linear-2's step loops take two steps at a time, both
+# steps' MMAs issued before the first is waited for, so the first's promotion and the
+# warpgroup's turn back to the ring run under the second's MMA (PAIR_STEPS). One H200,
+# 16384 tokens (kernels/ab/2026-12-04-*-diag-steps-*): a steady step is bound by that turn,
+# about 0.28 us beside a warpgroup's own 0.14 us MMA, not by operand delivery. Costs a second
+# 64-register product, so not in up's loop (gate's result is live there); nothing in flight
+# crosses an iteration (ptxas serializes every wgmma when an accumulator still being written
+# is carried). Tried before as MMA_PIPELINE (2026-12-03), when each pair also waited for its
+# four scale loads from global memory: 1.03-1.07x the time.
+PAIR_STEPS = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -262,6 +272,7 @@ LAUNCH_OPTIONS = (
     "CLAIM_RELAXED",
     "SWIGLU_TANH",
     "SCALES_TMA",
+    "PAIR_STEPS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -336,6 +347,7 @@ class Shared:
     CLAIM_RELAXED: gl.constexpr
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
+    PAIR: gl.constexpr  # PAIR_STEPS (W8A8 with SCALES_TMA)
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
@@ -373,7 +385,9 @@ class Shared:
             CLAIM,
             TANH,
             SCALES_TMA,
+            PAIR,
         ) = options
+        self.PAIR = gl.constexpr(PAIR and SCALES_TMA and not W4)
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.SWIGLU_TANH = gl.constexpr(TANH)
@@ -548,13 +562,17 @@ def _mma_steps(
     WG: gl.constexpr,
     acc_layout: gl.constexpr,
     A_WRITTEN: gl.constexpr,
+    PAIRABLE: gl.constexpr = False,
 ):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
     slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
-    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's).
+    PAIRABLE: the registers of a second product are free (PAIR_STEPS)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
+    if p.PAIR and PAIRABLE:
+        return _paired_steps(p, it, w_scales, k_steps, WG, acc_layout)
     if p.SCALES_TMA:
         sw = gl.load(w_scales)
         for k in range(k_steps):
@@ -595,6 +613,48 @@ def _mma_steps(
         acc += raw * (sa * sw)[:, None]
         sa = sa_next
         sw = sw_next
+        it += 1
+    return acc, it
+
+
+@gluon.jit
+def _paired_steps(p, it, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
+    """_mma_steps (SCALES_TMA) two steps at a time: both MMAs issued, then the first waited
+    for, released and promoted while the second runs. A slot's scales are read before it is
+    released; the weight scales load a pair ahead."""
+    zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
+    acc = zero
+    last = k_steps - 1
+    sw0 = gl.load(w_scales)
+    sw1 = gl.load(w_scales + gl.minimum(1, last))
+    for k in range(0, last, 2):
+        s0 = it % p.STAGES
+        s1 = (it + 1) % p.STAGES
+        mbarrier.wait(p.converted.index(s0), (it // p.STAGES) & 1)
+        first = _issue_mma(p, s0, zero, WG)
+        mbarrier.wait(p.converted.index(s1), ((it + 1) // p.STAGES) & 1)
+        second = _issue_mma(p, s1, zero, WG)
+        sa0 = _slot_scales(p, s0, WG, acc_layout)
+        sa1 = _slot_scales(p, s1, WG, acc_layout)
+        sw0_next = gl.load(w_scales + gl.minimum(k + 2, last))
+        sw1_next = gl.load(w_scales + gl.minimum(k + 3, last))
+        first = warpgroup_mma_wait(num_outstanding=1, deps=(first,))
+        mbarrier.arrive(p.empty.index(s0), count=1)
+        acc += first * (sa0 * sw0)[:, None]
+        second = warpgroup_mma_wait(num_outstanding=0, deps=(second,))
+        mbarrier.arrive(p.empty.index(s1), count=1)
+        acc += second * (sa1 * sw1)[:, None]
+        sw0 = sw0_next
+        sw1 = sw1_next
+        it += 2
+    if k_steps % 2 == 1:  # an odd step count's last step alone (sw0 holds its scale)
+        s = it % p.STAGES
+        mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
+        raw = _issue_mma(p, s, zero, WG)
+        sa = _slot_scales(p, s, WG, acc_layout)
+        raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+        mbarrier.arrive(p.empty.index(s), count=1)
+        acc += raw * (sa * sw0)[:, None]
         it += 1
     return acc, it
 
@@ -786,7 +846,9 @@ def _linear1_rows(
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
-    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
+    gate, it = _mma_steps(
+        p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True, PAIRABLE=True
+    )
     if p.GATE_BF16:
         gate = gate.to(gl.bfloat16)
     up_scales = s_rows + (I // _BLOCK + nb) * steps
@@ -841,6 +903,7 @@ def _linear2_rows(
         WG,
         acc_layout,
         False,
+        PAIRABLE=True,
     )
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
@@ -894,6 +957,7 @@ def _fused_moe_ws(
     CLAIM_RELAXED: gl.constexpr,
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
+    PAIR_STEPS: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -975,6 +1039,7 @@ def _fused_moe_ws(
             CLAIM_RELAXED,
             SWIGLU_TANH,
             SCALES_TMA,
+            PAIR_STEPS,
         ),
     )
     if W4:
@@ -1130,6 +1195,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
         SWIGLU_TANH=bool(SWIGLU_TANH),
         SCALES_TMA=bool(SCALES_TMA),
+        PAIR_STEPS=pairs_steps(precision),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1170,7 +1236,15 @@ def launch_options(precision: str) -> dict:
         options["swiglu_sigmoid"] = "tanh.approx"
     if SCALES_TMA:  # absent: each step's scales loaded by the math warpgroups
         options["step_scales"] = "with the slot, by TMA (scales step-major)"
+    if pairs_steps(precision):  # absent: one step's MMA in flight, as every record before
+        options["step_mmas_in_flight"] = "two (gate and Linear-2)"
     return options
+
+
+def pairs_steps(precision: str) -> bool:
+    """Whether a precision's build takes gate's and Linear-2's steps in pairs (PAIR_STEPS:
+    W8A8 with SCALES_TMA)."""
+    return bool(PAIR_STEPS) and bool(SCALES_TMA) and not _is_w4(precision)
 
 
 def max_regs(precision: str) -> int:
@@ -1201,6 +1275,7 @@ def compile_for_sm90(
     claim_relaxed: bool = False,
     swiglu_tanh: bool = False,
     scales_tma: bool = False,
+    pair_steps: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1254,6 +1329,7 @@ def compile_for_sm90(
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
         (names.index("SCALES_TMA"),): scales_tma,
+        (names.index("PAIR_STEPS"),): pair_steps,
     }
     constexprs = (
         "TRACE",
@@ -1268,6 +1344,7 @@ def compile_for_sm90(
         "CLAIM_RELAXED",
         "SWIGLU_TANH",
         "SCALES_TMA",
+        "PAIR_STEPS",
     )
     for name in constexprs:
         signature[name] = "constexpr"
