@@ -261,6 +261,9 @@ SCALES_TMA = True
 # is carried). Tried before as MMA_PIPELINE (2026-12-03), when each pair also waited for its
 # four scale loads from global memory: 1.03-1.07x the time.
 PAIR_STEPS = False
+# DIAGNOSTIC, timing only, wrong outputs: the producer arrives on each slot instead of
+# loading it (the MMAs read what the slots hold).
+DIAG_NO_LOADS = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -273,6 +276,7 @@ LAUNCH_OPTIONS = (
     "SWIGLU_TANH",
     "SCALES_TMA",
     "PAIR_STEPS",
+    "DIAG_NO_LOADS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -348,6 +352,7 @@ class Shared:
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
     PAIR: gl.constexpr  # PAIR_STEPS (W8A8 with SCALES_TMA)
+    DIAG: gl.constexpr
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
@@ -386,7 +391,9 @@ class Shared:
             TANH,
             SCALES_TMA,
             PAIR,
+            DIAG,
         ) = options
+        self.DIAG = gl.constexpr(DIAG)
         self.PAIR = gl.constexpr(PAIR and SCALES_TMA and not W4)
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
@@ -427,14 +434,17 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
             b_at = [b_row, k * (_HALF if p.W4 else _BLOCK)]
         s = it % p.STAGES
         mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
-        if box == _BLOCK:
+        if p.DIAG:
+            mbarrier.arrive(p.ready.index(s), count=1)
+        elif box == _BLOCK:
             _load_a(p, s, k, a_row, IS_X, _BLOCK)
         elif box == _HALF:
             _load_a(p, s, k, a_row, IS_X, _HALF)
         else:
             _load_a(p, s, k, a_row, IS_X, _QUARTER)
-        tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
-        if p.SCALES_TMA:  # the step's activation scales of the block's 128 rows
+        if not p.DIAG:
+            tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
+        if p.SCALES_TMA and not p.DIAG:  # the step's activation scales of the block's 128 rows
             s_desc = p.xs_desc if IS_X else p.hs_desc
             sa_at = [k, a_row]
             tma.async_copy_global_to_shared(s_desc, sa_at, p.ready.index(s), p.sa_bufs.index(s))
@@ -958,6 +968,7 @@ def _fused_moe_ws(
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
     PAIR_STEPS: gl.constexpr,
+    DIAG: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -1040,6 +1051,7 @@ def _fused_moe_ws(
             SWIGLU_TANH,
             SCALES_TMA,
             PAIR_STEPS,
+            DIAG,
         ),
     )
     if W4:
@@ -1196,6 +1208,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         SWIGLU_TANH=bool(SWIGLU_TANH),
         SCALES_TMA=bool(SCALES_TMA),
         PAIR_STEPS=pairs_steps(precision),
+        DIAG=bool(DIAG_NO_LOADS),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1276,6 +1289,7 @@ def compile_for_sm90(
     swiglu_tanh: bool = False,
     scales_tma: bool = False,
     pair_steps: bool = False,
+    diag: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1330,6 +1344,7 @@ def compile_for_sm90(
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
         (names.index("SCALES_TMA"),): scales_tma,
         (names.index("PAIR_STEPS"),): pair_steps,
+        (names.index("DIAG"),): diag,
     }
     constexprs = (
         "TRACE",
@@ -1345,6 +1360,7 @@ def compile_for_sm90(
         "SWIGLU_TANH",
         "SCALES_TMA",
         "PAIR_STEPS",
+        "DIAG",
     )
     for name in constexprs:
         signature[name] = "constexpr"
