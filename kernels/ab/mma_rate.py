@@ -1,0 +1,119 @@
+"""How fast the tensor cores run our kernel's MMA shape on their own: the FP8 64 x N x 128
+step of each of two warpgroups (a 128-row tile), operands in shared memory, nothing else.
+
+    PYTHONPATH=src:kernels python3 kernels/ab/mma_rate.py [--iters 4096]
+
+Every CTA (one per SM) fills its A (128 x 128) and B (N x 128) blocks with zeros once, then
+runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of two ways:
+
+- chained: each step accumulates into the same registers, waited for once at the end (the
+  tensor cores' own rate for the shape);
+- promoted: each step's product is waited for and added to an fp32 accumulator with a scale,
+  as our kernel promotes (its MMA-wait-promote turn, without its ring or its loads).
+
+Prints TFLOP/s (2 x 128 x N x 128 per CTA step) from the slowest CTA's globaltimer span, for
+N = 128 (our tile) and 256. A development record, not a dataset.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from xstage_bench.data.results import atomic_write_text
+from xstage_bench.measurement.environment import capture_measured
+
+K = 128
+_K = gl.constexpr(K)
+
+
+@gluon.jit
+def _now():
+    return gl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _warpgroup(a, b, out_ptr, iters, WG: gl.constexpr, N: gl.constexpr, PROMOTE: gl.constexpr):
+    """One math warpgroup: its 64 rows of A times B, `iters` steps."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32]
+    )
+    rows = a.slice(WG * 64, 64)
+    zero = gl.zeros([64, N], gl.float32, acc_layout)
+    acc = zero
+    start = _now()
+    for i in range(iters):
+        if PROMOTE:
+            raw = warpgroup_mma(rows, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+            raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+            acc += raw * (i + 1.0)
+        else:
+            acc = warpgroup_mma(rows, b.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    end = _now()
+    at = out_ptr + (gl.program_id(0) * 2 + WG) * 3
+    gl.store(at + 0, start)
+    gl.store(at + 1, end)
+    gl.store(at + 2, gl.sum(gl.sum(acc, axis=1), axis=0).to(gl.int64))  # keeps the MMAs
+
+
+@gluon.jit
+def _mma_rate(out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr):
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([128, _K], gl.float8e4nv)
+    b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, _K], gl.float8e4nv)
+    fill: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    a = gl.allocate_shared_memory(gl.float8e4nv, [128, _K], a_layout)
+    b = gl.allocate_shared_memory(gl.float8e4nv, [N, _K], b_layout)
+    a.store(gl.zeros([128, _K], gl.float8e4nv, fill))
+    b.store(gl.zeros([N, _K], gl.float8e4nv, fill))
+    fence_async_shared()
+    gl.thread_barrier()
+    gl.warp_specialize(
+        [
+            (_warpgroup, (a, b, out_ptr, iters, 0, N, PROMOTE)),
+            (_warpgroup, (a, b, out_ptr, iters, 1, N, PROMOTE)),
+        ],
+        [4],
+        [232],
+    )
+
+
+def rate(iters: int, n: int, promote: bool, sms: int) -> float:
+    """TFLOP/s of `sms` CTAs, from the earliest start to the latest end."""
+    stamps = torch.zeros(sms * 2, 3, dtype=torch.int64, device="cuda")
+    _mma_rate[(sms,)](stamps, iters, N=n, PROMOTE=promote, num_warps=4, maxnreg=232)
+    torch.cuda.synchronize()
+    span_ns = int(stamps[:, 1].max() - stamps[:, 0].min())
+    return sms * iters * 2 * 128 * n * K / span_ns / 1e3
+
+
+def main(argv) -> None:
+    iters = int(argv[argv.index("--iters") + 1]) if "--iters" in argv else 4096
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    results = []
+    for n in (128, 256):
+        for promote in (False, True):
+            rate(64, n, promote, sms)  # compile and warm up
+            tflops = max(rate(iters, n, promote, sms) for _ in range(3))
+            mode = "promoted" if promote else "chained"
+            print(f"N={n} {mode}: {tflops:.0f} TFLOP/s", flush=True)
+            results.append({"N": n, "mode": mode, "tflops": tflops, "iters": iters})
+    if "--out" in argv:
+        record = {"what": __doc__.split("\n\n")[0], "results": results}
+        record["environment"] = capture_measured()
+        atomic_write_text(Path(argv[argv.index("--out") + 1]), json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
