@@ -3,16 +3,18 @@ step of each of two warpgroups (a 128-row tile), operands in shared memory, noth
 
     PYTHONPATH=src:kernels python3 kernels/ab/mma_rate.py [--iters 4096]
 
-Every CTA (one per SM) fills its A (128 x 128) and B (N x 128) blocks with zeros once, then
+Every CTA (one per SM) fills its A (128 x 128) and B (N x 128) blocks once (zeros, then
+random values: the tensor cores draw more power, and the clock may drop, on real data), then
 runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of two ways:
 
-- chained: each step accumulates into the same registers, waited for once at the end (the
-  tensor cores' own rate for the shape);
+- chained: each step accumulates into the same registers, one step left in flight at each
+  wait (the tensor cores' own rate for the shape);
 - promoted: each step's product is waited for and added to an fp32 accumulator with a scale,
   as our kernel promotes (its MMA-wait-promote turn, without its ring or its loads).
 
 Prints TFLOP/s (2 x 128 x N x 128 per CTA step) from the slowest CTA's globaltimer span, for
-N = 128 (our tile) and 256. A development record, not a dataset.
+N = 128 (our tile) and 256 (promoted, it spills: 256 registers a thread). A development
+record, not a dataset.
 """
 
 import json
@@ -69,14 +71,22 @@ def _warpgroup(a, b, out_ptr, iters, WG: gl.constexpr, N: gl.constexpr, PROMOTE:
 
 
 @gluon.jit
-def _mma_rate(out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr):
+def _block(src_ptr, ROWS: gl.constexpr, layout: gl.constexpr):
+    """ROWS x K FP8 values from src_ptr (row-major)."""
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, _K, layout=gl.SliceLayout(0, layout))
+    return gl.load(src_ptr + r[:, None] * _K + c[None, :])
+
+
+@gluon.jit
+def _mma_rate(src_ptr, out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr):
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([128, _K], gl.float8e4nv)
     b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, _K], gl.float8e4nv)
     fill: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     a = gl.allocate_shared_memory(gl.float8e4nv, [128, _K], a_layout)
     b = gl.allocate_shared_memory(gl.float8e4nv, [N, _K], b_layout)
-    a.store(gl.zeros([128, _K], gl.float8e4nv, fill))
-    b.store(gl.zeros([N, _K], gl.float8e4nv, fill))
+    a.store(_block(src_ptr, 128, fill))
+    b.store(_block(src_ptr + 128 * _K, N, fill))
     fence_async_shared()
     gl.thread_barrier()
     gl.warp_specialize(
@@ -89,10 +99,19 @@ def _mma_rate(out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr):
     )
 
 
-def rate(iters: int, n: int, promote: bool, sms: int) -> float:
+def operands(n: int, random: bool):
+    """A (128 rows) and B (n rows) of K FP8 values, one after the other: zeros, or values
+    drawn as the layer's operands are (the tensor cores draw more power on them)."""
+    if not random:
+        return torch.zeros((128 + n) * K, dtype=torch.float8_e4m3fn, device="cuda")
+    values = torch.randn((128 + n) * K, device="cuda") * 64
+    return values.clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def rate(iters: int, n: int, promote: bool, sms: int, src) -> float:
     """TFLOP/s of `sms` CTAs, from the earliest start to the latest end."""
     stamps = torch.zeros(sms * 2, 3, dtype=torch.int64, device="cuda")
-    _mma_rate[(sms,)](stamps, iters, N=n, PROMOTE=promote, num_warps=4, maxnreg=232)
+    _mma_rate[(sms,)](src, stamps, iters, N=n, PROMOTE=promote, num_warps=4, maxnreg=232)
     torch.cuda.synchronize()
     span_ns = int(stamps[:, 1].max() - stamps[:, 0].min())
     return sms * iters * 2 * 128 * n * K / span_ns / 1e3
@@ -102,13 +121,18 @@ def main(argv) -> None:
     iters = int(argv[argv.index("--iters") + 1]) if "--iters" in argv else 4096
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
-    for n in (128, 256):
-        for promote in (False, True):
-            rate(64, n, promote, sms)  # compile and warm up
-            tflops = max(rate(iters, n, promote, sms) for _ in range(3))
-            mode = "promoted" if promote else "chained"
-            print(f"N={n} {mode}: {tflops:.0f} TFLOP/s", flush=True)
-            results.append({"N": n, "mode": mode, "tflops": tflops, "iters": iters})
+    for random in (False, True):
+        for n in (128, 256):
+            src = operands(n, random)
+            for promote in (False, True):
+                rate(64, n, promote, sms, src)  # compile and warm up
+                tflops = max(rate(iters, n, promote, sms, src) for _ in range(3))
+                mode = "promoted" if promote else "chained"
+                data = "random" if random else "zeros"
+                print(f"N={n} {mode} {data}: {tflops:.0f} TFLOP/s", flush=True)
+                results.append(
+                    {"N": n, "mode": mode, "operands": data, "tflops": tflops, "iters": iters}
+                )
     if "--out" in argv:
         record = {"what": __doc__.split("\n\n")[0], "results": results}
         record["environment"] = capture_measured()
