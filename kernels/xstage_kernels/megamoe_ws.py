@@ -83,28 +83,35 @@ wrong outputs) the kernel took 0.91-0.93 of the time and a step still 0.34-0.45 
 warpgroup's serial MMA, wait, promotion and next issue bounds it. The activation scales then
 moved into the slots, by TMA (SCALES_TMA: 0.914-0.966 of the time at 16384 tokens, a steady
 step 0.35-0.47 us: kernels/ab/*-tile-phases-*-scales-tma).
-Then (2026-12-04, kernels/ab/*-diag-steps-*, every shape at 16384 tokens, one run each, a
-diagnostic build that was taken out again) a steady step was timed without part of its work:
+Then (2026-12-04, one H200, W8A8 at 16384 tokens, every shape; diagnostic builds, taken
+out again) a steady step was timed without parts of its work (kernels/ab/*-diag-steps-*):
 without its operand loads (no TMA, no L2 traffic; the MMAs read what the slots held) a
 Linear-1 step of the full-block shapes took 0.41-0.45 us, against 0.48-0.50 us with them
-(qwen, hy3: 0.32 against 0.36); without its MMAs (the slots released as soon as they fill)
-0.24-0.32 us, and 0.17-0.20 us with half the CTAs idle. Nsight Compute on DeepSeek-V4 Flash
-(kernels/ab/2026-12-04-ncu-smem-*): the tensor pipe 56% busy with the loads, 59% without,
-shared memory's data stage 47% (90% of it the MMAs' operand reads). So the loads cost about
-a tenth of a step and no memory level is saturated; what bounds a step is each math
-warpgroup's serial turn of MMA, wait, promotion and next issue at 128 columns a promotion:
-of a warpgroup's 0.42 us round, its own MMA takes about 0.14 us at the tensor cores' peak
-and the rest of its turn about 0.28 us, twice the other warpgroup's MMA that should hide it.
-More columns per promotion (a 64 x 256 product, or gate and up of a Linear-1 tile as one
-256-column MMA) would halve the turns per FLOP, but a promoting warpgroup then holds a
-128-register accumulator and a 128-register product: more than the 232 it has. Sharing
-operands across a 2-CTA cluster by TMA multicast would cut only the loads' tenth (and Triton
-3.6's Gluon has no multicast copy).
-Also tried and lost (kernels/ab): warpgroup 1 lagging warpgroup 0 by 2-4 steps so that
-their epilogues do not coincide (WG_LAG, 1.00-1.05x), and the producer claiming its next
-tile 1-4 loads before the current one's last (CLAIM_EARLY, 1.007-1.012x geomean), and a
-Linear-1 row block's release (its fence waits for the tile's stores) deferred until the
-next Linear-1 tile's first MMA was issued (DEFER_RELEASE: 0.99-1.03x, geomean 1.003).
+(qwen, hy3: 0.32 against 0.36); without its MMAs (the slots released once full) 0.24-0.32
+us, and 0.17-0.20 us with half the CTAs idle. Nsight Compute (kernels/ab/*-ncu-smem-*):
+tensor pipe 56% busy, 59% without loads; shared memory's data stage 47% of its peak, 90% of
+it the MMAs' operand reads. So the loads cost about a tenth of a step and no memory level
+is saturated. The MMA step on its own (kernels/ab/mma_rate.py, *-mma-rate.json: two
+warpgroups, 64 x 128 x 128 each, operands in shared memory, random FP8 values) runs at 1832
+TFLOP/s chained, and at 1359 TFLOP/s when each step is waited for and promoted as here:
+0.41 us a step, what the kernel's steps take without their loads. That promotion, every
+128 channels of K, with 128 columns a warpgroup, is the bound: steps at that rate, with the
+rest (tile starts and epilogues, a fifth of the CTAs' time) as it is, would put the median
+near 990 TFLOP/s (878 in ref-h200x1), and at 1359 with no rest at all.
+Two steps' MMAs in flight a warpgroup (PAIR_STEPS, below) did not lift it: without loads a
+Linear-2 step went from 0.45 to 0.43 us. 256 columns a warpgroup would halve the
+promotions, but a promoting warpgroup then holds 256 registers a thread (the microbenchmark
+spills and falls to 593 TFLOP/s); TMA multicast across a 2-CTA cluster would cut only the
+loads' tenth (and Triton 3.6's Gluon has no multicast copy).
+Also tried and lost (kernels/ab): warpgroup 1 lagging warpgroup 0 by 2-4 steps so that their
+epilogues do not coincide (WG_LAG, 1.00-1.05x), and the producer claiming its next tile 1-4
+loads before the current one's last (CLAIM_EARLY, 1.007-1.012x geomean), and a Linear-1 row
+block's release (its fence waits for the tile's stores) deferred until the next Linear-1
+tile's first MMA was issued (DEFER_RELEASE: 0.99-1.03x, geomean 1.003), and gate's and
+Linear-2's steps in pairs, both MMAs issued before the first is waited for and its promotion
+run under the second, the scales from the slots (PAIR_STEPS, no spill in the loops: W8A8
+1.010-1.044x the time at every token count, kernels/ab/2026-12-04-pair-steps-w8a8.json;
+its steady steps barely moved, kernels/ab/2026-12-04-tile-phases-*-pair-steps.json).
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -251,19 +258,6 @@ SWIGLU_TANH = True
 # 0.914-0.966 of the time at 16384 tokens (geomean 0.938), 0.957-0.992 at 4096, 0.976-1.003
 # at 1024; W4A8 0.950-0.988 at 16384, 0.971-0.997 at 4096; outputs as before.
 SCALES_TMA = True
-# W8A8 with SCALES_TMA: gate's and Linear-2's step loops take two steps at a time, both
-# steps' MMAs issued before the first is waited for, so the first's promotion and the
-# warpgroup's turn back to the ring run under the second's MMA (PAIR_STEPS). One H200,
-# 16384 tokens (kernels/ab/2026-12-04-*-diag-steps-*): a steady step is bound by that turn,
-# about 0.28 us beside a warpgroup's own 0.14 us MMA, not by operand delivery. Costs a second
-# 64-register product, so not in up's loop (gate's result is live there); nothing in flight
-# crosses an iteration (ptxas serializes every wgmma when an accumulator still being written
-# is carried). Tried before as MMA_PIPELINE (2026-12-03), when each pair also waited for its
-# four scale loads from global memory: 1.03-1.07x the time.
-PAIR_STEPS = False
-# DIAGNOSTIC, timing only, wrong outputs: the producer arrives on each slot instead of
-# loading it (the MMAs read what the slots hold).
-DIAG_NO_LOADS = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -275,8 +269,6 @@ LAUNCH_OPTIONS = (
     "CLAIM_RELAXED",
     "SWIGLU_TANH",
     "SCALES_TMA",
-    "PAIR_STEPS",
-    "DIAG_NO_LOADS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -351,8 +343,6 @@ class Shared:
     CLAIM_RELAXED: gl.constexpr
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
-    PAIR: gl.constexpr  # PAIR_STEPS (W8A8 with SCALES_TMA)
-    DIAG: gl.constexpr
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
@@ -390,11 +380,7 @@ class Shared:
             CLAIM,
             TANH,
             SCALES_TMA,
-            PAIR,
-            DIAG,
         ) = options
-        self.DIAG = gl.constexpr(DIAG)
-        self.PAIR = gl.constexpr(PAIR and SCALES_TMA and not W4)
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.SWIGLU_TANH = gl.constexpr(TANH)
@@ -434,17 +420,14 @@ def _load_steps(p, it, IS_X: gl.constexpr, a_row, box, b_desc, b_row, k_steps):
             b_at = [b_row, k * (_HALF if p.W4 else _BLOCK)]
         s = it % p.STAGES
         mbarrier.wait(p.empty.index(s), ((it // p.STAGES) & 1) ^ 1)
-        if p.DIAG:
-            mbarrier.arrive(p.ready.index(s), count=1)
-        elif box == _BLOCK:
+        if box == _BLOCK:
             _load_a(p, s, k, a_row, IS_X, _BLOCK)
         elif box == _HALF:
             _load_a(p, s, k, a_row, IS_X, _HALF)
         else:
             _load_a(p, s, k, a_row, IS_X, _QUARTER)
-        if not p.DIAG:
-            tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
-        if p.SCALES_TMA and not p.DIAG:  # the step's activation scales of the block's 128 rows
+        tma.async_copy_global_to_shared(b_desc, b_at, p.ready.index(s), p.b_bufs.index(s))
+        if p.SCALES_TMA:  # the step's activation scales of the block's 128 rows
             s_desc = p.xs_desc if IS_X else p.hs_desc
             sa_at = [k, a_row]
             tma.async_copy_global_to_shared(s_desc, sa_at, p.ready.index(s), p.sa_bufs.index(s))
@@ -572,17 +555,13 @@ def _mma_steps(
     WG: gl.constexpr,
     acc_layout: gl.constexpr,
     A_WRITTEN: gl.constexpr,
-    PAIRABLE: gl.constexpr = False,
 ):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
     slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
-    A_WRITTEN: the activation scales were written before the launch (Linear-1's).
-    PAIRABLE: the registers of a second product are free (PAIR_STEPS)."""
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
-    if p.PAIR and PAIRABLE:
-        return _paired_steps(p, it, w_scales, k_steps, WG, acc_layout)
     if p.SCALES_TMA:
         sw = gl.load(w_scales)
         for k in range(k_steps):
@@ -623,48 +602,6 @@ def _mma_steps(
         acc += raw * (sa * sw)[:, None]
         sa = sa_next
         sw = sw_next
-        it += 1
-    return acc, it
-
-
-@gluon.jit
-def _paired_steps(p, it, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
-    """_mma_steps (SCALES_TMA) two steps at a time: both MMAs issued, then the first waited
-    for, released and promoted while the second runs. A slot's scales are read before it is
-    released; the weight scales load a pair ahead."""
-    zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
-    acc = zero
-    last = k_steps - 1
-    sw0 = gl.load(w_scales)
-    sw1 = gl.load(w_scales + gl.minimum(1, last))
-    for k in range(0, last, 2):
-        s0 = it % p.STAGES
-        s1 = (it + 1) % p.STAGES
-        mbarrier.wait(p.converted.index(s0), (it // p.STAGES) & 1)
-        first = _issue_mma(p, s0, zero, WG)
-        mbarrier.wait(p.converted.index(s1), ((it + 1) // p.STAGES) & 1)
-        second = _issue_mma(p, s1, zero, WG)
-        sa0 = _slot_scales(p, s0, WG, acc_layout)
-        sa1 = _slot_scales(p, s1, WG, acc_layout)
-        sw0_next = gl.load(w_scales + gl.minimum(k + 2, last))
-        sw1_next = gl.load(w_scales + gl.minimum(k + 3, last))
-        first = warpgroup_mma_wait(num_outstanding=1, deps=(first,))
-        mbarrier.arrive(p.empty.index(s0), count=1)
-        acc += first * (sa0 * sw0)[:, None]
-        second = warpgroup_mma_wait(num_outstanding=0, deps=(second,))
-        mbarrier.arrive(p.empty.index(s1), count=1)
-        acc += second * (sa1 * sw1)[:, None]
-        sw0 = sw0_next
-        sw1 = sw1_next
-        it += 2
-    if k_steps % 2 == 1:  # an odd step count's last step alone (sw0 holds its scale)
-        s = it % p.STAGES
-        mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-        raw = _issue_mma(p, s, zero, WG)
-        sa = _slot_scales(p, s, WG, acc_layout)
-        raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
-        mbarrier.arrive(p.empty.index(s), count=1)
-        acc += raw * (sa * sw0)[:, None]
         it += 1
     return acc, it
 
@@ -856,9 +793,7 @@ def _linear1_rows(
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
-    gate, it = _mma_steps(
-        p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True, PAIRABLE=True
-    )
+    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
     if p.GATE_BF16:
         gate = gate.to(gl.bfloat16)
     up_scales = s_rows + (I // _BLOCK + nb) * steps
@@ -913,7 +848,6 @@ def _linear2_rows(
         WG,
         acc_layout,
         False,
-        PAIRABLE=True,
     )
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
@@ -967,8 +901,6 @@ def _fused_moe_ws(
     CLAIM_RELAXED: gl.constexpr,
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
-    PAIR_STEPS: gl.constexpr,
-    DIAG: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -1050,8 +982,6 @@ def _fused_moe_ws(
             CLAIM_RELAXED,
             SWIGLU_TANH,
             SCALES_TMA,
-            PAIR_STEPS,
-            DIAG,
         ),
     )
     if W4:
@@ -1207,8 +1137,6 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
         SWIGLU_TANH=bool(SWIGLU_TANH),
         SCALES_TMA=bool(SCALES_TMA),
-        PAIR_STEPS=pairs_steps(precision),
-        DIAG=bool(DIAG_NO_LOADS),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1249,15 +1177,7 @@ def launch_options(precision: str) -> dict:
         options["swiglu_sigmoid"] = "tanh.approx"
     if SCALES_TMA:  # absent: each step's scales loaded by the math warpgroups
         options["step_scales"] = "with the slot, by TMA (scales step-major)"
-    if pairs_steps(precision):  # absent: one step's MMA in flight, as every record before
-        options["step_mmas_in_flight"] = "two (gate and Linear-2)"
     return options
-
-
-def pairs_steps(precision: str) -> bool:
-    """Whether a precision's build takes gate's and Linear-2's steps in pairs (PAIR_STEPS:
-    W8A8 with SCALES_TMA)."""
-    return bool(PAIR_STEPS) and bool(SCALES_TMA) and not _is_w4(precision)
 
 
 def max_regs(precision: str) -> int:
@@ -1288,8 +1208,6 @@ def compile_for_sm90(
     claim_relaxed: bool = False,
     swiglu_tanh: bool = False,
     scales_tma: bool = False,
-    pair_steps: bool = False,
-    diag: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1343,8 +1261,6 @@ def compile_for_sm90(
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
         (names.index("SCALES_TMA"),): scales_tma,
-        (names.index("PAIR_STEPS"),): pair_steps,
-        (names.index("DIAG"),): diag,
     }
     constexprs = (
         "TRACE",
@@ -1359,8 +1275,6 @@ def compile_for_sm90(
         "CLAIM_RELAXED",
         "SWIGLU_TANH",
         "SCALES_TMA",
-        "PAIR_STEPS",
-        "DIAG",
     )
     for name in constexprs:
         signature[name] = "constexpr"
