@@ -12,9 +12,10 @@ runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of two ways
 - promoted: each step's product is waited for and added to an fp32 accumulator with a scale,
   as our kernel promotes (its MMA-wait-promote turn, without its ring or its loads).
 
-Prints TFLOP/s (2 x 128 x N x 128 per CTA step) from the slowest CTA's globaltimer span, for
-N = 128 (our tile) and 256 (promoted, it spills: 256 registers a thread). A development
-record, not a dataset.
+Prints TFLOP/s (2 x 64 x N x 128 per warpgroup step) from the slowest CTA's globaltimer span,
+for N = 128 (our tile) and 256 (promoted, it spills: 256 registers a thread), and for
+N = 128 with three math warpgroups (192 rows, 168 registers a thread). A development record,
+not a dataset.
 """
 
 import json
@@ -64,7 +65,7 @@ def _warpgroup(a, b, out_ptr, iters, WG: gl.constexpr, N: gl.constexpr, PROMOTE:
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     end = _now()
-    at = out_ptr + (gl.program_id(0) * 2 + WG) * 3
+    at = out_ptr + (gl.program_id(0) * 4 + WG) * 3
     gl.store(at + 0, start)
     gl.store(at + 1, end)
     gl.store(at + 2, gl.sum(gl.sum(acc, axis=1), axis=0).to(gl.int64))  # keeps the MMAs
@@ -79,42 +80,58 @@ def _block(src_ptr, ROWS: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _mma_rate(src_ptr, out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr):
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([128, _K], gl.float8e4nv)
+def _mma_rate(src_ptr, out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr, WGS: gl.constexpr):
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([256, _K], gl.float8e4nv)
     b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, _K], gl.float8e4nv)
     fill: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    a = gl.allocate_shared_memory(gl.float8e4nv, [128, _K], a_layout)
+    a = gl.allocate_shared_memory(gl.float8e4nv, [256, _K], a_layout)
     b = gl.allocate_shared_memory(gl.float8e4nv, [N, _K], b_layout)
-    a.store(_block(src_ptr, 128, fill))
-    b.store(_block(src_ptr + 128 * _K, N, fill))
+    a.store(_block(src_ptr, 256, fill))
+    b.store(_block(src_ptr + 256 * _K, N, fill))
     fence_async_shared()
     gl.thread_barrier()
-    gl.warp_specialize(
-        [
-            (_warpgroup, (a, b, out_ptr, iters, 0, N, PROMOTE)),
-            (_warpgroup, (a, b, out_ptr, iters, 1, N, PROMOTE)),
-        ],
-        [4],
-        [232],
-    )
+    if WGS == 2:
+        gl.warp_specialize(
+            [
+                (_warpgroup, (a, b, out_ptr, iters, 0, N, PROMOTE)),
+                (_warpgroup, (a, b, out_ptr, iters, 1, N, PROMOTE)),
+            ],
+            [4],
+            [232],
+        )
+    else:  # three: 168 registers a thread fit the register file
+        gl.warp_specialize(
+            [
+                (_warpgroup, (a, b, out_ptr, iters, 0, N, PROMOTE)),
+                (_warpgroup, (a, b, out_ptr, iters, 1, N, PROMOTE)),
+                (_warpgroup, (a, b, out_ptr, iters, 2, N, PROMOTE)),
+            ],
+            [4, 4],
+            [168, 168],
+        )
 
 
 def operands(n: int, random: bool):
-    """A (128 rows) and B (n rows) of K FP8 values, one after the other: zeros, or values
+    """A (256 rows) and B (n rows) of K FP8 values, one after the other: zeros, or values
     drawn as the layer's operands are (the tensor cores draw more power on them)."""
     if not random:
-        return torch.zeros((128 + n) * K, dtype=torch.float8_e4m3fn, device="cuda")
-    values = torch.randn((128 + n) * K, device="cuda") * 64
+        return torch.zeros((256 + n) * K, dtype=torch.float8_e4m3fn, device="cuda")
+    values = torch.randn((256 + n) * K, device="cuda") * 64
     return values.clamp(-448, 448).to(torch.float8_e4m3fn)
 
 
-def rate(iters: int, n: int, promote: bool, sms: int, src) -> float:
-    """TFLOP/s of `sms` CTAs, from the earliest start to the latest end."""
-    stamps = torch.zeros(sms * 2, 3, dtype=torch.int64, device="cuda")
-    _mma_rate[(sms,)](src, stamps, iters, N=n, PROMOTE=promote, num_warps=4, maxnreg=232)
+def rate(iters: int, n: int, promote: bool, sms: int, src, wgs: int = 2) -> float:
+    """TFLOP/s of `sms` CTAs of `wgs` math warpgroups, from the earliest start to the
+    latest end."""
+    stamps = torch.zeros(sms * 4, 3, dtype=torch.int64, device="cuda")
+    maxnreg = 232 if wgs == 2 else 168
+    _mma_rate[(sms,)](
+        src, stamps, iters, N=n, PROMOTE=promote, WGS=wgs, num_warps=4, maxnreg=maxnreg
+    )
     torch.cuda.synchronize()
-    span_ns = int(stamps[:, 1].max() - stamps[:, 0].min())
-    return sms * iters * 2 * 128 * n * K / span_ns / 1e3
+    used = stamps[stamps[:, 1] > 0]
+    span_ns = int(used[:, 1].max() - used[:, 0].min())
+    return sms * iters * 2 * 64 * wgs * n * K / span_ns / 1e3
 
 
 def main(argv) -> None:
@@ -133,6 +150,15 @@ def main(argv) -> None:
                 results.append(
                     {"N": n, "mode": mode, "operands": data, "tflops": tflops, "iters": iters}
                 )
+    src = operands(128, True)  # three math warpgroups (192 rows), as our kernel promotes
+    for promote in (False, True):
+        rate(64, 128, promote, sms, src, wgs=3)
+        tflops = max(rate(iters, 128, promote, sms, src, wgs=3) for _ in range(3))
+        mode = "promoted" if promote else "chained"
+        print(f"N=128 {mode} random, three warpgroups: {tflops:.0f} TFLOP/s", flush=True)
+        results.append(
+            {"N": 128, "mode": mode, "operands": "random", "warpgroups": 3, "tflops": tflops}
+        )
     if "--out" in argv:
         record = {"what": __doc__.split("\n\n")[0], "results": results}
         record["environment"] = capture_measured()
