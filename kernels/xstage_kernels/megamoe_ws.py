@@ -91,18 +91,20 @@ Linear-1 step of the full-block shapes took 0.41-0.45 us, against 0.48-0.50 us w
 us, and 0.17-0.20 us with half the CTAs idle. Nsight Compute (kernels/ab/*-ncu-smem-*):
 tensor pipe 56% busy, 59% without loads; shared memory's data stage 47% of its peak, 90% of
 it the MMAs' operand reads. So the loads cost about a tenth of a step and no memory level
-is saturated. The MMA step on its own (kernels/ab/mma_rate.py, *-mma-rate.json: two
-warpgroups, 64 x 128 x 128 each, operands in shared memory, random FP8 values) runs at 1832
-TFLOP/s chained, and at 1359 TFLOP/s when each step is waited for and promoted as here:
-0.41 us a step, what the kernel's steps take without their loads. That promotion, every
-128 channels of K, with 128 columns a warpgroup, is the bound: steps at that rate, with the
-rest (tile starts and epilogues, a fifth of the CTAs' time) as it is, would put the median
-near 990 TFLOP/s (878 in ref-h200x1), and at 1359 with no rest at all.
-Two steps' MMAs in flight a warpgroup (PAIR_STEPS, below) did not lift it: without loads a
-Linear-2 step went from 0.45 to 0.43 us. 256 columns a warpgroup would halve the
-promotions, but a promoting warpgroup then holds 256 registers a thread (the microbenchmark
-spills and falls to 593 TFLOP/s); TMA multicast across a 2-CTA cluster would cut only the
-loads' tenth (and Triton 3.6's Gluon has no multicast copy).
+is saturated. The MMA step on its own (kernels/ab/mma_rate.py, *-mma-rate.json: every SM,
+two warpgroups, 64 x 128 x 128 each, operands in shared memory, random FP8 values) runs at
+1827 TFLOP/s chained, and at 1370 TFLOP/s when each step is waited for and promoted as here:
+0.40 us a step, what the kernel's steps take without their loads. That promotion, every 128
+channels of K with 128 columns a warpgroup, is the bound: steps at that rate, with the rest
+(tile starts and epilogues, a fifth of the CTAs' time) as it is, would put the median at
+about 1000 TFLOP/s (878 in ref-h200x1): the target, with nothing else lost. Two steps' MMAs
+in flight a warpgroup (PAIR_STEPS, below) did not lift it: without loads a Linear-2 step
+went from 0.45 to 0.43 us. Three math warpgroups (192-row tiles, 168 registers a thread)
+lift the promoted rate to 1505 TFLOP/s in the microbenchmark, but a Linear-1 tile's up loop
+holds gate's result beside its accumulator and product (192 registers, 160 with gate in
+bf16, before addresses); 256 columns a warpgroup need 256 registers (the microbenchmark
+spills: 653 TFLOP/s). TMA multicast across a 2-CTA cluster would cut only the loads' tenth
+(and Triton 3.6's Gluon has no multicast copy).
 Also tried and lost (kernels/ab): warpgroup 1 lagging warpgroup 0 by 2-4 steps so that their
 epilogues do not coincide (WG_LAG, 1.00-1.05x), and the producer claiming its next tile 1-4
 loads before the current one's last (CLAIM_EARLY, 1.007-1.012x geomean), and a Linear-1 row
