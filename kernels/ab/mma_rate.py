@@ -33,16 +33,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement.environment import capture_measured
+from xstage_kernels.megamoe_ws import _now
 
 K = 128
 _K = gl.constexpr(K)
-
-
-@gluon.jit
-def _now():
-    return gl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
-    )
+MATH_REGS = {2: 232, 3: 168}  # per thread, by math warpgroups: what the register file holds
 
 
 @gluon.jit
@@ -80,7 +75,15 @@ def _block(src_ptr, ROWS: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _mma_rate(src_ptr, out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr, WGS: gl.constexpr):
+def _mma_rate(
+    src_ptr,
+    out_ptr,
+    iters,
+    N: gl.constexpr,
+    PROMOTE: gl.constexpr,
+    WGS: gl.constexpr,
+    REGS: gl.constexpr,
+):
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([256, _K], gl.float8e4nv)
     b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, _K], gl.float8e4nv)
     fill: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
@@ -97,9 +100,9 @@ def _mma_rate(src_ptr, out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr, W
                 (_warpgroup, (a, b, out_ptr, iters, 1, N, PROMOTE)),
             ],
             [4],
-            [232],
+            [REGS],
         )
-    else:  # three: 168 registers a thread fit the register file
+    else:
         gl.warp_specialize(
             [
                 (_warpgroup, (a, b, out_ptr, iters, 0, N, PROMOTE)),
@@ -107,7 +110,7 @@ def _mma_rate(src_ptr, out_ptr, iters, N: gl.constexpr, PROMOTE: gl.constexpr, W
                 (_warpgroup, (a, b, out_ptr, iters, 2, N, PROMOTE)),
             ],
             [4, 4],
-            [168, 168],
+            [REGS, REGS],
         )
 
 
@@ -124,9 +127,9 @@ def rate(iters: int, n: int, promote: bool, sms: int, src, wgs: int = 2) -> floa
     """TFLOP/s of `sms` CTAs of `wgs` math warpgroups, from the earliest start to the
     latest end."""
     stamps = torch.zeros(sms * 4, 3, dtype=torch.int64, device="cuda")
-    maxnreg = 232 if wgs == 2 else 168
+    regs = MATH_REGS[wgs]
     _mma_rate[(sms,)](
-        src, stamps, iters, N=n, PROMOTE=promote, WGS=wgs, num_warps=4, maxnreg=maxnreg
+        src, stamps, iters, N=n, PROMOTE=promote, WGS=wgs, REGS=regs, num_warps=4, maxnreg=regs
     )
     torch.cuda.synchronize()
     used = stamps[stamps[:, 1] > 0]
@@ -137,28 +140,24 @@ def rate(iters: int, n: int, promote: bool, sms: int, src, wgs: int = 2) -> floa
 def main(argv) -> None:
     iters = int(argv[argv.index("--iters") + 1]) if "--iters" in argv else 4096
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # (math warpgroups, N, random operands): ours, 256 columns, then three warpgroups
+    cases = [(2, n, random) for random in (False, True) for n in (128, 256)] + [(3, 128, True)]
     results = []
-    for random in (False, True):
-        for n in (128, 256):
-            src = operands(n, random)
-            for promote in (False, True):
-                rate(64, n, promote, sms, src)  # compile and warm up
-                tflops = max(rate(iters, n, promote, sms, src) for _ in range(3))
-                mode = "promoted" if promote else "chained"
-                data = "random" if random else "zeros"
-                print(f"N={n} {mode} {data}: {tflops:.0f} TFLOP/s", flush=True)
-                results.append(
-                    {"N": n, "mode": mode, "operands": data, "tflops": tflops, "iters": iters}
-                )
-    src = operands(128, True)  # three math warpgroups (192 rows), as our kernel promotes
-    for promote in (False, True):
-        rate(64, 128, promote, sms, src, wgs=3)
-        tflops = max(rate(iters, 128, promote, sms, src, wgs=3) for _ in range(3))
-        mode = "promoted" if promote else "chained"
-        print(f"N=128 {mode} random, three warpgroups: {tflops:.0f} TFLOP/s", flush=True)
-        results.append(
-            {"N": 128, "mode": mode, "operands": "random", "warpgroups": 3, "tflops": tflops}
-        )
+    for wgs, n, random in cases:
+        src = operands(n, random)
+        for promote in (False, True):
+            rate(64, n, promote, sms, src, wgs)  # compile and warm up
+            tflops = max(rate(iters, n, promote, sms, src, wgs) for _ in range(3))
+            result = {
+                "N": n,
+                "mode": "promoted" if promote else "chained",
+                "operands": "random" if random else "zeros",
+                "warpgroups": wgs,
+                "tflops": tflops,
+                "iters": iters,
+            }
+            print(" ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+            results.append(result)
     if "--out" in argv:
         record = {"what": __doc__.split("\n\n")[0], "results": results}
         record["environment"] = capture_measured()
