@@ -10,7 +10,9 @@ runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of two ways
 - chained: each step accumulates into the same registers, one step left in flight at each
   wait (the tensor cores' own rate for the shape);
 - promoted: each step's product is waited for and added to an fp32 accumulator with a scale,
-  as our kernel promotes (its MMA-wait-promote turn, without its ring or its loads).
+  as our kernel promotes (its MMA-wait-promote turn, without its ring or its loads);
+- split: each step as two MMAs of N / 2 columns issued at once, the first promoted while
+  the second runs (in the registers of one N-column product).
 
 Prints TFLOP/s (2 x 64 x N x 128 per warpgroup step) from the slowest CTA's globaltimer span,
 for N = 128 (our tile) and 256 (promoted, it spills: 256 registers a thread), and for
@@ -41,29 +43,62 @@ MATH_REGS = {2: 232, 3: 168}  # per thread, by math warpgroups: what the registe
 
 
 @gluon.jit
-def _warpgroup(a, b, out_ptr, iters, WG: gl.constexpr, N: gl.constexpr, PROMOTE: gl.constexpr):
+def _warpgroup(a, b, out_ptr, iters, WG: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr):
     """One math warpgroup: its 64 rows of A times B, `iters` steps."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32]
     )
     rows = a.slice(WG * 64, 64)
-    zero = gl.zeros([64, N], gl.float32, acc_layout)
-    acc = zero
+    at = out_ptr + (gl.program_id(0) * 4 + WG) * 3
+    if MODE == 2:
+        _split_steps(rows, b, at, iters, N)
+    else:
+        zero = gl.zeros([64, N], gl.float32, acc_layout)
+        acc = zero
+        start = _now()
+        for i in range(iters):
+            if MODE == 1:
+                raw = warpgroup_mma(rows, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+                raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
+                acc += raw * (i + 1.0)
+            else:
+                acc = warpgroup_mma(rows, b.permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _stamp(at, start, gl.sum(gl.sum(acc, axis=1), axis=0))
+
+
+@gluon.jit
+def _stamp(at, start, total):
+    gl.store(at + 0, start)
+    gl.store(at + 1, _now())
+    gl.store(at + 2, total.to(gl.int64))  # keeps the MMAs
+
+
+@gluon.jit
+def _split_steps(rows, b, at, iters, N: gl.constexpr):
+    """Each step as two N / 2-column MMAs, both issued at once: the first is promoted while
+    the second runs. Nothing is in flight across the loop's back edge: ptxas cannot tell
+    that a wait inside the loop retired an MMA issued before it, and would serialize every
+    MMA (C7514)."""
+    layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N // 2, 32]
+    )
+    lo = b.slice(0, N // 2).permute((1, 0))
+    hi = b.slice(N // 2, N // 2).permute((1, 0))
+    zero = gl.zeros([64, N // 2], gl.float32, layout)
+    acc_lo = zero
+    acc_hi = zero
     start = _now()
     for i in range(iters):
-        if PROMOTE:
-            raw = warpgroup_mma(rows, b.permute((1, 0)), zero, use_acc=False, is_async=True)
-            raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
-            acc += raw * (i + 1.0)
-        else:
-            acc = warpgroup_mma(rows, b.permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    end = _now()
-    at = out_ptr + (gl.program_id(0) * 4 + WG) * 3
-    gl.store(at + 0, start)
-    gl.store(at + 1, end)
-    gl.store(at + 2, gl.sum(gl.sum(acc, axis=1), axis=0).to(gl.int64))  # keeps the MMAs
+        raw_lo = warpgroup_mma(rows, lo, zero, use_acc=False, is_async=True)
+        raw_hi = warpgroup_mma(rows, hi, zero, use_acc=False, is_async=True)
+        raw_lo = warpgroup_mma_wait(num_outstanding=1, deps=(raw_lo,))
+        acc_lo += raw_lo * (i + 1.0)
+        raw_hi = warpgroup_mma_wait(num_outstanding=0, deps=(raw_hi,))
+        acc_hi += raw_hi * (i + 1.0)
+    total = gl.sum(gl.sum(acc_lo, axis=1), axis=0) + gl.sum(gl.sum(acc_hi, axis=1), axis=0)
+    _stamp(at, start, total)
 
 
 @gluon.jit
@@ -80,7 +115,7 @@ def _mma_rate(
     out_ptr,
     iters,
     N: gl.constexpr,
-    PROMOTE: gl.constexpr,
+    MODE: gl.constexpr,
     WGS: gl.constexpr,
     REGS: gl.constexpr,
 ):
@@ -96,8 +131,8 @@ def _mma_rate(
     if WGS == 2:
         gl.warp_specialize(
             [
-                (_warpgroup, (a, b, out_ptr, iters, 0, N, PROMOTE)),
-                (_warpgroup, (a, b, out_ptr, iters, 1, N, PROMOTE)),
+                (_warpgroup, (a, b, out_ptr, iters, 0, N, MODE)),
+                (_warpgroup, (a, b, out_ptr, iters, 1, N, MODE)),
             ],
             [4],
             [REGS],
@@ -105,9 +140,9 @@ def _mma_rate(
     else:
         gl.warp_specialize(
             [
-                (_warpgroup, (a, b, out_ptr, iters, 0, N, PROMOTE)),
-                (_warpgroup, (a, b, out_ptr, iters, 1, N, PROMOTE)),
-                (_warpgroup, (a, b, out_ptr, iters, 2, N, PROMOTE)),
+                (_warpgroup, (a, b, out_ptr, iters, 0, N, MODE)),
+                (_warpgroup, (a, b, out_ptr, iters, 1, N, MODE)),
+                (_warpgroup, (a, b, out_ptr, iters, 2, N, MODE)),
             ],
             [4, 4],
             [REGS, REGS],
@@ -123,13 +158,24 @@ def operands(n: int, random: bool):
     return values.clamp(-448, 448).to(torch.float8_e4m3fn)
 
 
-def rate(iters: int, n: int, promote: bool, sms: int, src, wgs: int = 2) -> float:
+MODES = ("chained", "promoted", "split")
+
+
+def rate(iters: int, n: int, mode: str, sms: int, src, wgs: int = 2) -> float:
     """TFLOP/s of `sms` CTAs of `wgs` math warpgroups, from the earliest start to the
     latest end."""
     stamps = torch.zeros(sms * 4, 3, dtype=torch.int64, device="cuda")
     regs = MATH_REGS[wgs]
     _mma_rate[(sms,)](
-        src, stamps, iters, N=n, PROMOTE=promote, WGS=wgs, REGS=regs, num_warps=4, maxnreg=regs
+        src,
+        stamps,
+        iters,
+        N=n,
+        MODE=MODES.index(mode),
+        WGS=wgs,
+        REGS=regs,
+        num_warps=4,
+        maxnreg=regs,
     )
     torch.cuda.synchronize()
     used = stamps[stamps[:, 1] > 0]
@@ -140,17 +186,23 @@ def rate(iters: int, n: int, promote: bool, sms: int, src, wgs: int = 2) -> floa
 def main(argv) -> None:
     iters = int(argv[argv.index("--iters") + 1]) if "--iters" in argv else 4096
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    # (math warpgroups, N, random operands): ours, 256 columns, then three warpgroups
-    cases = [(2, n, random) for random in (False, True) for n in (128, 256)] + [(3, 128, True)]
+    # (math warpgroups, N, random operands, modes): ours, 256 columns, three warpgroups
+    cases = [
+        (2, 128, False, MODES),
+        (2, 128, True, MODES),
+        (2, 64, True, ("chained",)),  # the split steps' MMA shape
+        (2, 256, True, ("chained",)),
+        (3, 128, True, MODES),
+    ]
     results = []
-    for wgs, n, random in cases:
+    for wgs, n, random, modes in cases:
         src = operands(n, random)
-        for promote in (False, True):
-            rate(64, n, promote, sms, src, wgs)  # compile and warm up
-            tflops = max(rate(iters, n, promote, sms, src, wgs) for _ in range(3))
+        for mode in modes:
+            rate(64, n, mode, sms, src, wgs)  # compile and warm up
+            tflops = max(rate(iters, n, mode, sms, src, wgs) for _ in range(3))
             result = {
                 "N": n,
-                "mode": "promoted" if promote else "chained",
+                "mode": mode,
                 "operands": "random" if random else "zeros",
                 "warpgroups": wgs,
                 "tflops": tflops,
