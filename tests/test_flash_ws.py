@@ -11,6 +11,7 @@ refresh rule that re-measures only the backend whose kernel changed.
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 import sm90
@@ -116,3 +117,12 @@ def test_the_ab_script_takes_launch_options_and_the_sweeps_shapes(monkeypatch):
     # one GPU plays rank 0: H/P heads over all S tokens
     assert flash_ab.shapes(attention, None, None) == [(12, 8192), (20, 8192), (3, 8192), (5, 8192)]
     assert flash_ab.shapes(attention, [4096], [24]) == [(12, 4096), (3, 4096)]
+
+
+@needs_triton
+def test_the_launched_build_keeps_its_mmas_asynchronous():
+    """OVERLAP reads one MMA's scores while the next runs: ptxas must not serialize the
+    kernel's MMAs for it (sm90.serialized)."""
+    report = sm90.ptxas_report("flash_ws", "kernels.compile_for_sm90(128)")
+    assert "_flash_fwd_ws" in report and re.search(r"Used \d+ registers", report), report
+    assert sm90.serialized(report) == []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import pytest
 import sm90
@@ -540,3 +541,33 @@ def test_the_scale_descriptors_read_a_steps_scales_of_a_row_block():
     assert list(x_desc.shape) == [3, rows] and list(x_desc.block_shape) == [1, 128]
     assert list(h_desc.shape) == [I // 128, rows] and list(h_desc.strides) == [rows, 1]
     assert h_desc.base.data_ptr() == hs.data_ptr()
+
+
+def test_the_serialization_check_reads_ptxas_notes():
+    """sm90.serialized finds ptxas's notes that it made a kernel's MMAs wait for each other
+    (as ptxas 13.0 printed them for a build that carried an MMA across a loop's back edge),
+    and nothing in its usual report."""
+    notes = [
+        "ptxas info    : (C7517) warpgroup.wait is injected in around line 3900 by compiler to "
+        "allow use of registers defined by GMMA in function '_mma_rate'",
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+        "serialized due to non wgmma instructions reading accumulator registers of  a wgmma "
+        "between start and end of the pipeline stage in the function '_mma_rate'",
+    ]
+    usual = [
+        "ptxas info    : Compiling entry function '_fused_moe_ws' for 'sm_90a'",
+        "ptxas info    : Used 168 registers, used 3 barriers",
+    ]
+    assert sm90.serialized("\n".join(usual + notes)) == notes
+    assert sm90.serialized("\n".join(usual)) == []
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+def test_the_launched_builds_keep_their_mmas_asynchronous(precision):
+    """ptxas serializes every MMA of a kernel when it cannot prove an accumulator free (an
+    MMA left in flight across a loop's back edge, its registers read or copied before its
+    wait): the builds a launch runs must not trip it."""
+    report = sm90.ptxas_report("megamoe_ws", f"kernels.launched_build({precision!r})")
+    assert "_fused_moe_ws" in report and re.search(r"Used \d+ registers", report), report
+    assert sm90.serialized(report) == []

@@ -5,7 +5,7 @@ step of each of two warpgroups (a 128-row tile), operands in shared memory, noth
 
 Every CTA (one per SM) fills its A (128 x 128) and B (N x 128) blocks once (zeros, then
 random values: the tensor cores draw more power, and the clock may drop, on real data), then
-runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of two ways:
+runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of three ways:
 
 - chained: each step accumulates into the same registers, one step left in flight at each
   wait (the tensor cores' own rate for the shape);
@@ -14,10 +14,11 @@ runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of two ways
 - split: each step as two MMAs of N / 2 columns issued at once, the first promoted while
   the second runs (in the registers of one N-column product).
 
-Prints TFLOP/s (2 x 64 x N x 128 per warpgroup step) from the slowest CTA's globaltimer span,
-for N = 128 (our tile) and 256 (promoted, it spills: 256 registers a thread), and for
-N = 128 with three math warpgroups (192 rows, 168 registers a thread). A development record,
-not a dataset.
+Prints TFLOP/s (2 x 64 x N x 128 per warpgroup step) from the earliest start to the latest
+end over all CTAs' globaltimer stamps, for N = 128 (our tile) in every mode, N = 64 and 256
+chained (the split's MMA shape; 256 columns promoted would spill: 256 registers a thread),
+and N = 128 with three math warpgroups (192 rows, 168 registers a thread). A development
+record, not a dataset.
 """
 
 import json

@@ -114,6 +114,23 @@ Linear-2's steps in pairs, both MMAs issued before the first is waited for and i
 run under the second, the scales from the slots (PAIR_STEPS, no spill in the loops: W8A8
 1.010-1.044x the time at every token count, kernels/ab/2026-12-04-pair-steps-w8a8.json;
 its steady steps barely moved, kernels/ab/2026-12-04-tile-phases-*-pair-steps.json).
+Later that day the promotion was taken out from under the tensor cores in two ways, and
+neither lifted the kernel (one H200, kernels/ab/2026-12-04-{split-mma,pair-steps-ordered,
+mma-rate-split,tile-phases-*,ncu-clocks}-*, options at ad6f545, taken out again). Each step
+as two 64-column MMAs issued together, the first promoted while the second runs (SPLIT_MMA,
+the same registers): 1662 TFLOP/s on its own (mma_rate.py's split mode; 1946 on zeros, the
+chained rate), but 1.047-1.085x the time in the kernel at 16384 tokens (1.00-1.05x below),
+steady steps 0.51-0.54 us against 0.47-0.50, shared memory's data pipe 56% busy against 47%
+(each warpgroup reads its 64 rows twice). PAIR_STEPS again, its first promotion now kept
+above the second wait (the first try had let the compiler move it below: no overlap at
+all): 1.018-1.045x. Nsight Compute at the GPU's own clock (1.61 GHz under this load; 1.35
+locked): the same SM cycles at both clocks (8.2 M, 8.0 M) with L2 at 1.7 GHz in both, so
+the time is SM cycles, not L2 delivery (70% of its peak), tensor pipe 56%. What a step
+waits on in those cycles is not yet separated; Triton puts a warpgroup barrier before each
+slot wait and each slot release of a partition (two a step). Two compiler facts any such
+change must respect: an MMA left in flight across a loop's back edge makes ptxas serialize
+every MMA of the kernel (C7514, checked by the tests), and a promotion that is not an
+operand of the next MMA wait may be moved below it.
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -260,20 +277,6 @@ SWIGLU_TANH = True
 # 0.914-0.966 of the time at 16384 tokens (geomean 0.938), 0.957-0.992 at 4096, 0.976-1.003
 # at 1024; W4A8 0.950-0.988 at 16384, 0.971-0.997 at 4096; outputs as before.
 SCALES_TMA = True
-# W8A8: each step's MMA as two MMAs of 64 output channels, issued together; the first
-# half's product is promoted while the second half's runs, so the tensor cores work through
-# half of every promotion (the waited-for promotion of a whole step capped the step loops at
-# ~1370 TFLOP/s on one H200, kernels/ab/mma_rate.py). The same registers: two 64-column
-# products make one 128-column product. Nothing stays in flight across a loop's back edge:
-# ptxas cannot tell that a wait inside the loop retired an MMA issued before it, and then
-# serializes every MMA of the kernel (C7514; tests pin its absence).
-SPLIT_MMA = False
-# W8A8: gate's and Linear-2's step loops two steps at a time, both MMAs issued before the
-# first is waited for; the first's promotion runs under the second (PAIR_STEPS). Costs a
-# second 64-register product, so not in up's loop (gate's result is live there). Rejected
-# once (2026-12-04, 1.01-1.04x the time) when the compiler had moved the first promotion
-# below the second wait: the promotion's result is now an operand of that wait.
-PAIR_STEPS = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -285,8 +288,6 @@ LAUNCH_OPTIONS = (
     "CLAIM_RELAXED",
     "SWIGLU_TANH",
     "SCALES_TMA",
-    "SPLIT_MMA",
-    "PAIR_STEPS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -361,8 +362,6 @@ class Shared:
     CLAIM_RELAXED: gl.constexpr
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
-    SPLIT_MMA: gl.constexpr  # W8A8 only
-    PAIR: gl.constexpr  # PAIR_STEPS, W8A8 only
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
@@ -400,12 +399,8 @@ class Shared:
             CLAIM,
             TANH,
             SCALES_TMA,
-            SPLIT_MMA,
-            PAIR,
         ) = options
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
-        self.SPLIT_MMA = gl.constexpr(SPLIT_MMA)
-        self.PAIR = gl.constexpr(PAIR)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.SWIGLU_TANH = gl.constexpr(TANH)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
@@ -579,17 +574,11 @@ def _mma_steps(
     WG: gl.constexpr,
     acc_layout: gl.constexpr,
     A_WRITTEN: gl.constexpr,
-    PAIRABLE: gl.constexpr = False,
 ):
     """fp32 [64, 128] = this warpgroup's rows of A @ B^T over k_steps ring slots, each
     step's product promoted by its activation (per row) and weight (per block) scales. A
     slot is waited for on "converted" (W4A8: its weights converted; W8A8: that is "ready").
-    A_WRITTEN: the activation scales were written before the launch (Linear-1's).
-    PAIRABLE: the registers of a second product are free (PAIR_STEPS)."""
-    if p.PAIR and PAIRABLE:
-        return _paired_steps(p, it, w_scales, k_steps, WG, acc_layout)
-    if p.SPLIT_MMA:
-        return _split_mma_steps(p, it, w_scales, k_steps, WG, acc_layout)
+    A_WRITTEN: the activation scales were written before the launch (Linear-1's)."""
     zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
     acc = zero
     if p.SCALES_TMA:
@@ -634,87 +623,6 @@ def _mma_steps(
         sw = sw_next
         it += 1
     return acc, it
-
-
-@gluon.jit
-def _split_mma_steps(p, it, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
-    """_mma_steps of SPLIT_MMA (W8A8, scales from the slots): each step's MMA as two of 64
-    output channels, issued together; the first half is promoted while the second runs."""
-    half_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _HALF, 32]
-    )
-    zero = gl.zeros([_HALF, _HALF], gl.float32, half_layout)
-    acc_lo = zero
-    acc_hi = zero
-    sw = gl.load(w_scales)
-    for k in range(k_steps):
-        s = it % p.STAGES
-        mbarrier.wait(p.ready.index(s), (it // p.STAGES) & 1)
-        a = p.a_bufs.index(s).slice(WG * _HALF, _HALF)
-        b = p.b_bufs.index(s)
-        lo = warpgroup_mma(a, b.slice(0, _HALF).permute((1, 0)), zero, use_acc=False, is_async=True)
-        hi = warpgroup_mma(
-            a, b.slice(_HALF, _HALF).permute((1, 0)), zero, use_acc=False, is_async=True
-        )
-        scale = _slot_scales(p, s, WG, half_layout) * sw
-        sw = gl.load(w_scales + gl.minimum(k + 1, k_steps - 1))
-        lo = warpgroup_mma_wait(num_outstanding=1, deps=(lo,))
-        acc_lo += lo * scale[:, None]
-        # acc_lo as an operand of the wait keeps its promotion above it (under the MMA).
-        hi, acc_lo = warpgroup_mma_wait(num_outstanding=0, deps=(hi, acc_lo))
-        mbarrier.arrive(p.empty.index(s), count=1)
-        acc_hi += hi * scale[:, None]
-        it += 1
-    return _joined(acc_lo, acc_hi, acc_layout), it
-
-
-@gluon.jit
-def _paired_steps(p, it, w_scales, k_steps, WG: gl.constexpr, acc_layout: gl.constexpr):
-    """_mma_steps (SCALES_TMA) two steps at a time: both MMAs issued, then the first waited
-    for, released and promoted while the second runs. A slot's scales are read before it is
-    released; the weight scales load a pair ahead."""
-    zero = gl.zeros([_HALF, _BLOCK], gl.float32, acc_layout)
-    acc = zero
-    last = k_steps - 1
-    sw0 = gl.load(w_scales)
-    sw1 = gl.load(w_scales + gl.minimum(1, last))
-    for k in range(0, last, 2):
-        s0 = it % p.STAGES
-        s1 = (it + 1) % p.STAGES
-        mbarrier.wait(p.ready.index(s0), (it // p.STAGES) & 1)
-        first = _issue_mma(p, s0, zero, WG)
-        mbarrier.wait(p.ready.index(s1), ((it + 1) // p.STAGES) & 1)
-        second = _issue_mma(p, s1, zero, WG)
-        scale0 = _slot_scales(p, s0, WG, acc_layout) * sw0
-        scale1 = _slot_scales(p, s1, WG, acc_layout) * sw1
-        sw0 = gl.load(w_scales + gl.minimum(k + 2, last))
-        sw1 = gl.load(w_scales + gl.minimum(k + 3, last))
-        first = warpgroup_mma_wait(num_outstanding=1, deps=(first,))
-        mbarrier.arrive(p.empty.index(s0), count=1)
-        acc += first * scale0[:, None]
-        # acc as an operand of the wait keeps the first promotion above it (under the MMA).
-        second, acc = warpgroup_mma_wait(num_outstanding=0, deps=(second, acc))
-        mbarrier.arrive(p.empty.index(s1), count=1)
-        acc += second * scale1[:, None]
-        it += 2
-    if k_steps % 2 == 1:  # an odd step count's last step alone (sw0 holds its scale)
-        s = it % p.STAGES
-        mbarrier.wait(p.ready.index(s), (it // p.STAGES) & 1)
-        raw = _issue_mma(p, s, zero, WG)
-        scale = _slot_scales(p, s, WG, acc_layout) * sw0
-        raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
-        mbarrier.arrive(p.empty.index(s), count=1)
-        acc += raw * scale[:, None]
-        it += 1
-    return acc, it
-
-
-@gluon.jit
-def _joined(lo, hi, layout: gl.constexpr):
-    """[64, 128] from two [64, 64] MMA products, in `layout`: a thread holds the same
-    elements of both, so the join moves no data."""
-    both = gl.join(lo, hi).permute((0, 2, 1)).reshape([_HALF, _BLOCK])
-    return gl.convert_layout(both, layout)
 
 
 @gluon.jit
@@ -904,9 +812,7 @@ def _linear1_rows(
     s_rows = p.s1_ptr + e * (2 * I // _BLOCK) * (H // _BLOCK)
     a_scales = p.xs_ptr + (row0 + rows_acc) * (H // _BLOCK)
     steps = H // _BLOCK
-    gate, it = _mma_steps(
-        p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True, PAIRABLE=True
-    )
+    gate, it = _mma_steps(p, it, a_scales, s_rows + nb * steps, steps, WG, acc_layout, True)
     if p.GATE_BF16:
         gate = gate.to(gl.bfloat16)
     up_scales = s_rows + (I // _BLOCK + nb) * steps
@@ -961,7 +867,6 @@ def _linear2_rows(
         WG,
         acc_layout,
         False,
-        PAIRABLE=True,
     )
     if p.TRACE:
         gl.atomic_max(base + 3, _now())
@@ -1015,8 +920,6 @@ def _fused_moe_ws(
     CLAIM_RELAXED: gl.constexpr,
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
-    SPLIT_MMA: gl.constexpr,
-    PAIR_STEPS: gl.constexpr,
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -1098,8 +1001,6 @@ def _fused_moe_ws(
             CLAIM_RELAXED,
             SWIGLU_TANH,
             SCALES_TMA,
-            SPLIT_MMA,
-            PAIR_STEPS,
         ),
     )
     if W4:
@@ -1255,23 +1156,9 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
         SWIGLU_TANH=bool(SWIGLU_TANH),
         SCALES_TMA=bool(SCALES_TMA),
-        SPLIT_MMA=splits_mma(precision),
-        PAIR_STEPS=pairs_steps(precision),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
-
-
-def splits_mma(precision: str) -> bool:
-    """Whether a precision's build issues each step as two 64-column MMAs (SPLIT_MMA: W8A8's
-    only, with SCALES_TMA)."""
-    return bool(SPLIT_MMA) and bool(SCALES_TMA) and not _is_w4(precision)
-
-
-def pairs_steps(precision: str) -> bool:
-    """Whether a precision's build takes gate's and Linear-2's steps in pairs (PAIR_STEPS:
-    W8A8's only, with SCALES_TMA)."""
-    return bool(PAIR_STEPS) and bool(SCALES_TMA) and not _is_w4(precision)
 
 
 def holds_gate_bf16(precision: str) -> bool:
@@ -1309,10 +1196,6 @@ def launch_options(precision: str) -> dict:
         options["swiglu_sigmoid"] = "tanh.approx"
     if SCALES_TMA:  # absent: each step's scales loaded by the math warpgroups
         options["step_scales"] = "with the slot, by TMA (scales step-major)"
-    if splits_mma(precision):  # absent: one 128-column MMA a step, as every record before
-        options["step_mma"] = "two 64-column MMAs, the first promoted under the second"
-    if pairs_steps(precision):  # absent: one step's MMA in flight, as every record before
-        options["step_mmas_in_flight"] = "two (gate and Linear-2)"
     return options
 
 
@@ -1331,6 +1214,23 @@ def stages(precision: str) -> int:
     return W4_STAGES if _is_w4(precision) else STAGES
 
 
+def launched_build(precision: str):
+    """compile_for_sm90 of the build a launch runs now (the launch constants in force)."""
+    return compile_for_sm90(
+        precision=precision,
+        skip_padding=SKIP_PADDING_HALVES,
+        tile_major_weights=TILE_MAJOR_WEIGHTS,
+        prefetch_tile=PREFETCH_TILE,
+        row_box_min=row_box_min(),
+        gate_bf16=holds_gate_bf16(precision),
+        split_converted=bool(SPLIT_CONVERTED),
+        convert_rows=convert_rows(),
+        claim_relaxed=bool(CLAIM_RELAXED),
+        swiglu_tanh=bool(SWIGLU_TANH),
+        scales_tma=bool(SCALES_TMA),
+    )
+
+
 def compile_for_sm90(
     trace: bool = False,
     precision: str = "w8a8",
@@ -1344,8 +1244,6 @@ def compile_for_sm90(
     claim_relaxed: bool = False,
     swiglu_tanh: bool = False,
     scales_tma: bool = False,
-    split_mma: bool = False,
-    pair_steps: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1399,8 +1297,6 @@ def compile_for_sm90(
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
         (names.index("SCALES_TMA"),): scales_tma,
-        (names.index("SPLIT_MMA"),): split_mma and scales_tma and not w4,
-        (names.index("PAIR_STEPS"),): pair_steps and scales_tma and not w4,
     }
     constexprs = (
         "TRACE",
@@ -1415,8 +1311,6 @@ def compile_for_sm90(
         "CLAIM_RELAXED",
         "SWIGLU_TANH",
         "SCALES_TMA",
-        "SPLIT_MMA",
-        "PAIR_STEPS",
     )
     for name in constexprs:
         signature[name] = "constexpr"
