@@ -277,6 +277,10 @@ SWIGLU_TANH = True
 # 0.914-0.966 of the time at 16384 tokens (geomean 0.938), 0.957-0.992 at 4096, 0.976-1.003
 # at 1024; W4A8 0.950-0.988 at 16384, 0.971-0.997 at 4096; outputs as before.
 SCALES_TMA = True
+# Diagnostic, timing only: a build identical to the default but for its hash, so that
+# Triton's kernel override (TRITON_KERNEL_OVERRIDE) can replace its PTX in a paired A/B
+# (kernels/ab/ptx_override.py).
+DIAG_OVERRIDE = 0
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -288,6 +292,7 @@ LAUNCH_OPTIONS = (
     "CLAIM_RELAXED",
     "SWIGLU_TANH",
     "SCALES_TMA",
+    "DIAG_OVERRIDE",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -920,6 +925,7 @@ def _fused_moe_ws(
     CLAIM_RELAXED: gl.constexpr,
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
+    DIAG_OVERRIDE: gl.constexpr,  # no effect on the code: see DIAG_OVERRIDE
 ):
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
@@ -1156,6 +1162,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         CLAIM_RELAXED=bool(CLAIM_RELAXED),
         SWIGLU_TANH=bool(SWIGLU_TANH),
         SCALES_TMA=bool(SCALES_TMA),
+        DIAG_OVERRIDE=int(DIAG_OVERRIDE),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1196,6 +1203,8 @@ def launch_options(precision: str) -> dict:
         options["swiglu_sigmoid"] = "tanh.approx"
     if SCALES_TMA:  # absent: each step's scales loaded by the math warpgroups
         options["step_scales"] = "with the slot, by TMA (scales step-major)"
+    if DIAG_OVERRIDE:  # a diagnostic's hash, its PTX replaced (timing only)
+        options["diag_override"] = int(DIAG_OVERRIDE)
     return options
 
 
@@ -1297,6 +1306,7 @@ def compile_for_sm90(
         (names.index("CLAIM_RELAXED"),): claim_relaxed,
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
         (names.index("SCALES_TMA"),): scales_tma,
+        (names.index("DIAG_OVERRIDE"),): 0,
     }
     constexprs = (
         "TRACE",
@@ -1311,6 +1321,7 @@ def compile_for_sm90(
         "CLAIM_RELAXED",
         "SWIGLU_TANH",
         "SCALES_TMA",
+        "DIAG_OVERRIDE",
     )
     for name in constexprs:
         signature[name] = "constexpr"
