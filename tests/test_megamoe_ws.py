@@ -173,7 +173,8 @@ def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
     split = megamoe_ws.launch_options("w4a8")
     assert split["converted_halves"] == "one buffer each"
     assert split["converted_rows_per_store"] == 64
-    assert megamoe_ws.launch_options("w8a8") == {
+    w8a8_only = {k: v for k, v in megamoe_ws.launch_options("w8a8").items() if k != "wait_barriers"}
+    assert w8a8_only == {
         k: v for k, v in split.items() if not k.startswith("converted") and k != "gate_held"
     }
     monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 48)
@@ -416,6 +417,7 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     monkeypatch.setattr(megamoe_ws, "CLAIM_RELAXED", False)
     monkeypatch.setattr(megamoe_ws, "SWIGLU_TANH", False)
     monkeypatch.setattr(megamoe_ws, "SCALES_TMA", False)
+    monkeypatch.setattr(megamoe_ws, "DROP_WAIT_BARRIERS", False)
     assert megamoe_ws.launch_options("w8a8") == {"padding_halves": "skipped"}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)
@@ -571,3 +573,38 @@ def test_the_launched_builds_keep_their_mmas_asynchronous(precision):
     report = sm90.ptxas_report("megamoe_ws", f"kernels.launched_build({precision!r})")
     assert "_fused_moe_ws" in report and re.search(r"Used \d+ registers", report), report
     assert sm90.serialized(report) == []
+
+
+# A warpgroup barrier right before an mbarrier wait's poll loop (comment lines between).
+BARRIER_BEFORE_WAIT = (
+    r"bar\.sync\s+\d+,\s*128;(?:\s*//[^\n]*)*\s*\{\s*\.reg \.pred complete;\s*waitLoop:\s*"
+    r"mbarrier\.try_wait"
+)
+
+
+@needs_triton
+def test_w8a8_builds_drop_the_barriers_before_their_waits_and_w4a8_keeps_them(monkeypatch):
+    """DROP_WAIT_BARRIERS: the W8A8 build's PTX carries the edit's mark and has no
+    warpgroup barrier left before an mbarrier wait (Triton's build has one before each of
+    its math warpgroups' waits), its MMAs and its other barriers as before; W4A8's build is
+    not edited. Both builds' records say which."""
+    from xstage_kernels import megamoe_ws
+    from xstage_kernels.ptx_edits import DROP_WAIT_BARRIERS_MARK
+
+    patterns = {
+        **PATTERNS,
+        "mark": re.escape(DROP_WAIT_BARRIERS_MARK),
+        "barrier_before_wait": BARRIER_BEFORE_WAIT,
+        "barriers": r"bar\.sync\s+\d+,\s*128;",
+    }
+    triton_s, dropped = _builds("drop_wait_barriers", patterns)
+    assert (triton_s["mark"], dropped["mark"]) == (0, 1)
+    assert triton_s["barrier_before_wait"] >= 12 and dropped["barrier_before_wait"] == 0
+    assert dropped["barriers"] == triton_s["barriers"] - triton_s["barrier_before_wait"]
+    for name in ("wgmma", "wgmma_wait", "mbarrier_arrive", "tma_loads", "shared"):
+        assert dropped[name] == triton_s[name] > 0, name
+    w4 = sm90.compiled("megamoe_ws", "kernels.launched_build('w4a8')", patterns)
+    assert w4["mark"] == 0 and w4["barrier_before_wait"] > 0
+    monkeypatch.setattr(megamoe_ws, "DROP_WAIT_BARRIERS", True)
+    assert "wait_barriers" in megamoe_ws.launch_options("w8a8")
+    assert "wait_barriers" not in megamoe_ws.launch_options("w4a8")
