@@ -377,6 +377,26 @@ def test_a_finished_sweep_is_refreshed_measuring_only_the_points_its_rule_names(
     assert measure.calls == list("abcde")
 
 
+def test_a_partial_file_of_another_kernel_keeps_only_the_points_that_kernel_did_not_change(
+    tmp_path,
+):
+    """A sweep resumed from a partial file that an earlier kernel wrote (interrupted, or the
+    finished file copied there to resume from) measures the points whose kernel changed
+    again: kept, they would stand under a config naming a kernel that never ran them."""
+    out = tmp_path / "gap_sweep.json"
+    before = {"k": 1, "kernel": {"4096": "a", "8192": "a"}}
+    with pytest.raises(KeyboardInterrupt):
+        sweep(out, counting_measure(interrupt="d"), config=before)
+    measure, lines = counting_measure(), []
+    config = {"k": 1, "kernel": {"4096": "a", "8192": "b"}}
+    again = sweep(out, measure, config=config, refresh=_kernel_rule, progress=lines.append)
+    assert measure.calls == ["b", "d", "e"]  # b: its kernel changed; d, e: never measured
+    (resume,) = again["environment"]["resumes"]
+    assert resume["remeasured"] == "kernel of ['8192']: 1 point(s)"
+    assert again["config"] == config
+    assert any("measured again, the others kept" in line for line in lines)
+
+
 def _by_kernel(config):
     return {k: v for k, v in config.items() if k != "kernel"}, config["kernel"]
 

@@ -366,7 +366,9 @@ def run_sweep(
     SystemExit propagate (the partial file keeps every finished point). A finished `out`
     whose config lacks only some of this config's variants or grid values is grown: its
     records are kept and only the added points measured (added_variants); one whose config differs
-    as `refresh` allows has the points it names measured again, the others kept. With
+    as `refresh` allows has the points it names measured again, the others kept (so has a
+    partial file written with such a config: an interrupted run's, or a finished file copied
+    there to resume from). With
     `retry_failed`
     (or XSTAGE_RETRY_FAILED=1), points recorded with a status other than ok are measured
     again, from the partial file or, when there is none, from a finished `out` of the same
@@ -406,6 +408,9 @@ def run_sweep(
     if source is not None:
         previous = finished if source == out else read_raw(source)  # out was read above
         _check_resumable(previous, source, header, ids, refresh)
+        if source == partial and refresh is not None:
+            # a partial file written by another kernel: its points of that kernel are stale
+            stale = refresh(previous["config"], config)
         kept = [r for r in previous["records"] if not (stale and stale.stale(r["point"]))]
         records = {r["id"]: r for r in kept}
         remeasured = (
