@@ -125,12 +125,12 @@ steady steps 0.51-0.54 us against 0.47-0.50, shared memory's data pipe 56% busy 
 above the second wait (the first try had let the compiler move it below: no overlap at
 all): 1.018-1.045x. Nsight Compute at the GPU's own clock (1.61 GHz under this load; 1.35
 locked): the same SM cycles at both clocks (8.2 M, 8.0 M) with L2 at 1.7 GHz in both, so
-the time is SM cycles, not L2 delivery (70% of its peak), tensor pipe 56%. What a step
-waits on in those cycles is not yet separated; Triton puts a warpgroup barrier before each
-slot wait and each slot release of a partition (two a step). Two compiler facts any such
-change must respect: an MMA left in flight across a loop's back edge makes ptxas serialize
-every MMA of the kernel (C7514, checked by the tests), and a promotion that is not an
-operand of the next MMA wait may be moved below it.
+the time is SM cycles, not L2 delivery (70% of its peak), tensor pipe 56%. One of the
+warpgroup barriers Triton puts around each step (before the slot wait; the release keeps
+its own) turned out to cost 2-4% of the time at 16384 tokens: DROP_WAIT_BARRIERS. Two
+compiler facts any such change must respect: an MMA left in flight across a loop's back
+edge makes ptxas serialize every MMA of the kernel (C7514, checked by the tests), and a
+promotion that is not an operand of the next MMA wait may be moved below it.
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -280,9 +280,11 @@ SWIGLU_TANH = True
 SCALES_TMA = True
 # W8A8: the warpgroup barrier Triton puts before each mbarrier wait of a partition is
 # dropped from the PTX (ptx_edits.drop_wait_barriers says why it orders nothing). Paired
-# A/B, one H200, every shape, balanced (kernels/ab/2026-12-04-wait-barriers-*): W8A8
-# 0.953-0.979 of the time at 16384 tokens (geomean 0.972), 0.980-0.992 at 4096, 0.990-0.996
-# at 1024; W4A8 1.005-1.016 (its converters' waits too): not for W4A8.
+# A/B, one H200, every shape, balanced: the PTX edited in a diagnostic build
+# (kernels/ab/2026-12-04-wait-barriers-*) W8A8 0.953-0.979 of the time at 16384 tokens
+# (geomean 0.972), 0.980-0.992 at 4096, 0.990-0.996 at 1024, W4A8 1.005-1.016 (its
+# converters' waits too): not for W4A8; this build (*-drop-wait-barriers-w8a8.json)
+# 0.958-0.986 at 16384 (geomean 0.973), 0.975-0.996 at 4096, 0.983-0.997 at 1024.
 DROP_WAIT_BARRIERS = True
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
