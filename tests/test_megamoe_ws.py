@@ -608,3 +608,27 @@ def test_w8a8_builds_drop_the_barriers_before_their_waits_and_w4a8_keeps_them(mo
     monkeypatch.setattr(megamoe_ws, "DROP_WAIT_BARRIERS", True)
     assert "wait_barriers" in megamoe_ws.launch_options("w8a8")
     assert "wait_barriers" not in megamoe_ws.launch_options("w4a8")
+
+
+@needs_triton
+def test_one_arrival_per_warp_replaces_the_release_barriers_and_counts_them():
+    """ARRIVE_PER_WARP (W8A8, pending its A/B): each slot and tile-record release is an
+    arrive by lane 0 of every math warp, with no warpgroup barrier before it, and the
+    barriers it arrives on count four arrivals a math warpgroup; the MMAs are unchanged."""
+    patterns = {
+        **PATTERNS,
+        "lane0_arrive": r"@%xs_lane0 mbarrier\.arrive",
+        "barrier_before_arrive": (
+            r"bar\.sync\s+\d+,\s*128;(?:\s*//[^\n]*)*\s*@%p\d+ mbarrier\.arrive"
+        ),
+        "count_8": r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 8;",
+        "count_2": r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 2;",
+    }
+    one, per_warp = _builds("arrive_per_warp", patterns)
+    assert one["lane0_arrive"] == 0 and one["barrier_before_arrive"] == 12
+    assert per_warp["lane0_arrive"] == 12 and per_warp["barrier_before_arrive"] == 0
+    # empty (STAGES) and tile_empty (two slots): 2 arrivals, then 2 x 4
+    assert (one["count_2"], one["count_8"]) == (8, 0)
+    assert (per_warp["count_2"], per_warp["count_8"]) == (0, 8)
+    for name in ("wgmma", "wgmma_wait", "tma_loads", "shared"):
+        assert per_warp[name] == one[name] > 0, name

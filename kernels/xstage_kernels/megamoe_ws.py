@@ -158,7 +158,7 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
-from xstage_kernels.ptx_edits import DROP_WAIT_BARRIERS_MARK
+from xstage_kernels.ptx_edits import ARRIVE_PER_WARP_MARK, DROP_WAIT_BARRIERS_MARK
 
 BLOCK = 128  # rows, output channels and K channels of a tile step
 HALF = BLOCK // 2  # rows per math warpgroup
@@ -286,6 +286,10 @@ SCALES_TMA = True
 # converters' waits too): not for W4A8; this build (*-drop-wait-barriers-w8a8.json)
 # 0.958-0.986 at 16384 (geomean 0.973), 0.975-0.996 at 4096, 0.983-0.997 at 1024.
 DROP_WAIT_BARRIERS = True
+# W8A8: a slot (and a tile record) released by lane 0 of each math warp, the barriers'
+# arrival counts raised to match, instead of by one thread after a warpgroup barrier
+# (ptx_edits.arrive_per_warp). Off until its paired A/B on a GPU.
+ARRIVE_PER_WARP = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -298,6 +302,7 @@ LAUNCH_OPTIONS = (
     "SWIGLU_TANH",
     "SCALES_TMA",
     "DROP_WAIT_BARRIERS",
+    "ARRIVE_PER_WARP",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -319,6 +324,7 @@ _W4_CONVERTERS = gl.constexpr(W4_CONVERTERS)
 _W4_WORKER_WARPS = gl.constexpr(W4_WORKER_WARPS)
 _INT4_TO_FP8 = gl.constexpr(int4_fp8.ptx())
 _DROP_WAIT_BARRIERS_ASM = gl.constexpr(f"mov.u32 $0, $1; // {DROP_WAIT_BARRIERS_MARK}")
+_ARRIVE_PER_WARP_ASM = gl.constexpr(f"mov.u32 $0, $1; // {ARRIVE_PER_WARP_MARK}")
 # Our builds' PTX edits run inside Triton's compilation (ptx_edits).
 ptx_edits.install()
 
@@ -895,6 +901,12 @@ def _linear2_rows(
 
 
 @gluon.jit
+def _marked(value, asm: gl.constexpr):
+    """value, through a move whose PTX comment is `asm`'s mark (ptx_edits)."""
+    return gl.inline_asm_elementwise(asm, "=r,r", [value], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def _fused_moe_ws(
     tiles_ptr,
     n_tiles,
@@ -934,16 +946,15 @@ def _fused_moe_ws(
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
     DROP_WAIT_BARRIERS: gl.constexpr,
+    ARRIVE_PER_WARP: gl.constexpr,
 ):
-    if DROP_WAIT_BARRIERS:  # the mark that asks ptx_edits to edit this build's PTX
-        n_tiles = gl.inline_asm_elementwise(
-            _DROP_WAIT_BARRIERS_ASM,
-            "=r,r",
-            [n_tiles],
-            dtype=gl.int32,
-            is_pure=True,
-            pack=1,
-        )
+    # The marks that ask ptx_edits to edit this build's PTX.
+    if DROP_WAIT_BARRIERS:
+        n_tiles = _marked(n_tiles, _DROP_WAIT_BARRIERS_ASM)
+    if ARRIVE_PER_WARP:
+        n_tiles = _marked(n_tiles, _ARRIVE_PER_WARP_ASM)
+    # Arrivals a release takes from each math warpgroup (ARRIVE_PER_WARP: one a warp).
+    releases: gl.constexpr = 4 if ARRIVE_PER_WARP else 1
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
     b_block: gl.constexpr = w1_desc.block_type.shape
@@ -977,11 +988,11 @@ def _fused_moe_ws(
     tile_empty = gl.allocate_shared_memory(gl.int64, [_TILE_SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrival per math warpgroup
+        mbarrier.init(empty.index(i), count=2 * releases)  # from both math warpgroups
     for i in gl.static_range(_TILE_SLOTS):
         mbarrier.init(tile_ready.index(i), count=1)
         # read by both math warpgroups (and W4's converter) before the producer reuses it
-        mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
+        mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2 * releases)
     p = Shared(
         (
             x_desc,
@@ -1180,6 +1191,7 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
         SWIGLU_TANH=bool(SWIGLU_TANH),
         SCALES_TMA=bool(SCALES_TMA),
         DROP_WAIT_BARRIERS=drops_wait_barriers(precision),
+        ARRIVE_PER_WARP=arrives_per_warp(precision),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
@@ -1189,6 +1201,12 @@ def drops_wait_barriers(precision: str) -> bool:
     """Whether a precision's build drops the barriers before its mbarrier waits
     (DROP_WAIT_BARRIERS: W8A8's only)."""
     return bool(DROP_WAIT_BARRIERS) and not _is_w4(precision)
+
+
+def arrives_per_warp(precision: str) -> bool:
+    """Whether a precision's build releases slots by one arrival per warp
+    (ARRIVE_PER_WARP: W8A8's only)."""
+    return bool(ARRIVE_PER_WARP) and not _is_w4(precision)
 
 
 def holds_gate_bf16(precision: str) -> bool:
@@ -1228,6 +1246,8 @@ def launch_options(precision: str) -> dict:
         options["step_scales"] = "with the slot, by TMA (scales step-major)"
     if drops_wait_barriers(precision):  # absent: Triton's barriers, as every record before
         options["wait_barriers"] = "dropped from the PTX (ptx_edits)"
+    if arrives_per_warp(precision):  # absent: one thread after a warpgroup barrier
+        options["slot_release"] = "one arrival per warp (ptx_edits)"
     return options
 
 
@@ -1261,6 +1281,7 @@ def launched_build(precision: str):
         swiglu_tanh=bool(SWIGLU_TANH),
         scales_tma=bool(SCALES_TMA),
         drop_wait_barriers=drops_wait_barriers(precision),
+        arrive_per_warp=arrives_per_warp(precision),
     )
 
 
@@ -1278,6 +1299,7 @@ def compile_for_sm90(
     swiglu_tanh: bool = False,
     scales_tma: bool = False,
     drop_wait_barriers: bool = False,
+    arrive_per_warp: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     import torch
@@ -1332,6 +1354,7 @@ def compile_for_sm90(
         (names.index("SWIGLU_TANH"),): swiglu_tanh,
         (names.index("SCALES_TMA"),): scales_tma,
         (names.index("DROP_WAIT_BARRIERS"),): drop_wait_barriers and not w4,
+        (names.index("ARRIVE_PER_WARP"),): arrive_per_warp and not w4,
     }
     constexprs = (
         "TRACE",
@@ -1347,6 +1370,7 @@ def compile_for_sm90(
         "SWIGLU_TANH",
         "SCALES_TMA",
         "DROP_WAIT_BARRIERS",
+        "ARRIVE_PER_WARP",
     )
     for name in constexprs:
         signature[name] = "constexpr"
