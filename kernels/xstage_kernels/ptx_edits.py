@@ -1,6 +1,6 @@
-"""An edit to the PTX Triton makes for our kernels, applied while Triton compiles them
+"""Edits to the PTX Triton makes for our kernels, each applied while Triton compiles them
 (its stage hook, knobs.runtime.add_stages_inspection_hook) to the builds whose PTX carries
-the edit's mark.
+its mark.
 
 Dropping the wait barriers: in a warp-specialized partition, Triton's shared-memory barrier
 analysis cannot tell the partition's mbarrier allocations apart (they reach it as the
