@@ -1178,23 +1178,31 @@ def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> N
     `trace` buffer builds the TRACE variant."""
     _fused_moe_ws[(num_programs,)](
         *args(trace=trace if trace is not None else kw["row_dst"], **kw),
-        TRACE=trace is not None,
-        W4=_is_w4(precision),
-        SKIP_PADDING=SKIP_PADDING_HALVES,
-        TILE_MAJOR=TILE_MAJOR_WEIGHTS,
-        PREFETCH=PREFETCH_TILE,
-        ROW_BOX_MIN=row_box_min(),
-        GATE_BF16=holds_gate_bf16(precision),
-        SPLIT=bool(SPLIT_CONVERTED),
-        CONVERT_ROWS=convert_rows(),
-        CLAIM_RELAXED=bool(CLAIM_RELAXED),
-        SWIGLU_TANH=bool(SWIGLU_TANH),
-        SCALES_TMA=bool(SCALES_TMA),
-        DROP_WAIT_BARRIERS=drops_wait_barriers(precision),
-        ARRIVE_PER_WARP=arrives_per_warp(precision),
+        **launch_constexprs(precision, trace=trace is not None),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
+
+
+def launch_constexprs(precision: str, trace: bool = False) -> dict:
+    """The kernel's constexpr arguments as a launch passes them now (the launch constants
+    in force)."""
+    return {
+        "TRACE": trace,
+        "W4": _is_w4(precision),
+        "SKIP_PADDING": SKIP_PADDING_HALVES,
+        "TILE_MAJOR": TILE_MAJOR_WEIGHTS,
+        "PREFETCH": PREFETCH_TILE,
+        "ROW_BOX_MIN": row_box_min(),
+        "GATE_BF16": holds_gate_bf16(precision),
+        "SPLIT": bool(SPLIT_CONVERTED),
+        "CONVERT_ROWS": convert_rows(),
+        "CLAIM_RELAXED": bool(CLAIM_RELAXED),
+        "SWIGLU_TANH": bool(SWIGLU_TANH),
+        "SCALES_TMA": bool(SCALES_TMA),
+        "DROP_WAIT_BARRIERS": drops_wait_barriers(precision),
+        "ARRIVE_PER_WARP": arrives_per_warp(precision),
+    }
 
 
 def drops_wait_barriers(precision: str) -> bool:
@@ -1267,22 +1275,8 @@ def stages(precision: str) -> int:
 
 
 def launched_build(precision: str):
-    """compile_for_sm90 of the build a launch runs now (the launch constants in force)."""
-    return compile_for_sm90(
-        precision=precision,
-        skip_padding=SKIP_PADDING_HALVES,
-        tile_major_weights=TILE_MAJOR_WEIGHTS,
-        prefetch_tile=PREFETCH_TILE,
-        row_box_min=row_box_min(),
-        gate_bf16=holds_gate_bf16(precision),
-        split_converted=bool(SPLIT_CONVERTED),
-        convert_rows=convert_rows(),
-        claim_relaxed=bool(CLAIM_RELAXED),
-        swiglu_tanh=bool(SWIGLU_TANH),
-        scales_tma=bool(SCALES_TMA),
-        drop_wait_barriers=drops_wait_barriers(precision),
-        arrive_per_warp=arrives_per_warp(precision),
-    )
+    """The build a launch runs now (launch_constexprs), compiled for sm_90 without a GPU."""
+    return _compile_sm90(precision, launch_constexprs(precision))
 
 
 def compile_for_sm90(
@@ -1302,6 +1296,28 @@ def compile_for_sm90(
     arrive_per_warp: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
+    w4 = _is_w4(precision)
+    constexprs = {
+        "TRACE": trace,
+        "W4": w4,
+        "SKIP_PADDING": skip_padding,
+        "TILE_MAJOR": tile_major_weights,
+        "PREFETCH": prefetch_tile,
+        "ROW_BOX_MIN": row_box_min,
+        "GATE_BF16": gate_bf16 and w4,
+        "SPLIT": split_converted,
+        "CONVERT_ROWS": convert_rows,
+        "CLAIM_RELAXED": claim_relaxed,
+        "SWIGLU_TANH": swiglu_tanh,
+        "SCALES_TMA": scales_tma,
+        "DROP_WAIT_BARRIERS": drop_wait_barriers and not w4,
+        "ARRIVE_PER_WARP": arrive_per_warp and not w4,
+    }
+    return _compile_sm90(precision, constexprs)
+
+
+def _compile_sm90(precision: str, constexprs: dict):
+    """The kernel with these constexpr arguments, compiled for sm_90."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -1340,38 +1356,7 @@ def compile_for_sm90(
     names = list(_fused_moe_ws.arg_names)
     # The values stop before the trailing constexprs.
     signature = {name: mangle_type(v) for name, v in zip(names, values, strict=False)}
-    constants = {
-        (names.index("TRACE"),): trace,
-        (names.index("W4"),): w4,
-        (names.index("SKIP_PADDING"),): skip_padding,
-        (names.index("TILE_MAJOR"),): tile_major_weights,
-        (names.index("PREFETCH"),): prefetch_tile,
-        (names.index("ROW_BOX_MIN"),): row_box_min,
-        (names.index("GATE_BF16"),): gate_bf16 and w4,
-        (names.index("SPLIT"),): split_converted,
-        (names.index("CONVERT_ROWS"),): convert_rows,
-        (names.index("CLAIM_RELAXED"),): claim_relaxed,
-        (names.index("SWIGLU_TANH"),): swiglu_tanh,
-        (names.index("SCALES_TMA"),): scales_tma,
-        (names.index("DROP_WAIT_BARRIERS"),): drop_wait_barriers and not w4,
-        (names.index("ARRIVE_PER_WARP"),): arrive_per_warp and not w4,
-    }
-    constexprs = (
-        "TRACE",
-        "W4",
-        "SKIP_PADDING",
-        "TILE_MAJOR",
-        "PREFETCH",
-        "ROW_BOX_MIN",
-        "GATE_BF16",
-        "SPLIT",
-        "CONVERT_ROWS",
-        "CLAIM_RELAXED",
-        "SWIGLU_TANH",
-        "SCALES_TMA",
-        "DROP_WAIT_BARRIERS",
-        "ARRIVE_PER_WARP",
-    )
+    constants = {(names.index(name),): value for name, value in constexprs.items()}
     for name in constexprs:
         signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.

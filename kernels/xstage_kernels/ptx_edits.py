@@ -25,6 +25,7 @@ cache keeps edited and unedited builds apart; a change to the edit needs a new m
 from __future__ import annotations
 
 import re
+from itertools import islice
 
 DROP_WAIT_BARRIERS_MARK = "xstage:drop-wait-barriers-v1"
 ARRIVE_PER_WARP_MARK = "xstage:arrive-per-warp-v1"
@@ -39,16 +40,15 @@ _LANE0_ARRIVE = (
 )
 
 
+def _is_code(line: str) -> bool:
+    """Not a blank, a comment or a .loc line."""
+    text = line.strip()
+    return bool(text) and not text.startswith(("//", ".loc"))
+
+
 def _code_after(lines: list[str], i: int, count: int) -> list[str]:
-    """The next `count` lines of code after line i (no blanks, comments or .loc)."""
-    out = []
-    for line in lines[i + 1 :]:
-        text = line.strip()
-        if text and not text.startswith(("//", ".loc")):
-            out.append(text)
-            if len(out) == count:
-                break
-    return out
+    """The next `count` lines of code after line i."""
+    return list(islice((line.strip() for line in lines[i + 1 :] if _is_code(line)), count))
 
 
 def drop_wait_barriers(ptx: str) -> tuple[str, int]:
@@ -84,10 +84,9 @@ def arrive_per_warp(ptx: str) -> tuple[str, int]:
 
 
 def _last_code(lines: list[str]) -> tuple[int, str]:
-    """(index, text) of the last line of code in `lines` (no blanks, comments or .loc)."""
+    """(index, text) of the last line of code in `lines`."""
     for at in range(len(lines) - 1, -1, -1):
-        text = lines[at].strip()
-        if text and not text.startswith(("//", ".loc")):
+        if _is_code(lines[at]):
             return at, lines[at]
     return -1, ""
 
