@@ -34,6 +34,19 @@ def compiled(module: str, call: str, patterns: dict[str, str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+_PTX_CHILD = """
+import sys
+module, call = sys.argv[1], sys.argv[2]
+k = eval(call, {"kernels": __import__("xstage_kernels." + module, fromlist=["_"])})
+print(k.asm["ptx"])
+"""
+
+
+def compiled_ptx(module: str, call: str) -> str:
+    """The PTX of `kernels.<call>` (a compile_for_sm90 call of xstage_kernels.<module>)."""
+    return _in_child(_PTX_CHILD, module, call)
+
+
 def _in_child(source: str, *args: str) -> str:
     """The stdout of `python -c source *args`, outside the interpreter mode."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -632,3 +632,34 @@ def test_one_arrival_per_warp_replaces_the_release_barriers_and_counts_them():
     assert (per_warp["count_2"], per_warp["count_8"]) == (0, 8)
     for name in ("wgmma", "wgmma_wait", "tma_loads", "shared"):
         assert per_warp[name] == one[name] > 0, name
+
+
+TURN_EVENTS = r"bar\.sync [89], 256|bar\.arrive [89], 256|wgmma\.commit_group"
+
+
+def _turn_events(ptx: str) -> str:
+    """The PTX's turn waits (S), turn passes (A) and MMA commits (M), in code order."""
+    kinds = {"bar.sync": "S", "bar.arrive": "A", "wgmma.commit_group": "M"}
+    return "".join(kinds[m.group(0).split(" ")[0]] for m in re.finditer(TURN_EVENTS, ptx))
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+def test_mma_turns_put_each_issue_between_taking_and_giving_the_turn(precision):
+    """MMA_TURNS (pending its A/B): every MMA issue of a math warpgroup comes after it took
+    its turn (bar.sync on its own named barrier) and before it gave the turn on (bar.arrive
+    on the other's), every turn given is taken (or the named barriers would not complete),
+    and the build has the same MMAs as without turns."""
+    call = f"kernels.compile_for_sm90(precision={precision!r}, mma_turns={{}})"
+    ptx = {on: sm90.compiled_ptx("megamoe_ws", call.format(on)) for on in (False, True)}
+    assert _turn_events(ptx[False]) == "M" * ptx[False].count("wgmma.commit_group")
+    events = _turn_events(ptx[True])
+    issues = re.findall(r"M+", events)
+    assert len(issues) == 6 and re.findall(r"S(M+)A", events) == issues, events
+    for barrier in (8, 9):
+        taken = ptx[True].count(f"bar.sync {barrier}, 256;")
+        assert taken == ptx[True].count(f"bar.arrive {barrier}, 256;") > 0, barrier
+    for pattern in (PATTERNS["wgmma"], PATTERNS["wgmma_wait"], PATTERNS["tma_loads"]):
+        assert len(re.findall(pattern, ptx[True])) == len(re.findall(pattern, ptx[False])) > 0
+    report = sm90.ptxas_report("megamoe_ws", call.format(True))
+    assert "_fused_moe_ws" in report and sm90.serialized(report) == []

@@ -12,7 +12,9 @@ runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of three wa
 - promoted: each step's product is waited for and added to an fp32 accumulator with a scale,
   as our kernel promotes (its MMA-wait-promote turn, without its ring or its loads);
 - split: each step as two MMAs of N / 2 columns issued at once, the first promoted while
-  the second runs (in the registers of one N-column product).
+  the second runs (in the registers of one N-column product);
+- turns: promoted, the warpgroups issuing in turn (megamoe_ws.MMA_TURNS: each waits at a
+  named barrier until the one before it has issued its step).
 
 Prints TFLOP/s (2 x 64 x N x 128 per warpgroup step) from the earliest start to the latest
 end over all CTAs' globaltimer stamps, for N = 128 (our tile) in every mode, N = 64 and 256
@@ -36,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement.environment import capture_measured
-from xstage_kernels.megamoe_ws import _now
+from xstage_kernels.megamoe_ws import _now, pass_turn, wait_turn
 
 K = 128
 _K = gl.constexpr(K)
@@ -44,8 +46,10 @@ MATH_REGS = {2: 232, 3: 168}  # per thread, by math warpgroups: what the registe
 
 
 @gluon.jit
-def _warpgroup(a, b, out_ptr, iters, WG: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr):
-    """One math warpgroup: its 64 rows of A times B, `iters` steps."""
+def _warpgroup(
+    a, b, out_ptr, iters, WG: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, WGS: gl.constexpr
+):
+    """One math warpgroup of WGS: its 64 rows of A times B, `iters` steps."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32]
     )
@@ -56,16 +60,25 @@ def _warpgroup(a, b, out_ptr, iters, WG: gl.constexpr, N: gl.constexpr, MODE: gl
     else:
         zero = gl.zeros([64, N], gl.float32, acc_layout)
         acc = zero
+        turns: gl.constexpr = MODE == 3
+        if turns and WG == WGS - 1:
+            pass_turn(WG, WGS)  # the first turn is warpgroup 0's
         start = _now()
         for i in range(iters):
-            if MODE == 1:
+            if MODE == 1 or turns:
+                if turns:
+                    wait_turn(WG)
                 raw = warpgroup_mma(rows, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+                if turns:
+                    pass_turn(WG, WGS)
                 raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
                 acc += raw * (i + 1.0)
             else:
                 acc = warpgroup_mma(rows, b.permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if turns and WG == 0:
+            wait_turn(WG)  # the last warpgroup's last turn given: every arrival met
         _stamp(at, start, gl.sum(gl.sum(acc, axis=1), axis=0))
 
 
@@ -133,8 +146,8 @@ def _mma_rate(
     if WGS == 2:
         gl.warp_specialize(
             [
-                (_warpgroup, (a, b, out_ptr, iters, 0, N, MODE)),
-                (_warpgroup, (a, b, out_ptr, iters, 1, N, MODE)),
+                (_warpgroup, (a, b, out_ptr, iters, 0, N, MODE, WGS)),
+                (_warpgroup, (a, b, out_ptr, iters, 1, N, MODE, WGS)),
             ],
             [4],
             [REGS],
@@ -142,9 +155,9 @@ def _mma_rate(
     else:
         gl.warp_specialize(
             [
-                (_warpgroup, (a, b, out_ptr, iters, 0, N, MODE)),
-                (_warpgroup, (a, b, out_ptr, iters, 1, N, MODE)),
-                (_warpgroup, (a, b, out_ptr, iters, 2, N, MODE)),
+                (_warpgroup, (a, b, out_ptr, iters, 0, N, MODE, WGS)),
+                (_warpgroup, (a, b, out_ptr, iters, 1, N, MODE, WGS)),
+                (_warpgroup, (a, b, out_ptr, iters, 2, N, MODE, WGS)),
             ],
             [4, 4],
             [REGS, REGS],
@@ -160,7 +173,7 @@ def operands(n: int, random: bool):
     return values.clamp(-448, 448).to(torch.float8_e4m3fn)
 
 
-MODES = ("chained", "promoted", "split")
+MODES = ("chained", "promoted", "split", "turns")
 
 
 def rate(iters: int, n: int, mode: str, sms: int, src, wgs: int = 2) -> float:

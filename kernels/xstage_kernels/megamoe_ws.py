@@ -290,6 +290,15 @@ DROP_WAIT_BARRIERS = True
 # arrival counts raised to match, instead of by one thread after a warpgroup barrier
 # (ptx_edits.arrive_per_warp). Off until its paired A/B on a GPU.
 ARRIVE_PER_WARP = False
+# The math warpgroups issue their MMAs in turn (MMA_TURNS), as FA3 orders its warpgroups'
+# GEMMs: warpgroup w waits at its named barrier until the one before it has issued its step,
+# and gives the turn on once it has issued its own. Both warpgroups wait for the same slot,
+# so without turns they issue together, their MMAs share the tensor cores and end together,
+# and both promote while the tensor cores idle; in turn, one warpgroup's MMA ends first and
+# it promotes under the other's (mma_rate.py's "turns" mode times this on its own). Off
+# until its paired A/B on a GPU.
+MMA_TURNS = False
+TURN_BARRIER = 8  # named barriers 8 + w: math warpgroup w's turn (Triton's own are 0-3)
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -303,6 +312,7 @@ LAUNCH_OPTIONS = (
     "SCALES_TMA",
     "DROP_WAIT_BARRIERS",
     "ARRIVE_PER_WARP",
+    "MMA_TURNS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -381,6 +391,7 @@ class Shared:
     CLAIM_RELAXED: gl.constexpr
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
+    TURNS: gl.constexpr
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
@@ -418,8 +429,10 @@ class Shared:
             CLAIM,
             TANH,
             SCALES_TMA,
+            TURNS,
         ) = options
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
+        self.TURNS = gl.constexpr(TURNS)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.SWIGLU_TANH = gl.constexpr(TANH)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
@@ -442,6 +455,34 @@ def _now():
 def _fence_proxy_async():
     gl.inline_asm_elementwise(
         "fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.constexpr_function
+def _turn_asm(op, warpgroup):
+    """PTX of `op` (bar.sync or bar.arrive) on math warpgroup `warpgroup`'s turn barrier:
+    256 threads, the 128 that take the turn and the 128 that give it."""
+    return f"{op} {TURN_BARRIER + warpgroup}, 256; mov.u32 $0, 0;"
+
+
+@gluon.jit
+def wait_turn(WG: gl.constexpr):
+    """Block until the warpgroup before WG has issued its step (MMA_TURNS)."""
+    gl.inline_asm_elementwise(
+        _turn_asm("bar.sync", WG), "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def pass_turn(WG: gl.constexpr, WARPGROUPS: gl.constexpr):
+    """Give the turn to the warpgroup after WG (MMA_TURNS); does not wait."""
+    gl.inline_asm_elementwise(
+        _turn_asm("bar.arrive", (WG + 1) % WARPGROUPS),
+        "=r",
+        [],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
     )
 
 
@@ -605,7 +646,7 @@ def _mma_steps(
         for k in range(k_steps):
             s = it % p.STAGES
             mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-            raw = _issue_mma(p, s, zero, WG)
+            raw = _issue_mma_in_turn(p, s, zero, WG)
             sa = _slot_scales(p, s, WG, acc_layout)
             sw_next = gl.load(w_scales + gl.minimum(k + 1, k_steps - 1))
             raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
@@ -631,7 +672,7 @@ def _mma_steps(
     for k in range(k_steps):
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-        raw = _issue_mma(p, s, zero, WG)
+        raw = _issue_mma_in_turn(p, s, zero, WG)
         nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
         sa_next = gl.load(a_scales + nxt)
         sw_next = gl.load(w_scales + nxt)
@@ -653,13 +694,18 @@ def _slot_scales(p, s, WG: gl.constexpr, acc_layout: gl.constexpr):
 
 
 @gluon.jit
-def _skip_steps(p, it, k_steps):
+def _skip_steps(p, it, k_steps, WG: gl.constexpr):
     """Release k_steps ring slots without an MMA: this warpgroup's rows are all padding.
     Each slot is waited for first, so the release counts toward that slot's current fill
-    (running ahead would release a later fill before the other warpgroup read this one)."""
+    (running ahead would release a later fill before the other warpgroup read this one).
+    With MMA_TURNS each step still takes and gives its turn, so the other warpgroup's
+    turns go on."""
     for _ in range(k_steps):
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
+        if p.TURNS:
+            wait_turn(WG)
+            pass_turn(WG, 2)
         mbarrier.arrive(p.empty.index(s), count=1)
         it += 1
     return it
@@ -692,6 +738,17 @@ def _issue_mma(p, s, zero, WG: gl.constexpr):
         a = p.a_bufs.index(s).slice(WG * _HALF, _HALF)
         b = p.b_bufs.index(s).permute((1, 0))
         raw = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+    return raw
+
+
+@gluon.jit
+def _issue_mma_in_turn(p, s, zero, WG: gl.constexpr):
+    """_issue_mma, between taking this warpgroup's turn and giving it on (MMA_TURNS)."""
+    if p.TURNS:
+        wait_turn(WG)
+    raw = _issue_mma(p, s, zero, WG)
+    if p.TURNS:
+        pass_turn(WG, 2)
     return raw
 
 
@@ -767,6 +824,8 @@ def _math(p, WG: gl.constexpr):
     h_store: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     out_store: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    if p.TURNS and WG == 1:
+        pass_turn(WG, 2)  # the first turn is warpgroup 0's
     it = 0
     j = 0
     running = True
@@ -801,7 +860,7 @@ def _math(p, WG: gl.constexpr):
                 if live:
                     it = _linear1_rows(p, it, e, nb, row0, base, WG, acc_layout, h_store)
                 else:
-                    it = _skip_steps(p, it, 2 * (p.H // _BLOCK))
+                    it = _skip_steps(p, it, 2 * (p.H // _BLOCK), WG)
                 _fence_proxy_async()
                 # Every warp of this warpgroup stored its rows before one thread releases them.
                 gl.thread_barrier()
@@ -810,11 +869,13 @@ def _math(p, WG: gl.constexpr):
                 if live:
                     it = _linear2_rows(p, it, e, nb, row0, base, WG, acc_layout, out_store)
                 else:
-                    it = _skip_steps(p, it, p.I // _BLOCK)
+                    it = _skip_steps(p, it, p.I // _BLOCK, WG)
                 if p.TRACE:
                     gl.thread_barrier()
             if p.TRACE:
                 gl.atomic_max(base + 5, _now())
+    if p.TURNS and WG == 0:
+        wait_turn(WG)  # warpgroup 1's last turn given: every arrival met at the exit
 
 
 @gluon.jit
@@ -947,6 +1008,7 @@ def _fused_moe_ws(
     SCALES_TMA: gl.constexpr,
     DROP_WAIT_BARRIERS: gl.constexpr,
     ARRIVE_PER_WARP: gl.constexpr,
+    MMA_TURNS: gl.constexpr,
 ):
     # The marks that ask ptx_edits to edit this build's PTX.
     if DROP_WAIT_BARRIERS:
@@ -1035,6 +1097,7 @@ def _fused_moe_ws(
             CLAIM_RELAXED,
             SWIGLU_TANH,
             SCALES_TMA,
+            MMA_TURNS,
         ),
     )
     if W4:
@@ -1202,6 +1265,7 @@ def launch_constexprs(precision: str, trace: bool = False) -> dict:
         "SCALES_TMA": bool(SCALES_TMA),
         "DROP_WAIT_BARRIERS": drops_wait_barriers(precision),
         "ARRIVE_PER_WARP": arrives_per_warp(precision),
+        "MMA_TURNS": bool(MMA_TURNS),
     }
 
 
@@ -1256,6 +1320,8 @@ def launch_options(precision: str) -> dict:
         options["wait_barriers"] = "dropped from the PTX (ptx_edits)"
     if arrives_per_warp(precision):  # absent: one thread after a warpgroup barrier
         options["slot_release"] = "one arrival per warp (ptx_edits)"
+    if MMA_TURNS:  # absent: both math warpgroups issue as soon as their slot is full
+        options["mma_issue"] = "in turn (named barriers)"
     return options
 
 
@@ -1294,6 +1360,7 @@ def compile_for_sm90(
     scales_tma: bool = False,
     drop_wait_barriers: bool = False,
     arrive_per_warp: bool = False,
+    mma_turns: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1312,6 +1379,7 @@ def compile_for_sm90(
         "SCALES_TMA": scales_tma,
         "DROP_WAIT_BARRIERS": drop_wait_barriers and not w4,
         "ARRIVE_PER_WARP": arrive_per_warp and not w4,
+        "MMA_TURNS": mma_turns,
     }
     return _compile_sm90(precision, constexprs)
 
