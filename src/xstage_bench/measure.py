@@ -107,6 +107,23 @@ def _run(experiment: str, config: dict, args: argparse.Namespace, gpu_ids: list[
         run_attention(config, args.dataset, args.out, world_size=world, device_type=device)
 
 
+def visible_devices(gpu_ids: list[int], visible: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a job on gpu_ids, CUDA's numbers under `visible` (the
+    variable as the job found it: a scheduler may have set it). The job then sees exactly
+    its GPUs, as 0..n-1: every experiment measures on the GPUs the config names, not on the
+    first n."""
+    if visible is None or not visible.strip():
+        return ",".join(map(str, gpu_ids))
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    beyond = [g for g in gpu_ids if g >= len(entries)]
+    if beyond:
+        raise ValueError(
+            f"config key 'gpu_ids': GPU {beyond[0]} does not exist here: "
+            f"CUDA_VISIBLE_DEVICES={visible!r} shows {len(entries)} GPU(s)"
+        )
+    return ",".join(entries[g] for g in gpu_ids)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m xstage_bench.measure", description=__doc__.split("\n\n")[0]
@@ -152,9 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         # Triton reads this when it first decorates a kernel: before any experiment loads.
         os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        # Before anything initializes CUDA in this process or its workers.
+        try:
+            visible = visible_devices(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        except ValueError as e:
+            print(f"xstage measure: {e}", file=sys.stderr)
+            return 2
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with measuring_job(args.log, gpu_ids, lock=args.device == "cuda"):
-        _run(args.experiment, config, args, gpu_ids)
+        # The job's GPUs, as it sees them now (CUDA_VISIBLE_DEVICES): 0..n-1.
+        _run(args.experiment, config, args, list(range(len(gpu_ids))))
     return 0
 
 

@@ -60,7 +60,7 @@ def _decode_reasons(mask: int) -> list[str]:
     return names
 
 
-def _nvml_targets(cuda_indices: list[int]) -> list[int | str]:
+def nvml_targets(cuda_indices: list[int]) -> list[int | str]:
     """The NVML index (int) or UUID prefix (str) for each CUDA device index.
 
     CUDA numbers only the devices in CUDA_VISIBLE_DEVICES; NVML numbers every device.
@@ -96,7 +96,7 @@ class ClockSampler:
         except ImportError:
             self._unavailable = "pynvml (nvidia-ml-py) is not installed"
             return
-        targets = _nvml_targets(self.device_indices)
+        targets = nvml_targets(self.device_indices)
         try:
             nvml.nvmlInit()
             self._handles = [self._handle(nvml, t) for t in targets]

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Sequence
 
 from xstage_bench.data.storepath import pcie_line_rate_GBps
+from xstage_bench.measurement.clocks import nvml_targets
 from xstage_bench.measurement.vmm import ChunkRange, VmmRange
 
 
@@ -26,13 +27,15 @@ class HostMemoryUnsupported(RuntimeError):
 
 
 def host_link(device: int = 0) -> dict | None:
-    """The GPU's link to host memory as nvidia-smi reports it, or None without a driver:
+    """The link to host memory of CUDA device `device` (CUDA_VISIBLE_DEVICES undone: a
+    measuring job sees only its GPUs) as nvidia-smi reports it, or None without a driver:
     kind (pcie or nvlink-c2c), PCIe generation and width, line rate per direction."""
     try:
+        (target,) = nvml_targets([device])
         out = subprocess.run(
             [
                 "nvidia-smi",
-                f"--id={device}",
+                f"--id={target}",
                 "--query-gpu=name,pcie.link.gen.current,pcie.link.width.current",
                 "--format=csv,noheader,nounits",
             ],
@@ -41,7 +44,7 @@ def host_link(device: int = 0) -> dict | None:
             timeout=20,
             check=True,
         ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
     name, gen, width = (part.strip() for part in out.split(",")[:3])
     if re.search(r"\bG[HB]\d{3}\b", name):  # Grace Hopper / Grace Blackwell superchips
