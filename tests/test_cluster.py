@@ -92,6 +92,23 @@ def test_gpu_jobs_ask_for_a_whole_exclusive_node(tmp_path):
     assert cpu_jobs and all("gpu" not in res for res in cpu_jobs)
 
 
+def test_every_gpu_rule_asks_for_a_whole_exclusive_node():
+    # A GPU rule the profile left out went out with the default 8 GB, two CPUs and no
+    # --exclusive (megamoe_measure_emulated did): every rule that takes the gpu resource
+    # has its own entry.
+    gpu_rules = set()
+    for rules in (ROOT / "workflow" / "rules").glob("*.smk"):
+        for block in re.split(r"\n(?=rule \w+:)", rules.read_text()):
+            rule = re.match(r"rule (\w+):", block)
+            if rule and "gpu=GPU_JOB" in block:
+                gpu_rules.add(rule.group(1))
+    profile = yaml.safe_load((ROOT / "workflow/profiles/slurm/config.yaml").read_text())
+    assert "megamoe_measure_emulated" in gpu_rules and len(gpu_rules) == 5, gpu_rules
+    for rule in gpu_rules:
+        res = profile["set-resources"].get(rule, {})
+        assert res.get("slurm_extra") == "--exclusive" and res.get("gpu_model"), rule
+
+
 def test_submit_mode_needs_explicit_world_size_and_dataset():
     config = load_config(ROOT / "config" / "h200x8.yaml")
     config.update(measure="submit", world_size="auto")
