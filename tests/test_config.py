@@ -320,3 +320,17 @@ def test_the_shipped_grids_sit_well_inside_the_limits():
             for t in moe["tokens_per_rank"]
         )
         assert tiles < workload.MAX_TILES_PER_RANK / 5, path
+
+
+def test_the_schema_states_the_defaults_the_code_uses():
+    # The schema's defaults are what a user reads: they once named three MegaMoE variants
+    # while a config without the key ran all five, and required two GPUs in gpu_ids while a
+    # one-GPU node measures the host path.
+    from xstage_bench.data.config import config_schema
+    from xstage_bench.megamoe.baselines import VARIANTS
+
+    schema = config_schema()["properties"]
+    assert schema["megamoe"]["properties"]["variants"]["default"] == list(VARIANTS)
+    config = load_config(ROOT / "config.yaml")
+    config.update(world_size=1, gpu_ids=[3])
+    validate_config(config)
