@@ -90,6 +90,20 @@ def test_bad_config_stops_with_the_key_named(workdir):
     assert "config key 'attention.heads[0]'" in out.stdout + out.stderr
 
 
+def test_a_simulated_dataset_of_another_config_is_named_with_the_config_that_makes_it(workdir):
+    # Its raw file left by a smoke run, the default config knows no profile for it: that
+    # was a bare KeyError.
+    drain = workdir / "results" / "sim-h200-smoke" / layout.microbench_raw("drain")
+    drain.parent.mkdir(parents=True)
+    drain.write_text("{}")
+    out = snakemake(workdir, "-n", "--cores", "1", "results/sim-h200-smoke/figures/fig-drain.pdf")
+    assert out.returncode != 0
+    assert (
+        "dataset 'sim-h200-smoke' is not in config key 'datasets.simulated' of this run's "
+        "config (sim-h200, sim-b200) (--configfile config/smoke.yaml makes it)"
+    ) in out.stdout + out.stderr
+
+
 def test_lint_is_clean(workdir):
     out = snakemake(workdir, "--lint")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -181,6 +181,31 @@ def test_a_fresh_checkout_never_remakes_committed_reference_outputs(rendered_ref
         assert rule not in planned, planned  # ...and what is there is left alone
 
 
+@needs_snakemake
+def test_a_reference_whose_raw_files_changed_is_checked_and_rendered_again(
+    rendered_reference, tmp_path
+):
+    # A committed reference's inputs count as old (ancient), so a replaced or damaged raw
+    # file used to leave its figures and tables as they were, without a word.
+    work = reference_workdir(rendered_reference, tmp_path)
+    raw = work / "results" / "ref-fixture" / layout.ATTENTION_RAW
+    raw.write_text(json.dumps(json.loads(raw.read_text()), indent=2))  # same data, new bytes
+    out = subprocess.run(
+        [str(SNAKEMAKE), "-n", "--configfile", "c.yaml", "--quiet", "host"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "results/ref-fixture: raw/attention.json changed since its raw files were checked" in (
+        out.stderr
+    )
+    planned = out.stdout.split("Job stats:")[1].split("\n\n")[0]
+    for rule in ("check_reference", "figure_fig_ulysses", "table_tab_ulysses"):
+        assert rule in planned, planned
+
+
 def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
     ds = tmp_path / "ds"
     out = ds / "figures" / "fig-drain.pdf"

@@ -66,3 +66,21 @@ def test_check_listing_names_every_raw_file(tmp_path):
     listing = origins.check_listing(ds)
     assert listing.count("\n") == 1 + len(layout.raw_files(ds))
     assert "raw/microbench/drain.json\tmicrobench\tcuda\t" in listing
+
+
+def test_a_raw_file_changed_since_its_check_is_named(tmp_path):
+    # ref-h200x1's listing was left from before a re-measure: its products were made from
+    # raw files that its check never read.
+    ds = make_dataset(tmp_path, "ref-fixture", megamoe=False, attention=False)
+    listing = origins.check_listing(ds)
+    assert origins.changed_since_check(ds, listing) == []
+    drain = ds / "raw" / "microbench" / "drain.json"
+    drain.write_text(drain.read_text() + " ")
+    assert origins.changed_since_check(ds, listing) == ["raw/microbench/drain.json"]
+    new = ds / "raw" / "microbench" / "extra.json"
+    new.write_text(drain.read_text())
+    drain.unlink()
+    assert origins.changed_since_check(ds, listing) == [
+        "raw/microbench/drain.json",
+        "raw/microbench/extra.json",
+    ]

@@ -25,7 +25,7 @@ rule attention_measure:
 
 rule attention_simulate:
     input:
-        profile=lambda wc: SIMULATED[wc.dataset],
+        profile=simulated_profile,
         stamp=lambda wc: config_stamp(wc.dataset, "attention"),
     output:
         RESULTS / "{dataset}" / layout.ATTENTION_RAW,

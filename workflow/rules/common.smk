@@ -1,6 +1,7 @@
 # Shared helpers: config validation, the machine's GPUs, datasets and what each one holds.
 
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from xstage_bench.run import committed, orphans, restored
 from xstage_bench.data import layout, provenance, storepath
+from xstage_bench.data.origins import changed_since_check
 from xstage_bench.report import products
 from xstage_bench.data.config import (
     ConfigError,
@@ -16,7 +18,7 @@ from xstage_bench.data.config import (
     resolve_extends,
     validate_config,
 )
-from xstage_bench.measurement.machine import dataset_name, probe_gpus
+from xstage_bench.measurement.machine import asked_gpus_problem, dataset_name, probe_gpus
 from xstage_bench.measure import experiment_config, kernel_stamp
 from xstage_bench.megamoe.ours.lead import AUTO, needs_model
 from xstage_bench.run.runlock import RunLockBusy, hold_run_lock
@@ -93,6 +95,10 @@ elif config.get("gpu_ids"):
 else:
     WORLD_SIZE = GPUS.count if PROBE and MEASURING else 2
 GPU_IDS = config.get("gpu_ids") or list(range(WORLD_SIZE))
+if PROBE and MEASURING:
+    _problem = asked_gpus_problem(GPUS, WORLD_SIZE, GPU_IDS, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if _problem:
+        sys.exit(f"Invalid configuration: {_problem}")
 
 
 def store_paths():
@@ -128,6 +134,35 @@ SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
 REFERENCE_CHECK = "logs/raw-check.txt"
+
+
+def changed_reference_raw(dataset):
+    """A committed reference's raw files that are not what its check read (origins.py):
+    its figures and tables were made from other data (a raw file replaced or damaged)."""
+    check = RESULTS / dataset / REFERENCE_CHECK
+    if not check.exists():
+        return []
+    return changed_since_check(RESULTS / dataset, check.read_text())
+
+
+# Checked once per run (hashing the raw files takes a fraction of a second).
+CHANGED_REFERENCES = {}
+if workflow.is_main_process:
+    for _dataset in REFERENCE:
+        _changed = changed_reference_raw(_dataset) if (RESULTS / _dataset).is_dir() else []
+        if _changed:
+            CHANGED_REFERENCES[_dataset] = _changed
+            print(f"[xstage] {RESULTS / _dataset}: {', '.join(_changed)} changed since its "
+                  "raw files were checked: checking them again and rendering its figures and "
+                  "tables from them", file=sys.stderr)
+
+
+def reference_stamp(dataset):
+    """No input: forces the check of a reference whose raw files changed (its products,
+    which read the check, follow), when that check is in this run's DAG."""
+    if dataset in CHANGED_REFERENCES and workflow.dag is not None:
+        workflow.dag.forcefiles.add(str(RESULTS / dataset / REFERENCE_CHECK))
+    return []
 
 
 # Simulated raw files made from another config section than this run's: path -> what differs.
@@ -298,6 +333,8 @@ def dataset_targets(dataset):
               file=sys.stderr)
         return []
     targets = dataset_products(dataset)
+    if dataset in CHANGED_REFERENCES:
+        return targets + reference_checked(dataset)
     if dataset in REFERENCE:
         # A reference is committed as rendered: a run asks only for what is missing, so a
         # fresh clone's checkout times never remake (and rewrite) it. Name a file to remake it.
@@ -307,6 +344,20 @@ def dataset_targets(dataset):
 
 def all_targets():
     return built_kernels() + [t for dataset in datasets() for t in dataset_targets(dataset)]
+
+
+def simulated_profile(wildcards):
+    """The hardware profile a simulated dataset is made from (datasets.simulated)."""
+    dataset = wildcards.dataset
+    if dataset not in SIMULATED:
+        makers = [p.name for p in sorted(Path("config").glob("*.yaml"))
+                  if f"{dataset}:" in p.read_text()]
+        hint = f" (--configfile config/{makers[0]} makes it)" if makers else ""
+        raise WorkflowError(
+            f"dataset '{dataset}' is not in config key 'datasets.simulated' of this run's "
+            f"config ({', '.join(SIMULATED) or 'none'}){hint}"
+        )
+    return SIMULATED[dataset]
 
 
 # --- build ---
@@ -358,8 +409,11 @@ def model_inputs(wildcards):
 
 def as_read(dataset, paths):
     """A reference dataset is committed as rendered: its files count as old, so a fresh
-    clone's checkout times never remake (and rewrite) them; a missing one is still made."""
-    return [ancient(p) for p in paths] if dataset in REFERENCE else paths
+    clone's checkout times never remake (and rewrite) them; a missing one is still made.
+    Not once its raw files changed: its forced check then remakes all that follows."""
+    if dataset in REFERENCE and dataset not in CHANGED_REFERENCES:
+        return [ancient(p) for p in paths]
+    return paths
 
 
 def product_inputs(product):

@@ -75,7 +75,7 @@ rule megamoe_measure_emulated:
 
 rule megamoe_simulate:
     input:
-        profile=lambda wc: SIMULATED[wc.dataset],
+        profile=simulated_profile,
         stamp=lambda wc: config_stamp(wc.dataset, "megamoe"),
     output:
         RESULTS / "{dataset}" / "raw" / "{experiment}.json",

@@ -26,7 +26,7 @@ rule microbench_measure:
 
 rule microbench_simulate:
     input:
-        profile=lambda wc: SIMULATED[wc.dataset],
+        profile=simulated_profile,
         stamp=lambda wc: config_stamp(wc.dataset, f"microbench-{wc.study}"),
     output:
         RESULTS / "{dataset}" / layout.microbench_raw("{study}"),

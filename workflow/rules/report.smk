@@ -29,6 +29,7 @@ rule report_summary:
 rule check_reference:
     input:
         lambda wc: as_read(wc.dataset, [str(p) for p in layout.raw_files(RESULTS / wc.dataset)]),
+        stamp=lambda wc: reference_stamp(wc.dataset),
     output:
         str(RESULTS / "{dataset}" / REFERENCE_CHECK),
     wildcard_constraints:

@@ -53,6 +53,25 @@ def check_listing(dataset_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def changed_since_check(dataset_dir: Path, listing: str) -> list[str]:
+    """The raw files of a dataset that are not what its check_listing read (another
+    sha256, new, or gone), relative to the dataset: [] when its products were made from
+    what it holds now."""
+    dataset_dir = Path(dataset_dir)
+    checked = {}
+    for line in listing.splitlines():
+        fields = line.split("\t")
+        if not line.startswith("#") and fields[-1].startswith("sha256 "):
+            checked[fields[0]] = fields[-1].removeprefix("sha256 ")
+    now = {str(p.relative_to(dataset_dir)): p for p in layout.raw_files(dataset_dir)}
+    changed = [
+        rel
+        for rel, path in now.items()
+        if not hashlib.sha256(path.read_bytes()).hexdigest().startswith(checked.get(rel, "-"))
+    ]
+    return sorted(changed + [rel for rel in checked if rel not in now])
+
+
 @dataclass(frozen=True)
 class DatasetProvenance:
     name: str

@@ -88,6 +88,24 @@ def probe_gpus() -> GpuProbe:
     return GpuProbe(names, peer, reason)
 
 
+def asked_gpus_problem(
+    probe: GpuProbe, world_size: int, gpu_ids: list[int], visible: str | None
+) -> str | None:
+    """Why a run cannot measure on the GPUs its config asks for, or None: CUDA shows this
+    machine's GPUs (nvidia-smi's count) or, where CUDA_VISIBLE_DEVICES is set (`visible`),
+    as many as it lists, numbered from 0. Checked when the run is planned, before any job."""
+    shown = probe.count
+    where = f"this machine shows {shown} GPU(s)"
+    if visible is not None and visible.strip():
+        shown = min(shown, len([e for e in visible.split(",") if e.strip()]))
+        where = f"CUDA shows {shown} GPU(s) here (CUDA_VISIBLE_DEVICES={visible!r})"
+    if gpu_ids and max(gpu_ids) >= shown:
+        return f"config key 'gpu_ids': GPU {max(gpu_ids)} does not exist: {where}"
+    if world_size > shown:
+        return f"config key 'world_size': {world_size} GPUs asked for, but {where}"
+    return None
+
+
 def dataset_name(gpu_names: list[str]) -> str:
     """e.g. ['NVIDIA H200', 'NVIDIA H200'] -> 'h200x2'; mixed models are named 'mixed'."""
     models = {
