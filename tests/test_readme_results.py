@@ -2,13 +2,16 @@
 recompute found README numbers that no file held): the block between its markers must be
 exactly what `xstage readme` makes of results/ref-* today."""
 
+import errno
 import json
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from xstage_bench.cli import main
 from xstage_bench.data import layout
 from xstage_bench.megamoe import schedule
 from xstage_bench.report import readme_results
@@ -126,3 +129,54 @@ def test_a_baseline_line_says_same_run_only_when_the_records_say_so():
         lines = readme_results.baseline_lines(ROOT / "results" / name)
         line = next(line for line in lines if "FlashInfer" in line)
         assert ("one run" in line or "same run" in line) == same, name
+
+
+def test_readme_refuses_a_results_directory_without_the_references(tmp_path, capsys):
+    """`xstage readme --write --results <wrong dir>` exited 0 and wrote an empty block; one
+    reference of three gave a block without the other two."""
+    readme = tmp_path / "README.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    before = readme.read_bytes()
+    partial = tmp_path / "results"
+    partial.mkdir()
+    (partial / "ref-h200x2").symlink_to(ROOT / "results" / "ref-h200x2")
+    for results, problem in (
+        (tmp_path / "nowhere", "no such results directory"),
+        (partial, "no raw/ folder of the reference dataset(s) ref-h200x1-flashinfer, ref-h200x1;"),
+    ):
+        argv = ["readme", "--write", "--readme", str(readme), "--results", str(results)]
+        assert main(argv) == 2
+        assert f"xstage: error: {results}: {problem}" in capsys.readouterr().err
+    assert readme.read_bytes() == before
+
+
+def test_readme_write_is_atomic(tmp_path, monkeypatch, capsys):
+    """A write that fails part way (here the disk fills) leaves the README as it was and
+    names it; a plain write_text left it truncated."""
+    begin, end = readme_results.BEGIN, readme_results.END
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{begin}\nold\n{end}\n")
+    monkeypatch.setattr(readme_results, "section", lambda root: f"{begin}\nnew\n{end}")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    argv = ["readme", "--write", "--readme", str(readme)]
+    with monkeypatch.context() as full:
+        full.setattr(os, "fsync", disk_full)
+        assert main(argv) == 2
+    assert f"cannot write {readme}: No space left on device" in capsys.readouterr().err
+    assert readme.read_text() == f"intro\n{begin}\nold\n{end}\n"
+    assert list(tmp_path.iterdir()) == [readme]  # no temporary file left behind
+    assert main(argv) == 0
+    assert readme.read_text() == f"intro\n{begin}\nnew\n{end}\n"
+
+
+def test_readme_write_names_a_readme_without_the_markers(tmp_path, monkeypatch, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n")
+    monkeypatch.setattr(readme_results, "section", lambda root: "block")
+    assert main(["readme", "--write", "--readme", str(readme)]) == 2
+    assert f"xstage: error: {readme}: README has no generated results block" in (
+        capsys.readouterr().err
+    )

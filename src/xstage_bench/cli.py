@@ -4,13 +4,27 @@ checking inputs and running one piece by hand."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections import Counter
 from pathlib import Path
 
+from xstage_bench.data import layout
 from xstage_bench.data.compare import DEFAULT_TOLERANCE, CompareError
 from xstage_bench.data.config import ConfigError, load_config
-from xstage_bench.data.results import FAILED_STATUSES, OK, RawResultError, read_raw
+from xstage_bench.data.results import (
+    FAILED_STATUSES,
+    OK,
+    RawResultError,
+    atomic_write_text,
+    read_raw,
+)
+from xstage_bench.model.document import ModelFileError
+from xstage_bench.report.analysis.load import NoDataError
+
+
+class UsageError(ValueError):
+    """An argument the command cannot act on; the message names it and what it takes."""
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -35,8 +49,11 @@ def _readme(args: argparse.Namespace) -> int:
     if not args.write:
         print(block)
         return 0
-    text = args.readme.read_text()
-    args.readme.write_text(readme_results.replace_in(text, block))
+    try:
+        text = readme_results.replace_in(args.readme.read_text(), block)
+    except ValueError as e:  # replace_in's only error: the README lacks the markers
+        raise UsageError(f"{args.readme}: {e}") from None
+    atomic_write_text(args.readme, text)
     print(f"{args.readme}: generated results block written")
     return 0
 
@@ -47,22 +64,70 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
-    for path in args.raw:
-        doc = read_raw(path)
-        statuses = Counter(r["status"] for r in doc["records"])
-        not_ok = sum(statuses[s] for s in FAILED_STATUSES)
-        print(
-            f"{path}: valid, {doc['experiment']} ({doc['backend']}), "
-            f"{len(doc['records'])} records, {statuses[OK]} ok, {not_ok} not ok"
-            + "".join(f", {statuses[s]} {s}" for s in FAILED_STATUSES if statuses[s])
+def _raw_files_of(path: Path) -> list[Path]:
+    """A file as itself; a dataset folder (results/<dataset>) or its raw/ folder as the
+    dataset's final raw files (layout.raw_files: resume state is not a raw file)."""
+    if not path.is_dir():
+        return [path]
+    files = layout.raw_files(path.parent if path.name == "raw" else path)
+    if not files:
+        raise UsageError(
+            f"{path}: a directory with no raw files; name raw files, a dataset folder "
+            "(results/<dataset>) or its raw/ folder"
         )
+    return files
+
+
+def _check_one(path: Path) -> None:
+    doc = read_raw(path)
+    statuses = Counter(r["status"] for r in doc["records"])
+    not_ok = sum(statuses[s] for s in FAILED_STATUSES)
+    print(
+        f"{path}: valid, {doc['experiment']} ({doc['backend']}), "
+        f"{len(doc['records'])} records, {statuses[OK]} ok, {not_ok} not ok"
+        + "".join(f", {statuses[s]} {s}" for s in FAILED_STATUSES if statuses[s])
+    )
+
+
+def _check(args: argparse.Namespace) -> int:
+    # Every file gets its verdict: one bad file must not hide the state of the rest.
+    bad = 0
+    for path in (f for given in args.raw for f in _raw_files_of(Path(given))):
+        try:
+            _check_one(path)
+        except (RawResultError, OSError) as e:
+            print(f"xstage: error: {e}", file=sys.stderr)
+            bad += 1
+    if bad:
+        raise UsageError(f"{bad} raw file(s) not valid (named above)")
     return 0
+
+
+def _holds_simulated_data(path: Path) -> bool:
+    """Whether the raw file at `path` says it was simulated (environment.simulated); a
+    file that does not parse is not known to be simulated."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    environment = doc.get("environment") if isinstance(doc, dict) else None
+    return isinstance(environment, dict) and environment.get("simulated") is True
+
+
+def _refuse_to_replace_measured(out: Path) -> None:
+    """Simulating over a measured raw file would lose measurements no rerun here gives back."""
+    if out.exists() and not _holds_simulated_data(out):
+        raise UsageError(
+            f"--out {out}: the file there is not a simulated raw file (its environment does "
+            "not say simulated: true), and simulating would replace it; write to another "
+            "path, e.g. results/sim-<name>/raw/..."
+        )
 
 
 def _simulate(args: argparse.Namespace) -> int:
     from xstage_bench.sim import run
 
+    _refuse_to_replace_measured(Path(args.out))
     config = load_config(args.config)
     if args.experiment == "microbench":
         if not args.study:
@@ -73,16 +138,48 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_fit_inputs(raw: list[str]) -> None:
+    """The fit's own input checks (each file microbench, one backend) as a clear error: they
+    raise a plain ValueError, which main leaves as a traceback."""
+    from xstage_bench.model.records import read_docs
+
+    try:
+        read_docs(raw)
+    except RawResultError:
+        raise
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def _fit(args: argparse.Namespace) -> int:
     from xstage_bench.model.fit import fit_files
 
+    _check_fit_inputs(args.raw)
     fit_files(args.raw, args.dataset, args.out_json, args.out_profile, args.base_profile)
     return 0
+
+
+def _check_product_and_suffix(name: str, out: Path) -> None:
+    """A known product, and an output name of its kind: a figure is saved in the format its
+    suffix names (a .csv fails inside matplotlib), a table is written as CSV whatever the
+    name says (a .pdf would hold CSV)."""
+    from xstage_bench.report import products
+
+    if name not in products.PRODUCTS:
+        raise UsageError(f"unknown product '{name}'; known: {', '.join(products.PRODUCTS)}")
+    is_figure = name in {p.name for p in products.FIGURES}
+    kind, suffix, beside = ("figure", ".pdf", ".png") if is_figure else ("table", ".csv", ".md")
+    if out.suffix != suffix:
+        raise UsageError(
+            f"{out}: {name} is a {kind}; its output must end in {suffix} "
+            f"(a {beside} copy is written beside it)"
+        )
 
 
 def _render(args: argparse.Namespace) -> int:
     from xstage_bench.report.render import render_product
 
+    _check_product_and_suffix(args.name, Path(args.out))
     render_product(args.name, Path(args.dataset_dir), Path(args.out))
     return 0
 
@@ -114,8 +211,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.set_defaults(func=_validate)
 
-    p = sub.add_parser("check", help="validate raw result files")
-    p.add_argument("raw", nargs="+")
+    p = sub.add_parser(
+        "check",
+        help="validate raw result files (exit 2 when any is not valid)",
+        description="Validate raw result files and count their records' statuses. Every "
+        "file is checked; the exit status is 2 when any is not valid.",
+    )
+    p.add_argument(
+        "raw",
+        nargs="+",
+        help="raw JSON files; a dataset folder (results/<dataset>) or its raw/ folder "
+        "stands for the dataset's raw files",
+    )
     p.set_defaults(func=_check)
 
     p = sub.add_parser("simulate", help="write one simulated raw file")
@@ -124,7 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", required=True, help="hardware profile (config/hardware/*.yaml)")
     p.add_argument("--dataset", required=True)
     p.add_argument("--study", help="microbench study name")
-    p.add_argument("--out", required=True)
+    p.add_argument(
+        "--out",
+        required=True,
+        help="raw JSON to write; refused when it holds a raw file that is not simulated",
+    )
     p.set_defaults(func=_simulate)
 
     p = sub.add_parser("fit", help="fit the Burst-Gap model to microbench raw files")
@@ -167,11 +278,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def expected_errors() -> tuple[type[Exception], ...]:
+    """Errors of bad input, each naming its file, key or argument; anything else is a bug
+    and keeps its traceback. (FitError's module loads scipy, so it is imported only when an
+    error has happened, not by every command.)"""
+    from xstage_bench.model.stages import FitError
+
+    return (
+        ConfigError,
+        RawResultError,
+        CompareError,
+        NoDataError,
+        ModelFileError,
+        FitError,
+        UsageError,
+        OSError,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, RawResultError, CompareError, OSError) as e:  # each names its file
+    except expected_errors() as e:  # evaluated only once an error is raised
         print(f"xstage: error: {e}", file=sys.stderr)
         return 2
 

@@ -21,6 +21,7 @@ from xstage_bench.data import layout, stats, storepath
 from xstage_bench.megamoe import schedule
 from xstage_bench.model.document import fitted_paths, path_fit
 from xstage_bench.report.analysis import attention, load, megamoe, megamoe_baselines, runs
+from xstage_bench.report.analysis.load import NoDataError
 from xstage_bench.report.tables import megamoe as megamoe_table
 
 BEGIN = (
@@ -314,13 +315,28 @@ def claims_line(ds: Path) -> str:
     return "- tab-claims: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) + "."
 
 
+def require_references(root: Path) -> None:
+    """NoDataError naming each reference `root` lacks: a block made without one would
+    drop its lines from the README without a word."""
+    missing = [name for name in REFERENCES if not (root / name / "raw").is_dir()]
+    if not root.is_dir():
+        problem = "no such results directory"
+    elif missing:
+        problem = f"no raw/ folder of the reference dataset(s) {', '.join(missing)}"
+    else:
+        return
+    raise NoDataError(
+        f"{root}: {problem}; the README's results block is made from "
+        f"{', '.join(REFERENCES)}: point at the results directory that holds them"
+    )
+
+
 def section(root: Path = Path("results")) -> str:
-    """The generated block (markers included) for every committed reference present."""
+    """The generated block (markers included) from every committed reference."""
+    require_references(root)
     out = [BEGIN]
     for name in REFERENCES:
         ds = root / name
-        if not (ds / "raw").is_dir():
-            continue
         out += ["", provenance_line(ds), ""]
         if (ds / layout.MODEL_JSON).exists():  # a MegaMoE-only dataset fits no model
             out += burst_gap_lines(ds)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from xstage_bench.data import grid, provenance
+from xstage_bench.data.config import ConfigError
 from xstage_bench.data.grid import LOCAL_CONTROL
 from xstage_bench.data.hardware import HardwareProfile, load_profile
 from xstage_bench.data.results import failed_record, ok_record, raw_document, write_raw
@@ -133,7 +134,10 @@ def simulate_microbench(
     profile, env = _start(profile_path)
     mb = config["microbench"]
     if study not in mb["studies"]:
-        raise ValueError(f"unknown microbench study {study!r}; known: {', '.join(mb['studies'])}")
+        raise ConfigError(
+            f"microbench study {study!r} is not in config key 'microbench.studies' "
+            f"(it has: {', '.join(mb['studies'])})"
+        )
     records = []
     for point in grid.microbench_points(mb, study):
         rng = _rng(options, point["id"])
