@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 from fixtures import copy_workflow
 
-from xstage_bench.run.snakemake_cli import configfile_problem, nested_config_entries
+from xstage_bench.run.snakemake_cli import (
+    configfile_problem,
+    nested_config_entries,
+    typed_config_value,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "plugins" / "snakemake-logger-plugin-xstage"
@@ -47,6 +51,13 @@ def test_dotted_config_entries_are_nested_keys():
     plain, dotted = nested_config_entries(["measure=never", "timing.warmup=2", "a.b.c="])
     assert plain == ["measure=never"]
     assert dotted == [(("timing", "warmup"), "2"), (("a", "b", "c"), "")]
+
+
+def test_a_config_list_or_mapping_holds_numbers_as_a_config_file_would():
+    """Snakemake reads a --config list with YAML's BaseLoader: [8192] was ['8192']."""
+    assert typed_config_value(["8192", "16384"], "[8192,16384]") == [8192, 16384]
+    assert typed_config_value({"a": "1"}, "'{a: 1, b: [on]}'") == {"a": 1, "b": [True]}
+    assert typed_config_value(2, "2") == 2 and typed_config_value("never", "never") == "never"
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +92,12 @@ def test_snakemake_itself_says_what_is_wrong_before_the_snakefile(work):
     assert out.returncode != 0 and "config key 'timing.warmup': -1 is less than" in out.stderr
     out = snakemake(work, "--config", "timing.warmup=2", "--quiet", "all")
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.skipif(not SNAKEMAKE.exists(), reason="snakemake is not installed")
+def test_integer_lists_given_through_config_are_integers(work):
+    """Audit: `--config attention.seq_lens=[8192,16384]` was refused as "'16384' is not of
+    type 'integer'", and `--config gpu_ids=[0]` as "'0' is not of type 'integer'"."""
+    for entry in ("attention.seq_lens=[8192,16384]", "gpu_ids=[0]"):
+        out = snakemake(work, "--config", entry, "--quiet", "all")
+        assert out.returncode == 0, f"{entry}: {out.stderr[-2000:]}"

@@ -85,6 +85,31 @@ def test_reader_names_file_and_field(tmp_path):
         read_raw(path)
 
 
+def test_a_bogus_status_is_reported_as_the_status_not_as_its_consequence(tmp_path):
+    """Audit: an ok record edited to status 'bogus' was reported as "field
+    'records/0/error': None is not of type 'string'" (the non-ok branch's demand)."""
+    rec = ok_record("a", POINT, {"t_us": [1.0]})
+    rec["status"] = "bogus"
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc([rec])))
+    with pytest.raises(RawResultError) as e:
+        read_raw(path)
+    assert str(e.value).startswith(
+        f"{path}: field 'records/0/status': 'bogus' is not one of ['ok', 'failed'"
+    )
+
+
+def test_a_truncated_file_names_the_line_and_column_once(tmp_path):
+    """Audit: "not valid JSON (Unterminated string starting at at line 1)"."""
+    path = tmp_path / "cut.json"
+    path.write_text('{"schema": 1, "records": [{"id": "microbench-dr')
+    with pytest.raises(RawResultError) as e:
+        read_raw(path)
+    assert str(e.value) == (
+        f"{path}: not valid JSON (Unterminated string starting at line 1, column 34)"
+    )
+
+
 def test_failed_record_needs_a_reason_and_a_known_status():
     with pytest.raises(ValueError):
         failed_record("a", {}, "x", status="meh")

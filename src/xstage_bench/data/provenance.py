@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from xstage_bench.data import layout, storepath
+from xstage_bench.data.results import json_problem
 
 # Grid axes of an experiment's section (megamoe) a sweep may grow by: each value's points
 # are measured on their own, so the records of the values it had stay what they were
@@ -121,6 +122,29 @@ def _recorded_doc(path: Path) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("config"), dict) else None
 
 
+UNREADABLE = "the file is unreadable"
+
+
+def unreadable_change(changed: list[str]) -> bool:
+    """Whether simulated_change's answer says the file could not be read (not another
+    config)."""
+    return bool(changed) and changed[0].startswith(UNREADABLE)
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why a file cannot be read as JSON ("not valid JSON (... at line 3, column 9)"), or
+    None when it can."""
+    try:
+        json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        return f"not valid JSON ({json_problem(e)})"
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def recorded_config(path: Path) -> dict | None:
     """The config a raw file records, or None (absent, not JSON, no config)."""
     doc = _recorded_doc(path)
@@ -155,10 +179,16 @@ def _section_in(config: dict, name: str) -> dict | None:
 def simulated_change(raw: Path, name: str, section: dict) -> list[str] | None:
     """None when the simulated raw file is absent or was made from `section`; else what
     differs, as far as the file's own config tells (the simulator rewrites some keys, e.g.
-    the backends and the resolved world size, so those are left out of the list)."""
+    the backends and the resolved world size, so those are left out of the list). A file
+    that is not valid JSON (cut short) records no config: the one line says so."""
     raw = Path(raw)
     if not raw.exists() or recorded_hash(raw) == section_hash(section):
         return None
+    unreadable = _unreadable(raw)
+    if unreadable:
+        # Not another config: a file cut short (a killed copy, an edit). Comparing its
+        # absent config with this one listed every key as "added".
+        return [f"{UNREADABLE}: {unreadable}, so it is remade whole"]
     old = _section_in(recorded_config(raw) or {}, name) or {}
     return [
         line

@@ -57,15 +57,28 @@ def _json_path(error: jsonschema.ValidationError) -> str:
     return "/".join(str(p) for p in error.absolute_path) or "(top level)"
 
 
+def _is_consequence(error: jsonschema.ValidationError) -> bool:
+    """An error of an if/then/else branch: it follows from another field's value (an ok
+    record needs samples, any other an error text), so that field's own error comes first."""
+    return any(part in ("then", "else") for part in error.absolute_schema_path)
+
+
+def _most_relevant(errors: Iterable[jsonschema.ValidationError]) -> jsonschema.ValidationError:
+    """The error to report: a field's own error before a consequence of another's (seen:
+    status 'bogus' reported as "'records/0/error': None is not of type 'string'"), then
+    the first in the document."""
+    return min(errors, key=lambda e: (_is_consequence(e), list(e.absolute_path)))
+
+
 def validate_raw(doc: Any, source: str) -> None:
     """Raise RawResultError naming `source`, the record and the first problem: the schema,
     then what the schema cannot say (rawchecks.py: summaries recomputed from the samples,
     no empty sample list in an ok record, ids against points, one record per point,
     physical bounds from the environment)."""
     validator = jsonschema.Draft202012Validator(raw_schema())
-    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    errors = list(validator.iter_errors(doc))
     if errors:
-        first = errors[0]
+        first = _most_relevant(errors)
         raise RawResultError(f"{source}: field '{_json_path(first)}': {first.message}")
     seen: set[str] = set()
     for record in doc["records"]:
@@ -252,6 +265,12 @@ def write_raw(path: str | os.PathLike, doc: dict) -> None:
     atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=False) + "\n")
 
 
+def json_problem(e: json.JSONDecodeError) -> str:
+    """Where and what: "Unterminated string starting at line 3, column 9". Some of json's
+    messages end in "at" (they precede ": line 3 column 9"), hence the removesuffix."""
+    return f"{e.msg.removesuffix(' at')} at line {e.lineno}, column {e.colno}"
+
+
 def read_raw(path: str | os.PathLike) -> dict:
     """Load and validate one raw file; any problem raises RawResultError naming the file."""
     path = Path(path)
@@ -260,6 +279,6 @@ def read_raw(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise RawResultError(f"{path}: file not found") from None
     except json.JSONDecodeError as e:
-        raise RawResultError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise RawResultError(f"{path}: not valid JSON ({json_problem(e)})") from None
     validate_raw(doc, str(path))
     return doc

@@ -11,7 +11,9 @@ Snakemake functions involved:
   what to do, and a "config file" that is a target (a figure, a raw file, a missing path
   without a config suffix) says to put targets before `--configfile`;
 - `--config a.b=v` sets the nested key `a.b` (merged into the config like any `--config`
-  value), as one would expect, instead of failing.
+  value), as one would expect, instead of failing;
+- a `--config` list or mapping holds numbers and bools as a config file would
+  (`gpu_ids=[0]` is `[0]`; Snakemake alone gives `['0']`).
 
 The Snakemake plugin `snakemake-logger-plugin-xstage` (plugins/, installed beside the
 harness) calls `install()` when Snakemake loads its plugins, which it does before it
@@ -86,6 +88,19 @@ def nested_config_entries(entries: list[str] | None) -> tuple[list[str], list[tu
     return plain, dotted
 
 
+def typed_config_value(parsed, text: str):
+    """A `--config` value as a config file would hold it. Snakemake types a number or a
+    bool itself but reads a list or mapping with YAML's BaseLoader, all strings (seen:
+    `attention.seq_lens=[8192,16384]` refused as "'16384' is not of type 'integer'");
+    those are read again with yaml.safe_load. A scalar keeps Snakemake's own type."""
+    if not isinstance(parsed, list | dict):
+        return parsed
+    try:
+        return yaml.safe_load(text.strip("'\""))  # the quotes Snakemake strips
+    except yaml.YAMLError:
+        return parsed  # BaseLoader read it: as typed as it gets
+
+
 def install() -> bool:
     """Wrap Snakemake's config-file loading and `--config` parsing (see the module doc);
     False where this Snakemake lacks them (nothing is changed then)."""
@@ -111,9 +126,14 @@ def install() -> bool:
 
     def parse_config(entries):
         plain, dotted = nested_config_entries(entries)
-        config = parse(plain)
+        config = {}
+        for entry in plain:
+            key, value = parse([entry]).popitem()  # Snakemake's checks and typing
+            text = entry.split("=", 1)[1]
+            update_config(config, {key: typed_config_value(value, text)})
         for keys, text in dotted:
             value = parse([f"value={text}"])["value"] if text != "" else None
+            value = typed_config_value(value, text)
             for key in reversed(keys):
                 value = {key: value}
             update_config(config, value)
