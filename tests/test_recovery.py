@@ -204,6 +204,7 @@ def test_a_reference_whose_raw_files_changed_is_checked_and_rendered_again(
     planned = out.stdout.split("Job stats:")[1].split("\n\n")[0]
     for rule in ("check_reference", "figure_fig_ulysses", "table_tab_ulysses"):
         assert rule in planned, planned
+    assert "fit_burst_gap" not in planned, planned  # its microbenchmarks did not change
 
 
 def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):

@@ -145,24 +145,40 @@ def changed_reference_raw(dataset):
     return changed_since_check(RESULTS / dataset, check.read_text())
 
 
-# Checked once per run (hashing the raw files takes a fraction of a second).
-CHANGED_REFERENCES = {}
+# Checked once per run (hashing the raw files takes a fraction of a second). CHANGED_READS:
+# those files, and the model of a reference whose microbenchmarks changed (it is refit).
+CHANGED_REFERENCES, CHANGED_READS = {}, set()
 if workflow.is_main_process:
     for _dataset in REFERENCE:
         _changed = changed_reference_raw(_dataset) if (RESULTS / _dataset).is_dir() else []
         if _changed:
             CHANGED_REFERENCES[_dataset] = _changed
+            CHANGED_READS.update(str(RESULTS / _dataset / rel) for rel in _changed)
+            if any(Path(rel).parent == Path(layout.microbench_raw("-")).parent for rel in _changed):
+                CHANGED_READS.add(str(RESULTS / _dataset / layout.MODEL_JSON))
             print(f"[xstage] {RESULTS / _dataset}: {', '.join(_changed)} changed since its "
-                  "raw files were checked: checking them again and rendering its figures and "
-                  "tables from them", file=sys.stderr)
+                  "raw files were checked: checking them again and making what reads them "
+                  "again", file=sys.stderr)
 
 
 def reference_stamp(dataset):
-    """No input: forces the check of a reference whose raw files changed (its products,
-    which read the check, follow), when that check is in this run's DAG."""
+    """No input: forces the check of a reference whose raw files changed, when that check
+    is in this run's DAG."""
     if dataset in CHANGED_REFERENCES and workflow.dag is not None:
         workflow.dag.forcefiles.add(str(RESULTS / dataset / REFERENCE_CHECK))
     return []
+
+
+def as_read_by(output, dataset, paths, reads=None):
+    """as_read(dataset, paths), except for the job making `output` when what it reads
+    (`reads`, else paths) holds a changed file of a reference (CHANGED_READS): that job is
+    forced, and its inputs are left as they are, so that the forced check (or refit) before
+    it reaches it too (Snakemake does not go on through inputs that are all ancient)."""
+    if CHANGED_READS.intersection(map(str, paths if reads is None else reads)):
+        if workflow.dag is not None:
+            workflow.dag.forcefiles.add(str(output))
+        return paths
+    return as_read(dataset, paths)
 
 
 # Simulated raw files made from another config section than this run's: path -> what differs.
@@ -188,7 +204,9 @@ def config_stamp(dataset, name):
 def print_remade_simulations():
     remade = {str(f) for job in workflow.dag.needrun_jobs() for f in job.output}
     for raw, changed in STALE_SIMULATED.items():
-        if raw in remade:
+        if raw in remade and provenance.unreadable_change(changed):
+            print(f"[xstage] {raw}: {changed[0]}", file=sys.stderr)
+        elif raw in remade:
             print(f"[xstage] {raw}: made from another config than this run's "
                   f"({'; '.join(changed) or 'its config_sha256 differs'}); remaking it",
                   file=sys.stderr)
@@ -401,19 +419,25 @@ def megamoe_model_arg(experiment):
 
 def model_inputs(wildcards):
     dataset = wildcards.dataset
-    return as_read(dataset, [str(RESULTS / dataset / layout.microbench_raw(s))
-                             for s in dataset_studies(dataset)])
+    raw = [str(RESULTS / dataset / layout.microbench_raw(s)) for s in dataset_studies(dataset)]
+    return as_read_by(RESULTS / dataset / layout.MODEL_JSON, dataset, raw)
+
+
+def model_checked(wildcards):
+    """The fit's wait for a reference's check (reference_checked)."""
+    dataset = wildcards.dataset
+    raw = [str(RESULTS / dataset / layout.microbench_raw(s)) for s in dataset_studies(dataset)]
+    model = RESULTS / dataset / layout.MODEL_JSON
+    return as_read_by(model, dataset, reference_checked(dataset), reads=raw)
 
 
 # --- figures and tables ---
 
 def as_read(dataset, paths):
     """A reference dataset is committed as rendered: its files count as old, so a fresh
-    clone's checkout times never remake (and rewrite) them; a missing one is still made.
-    Not once its raw files changed: its forced check then remakes all that follows."""
-    if dataset in REFERENCE and dataset not in CHANGED_REFERENCES:
-        return [ancient(p) for p in paths]
-    return paths
+    clone's checkout times never remake (and rewrite) them; a missing one is still made
+    (and one that changed: force_if_reads_changed)."""
+    return [ancient(p) for p in paths] if dataset in REFERENCE else paths
 
 
 def product_inputs(product):
@@ -426,7 +450,8 @@ def product_inputs(product):
             for other in products.counterpart_datasets(dataset):
                 if other in datasets():
                     files += dataset_paths(other, product.counterpart_reads)
-        return as_read(dataset, files + reference_checked(dataset))
+        output = product_output(dataset, product)
+        return as_read_by(output, dataset, files + reference_checked(dataset), reads=files)
 
     return inputs
 

@@ -6,7 +6,7 @@
 rule fit_burst_gap:
     input:
         raw=model_inputs,
-        checked=lambda wc: as_read(wc.dataset, reference_checked(wc.dataset)),
+        checked=model_checked,
     output:
         model=update(RESULTS / "{dataset}" / layout.MODEL_JSON),
         profile=update(RESULTS / "{dataset}" / layout.MODEL_PROFILE),
