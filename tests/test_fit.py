@@ -515,3 +515,15 @@ def test_the_committed_reference_still_reads_and_fits_as_the_peer_path(tmp_path)
         model["params"]["R_GBps"]["value"], rel=1e-6
     )
     assert result["records"]["used"] == model["records"]["used"]
+
+
+def test_a_model_file_cut_short_names_its_line_and_column(tmp_path):
+    from xstage_bench.model.document import ModelFileError, read_model
+
+    cut = tmp_path / "burst_gap.json"
+    cut.write_text('{"schema": 1, "fit": "')
+    with pytest.raises(ModelFileError) as e:
+        read_model(cut)
+    assert str(e.value) == (
+        f"{cut}: not valid JSON (Unterminated string starting at line 1, column 22)"
+    )

@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema
 
 from xstage_bench.data import storepath
-from xstage_bench.data.results import atomic_write_text
+from xstage_bench.data.results import atomic_write_text, json_problem
 
 SHARED_KEYS = ("dataset", "backend", "sources")  # the file's, not one path's
 LINE_RATE_KEY = {storepath.PEER: "nvlink_line_rate_GBps", storepath.HOST: "host_line_rate_GBps"}
@@ -59,7 +59,7 @@ def read_model(path: str | os.PathLike) -> dict:
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ModelFileError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise ModelFileError(f"{path}: not valid JSON ({json_problem(e)})") from None
     validate_model(doc, str(path))
     return doc
 
