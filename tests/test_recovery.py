@@ -158,6 +158,20 @@ def test_a_failed_rerun_leaves_committed_reference_outputs_in_place(rendered_ref
         assert path.read_bytes() == before, f"{path.name} was changed by a failed rerun"
 
 
+def planned_jobs(work: Path) -> tuple[str, str]:
+    """A dry run of c.yaml in `work`: its table of planned jobs, and what it printed to
+    stderr."""
+    out = subprocess.run(
+        [str(SNAKEMAKE), "-n", "--configfile", "c.yaml", "--quiet", "host"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.split("Job stats:")[1].split("\n\n")[0], out.stderr
+
+
 @needs_snakemake
 def test_a_fresh_checkout_never_remakes_committed_reference_outputs(rendered_reference, tmp_path):
     work = reference_workdir(rendered_reference, tmp_path)
@@ -167,15 +181,7 @@ def test_a_fresh_checkout_never_remakes_committed_reference_outputs(rendered_ref
     for path in newer:
         os.utime(path, (later, later))  # checkout order can make any of them the newest
     shutil.rmtree(work / ".snakemake")  # and a fresh clone has no Snakemake metadata
-    out = subprocess.run(
-        [str(SNAKEMAKE), "-n", "--configfile", "c.yaml", "--quiet", "host"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    planned = out.stdout.split("Job stats:")[1].split("\n\n")[0]
+    planned, _ = planned_jobs(work)
     assert "figure_fig_drain " in planned  # what is missing is made...
     for rule in ("figure_fig_ulysses", "table_tab_ulysses", "fit_burst_gap"):
         assert rule not in planned, planned  # ...and what is there is left alone
@@ -190,18 +196,10 @@ def test_a_reference_whose_raw_files_changed_is_checked_and_rendered_again(
     work = reference_workdir(rendered_reference, tmp_path)
     raw = work / "results" / "ref-fixture" / layout.ATTENTION_RAW
     raw.write_text(json.dumps(json.loads(raw.read_text()), indent=2))  # same data, new bytes
-    out = subprocess.run(
-        [str(SNAKEMAKE), "-n", "--configfile", "c.yaml", "--quiet", "host"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    planned, said = planned_jobs(work)
     assert "results/ref-fixture: raw/attention.json changed since its raw files were checked" in (
-        out.stderr
+        said
     )
-    planned = out.stdout.split("Job stats:")[1].split("\n\n")[0]
     for rule in ("check_reference", "figure_fig_ulysses", "table_tab_ulysses"):
         assert rule in planned, planned
     assert "fit_burst_gap" not in planned, planned  # its microbenchmarks did not change
