@@ -610,6 +610,34 @@ def test_w8a8_builds_drop_the_barriers_before_their_waits_and_w4a8_keeps_them(mo
     assert "wait_barriers" not in megamoe_ws.launch_options("w4a8")
 
 
+# A warpgroup barrier right before an mbarrier wait, by its named barrier (group 1).
+BARRIER_ID_BEFORE_WAIT = BARRIER_BEFORE_WAIT.replace(r"bar\.sync\s+\d+,", r"bar\.sync\s+(\d+),")
+
+
+@needs_triton
+def test_w4a8_drops_the_barriers_before_its_math_warpgroups_waits_only(monkeypatch):
+    """W4_DROP_WAIT_BARRIERS (pending its A/B): the W4A8 build drops the barrier before each
+    wait of its math warpgroups (Triton's named barriers 0 and 2) and keeps its converters'
+    (the diagnostic that dropped those too was slower); its record says so."""
+    from xstage_kernels import megamoe_ws
+    from xstage_kernels.ptx_edits import DROP_MATH_WAIT_BARRIERS_MARK
+
+    call = "kernels.compile_for_sm90(precision='w4a8', drop_wait_barriers={})"
+    ptx = {on: sm90.compiled_ptx("megamoe_ws", call.format(on)) for on in (False, True)}
+    before = {on: re.findall(BARRIER_ID_BEFORE_WAIT, ptx[on]) for on in (False, True)}
+    assert sorted(set(before[False])) == ["0", "2", "3", "4"], before[False]
+    assert sorted(set(before[True])) == ["3", "4"] and len(before[True]) == 4, before[True]
+    assert (
+        DROP_MATH_WAIT_BARRIERS_MARK in ptx[True] and DROP_MATH_WAIT_BARRIERS_MARK not in ptx[False]
+    )
+    for pattern in (PATTERNS["wgmma"], PATTERNS["prmt"], PATTERNS["tma_loads"]):
+        assert len(re.findall(pattern, ptx[True])) == len(re.findall(pattern, ptx[False])) > 0
+    monkeypatch.setattr(megamoe_ws, "W4_DROP_WAIT_BARRIERS", True)
+    assert megamoe_ws.launch_options("w4a8")["wait_barriers"] == (
+        "dropped from the PTX in the math warpgroups (ptx_edits)"
+    )
+
+
 @needs_triton
 def test_one_arrival_per_warp_replaces_the_release_barriers_and_counts_them():
     """ARRIVE_PER_WARP (W8A8, pending its A/B): each slot and tile-record release is an

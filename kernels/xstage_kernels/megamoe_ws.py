@@ -158,7 +158,11 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
-from xstage_kernels.ptx_edits import ARRIVE_PER_WARP_MARK, DROP_WAIT_BARRIERS_MARK
+from xstage_kernels.ptx_edits import (
+    ARRIVE_PER_WARP_MARK,
+    DROP_MATH_WAIT_BARRIERS_MARK,
+    DROP_WAIT_BARRIERS_MARK,
+)
 
 BLOCK = 128  # rows, output channels and K channels of a tile step
 HALF = BLOCK // 2  # rows per math warpgroup
@@ -286,6 +290,9 @@ SCALES_TMA = True
 # converters' waits too): not for W4A8; this build (*-drop-wait-barriers-w8a8.json)
 # 0.958-0.986 at 16384 (geomean 0.973), 0.975-0.996 at 4096, 0.983-0.997 at 1024.
 DROP_WAIT_BARRIERS = True
+# W4A8: the same in its math warpgroups only (the diagnostic above dropped its converters'
+# too). Off until its paired A/B on a GPU.
+W4_DROP_WAIT_BARRIERS = False
 # W8A8: a slot (and a tile record) released by lane 0 of each math warp, the barriers'
 # arrival counts raised to match, instead of by one thread after a warpgroup barrier
 # (ptx_edits.arrive_per_warp). Off until its paired A/B on a GPU.
@@ -311,6 +318,7 @@ LAUNCH_OPTIONS = (
     "SWIGLU_TANH",
     "SCALES_TMA",
     "DROP_WAIT_BARRIERS",
+    "W4_DROP_WAIT_BARRIERS",
     "ARRIVE_PER_WARP",
     "MMA_TURNS",
 )
@@ -334,6 +342,7 @@ _W4_CONVERTERS = gl.constexpr(W4_CONVERTERS)
 _W4_WORKER_WARPS = gl.constexpr(W4_WORKER_WARPS)
 _INT4_TO_FP8 = gl.constexpr(int4_fp8.ptx())
 _DROP_WAIT_BARRIERS_ASM = gl.constexpr(f"mov.u32 $0, $1; // {DROP_WAIT_BARRIERS_MARK}")
+_DROP_MATH_WAIT_BARRIERS_ASM = gl.constexpr(f"mov.u32 $0, $1; // {DROP_MATH_WAIT_BARRIERS_MARK}")
 _ARRIVE_PER_WARP_ASM = gl.constexpr(f"mov.u32 $0, $1; // {ARRIVE_PER_WARP_MARK}")
 # Our builds' PTX edits run inside Triton's compilation (ptx_edits).
 ptx_edits.install()
@@ -1011,7 +1020,9 @@ def _fused_moe_ws(
     MMA_TURNS: gl.constexpr,
 ):
     # The marks that ask ptx_edits to edit this build's PTX.
-    if DROP_WAIT_BARRIERS:
+    if DROP_WAIT_BARRIERS and W4:  # its converters keep theirs
+        n_tiles = _marked(n_tiles, _DROP_MATH_WAIT_BARRIERS_ASM)
+    elif DROP_WAIT_BARRIERS:
         n_tiles = _marked(n_tiles, _DROP_WAIT_BARRIERS_ASM)
     if ARRIVE_PER_WARP:
         n_tiles = _marked(n_tiles, _ARRIVE_PER_WARP_ASM)
@@ -1271,8 +1282,8 @@ def launch_constexprs(precision: str, trace: bool = False) -> dict:
 
 def drops_wait_barriers(precision: str) -> bool:
     """Whether a precision's build drops the barriers before its mbarrier waits
-    (DROP_WAIT_BARRIERS: W8A8's only)."""
-    return bool(DROP_WAIT_BARRIERS) and not _is_w4(precision)
+    (DROP_WAIT_BARRIERS; W4A8's math warpgroups' with W4_DROP_WAIT_BARRIERS)."""
+    return bool(DROP_WAIT_BARRIERS) and (not _is_w4(precision) or bool(W4_DROP_WAIT_BARRIERS))
 
 
 def arrives_per_warp(precision: str) -> bool:
@@ -1317,7 +1328,8 @@ def launch_options(precision: str) -> dict:
     if SCALES_TMA:  # absent: each step's scales loaded by the math warpgroups
         options["step_scales"] = "with the slot, by TMA (scales step-major)"
     if drops_wait_barriers(precision):  # absent: Triton's barriers, as every record before
-        options["wait_barriers"] = "dropped from the PTX (ptx_edits)"
+        where = " in the math warpgroups" if _is_w4(precision) else ""
+        options["wait_barriers"] = f"dropped from the PTX{where} (ptx_edits)"
     if arrives_per_warp(precision):  # absent: one thread after a warpgroup barrier
         options["slot_release"] = "one arrival per warp (ptx_edits)"
     if MMA_TURNS:  # absent: both math warpgroups issue as soon as their slot is full
@@ -1377,7 +1389,7 @@ def compile_for_sm90(
         "CLAIM_RELAXED": claim_relaxed,
         "SWIGLU_TANH": swiglu_tanh,
         "SCALES_TMA": scales_tma,
-        "DROP_WAIT_BARRIERS": drop_wait_barriers and not w4,
+        "DROP_WAIT_BARRIERS": drop_wait_barriers,
         "ARRIVE_PER_WARP": arrive_per_warp and not w4,
         "MMA_TURNS": mma_turns,
     }

@@ -10,7 +10,8 @@ barrier). The wait reads nothing another thread of the warpgroup wrote, and the 
 keeps its own barrier (all of the warpgroup's reads of the slot before one thread arrives),
 so the barrier before the wait orders nothing and only keeps the warpgroup's four warps in
 step (one H200, W8A8: 0.953-0.979 of the time at 16384 tokens without it; W4A8, whose
-converters wait the same way, was slower without it: kernels/ab/2026-12-04-wait-barriers-*).
+converters wait the same way, was slower without it: kernels/ab/2026-12-04-wait-barriers-*;
+its math warpgroups' alone, pending their paired A/B: the math-only mark).
 
 One arrival per warp (pending its paired A/B on a GPU): the other warpgroup barrier of a
 step, before a slot release, lets one thread arrive for the whole warpgroup. Each warp's
@@ -28,8 +29,13 @@ import re
 from itertools import islice
 
 DROP_WAIT_BARRIERS_MARK = "xstage:drop-wait-barriers-v1"
+# The same in the math warpgroups only (W4A8: its converters keep theirs).
+DROP_MATH_WAIT_BARRIERS_MARK = "xstage:drop-math-wait-barriers-v1"
+# The math warpgroups' own barriers: Triton gives the default partition (math warpgroup 0)
+# barrier 0 and worker partition i barrier i + 2 (math warpgroup 1 is worker 0).
+MATH_BARRIERS = frozenset({0, 2})
 ARRIVE_PER_WARP_MARK = "xstage:arrive-per-warp-v1"
-_WARPGROUP_BARRIER = re.compile(r"^\s*bar\.sync\s+\d+,\s*128;\s*$")
+_WARPGROUP_BARRIER = re.compile(r"^\s*bar\.sync\s+(\d+),\s*128;\s*$")
 _ONE_THREAD_ARRIVE = re.compile(
     r"^(\s*)@%p\d+ (mbarrier\.arrive\.shared::cta\.b64 _, \[%r\d+\];)\s*$"
 )
@@ -51,14 +57,17 @@ def _code_after(lines: list[str], i: int, count: int) -> list[str]:
     return list(islice((line.strip() for line in lines[i + 1 :] if _is_code(line)), count))
 
 
-def drop_wait_barriers(ptx: str) -> tuple[str, int]:
-    """The PTX without each warpgroup (128-thread) barrier right before an mbarrier wait,
-    and how many were dropped."""
+def drop_wait_barriers(ptx: str, barriers: frozenset[int] | None = None) -> tuple[str, int]:
+    """The PTX without each warpgroup (128-thread) barrier right before an mbarrier wait
+    (of `barriers` only, when given), and how many were dropped."""
     lines = ptx.splitlines()
     kept, dropped = [], 0
     for i, line in enumerate(lines):
-        if _WARPGROUP_BARRIER.match(line) and any(
-            "mbarrier.try_wait" in code for code in _code_after(lines, i, 4)
+        barrier = _WARPGROUP_BARRIER.match(line)
+        if (
+            barrier
+            and (barriers is None or int(barrier.group(1)) in barriers)
+            and any("mbarrier.try_wait" in code for code in _code_after(lines, i, 4))
         ):
             dropped += 1
             continue
@@ -95,6 +104,8 @@ def edited(ptx: str) -> str:
     """The PTX with the edits its marks ask for."""
     if DROP_WAIT_BARRIERS_MARK in ptx:
         ptx, _ = drop_wait_barriers(ptx)
+    if DROP_MATH_WAIT_BARRIERS_MARK in ptx:
+        ptx, _ = drop_wait_barriers(ptx, MATH_BARRIERS)
     if ARRIVE_PER_WARP_MARK in ptx:
         ptx, _ = arrive_per_warp(ptx)
     return ptx
