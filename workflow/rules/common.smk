@@ -154,7 +154,7 @@ if workflow.is_main_process:
         if _changed:
             CHANGED_REFERENCES[_dataset] = _changed
             CHANGED_READS.update(str(RESULTS / _dataset / rel) for rel in _changed)
-            if any(Path(rel).parent == Path(layout.microbench_raw("-")).parent for rel in _changed):
+            if any(str(Path(rel).parent) == layout.MICROBENCH_DIR for rel in _changed):
                 CHANGED_READS.add(str(RESULTS / _dataset / layout.MODEL_JSON))
             print(f"[xstage] {RESULTS / _dataset}: {', '.join(_changed)} changed since its "
                   "raw files were checked: checking them again and making what reads them "
@@ -417,18 +417,21 @@ def megamoe_model_arg(experiment):
     )
 
 
+def model_raw(dataset):
+    """The microbenchmark raw files a dataset's model is fitted to."""
+    return [str(RESULTS / dataset / layout.microbench_raw(s)) for s in dataset_studies(dataset)]
+
+
 def model_inputs(wildcards):
     dataset = wildcards.dataset
-    raw = [str(RESULTS / dataset / layout.microbench_raw(s)) for s in dataset_studies(dataset)]
-    return as_read_by(RESULTS / dataset / layout.MODEL_JSON, dataset, raw)
+    return as_read_by(RESULTS / dataset / layout.MODEL_JSON, dataset, model_raw(dataset))
 
 
 def model_checked(wildcards):
     """The fit's wait for a reference's check (reference_checked)."""
     dataset = wildcards.dataset
-    raw = [str(RESULTS / dataset / layout.microbench_raw(s)) for s in dataset_studies(dataset)]
     model = RESULTS / dataset / layout.MODEL_JSON
-    return as_read_by(model, dataset, reference_checked(dataset), reads=raw)
+    return as_read_by(model, dataset, reference_checked(dataset), reads=model_raw(dataset))
 
 
 # --- figures and tables ---

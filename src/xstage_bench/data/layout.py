@@ -11,8 +11,11 @@ MODEL_JSON = "model/burst_gap.json"
 MODEL_PROFILE = "model/profile.yaml"
 
 
+MICROBENCH_DIR = "raw/microbench"
+
+
 def microbench_raw(study: str) -> str:
-    return f"raw/microbench/{study}.json"
+    return f"{MICROBENCH_DIR}/{study}.json"
 
 
 MEGAMOE_RAW = "raw/megamoe.json"
