@@ -305,7 +305,9 @@ ARRIVE_PER_WARP = False
 # it promotes under the other's (mma_rate.py's "turns" mode times this on its own). Off
 # until its paired A/B on a GPU.
 MMA_TURNS = False
-TURN_BARRIER = 8  # named barriers 8 + w: math warpgroup w's turn (Triton's own are 0-3)
+# Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
+# 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
+TURN_BARRIER = 8
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
