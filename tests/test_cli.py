@@ -13,11 +13,23 @@ from xstage_bench.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = str(ROOT / "config" / "hardware" / "h200.yaml")
 MEASURED = ROOT / "results" / "ref-h200x2" / "raw" / "microbench" / "ceilings.json"  # 16 KB
-SIMULATED = ROOT / "results" / "sim-b200" / "raw" / "attention.json"  # 52 KB
 
 
-def simulate(*args: str) -> int:
-    return main(["simulate", *args, "--config", str(ROOT / "config.yaml"), "--profile", PROFILE])
+def simulate(*args: str, config: str = "config.yaml") -> int:
+    return main(["simulate", *args, "--config", str(ROOT / config), "--profile", PROFILE])
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory) -> Path:
+    """A simulated attention raw file (the smoke grid: 11 KB); a clean clone has none."""
+    out = tmp_path_factory.mktemp("simulated") / "attention.json"
+    assert (
+        simulate(
+            "attention", "--dataset", "sim-b200", "--out", str(out), config="config/smoke.yaml"
+        )
+        == 0
+    )
+    return out
 
 
 def test_simulate_refuses_to_replace_a_measured_raw_file(tmp_path, capsys):
@@ -35,11 +47,11 @@ def test_simulate_refuses_to_replace_a_measured_raw_file(tmp_path, capsys):
     assert out.read_text().startswith("not JSON")
 
 
-def test_simulate_still_replaces_a_simulated_raw_file(tmp_path):
+def test_simulate_still_replaces_a_simulated_raw_file(tmp_path, simulated):
     out = tmp_path / "attention.json"
-    shutil.copy(SIMULATED, out)
+    shutil.copy(simulated, out)
     assert simulate("attention", "--dataset", "h200x1", "--out", str(out)) == 0
-    assert out.read_bytes() != SIMULATED.read_bytes()  # written again, for the H200 profile
+    assert out.read_bytes() != simulated.read_bytes()  # written again, for the full grid
 
 
 def test_an_unknown_study_names_the_config_key(tmp_path, capsys):
@@ -50,11 +62,11 @@ def test_an_unknown_study_names_the_config_key(tmp_path, capsys):
     assert "drain" in err and not (tmp_path / "s.json").exists()
 
 
-def test_fit_of_a_file_that_is_not_microbench_says_so(tmp_path, capsys):
-    argv = ["fit", str(SIMULATED), "--dataset", "x"]
+def test_fit_of_a_file_that_is_not_microbench_says_so(tmp_path, capsys, simulated):
+    argv = ["fit", str(simulated), "--dataset", "x"]
     argv += ["--out-json", str(tmp_path / "m.json"), "--out-profile", str(tmp_path / "p.yaml")]
     assert main(argv) == 2
-    assert f"xstage: error: {SIMULATED}: experiment 'attention' is not microbench" in (
+    assert f"xstage: error: {simulated}: experiment 'attention' is not microbench" in (
         capsys.readouterr().err
     )
     assert not (tmp_path / "m.json").exists()
@@ -85,23 +97,23 @@ def test_render_without_the_data_names_the_missing_file(tmp_path, capsys):
     assert "no raw data: raw/microbench/drain.json does not exist" in capsys.readouterr().err
 
 
-def test_check_reports_every_file_then_fails(tmp_path, capsys):
+def test_check_reports_every_file_then_fails(tmp_path, capsys, simulated):
     """`xstage check a bad c` stopped at `bad`; c went unchecked."""
     bad = tmp_path / "bad.json"
     bad.write_text("{\n")
-    assert main(["check", str(MEASURED), str(bad), str(SIMULATED)]) == 2
+    assert main(["check", str(MEASURED), str(bad), str(simulated)]) == 2
     out, err = capsys.readouterr()
-    assert f"{MEASURED}: valid" in out and f"{SIMULATED}: valid" in out
+    assert f"{MEASURED}: valid" in out and f"{simulated}: valid" in out
     assert f"xstage: error: {bad}: not valid JSON" in err
     assert "1 raw file(s) not valid" in err
 
 
-def test_check_of_a_dataset_folder_checks_its_raw_files(tmp_path, capsys):
+def test_check_of_a_dataset_folder_checks_its_raw_files(tmp_path, capsys, simulated):
     """`xstage check results/ref-h200x2/raw` printed a bare '[Errno 21] Is a directory'."""
     raw = tmp_path / "ds" / "raw"
     (raw / "microbench").mkdir(parents=True)
     shutil.copy(MEASURED, raw / "microbench" / "ceilings.json")
-    shutil.copy(SIMULATED, raw / "attention.json")
+    shutil.copy(simulated, raw / "attention.json")
     (raw / "microbench" / "drain.json.partial.json").write_text("{")  # resume state: skipped
     for folder in (raw, raw.parent):
         assert main(["check", str(folder)]) == 0
