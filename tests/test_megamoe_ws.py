@@ -691,3 +691,7 @@ def test_mma_turns_put_each_issue_between_taking_and_giving_the_turn(precision):
         assert len(re.findall(pattern, ptx[True])) == len(re.findall(pattern, ptx[False])) > 0
     report = sm90.ptxas_report("megamoe_ws", call.format(True))
     assert "_fused_moe_ws" in report and sm90.serialized(report) == []
+    if precision == "w8a8":  # with ARRIVE_PER_WARP too, every release is still per warp
+        both = "kernels.compile_for_sm90(precision='w8a8', arrive_per_warp=True, mma_turns=True)"
+        lane0 = sm90.compiled("megamoe_ws", both, {"n": r"@%xs_lane0 mbarrier\.arrive"})
+        assert lane0["n"] == 12
