@@ -104,6 +104,17 @@ def test_a_simulated_dataset_of_another_config_is_named_with_the_config_that_mak
     ) in out.stdout + out.stderr
 
 
+def test_a_misspelled_reference_dataset_is_named(workdir):
+    # It was only skipped, with a warning, and the run went on without it.
+    (workdir / "results" / "ref-h200x2").mkdir(parents=True)
+    out = snakemake(workdir, "-n", "--cores", "1", "--config", "datasets.reference=[ref-h200x9]")
+    assert out.returncode != 0
+    assert (
+        "config key 'datasets.reference': 'ref-h200x9' is not in results/ "
+        "(did you mean 'ref-h200x2'?)"
+    ) in out.stdout + out.stderr
+
+
 def test_lint_is_clean(workdir):
     out = snakemake(workdir, "--lint")
     assert out.returncode == 0, out.stdout + out.stderr

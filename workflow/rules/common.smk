@@ -1,5 +1,6 @@
 # Shared helpers: config validation, the machine's GPUs, datasets and what each one holds.
 
+import difflib
 import json
 import os
 import shlex
@@ -133,6 +134,23 @@ def measure_config(experiment):
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
+
+
+def misspelled_reference():
+    """A reference name that is not in results/ but close to a dataset there that the
+    config does not name: a typo, which would otherwise only be skipped (a reference left
+    out of a checkout is skipped too)."""
+    there = sorted(p.name for p in RESULTS.glob("*") if p.is_dir() and p.name not in REFERENCE)
+    for name in REFERENCE:
+        close = difflib.get_close_matches(name, there, n=1, cutoff=0.8)
+        if not (RESULTS / name).is_dir() and close:
+            return (f"config key 'datasets.reference': '{name}' is not in {RESULTS}/ "
+                    f"(did you mean '{close[0]}'?)")
+    return None
+
+
+if workflow.is_main_process and (_typo := misspelled_reference()):
+    sys.exit(f"Invalid configuration: {_typo}")
 REFERENCE_CHECK = "logs/raw-check.txt"
 
 
