@@ -25,6 +25,8 @@ import os
 import sys
 from pathlib import Path
 
+from xstage_bench.measurement.clocks import visible_entries
+
 EXPERIMENTS = ("microbench", "megamoe", "megamoe_per_gpu", "megamoe_emulated", "attention")
 
 
@@ -112,9 +114,9 @@ def visible_devices(gpu_ids: list[int], visible: str | None) -> str:
     variable as the job found it: a scheduler may have set it). The job then sees exactly
     its GPUs, as 0..n-1: every experiment measures on the GPUs the config names, not on the
     first n."""
-    if visible is None or not visible.strip():
+    entries = visible_entries(visible)
+    if entries is None:
         return ",".join(map(str, gpu_ids))
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
     beyond = [g for g in gpu_ids if g >= len(entries)]
     if beyond:
         raise ValueError(

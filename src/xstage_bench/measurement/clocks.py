@@ -60,6 +60,14 @@ def _decode_reasons(mask: int) -> list[str]:
     return names
 
 
+def visible_entries(visible: str | None) -> list[str] | None:
+    """The entries of CUDA_VISIBLE_DEVICES (`visible`), or None where it is unset or empty:
+    CUDA then numbers every GPU."""
+    if visible is None or not visible.strip():
+        return None
+    return [e.strip() for e in visible.split(",") if e.strip()]
+
+
 def nvml_targets(cuda_indices: list[int]) -> list[int | str]:
     """The NVML index (int) or UUID prefix (str) for each CUDA device index.
 
@@ -68,9 +76,9 @@ def nvml_targets(cuda_indices: list[int]) -> list[int | str]:
     needs to undo CUDA_VISIBLE_DEVICES.
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
+    entries = visible_entries(visible)
+    if entries is None:
         return list(cuda_indices)
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
     targets: list[int | str] = []
     for index in cuda_indices:
         if index >= len(entries):

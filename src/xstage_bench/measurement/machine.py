@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from xstage_bench.data.storepath import HOST, PEER
+from xstage_bench.measurement.clocks import visible_entries
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,9 @@ def asked_gpus_problem(
     as many as it lists, numbered from 0. Checked when the run is planned, before any job."""
     shown = probe.count
     where = f"this machine shows {shown} GPU(s)"
-    if visible is not None and visible.strip():
-        shown = min(shown, len([e for e in visible.split(",") if e.strip()]))
+    entries = visible_entries(visible)
+    if entries is not None:
+        shown = min(shown, len(entries))
         where = f"CUDA shows {shown} GPU(s) here (CUDA_VISIBLE_DEVICES={visible!r})"
     if gpu_ids and max(gpu_ids) >= shown:
         return f"config key 'gpu_ids': GPU {max(gpu_ids)} does not exist: {where}"
