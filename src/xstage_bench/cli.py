@@ -138,23 +138,9 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_fit_inputs(raw: list[str]) -> None:
-    """The fit's own input checks (each file microbench, one backend) as a clear error: they
-    raise a plain ValueError, which main leaves as a traceback."""
-    from xstage_bench.model.records import read_docs
-
-    try:
-        read_docs(raw)
-    except RawResultError:
-        raise
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
 def _fit(args: argparse.Namespace) -> int:
     from xstage_bench.model.fit import fit_files
 
-    _check_fit_inputs(args.raw)
     fit_files(args.raw, args.dataset, args.out_json, args.out_profile, args.base_profile)
     return 0
 
@@ -282,6 +268,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
     """Errors of bad input, each naming its file, key or argument; anything else is a bug
     and keeps its traceback. (FitError's module loads scipy, so it is imported only when an
     error has happened, not by every command.)"""
+    from xstage_bench.model.records import FitInputError
     from xstage_bench.model.stages import FitError
 
     return (
@@ -291,6 +278,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
         NoDataError,
         ModelFileError,
         FitError,
+        FitInputError,
         UsageError,
         OSError,
     )

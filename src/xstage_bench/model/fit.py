@@ -137,8 +137,9 @@ def fit_files(
     """Fit T0, R, Q per store path from raw microbench files; write model/burst_gap.json
     (every path, document.py) and profile.yaml (the top-level path's).
 
-    A file that cannot be read raises RawResultError naming it; a fit that fails on the
-    numbers raises FitError naming the files it was fitting.
+    A file that cannot be read raises RawResultError naming it, files the fit cannot take
+    together FitInputError; a fit that fails on the numbers raises FitError naming the
+    files it was fitting.
     """
     docs = read_docs(raw_paths)
     paths = paths_in(docs)

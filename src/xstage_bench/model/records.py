@@ -211,17 +211,24 @@ def _sort(
         (periodic if point["kind"] == "periodic" else isolated).append(r)
 
 
+class FitInputError(ValueError):
+    """Raw files the fit cannot take together (not microbench, mixed backends); the
+    message names them."""
+
+
 def read_docs(raw_paths: list[str]) -> dict[str, dict]:
     """The raw microbench files, validated; files of two backends are never fitted together."""
     docs = {}
     for path in raw_paths:
         doc = read_raw(path)
         if doc["experiment"] != "microbench":
-            raise ValueError(f"{path}: experiment '{doc['experiment']}' is not microbench")
+            raise FitInputError(f"{path}: experiment '{doc['experiment']}' is not microbench")
         docs[str(path)] = doc
     backends = {name: doc["backend"] for name, doc in docs.items()}
     if len(set(backends.values())) > 1:
-        raise ValueError(f"raw files from different backends cannot be fitted together: {backends}")
+        raise FitInputError(
+            f"raw files from different backends cannot be fitted together: {backends}"
+        )
     return docs
 
 
