@@ -130,3 +130,4 @@ def test_process_model_table_without_a_per_gpu_run_names_the_missing_file(tmp_pa
     write_megamoe(ds)
     with pytest.raises(NoDataError, match="raw/megamoe_per_gpu.json does not exist"):
         render_product("tab-process-model", ds, ds / "tables" / "tab-process-model.csv")
+    assert not (ds / "tables").exists()  # no empty folder left behind by a failed render

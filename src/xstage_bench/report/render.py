@@ -7,9 +7,11 @@ and model files, so rerendering never needs a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,11 +42,26 @@ def render_product(
         raise ValueError(f"unknown product '{name}'; known: {', '.join(products.PRODUCTS)}")
     # Render beside the target and move both files into place only once both are made: a
     # failure leaves the previous figure (a committed reference, say) as it was.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.stem}.") as tmp:
-        _render(name, dataset_dir, Path(tmp) / out.name, noise_target)
-        for made in sorted(Path(tmp).iterdir()):
-            os.replace(made, out.parent / made.name)
+    with _folder_kept_on_success(out.parent):
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.stem}.") as tmp:
+            _render(name, dataset_dir, Path(tmp) / out.name, noise_target)
+            for made in sorted(Path(tmp).iterdir()):
+                os.replace(made, out.parent / made.name)
+
+
+@contextlib.contextmanager
+def _folder_kept_on_success(folder: Path) -> Iterator[None]:
+    """Make `folder` and its missing parents; take back the ones made here if the body
+    fails, so a product with no data leaves no empty results/<dataset>/ behind."""
+    missing = [d for d in (folder, *folder.parents) if not d.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for made in missing:  # deepest first
+            with contextlib.suppress(OSError):  # not empty: something else wrote there
+                made.rmdir()
+        raise
 
 
 def _render(name: str, dataset_dir: Path, out: Path, noise_target: float) -> None:
