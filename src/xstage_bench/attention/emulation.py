@@ -126,7 +126,7 @@ class EmulatedWorkspace:
 
     def _chunks(self, first: int, count: int):
         """`count` consecutive chunks of one GPU as a (count, B, S/P, H, D) tensor."""
-        from xstage_bench.measurement.peer import tensor_at
+        from xstage_bench.measurement.vmm import tensor_at
 
         return tensor_at(
             self._chunk_ptr(first),

@@ -161,7 +161,7 @@ class HostWorkspace:
     def _chunk(self, ptr: int, owner: int, strides):
         """Owner `owner`'s final buffer as a tensor: over the window (on the GPU, or the
         CPU stand-in), or the pinned chunks (a CPU tensor over pinned host memory)."""
-        from xstage_bench.measurement.peer import tensor_at
+        from xstage_bench.measurement.vmm import tensor_at
 
         if self._pinned is not None:
             own, host = self._pinned

@@ -33,7 +33,7 @@ from xstage_bench.attention.layout import (
     pack_for_all_to_all,
     unpack_after_all_to_all,
 )
-from xstage_bench.measurement.peer import tensor_at
+from xstage_bench.measurement.vmm import tensor_at
 
 MODES = ("alone", "serial", "fused")
 # Max |error| allowed against the reference, as a fraction of the reference's largest

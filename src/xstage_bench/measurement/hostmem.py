@@ -127,9 +127,9 @@ class CudaHostWindow(VmmRange, _Chunks):
     ):
         import torch
 
-        from xstage_bench.measurement.peer import PeerMemoryError, _driver, _drv
+        from xstage_bench.measurement.vmm import PeerMemoryError, call_driver, driver
 
-        cu = _driver()
+        cu = driver()
         self.device = torch.device("cuda", device)
         self.world_size = chunks  # peer.CudaPeerWindow's name for the chunk count
         self.device_chunks = device_chunks
@@ -149,16 +149,16 @@ class CudaHostWindow(VmmRange, _Chunks):
         self._mapped: list[int] = []
         self.base = 0
         try:
-            gran = max(int(_drv("cuMemGetAllocationGranularity", p, minimum)) for p in props)
+            gran = max(int(call_driver("cuMemGetAllocationGranularity", p, minimum)) for p in props)
             self.chunk_bytes = -(-nbytes // gran) * gran
             total = self.chunk_bytes * chunks
-            self.base = int(_drv("cuMemAddressReserve", total, gran, 0, 0))
+            self.base = int(call_driver("cuMemAddressReserve", total, gran, 0, 0))
             for c in range(chunks):
                 prop = props[0] if c < device_chunks else props[1]
-                handle = _drv("cuMemCreate", self.chunk_bytes, prop, 0)
+                handle = call_driver("cuMemCreate", self.chunk_bytes, prop, 0)
                 self._handles.append(handle)
                 addr = self.chunk_ptr(c)
-                _drv("cuMemMap", cu.CUdeviceptr(addr), self.chunk_bytes, 0, handle, 0)
+                call_driver("cuMemMap", cu.CUdeviceptr(addr), self.chunk_bytes, 0, handle, 0)
                 self._mapped.append(addr)
             self.grant_read_write(device)
         except PeerMemoryError as e:

@@ -30,30 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xstage_bench.measurement.vmm import VmmRange
-
-
-class PeerMemoryError(RuntimeError):
-    """Peer memory could not be created, shared or mapped; the message names the call."""
-
-
-def tensor_at(
-    ptr: int,
-    nbytes: int,
-    device: torch.device,
-    dtype: torch.dtype,
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-) -> torch.Tensor:
-    """A tensor over memory torch does not own, on an explicit device.
-
-    torch.as_tensor(__cuda_array_interface__) would ask the driver which device the
-    pointer belongs to, and for a range whose first pages live on a peer it answers with
-    the peer: the tensor would be on the wrong device (and a `device=` argument would then
-    copy it). Building the storage from the pointer keeps the device we name.
-    """
-    storage = torch._C._construct_storage_from_data_pointer(ptr, device, nbytes)
-    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, strides)
+from xstage_bench.measurement.vmm import PeerMemoryError, VmmRange, call_driver, driver, tensor_at
 
 
 class FdExchange:
@@ -113,28 +90,6 @@ class FdExchange:
         self.server.close()
 
 
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError as e:
-        raise PeerMemoryError(f"peer windows need cuda-bindings (cuda.bindings.driver): {e}") from e
-    return driver
-
-
-def _drv(name: str, *args):
-    """Call a CUDA driver function; raise PeerMemoryError naming it when it fails."""
-    cu = _driver()
-    result = getattr(cu, name)(*args)
-    err, rest = result[0], result[1:]
-    if err != cu.CUresult.CUDA_SUCCESS:
-        _, msg = cu.cuGetErrorString(err)
-        text = msg.decode() if isinstance(msg, bytes) else str(msg)
-        raise PeerMemoryError(f"{name} failed: {getattr(err, 'name', err)} ({text})")
-    if not rest:
-        return None
-    return rest[0] if len(rest) == 1 else rest
-
-
 class CudaPeerWindow(VmmRange):
     """One chunk per rank, chunk r on GPU r, all mapped in rank order into one range."""
 
@@ -143,7 +98,7 @@ class CudaPeerWindow(VmmRange):
     def __init__(
         self, nbytes: int, *, rank: int, world_size: int, device: int, exchange: FdExchange
     ):
-        cu = _driver()
+        cu = driver()
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cuda", device)
         fd_type = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -153,7 +108,7 @@ class CudaPeerWindow(VmmRange):
         prop.location.id = device
         prop.requestedHandleTypes = fd_type
         gran = int(
-            _drv(
+            call_driver(
                 "cuMemGetAllocationGranularity",
                 prop,
                 cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM,
@@ -164,24 +119,24 @@ class CudaPeerWindow(VmmRange):
         self._mapped: list[int] = []
         self.base = 0
         try:
-            own = _drv("cuMemCreate", self.chunk_bytes, prop, 0)
+            own = call_driver("cuMemCreate", self.chunk_bytes, prop, 0)
             self._handles.append(own)
-            fd = int(_drv("cuMemExportToShareableHandle", own, fd_type, 0))
+            fd = int(call_driver("cuMemExportToShareableHandle", own, fd_type, 0))
             fds = exchange.all_gather(fd)
             handles = []
             for r, peer_fd in enumerate(fds):
                 if r == rank:
                     handles.append(own)
                     continue
-                handles.append(_drv("cuMemImportFromShareableHandle", peer_fd, fd_type))
+                handles.append(call_driver("cuMemImportFromShareableHandle", peer_fd, fd_type))
                 self._handles.append(handles[-1])
                 os.close(peer_fd)
             os.close(fd)
             total = self.chunk_bytes * world_size
-            self.base = int(_drv("cuMemAddressReserve", total, gran, 0, 0))
+            self.base = int(call_driver("cuMemAddressReserve", total, gran, 0, 0))
             for r, handle in enumerate(handles):
                 addr = self.base + r * self.chunk_bytes
-                _drv("cuMemMap", cu.CUdeviceptr(addr), self.chunk_bytes, 0, handle, 0)
+                call_driver("cuMemMap", cu.CUdeviceptr(addr), self.chunk_bytes, 0, handle, 0)
                 self._mapped.append(addr)
             self.grant_read_write(device)
         except BaseException:

@@ -96,7 +96,7 @@ def build_share(point: dict, megamoe: dict, fabric, *, num_programs: int, seed: 
     """Collective: every rank calls it with the same point."""
     import torch
 
-    from xstage_bench.measurement.peer import tensor_at
+    from xstage_bench.measurement.vmm import tensor_at
 
     check_tiles(megamoe)
     q, world = fabric.rank, fabric.world_size
