@@ -122,3 +122,20 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
             ci = ratio[metric]
             assert ci["ci_low"] <= ci["ratio"] <= ci["ci_high"]
     assert "1/0" in run.stdout and "[2/2]" in run.stdout
+
+
+@needs_triton
+def test_the_staged_script_compares_real_options_that_are_still_off():
+    """kernels/ab/staged.sh is what the next GPU session runs first: each option it names
+    must be a launch option, and staged means off (0 against 1, 0 the build as it is)."""
+    import re
+
+    from xstage_kernels import megamoe_ws
+
+    script = (ROOT / "kernels" / "ab" / "staged.sh").read_text()
+    staged = re.findall(r"^ab \S+ \S+ (\w+)=(\S+)$", script, flags=re.M)
+    assert staged, "no A/B found in staged.sh"
+    for name, values in staged:
+        assert name in megamoe_ws.LAUNCH_OPTIONS, name
+        assert values == "0,1", f"{name}={values}"
+        assert not getattr(megamoe_ws, name), f"{name} is on already: not staged"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The kernel options staged for the next GPU session, timed in one command: each a paired
+# A/B of kernel_ab (off against on, every shape, balanced, 1024/4096/16384 tokens), and the
+# tensor cores' rate for the MMA_TURNS issue order on its own (mma_rate.py's turns mode).
+#
+#     OUT=<folder> bash kernels/ab/staged.sh     (repository root, PYTHONPATH=src:kernels)
+#
+# One JSON per A/B into $OUT, and its one-line summary here. Each A/B is bounded by a
+# timeout: a turn or barrier that never comes hangs the kernel rather than failing it, and a
+# hang must not eat the session's device time. An option that wins gets set True in
+# megamoe_ws.py and a row in this folder's README; one that loses is taken out.
+set -uo pipefail
+out=${OUT:?set OUT to the folder for the records}
+mkdir -p "$out"
+failed=0
+
+run() {  # run NAME COMMAND...: one record, its output kept in $out/NAME.log
+    local name=$1 rc
+    shift
+    printf '\n=== %s (%s)\n' "$name" "$(date +%T)"
+    timeout "${STAGED_TIMEOUT:-300}" "$@" > "$out/$name.log" 2>&1
+    rc=$?
+    tail -n 5 "$out/$name.log"
+    if [ $rc -ne 0 ]; then
+        echo "$name: exit $rc$([ $rc -eq 124 ] && echo ' (timed out: a hang?)')"
+        failed=1
+    fi
+}
+
+ab() {  # ab NAME PRECISION OPTION=0,1
+    run "$1" python3 -m xstage_bench.megamoe.kernel_ab --config config/reference-h200x1.yaml \
+        --dataset ab --routings balanced --tokens 16384,4096,1024 --min-reps 5 \
+        --precisions "$2" --option "$3" --out "$out/$1.json"
+}
+
+run mma-rate-turns python3 kernels/ab/mma_rate.py --iters 65536 --out "$out/mma-rate-turns.json"
+ab mma-turns-w8a8 w8a8 MMA_TURNS=0,1
+ab arrive-per-warp-w8a8 w8a8 ARRIVE_PER_WARP=0,1
+ab drop-wait-barriers-w4a8 w4a8 W4_DROP_WAIT_BARRIERS=0,1
+ab mma-turns-w4a8 w4a8 MMA_TURNS=0,1
+exit $failed
