@@ -91,3 +91,54 @@ def ptxas_report(module: str, call: str) -> str:
 def serialized(report: str) -> list[str]:
     """The lines of a ptxas report saying it serialized a function's wgmma instructions."""
     return [line for line in report.splitlines() if _SERIALIZED.search(line)]
+
+
+_BRANCH = re.compile(r"^(@!?%p\d+\s+)?bra(?:\.uni)?\s+(\$L__BB\d+_\d+);")
+_JUMP_TABLE = re.compile(r"^brx\.idx\s+%r\d+,\s*(\$L_brx_\d+);")
+_LABEL = re.compile(r"^(\$L__\w+):")
+
+
+def control_flow(ptx: str, source: str) -> tuple[list[tuple[str, int]], list[list[int]]]:
+    """The first kernel of `ptx` as instructions (text, the line of `source`, a file name,
+    that its .loc names first; 0 where none) and each one's successors. An inline-asm
+    block in braces (an mbarrier wait's poll loop) is one instruction."""
+    lines = iter(ptx[ptx.index("{", ptx.index(".entry")) + 1 :].splitlines())
+    instrs, labels, tables, line = [], {}, {}, 0
+    for raw in lines:
+        text = raw.strip()
+        if text == "}":
+            break
+        if text.startswith(".loc"):
+            m = re.search(re.escape(source) + r":(\d+)", text)
+            line = int(m.group(1)) if m else 0
+            continue
+        if not text or text.startswith(("//", ".reg", ".shared", ".local")):
+            continue
+        if text == "{":
+            body = []
+            for inner in lines:
+                if inner.strip() == "}":
+                    break
+                body.append(inner.strip())
+            text = " ; ".join(body)
+        elif text.startswith("$L_brx"):
+            while not text.endswith(";"):
+                text += " " + next(lines).strip()
+            tables[text.split(":")[0]] = re.findall(r"\$L__BB\d+_\d+", text.split(":", 1)[1])
+            continue
+        elif _LABEL.match(text):
+            labels[_LABEL.match(text).group(1)] = len(instrs)
+            continue
+        instrs.append((text, line))
+    succ = []
+    for i, (text, _) in enumerate(instrs):
+        nxt = [i + 1] if i + 1 < len(instrs) else []
+        if m := _BRANCH.match(text):
+            succ.append([labels[m.group(2)]] + (nxt if m.group(1) else []))
+        elif m := _JUMP_TABLE.match(text):
+            succ.append([labels[t] for t in tables[m.group(1)]])
+        elif re.match(r"^ret;", text):
+            succ.append([])
+        else:
+            succ.append(nxt)
+    return instrs, succ

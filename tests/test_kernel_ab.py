@@ -139,3 +139,119 @@ def test_the_staged_script_compares_real_options_that_are_still_off():
         assert name in megamoe_ws.LAUNCH_OPTIONS, name
         assert values == "0,1", f"{name}={values}"
         assert not getattr(megamoe_ws, name), f"{name} is on already: not staged"
+
+
+class _Stamp:
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def elapsed_time(self, end) -> float:
+        return end.ms - self.ms
+
+
+class _FakeProblem:
+    """What compare reads of a configuration's problem, with no kernel behind it."""
+
+    def __init__(self):
+        import numpy as np
+
+        plan = type("Plan", (), {"block_rows": np.array([64, 128])})
+        self.ranks = [type("Rank", (), {"plan": plan})]
+
+    def arm(self, point):
+        return "key"
+
+    def forward(self, key, kernel_events, flushers):
+        kernel_events.append([(_Stamp(0.0), _Stamp(0.01))])
+
+    def useful_flops(self):
+        return 1.0
+
+
+class _FakeMeasurer:
+    """A measurer whose check of value 1 of the compared option raises (or never returns)."""
+
+    cuda = False
+    flushers = None
+    devices = ["cpu"]
+
+    def __init__(self, *args, hang=False, **kwargs):
+        from xstage_bench.measurement.timing import TimingPolicy
+
+        self.hang = hang
+        self.policy = TimingPolicy(
+            warmup=0, min_reps=2, max_reps=2, target_rel_iqr=1.0, budget_s=1.0, flush_l2=False
+        )
+
+    def problem(self, point):
+        return _FakeProblem()
+
+    def check(self, point):
+        from xstage_kernels import megamoe_ws
+
+        if megamoe_ws.MMA_TURNS == 1:
+            if self.hang:
+                import time
+
+                time.sleep(3600)  # a kernel that never ends
+            raise RuntimeError("ptxas: the build does not compile")
+        return None, {"rel_error": [0.01]}
+
+    def close(self):
+        pass
+
+
+@needs_triton
+def test_a_check_that_raises_is_a_failed_check_and_its_value_is_not_timed(monkeypatch):
+    """A build whose check raises (it does not compile, or does not launch) is written down
+    as a failed check and not timed; the other values are timed as usual."""
+    from xstage_bench.megamoe import kernel_ab
+    from xstage_kernels import megamoe_ws
+
+    monkeypatch.setattr(megamoe_ws, "MMA_TURNS", megamoe_ws.MMA_TURNS)
+    result: dict = {}
+    point = {"id": "p"}
+    out = kernel_ab.compare(_FakeMeasurer(), point, "MMA_TURNS", [0, 1], result=result)
+    assert out is result and result["id"] == "p"
+    assert result["checks"]["0"] == {"error": None, "rel_error": [0.01]}
+    assert (
+        result["checks"]["1"]["error"] == "raised RuntimeError: ptxas: the build does not compile"
+    )
+    assert set(result["arms"]) == {"0"} and result["ratios"] == []
+    assert "FAILED 1 raised RuntimeError" in kernel_ab.summary_line(result)
+
+
+_HUNG_RUN = """
+import sys
+from xstage_bench.megamoe import kernel_ab
+from xstage_bench.megamoe.ours import measurer
+sys.path.insert(0, sys.argv[1])
+from test_kernel_ab import _FakeMeasurer
+measurer.MoEMeasurer = lambda *a, **k: _FakeMeasurer(hang=True)
+kernel_ab.main(sys.argv[2:])
+"""
+
+
+@needs_triton
+def test_a_hung_check_is_written_down_and_ends_the_run(tmp_path):
+    """A check that never returns (a deadlocked kernel) is written down, naming the step,
+    after --step-timeout, and the run exits with HUNG_EXIT instead of waiting forever."""
+    from xstage_bench.megamoe.kernel_ab import HUNG_EXIT
+
+    out = tmp_path / "ab.json"
+    argv = ["--config", "config/ci-measure.yaml", "--dataset", "ab-test", "--device", "cpu"]
+    argv += ["--option", "MMA_TURNS=0,1", "--step-timeout", "2", "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, "-c", _HUNG_RUN, str(ROOT / "tests"), *argv],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == HUNG_EXIT, run.stderr[-3000:]
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["hung"] == "the check of MMA_TURNS=1: no return after 2 s"
+    assert result["checks"] == {"0": {"error": None, "rel_error": [0.01]}}
+    assert "HUNG in the check of MMA_TURNS=1" in run.stdout

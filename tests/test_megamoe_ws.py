@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from pathlib import Path
 
 import pytest
 import sm90
@@ -695,3 +696,79 @@ def test_mma_turns_put_each_issue_between_taking_and_giving_the_turn(precision):
         both = "kernels.compile_for_sm90(precision='w8a8', arrive_per_warp=True, mma_turns=True)"
         lane0 = sm90.compiled("megamoe_ws", both, {"n": r"@%xs_lane0 mbarrier\.arrive"})
         assert lane0["n"] == 12
+
+
+def _source_lines(text: str) -> set[int]:
+    """The lines of megamoe_ws.py that hold `text`."""
+    source = Path(__file__).parents[1] / "kernels" / "xstage_kernels" / "megamoe_ws.py"
+    return {n for n, line in enumerate(source.read_text().splitlines(), 1) if text in line}
+
+
+def _turn_path_errors(ptx: str) -> list[str]:
+    """Every CFG path of the PTX, walked with each math warpgroup's turn state: whether it
+    holds its turn, and the turns it gave since its last slot release. A warpgroup is known
+    by its first turn event (warpgroup 0 takes on barrier 8 first, warpgroup 1 gives on it
+    first: the first turn is warpgroup 0's) until its partition ends (barrier.sync 1)."""
+    instrs, succ = sm90.control_flow(ptx, "megamoe_ws.py")
+    ring_releases = _source_lines("mbarrier.arrive(p.empty.index")
+    errors = set()
+
+    def step(i, state):
+        text, line = instrs[i]
+        wg, held, turns = state
+        at = f"PTX instruction {i} (megamoe_ws.py:{line})"
+        if re.match(r"^barrier\.sync\s+1;", text):  # a partition ends (or starts)
+            if wg == 0 and (held, turns) != (True, 0):
+                errors.add(f"{at}: warpgroup 0 ends without the last turn")
+            if wg == 1 and (held, turns) != (False, 0):
+                errors.add(f"{at}: warpgroup 1 ends holding a turn or owing a release")
+            return (None, False, 0)
+        turn = re.search(r"\bbar\.(sync|arrive) ([89]), 256;", text)
+        if turn:
+            take, barrier = turn.group(1) == "sync", int(turn.group(2))
+            if wg is None:  # its first turn event names the warpgroup
+                wg, held, turns = (0, False, 0) if take else (1, True, -1)
+            if barrier != (8 + wg if take else 9 - wg):
+                errors.add(f"{at}: warpgroup {wg} on the other's barrier")
+            if take == held:
+                errors.add(f"{at}: warpgroup {wg} {'takes' if take else 'gives'} twice")
+            return (wg, take, turns + (not take))
+        if "wgmma.commit_group" in text and wg is not None and not held:
+            errors.add(f"{at}: an MMA committed outside warpgroup {wg}'s turn")
+        if re.search(r"mbarrier\.arrive\.shared::cta\.b64 _,", text) and line in ring_releases:
+            if wg is None or turns != 1:
+                errors.add(f"{at}: a slot release after {turns} turns (warpgroup {wg})")
+            return (wg, held, 0)
+        return state
+
+    seen = {(0, (None, False, 0))}
+    todo = list(seen)
+    while todo:
+        i, state = todo.pop()
+        after = step(i, state)
+        if abs(after[2]) > 2:
+            continue  # reported above
+        for j in succ[i]:
+            if (j, after) not in seen:
+                seen.add((j, after))
+                todo.append((j, after))
+    return sorted(errors)
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
+@pytest.mark.parametrize("skip_padding", [True, False])
+def test_mma_turns_alternate_on_every_path_and_balance_at_the_exits(precision, skip_padding):
+    """MMA_TURNS on every control path of the PTX (Linear-1 and Linear-2 tiles, padding
+    halves skipped, no tile at all, the exits): each math warpgroup takes and gives its turn
+    alternately, on its own barrier and the other's, commits its MMAs only while it holds
+    the turn, takes exactly one turn per slot it releases, and ends balanced (warpgroup 0
+    holding the last turn warpgroup 1 gave, none owed). Both warpgroups release the same
+    slots (the ring's empty barriers count both), so their turns match one for one."""
+    call = "kernels.compile_for_sm90(precision={!r}, skip_padding={}, prefetch_tile=True, "
+    call += "scales_tma=True, drop_wait_barriers=True, mma_turns=True)"
+    ptx = sm90.compiled_ptx("megamoe_ws", call.format(precision, skip_padding))
+    assert ptx.count("bar.sync 8, 256;") > 1 and _turn_path_errors(ptx) == []
+    # The walk sees a broken protocol: a skipped step that takes no turn.
+    broken = re.sub(r"bar\.sync 9, 256; mov\.u32 %r\d+, 0;", "mov.u32 %r0, 0;", ptx, count=1)
+    assert _turn_path_errors(broken)

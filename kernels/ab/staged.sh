@@ -5,9 +5,10 @@
 #
 #     OUT=<folder> bash kernels/ab/staged.sh     (repository root, PYTHONPATH=src:kernels)
 #
-# One JSON per A/B into $OUT, and its one-line summary here. Each A/B is bounded by a
-# timeout: a turn or barrier that never comes hangs the kernel rather than failing it, and a
-# hang must not eat the session's device time. An option that wins gets set True in
+# One JSON per A/B into $OUT, and its one-line summary here. A turn or barrier that never
+# comes hangs the kernel rather than failing it, and a hang must not eat the session's device
+# time: kernel_ab writes a point down as hung and exits once a check or a timing has not
+# returned in --step-timeout seconds, and the shell's timeout kills whatever outlives that. An option that wins gets set True in
 # megamoe_ws.py and a row in this folder's README; one that loses is taken out.
 set -uo pipefail
 out=${OUT:?set OUT to the folder for the records}
@@ -18,11 +19,11 @@ run() {  # run NAME COMMAND...: one record, its output kept in $out/NAME.log
     local name=$1 rc
     shift
     printf '\n=== %s (%s)\n' "$name" "$(date +%T)"
-    timeout "${STAGED_TIMEOUT:-300}" "$@" > "$out/$name.log" 2>&1
+    timeout -s KILL "${STAGED_TIMEOUT:-420}" "$@" > "$out/$name.log" 2>&1
     rc=$?
     tail -n 5 "$out/$name.log"
     if [ $rc -ne 0 ]; then
-        echo "$name: exit $rc$([ $rc -eq 124 ] && echo ' (timed out: a hang?)')"
+        echo "$name: exit $rc$([ $rc -eq 137 ] && echo ' (killed at the timeout: a hang?)')"
         failed=1
     fi
 }
@@ -30,7 +31,7 @@ run() {  # run NAME COMMAND...: one record, its output kept in $out/NAME.log
 ab() {  # ab NAME PRECISION OPTION=0,1
     run "$1" python3 -m xstage_bench.megamoe.kernel_ab --config config/reference-h200x1.yaml \
         --dataset ab --routings balanced --tokens 16384,4096,1024 --min-reps 5 \
-        --precisions "$2" --option "$3" --out "$out/$1.json"
+        --precisions "$2" --option "$3" --step-timeout 120 --out "$out/$1.json"
 }
 
 run mma-rate-turns python3 kernels/ab/mma_rate.py --iters 65536 --out "$out/mma-rate-turns.json"

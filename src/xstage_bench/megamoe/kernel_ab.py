@@ -10,9 +10,13 @@ value of the option. Each value's build is checked first (outputs poisoned, one 
 the sampled tokens against the reference: MoEMeasurer.check), and the builds that pass
 are timed together in paired rounds (timing.measure_paired), so the ratio of each value
 over the first is over samples of one run, interleaved in time, with its paired 95% CI.
-A build that fails its check is reported and not timed. `--min-reps N` asks for at least
-N paired rounds (the config's timing block stops at its own min_reps once the spread is
-small: reference-h200x1 gives 5), for a close call.
+A build that fails its check is reported and not timed: wrong outputs, or a check that
+raised (a build that does not compile or launch; its error is the check's). A check or a
+point's timing that has not returned after `--step-timeout` seconds is taken for a hung
+kernel (a deadlock never returns, and only ending the process frees the GPU): the point is
+written down with `hung` naming the step, and the run exits with HUNG_EXIT. `--min-reps N`
+asks for at least N paired rounds (the config's timing block stops at its own min_reps once
+the spread is small: reference-h200x1 gives 5), for a close call.
 
 An option is one of the launch constants of xstage_kernels.megamoe_ws (LAUNCH_OPTIONS),
 set before each launch. The JSON written is a kernel's development record, not a raw
@@ -22,11 +26,15 @@ file of a dataset: it carries the environment block and every sample.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import faulthandler
 import json
+import os
 import statistics
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xstage_bench.data import grid, stats
@@ -36,6 +44,38 @@ from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
 from xstage_bench.megamoe.runner import default_devices, measured_paths
+
+# Seconds a build's check (its compile, capture and poisoned run) or a point's paired
+# timing may take before it is taken for a hung kernel; a point takes seconds.
+STEP_TIMEOUT_S = 300.0
+HUNG_EXIT = 3  # the exit status of a run ended by a hung step
+
+
+@contextlib.contextmanager
+def watchdog(timeout_s: float, on_timeout: Callable[[], None]):
+    """Run the body; if it has not returned after timeout_s seconds, call on_timeout (from
+    another thread: the body is stuck, in a CUDA wait for a kernel that never ends) and end
+    the process with HUNG_EXIT. faulthandler ends it a minute later all the same, should
+    on_timeout never get the interpreter. 0: no limit."""
+    if not timeout_s:
+        yield
+        return
+
+    def fire():
+        try:
+            on_timeout()
+        finally:
+            os._exit(HUNG_EXIT)
+
+    timer = threading.Timer(timeout_s, fire)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(timeout_s + 60.0, exit=True)
+    try:
+        yield
+    finally:
+        timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def parse_option(text: str) -> tuple[str, list[int]]:
@@ -65,18 +105,38 @@ def padding_halves(prob) -> float:
     return float((rows <= 64).mean()) if len(rows) else 0.0
 
 
-def compare(measurer, point: dict, option: str, values: list[int]) -> dict:
-    """One configuration: every value checked, those that pass timed in paired rounds."""
+def _unguarded(stage: str):
+    return contextlib.nullcontext()
+
+
+def compare(
+    measurer,
+    point: dict,
+    option: str,
+    values: list[int],
+    *,
+    result: dict | None = None,
+    guard: Callable[[str], contextlib.AbstractContextManager] = _unguarded,
+) -> dict:
+    """One configuration: every value checked, those that pass timed in paired rounds.
+    result: filled in as the comparison goes (what a hang or an error leaves of it is
+    written down: main); guard(stage): around each check and the timing (main's watchdog)."""
     from xstage_kernels import megamoe_ws
 
+    result = {} if result is None else result
+    result.update(id=point["id"], point=point)
+    checks = result.setdefault("checks", {})
     prob = measurer.problem(point)
     key = prob.arm(point)
-    checks = {}
     for v in values:
         setattr(megamoe_ws, option, v)
-        error, facts = measurer.check(point)
-        checks[v] = {"error": error, **facts}
-    passed = [v for v in values if checks[v]["error"] is None]
+        with guard(f"the check of {option}={v}"):
+            try:
+                error, facts = measurer.check(point)
+            except Exception as e:  # a build that does not compile or launch: not timed
+                error, facts = f"raised {type(e).__name__}: {e}", {}
+        checks[str(v)] = {"error": error, **facts}
+    passed = [v for v in values if checks[str(v)]["error"] is None]
     events: dict[int, list] = {v: [] for v in passed}
     leads = {v: timing.host_lead(measurer.policy) for v in passed}
 
@@ -94,9 +154,10 @@ def compare(measurer, point: dict, option: str, values: list[int]) -> dict:
             )
         return timing.host_timer(run)
 
-    samples = (
-        timing.measure_paired({v: timer(v) for v in passed}, measurer.policy) if passed else {}
-    )
+    samples = {}
+    if passed:
+        with guard("the timing"):
+            samples = timing.measure_paired({v: timer(v) for v in passed}, measurer.policy)
     arms = {}
     for v in passed:
         kernel_us = [
@@ -117,15 +178,14 @@ def compare(measurer, point: dict, option: str, values: list[int]) -> dict:
         }
         for v in passed[1:]
     ]
-    return {
-        "id": point["id"],
-        "point": point,
-        "padding_halves": padding_halves(prob),
-        "useful_flops_per_gpu": prob.useful_flops() / len(measurer.devices),
-        "checks": {str(v): c for v, c in checks.items()},
-        "arms": {str(v): a for v, a in arms.items()},
-        "ratios": ratios,
-    }
+    result.update(
+        padding_halves=padding_halves(prob),
+        useful_flops_per_gpu=prob.useful_flops() / len(measurer.devices),
+        checks=checks,
+        arms={str(v): a for v, a in arms.items()},
+        ratios=ratios,
+    )
+    return result
 
 
 def summary_line(result: dict) -> str:
@@ -158,6 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="paired rounds at least (default: the config's timing.min_reps): more samples "
         "for a close call",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=STEP_TIMEOUT_S,
+        help="seconds a build's check or a point's timing may take before it is taken for a "
+        f"hung kernel: the point is written down and the run exits with {HUNG_EXIT} "
+        "(0: no limit)",
     )
     parser.add_argument(
         "--device",
@@ -199,11 +267,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": [],
     }
     points = local_configs(moe, len(devices), measured_paths(config, len(devices)))
+
+    def write(result: dict) -> None:
+        doc["results"].append(result)
+        atomic_write_text(args.out, json.dumps(doc, indent=1))
+
     try:
         for n, point in enumerate(points, 1):
-            result = compare(measurer, point, option, values)
-            doc["results"].append(result)
-            atomic_write_text(args.out, json.dumps(doc, indent=1))
+            result: dict = {}
+
+            def guard(stage: str, n=n, point=point, result=result):
+                def hung():
+                    result["hung"] = f"{stage}: no return after {args.step_timeout:g} s"
+                    write(result)
+                    print(f"[{n}/{len(points)}] {point['id']} HUNG in {stage}", flush=True)
+
+                return watchdog(args.step_timeout, hung)
+
+            try:
+                compare(measurer, point, option, values, result=result, guard=guard)
+            except Exception as e:
+                result["error"] = f"{type(e).__name__}: {e}"
+                write(result)
+                raise
+            write(result)
             print(f"[{n}/{len(points)}] {summary_line(result)}", flush=True)
     finally:
         for name, value in kept.items():
