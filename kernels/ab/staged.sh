@@ -8,8 +8,9 @@
 # One JSON per A/B into $OUT, and its one-line summary here. A turn or barrier that never
 # comes hangs the kernel rather than failing it, and a hang must not eat the session's device
 # time: kernel_ab writes a point down as hung and exits once a check or a timing has not
-# returned in --step-timeout seconds, and the shell's timeout kills whatever outlives that. An option that wins gets set True in
-# megamoe_ws.py and a row in this folder's README; one that loses is taken out.
+# returned in --step-timeout seconds, and the shell's timeout kills whatever outlives that.
+# An option that wins gets set True in megamoe_ws.py and a row in this folder's README; one
+# that loses is taken out.
 set -uo pipefail
 out=${OUT:?set OUT to the folder for the records}
 mkdir -p "$out"
