@@ -98,8 +98,8 @@ def test_the_provenance_names_the_code_of_every_run_that_wrote_records(tmp_path,
 
 
 def test_a_baseline_line_says_same_run_only_when_the_records_say_so():
-    """ref-h200x1 timed FlashInfer in retries hours after our kernel: its line must not say
-    it was timed in the same run as ours; ref-h200x1-flashinfer timed each configuration's
+    """ref-h200x1 timed our kernel again two days after FlashInfer: its line must not say
+    they were timed in the same run; ref-h200x1-flashinfer timed each configuration's
     pair in one run (its second run added the 16384-token configurations)."""
     column = "ours_over_flashinfer"
 
@@ -124,11 +124,88 @@ def test_a_baseline_line_says_same_run_only_when_the_records_say_so():
         readme_results._runs(grown, column)
     )
     pairs[1]["clocks"]["before"]["time"] = "2026-12-02T12:03:00+00:00"  # retried later
-    assert "may come from a later run" in readme_results._runs(grown, column)
+    assert (
+        "timed ours and the baseline in different runs in 1 of 2 configurations, the "
+        "baseline 2.0 h after ours" in readme_results._runs(grown, column)
+    )
     for name, same in (("ref-h200x1", False), ("ref-h200x1-flashinfer", True)):
         lines = readme_results.baseline_lines(ROOT / "results" / name)
         line = next(line for line in lines if "FlashInfer" in line)
         assert ("one run" in line or "same run" in line) == same, name
+
+
+def test_a_baseline_line_says_which_side_a_later_run_timed():
+    """ref-h200x1's baselines were timed on 2026-12-02 and our kernel again on 12-03 and
+    12-04 (later code): the line said 'a baseline may come from a later run than ours',
+    the wrong way round, and not that every configuration's pair came from two runs."""
+    column = "ours_over_deepgemm"
+
+    def record(variant, at, **point):
+        return {
+            "status": "ok",
+            "point": {"shape": "s", "tokens_per_rank": 1, "variant": variant, **point},
+            "clocks": {"before": {"time": at}},
+        }
+
+    env = {
+        "started_at": "2026-12-02T10:00:00+00:00",
+        "resumes": [{"started_at": "2026-12-04T10:00:00+00:00"}],
+    }
+    doc = {
+        "environment": env,
+        "records": [
+            record("deepgemm", "2026-12-02T10:02:00+00:00", schedule="expert_wave"),
+            record(None, "2026-12-04T10:02:00+00:00", schedule="expert_wave"),
+            record(None, "2026-12-04T10:03:00+00:00", schedule="interleaved"),
+        ],
+    }
+    text = readme_results._runs(doc, column)
+    assert "later run than ours" not in text
+    assert "in different runs in 1 of 1 configurations, the baseline 48.0 h before ours" in text
+    lines = readme_results.baseline_lines(ROOT / "results" / "ref-h200x1")
+    line = next(line for line in lines if "DeepGEMM" in line)
+    assert "in different runs in 36 of 36 configurations" in line and "h before ours" in line
+
+
+def test_the_block_says_how_each_ratio_was_timed_and_marks_noisy_extremes():
+    """An audit recomputed the block from the raw files: the numbers held, but the text
+    hid what the project's standard asks a reader to know. ref-h200x2's schedules and
+    attention backends were timed unpaired (triton alone in another run than FA3), its
+    peer-path min and emulated max came from points whose CI reaches beyond +-3%, the
+    emulated speedup named no metric, and the one-point lead map of ref-h200x1-flashinfer
+    read '1 points' and gave the main grid's arm (lead 1024) as its best swept lead, where
+    it swept lead 0 only."""
+    block = readme_results.section(ROOT / "results")
+    x2 = block[block.index("**ref-h200x2**") :]
+    peer = next(line for line in x2.splitlines() if "peer path, natural routing" in line)
+    assert "84 configurations, unpaired" in peer and "min 0.895 (noisy: CI beyond +-3%)" in peer
+    emulated = next(line for line in x2.splitlines() if "compute emulated" in line)
+    assert "(layer time, 84 points, unpaired" in emulated and "(noisy: CI" in emulated
+    triton = next(line for line in x2.splitlines() if "Attention alone, triton" in line)
+    assert "unpaired" in triton and "in another run than FA3 for 20 of 20" in triton
+    host = block[block.index("**ref-h200x1**") : block.index("**ref-h200x2**")]
+    assert host.count("paired rounds") >= 3 and "unpaired" in host  # the emulated sweep
+    assert "1 points" not in block
+    assert (
+        "MegaMoE lead map (1 point of f and configuration, kernel time): the best swept lead "
+        "reaches 0.990 (95% CI 0.980-0.999)"
+    ) in block
+
+
+def test_the_fit_line_gives_every_prediction_error_and_the_failed_checks():
+    """The held-out error of the fit set alone (a median over its 37 rows) read as the
+    model's accuracy; its p90, the free-running records the fit never saw and the model's
+    own failed checks belong beside it."""
+    block = readme_results.section(ROOT / "results")
+    for name, free in (
+        ("ref-h200x1", "on 308 free-running records never fitted 17.2%"),
+        ("ref-h200x2", "on 204 free-running records never fitted 19.8%"),
+    ):
+        ds = block[block.index(f"**{name}**") :]
+        fit = next(line for line in ds.splitlines() if line.startswith("- Burst-Gap"))
+        assert "held-out rows a median" in fit and "(p90 " in fit and free in fit, fit
+        assert "the model's own checks: 4 FAILED, 4 passed (failed: " in fit, fit
+        assert "heldout_error_within_target" in fit, fit
 
 
 def test_readme_refuses_a_results_directory_without_the_references(tmp_path, capsys):

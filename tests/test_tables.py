@@ -798,6 +798,34 @@ def test_megamoe_lead_table_finds_the_best_lead_and_how_far_auto_is(host_dataset
     assert summary.set_index("f").loc["0.5", "best swept lead (times best)"] == "1024 (2)"
 
 
+def test_the_best_swept_lead_is_never_the_main_grids_arm():
+    """ref-h200x1-flashinfer swept lead 0 only (0.99: slower); the main grid's interleaved
+    arm (lead 1024, 1.09) is a column of the map, but the README called it 'the best swept
+    lead'."""
+    from xstage_bench.report.analysis import megamoe_lead
+
+    metric = analysis_megamoe.KERNEL
+    rows = (("0", True, 0.99), ("1024", False, 1.09))
+    leads = pd.DataFrame(
+        [
+            {
+                "path": "host",
+                "shape": "s",
+                "remote_fraction": "0",
+                "lead": lead,
+                "auto": False,
+                "swept": swept,
+                metric.column("speedup"): ratio,
+                metric.column("speedup_ci_low"): ratio - 0.01,
+                metric.column("speedup_ci_high"): ratio + 0.01,
+            }
+            for lead, swept, ratio in rows
+        ]
+    )
+    best = megamoe_lead.best_and_auto(leads, metric).iloc[0]
+    assert (best["best_lead"], best["best_speedup"]) == (0, 0.99)
+
+
 def test_megamoe_lead_table_without_a_lead_sweep_is_no_data(tmp_path):
     ds = tmp_path / "sim-moe"
     write_megamoe(ds)

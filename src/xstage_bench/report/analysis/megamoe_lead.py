@@ -121,11 +121,13 @@ def best_and_auto(leads: pd.DataFrame, metric: megamoe.Metric) -> pd.DataFrame:
     """Per configuration (and f): the best swept numeric lead and its speedup with CI,
     the model's auto lead (its resolved rows) and its speedup with CI, auto's speedup over
     the best's, and the verdict of auto's interleaved time against the best's
-    (stats.ratio_ci, paired where both arms were timed in the same rounds)."""
+    (stats.ratio_ci, paired where both arms were timed in the same rounds). The main
+    grid's interleaved arm is a column of the map but no swept lead: a sweep that tried
+    only lead 0 has its best swept lead at 0, not at the main grid's lead."""
     speedup = metric.column("speedup")
     rows = []
     for _, part in leads.groupby(config_keys(leads), sort=False, dropna=False):
-        numeric = part[~part["auto"] & part["lead"].str.isdigit()]
+        numeric = part[part["swept"] & ~part["auto"] & part["lead"].str.isdigit()]
         auto = part[part["auto"]]
         row = {k: part.iloc[0][k] for k in config_keys(leads)}
         best = numeric.loc[numeric[speedup].idxmax()] if len(numeric) else None
