@@ -493,12 +493,28 @@ def test_emulated_world_size_is_refused_where_it_cannot_be_played():
         "batch": 1,
         "emulated_world_sizes": [8],
     }
-    with pytest.raises(ValueError, match="exactly 2 GPUs"):
-        attention_points(att, 4)
     ids = [p["id"] for p in attention_points(att, 2)]
     assert ids == ["triton/alone/H=8/S=64/P=2", "triton/alone/H=8/S=64/P=2/emulated-P=8"]
     with pytest.raises(ValueError, match="heads=6 do not divide over world_size=8"):
         attention_points({**att, "heads": [6]}, 2)
+    with pytest.raises(ValueError, match="8 is below the 16 GPUs here"):
+        attention_points({**att, "heads": [16], "seq_lens": [256]}, 16)
+
+
+def test_a_config_with_an_emulated_world_size_plans_on_four_and_eight_gpus():
+    """config/gpu-smoke.yaml (emulated_world_sizes: [8]) on a 4- or 8-GPU node: four GPUs
+    keep the emulated points (the run records them unsupported: only two GPUs play an
+    emulated node); on eight, P = 8 is the physical run itself."""
+    from xstage_bench.attention.emulation import unsupported_on
+    from xstage_bench.data.grid import attention_points
+
+    att = load_config(ROOT / "config" / "gpu-smoke.yaml")["attention"]
+    four = {p["id"].split("/", 4)[-1] for p in attention_points(att, 4, ["peer"])}
+    assert four == {"P=4", "P=4/emulated-P=8"}
+    eight = {p["id"].split("/", 4)[-1] for p in attention_points(att, 8, ["peer", "host"])}
+    assert eight == {"P=8", "P=8/path=host/emulated-P=2", "P=8/path=host"}
+    assert unsupported_on(2) is None
+    assert "exactly 2 GPUs" in unsupported_on(4)
 
 
 @needs_torch
@@ -518,6 +534,22 @@ def test_emulated_world_size_end_to_end_on_two_cpu_ranks(tmp_path):
     assert fused["extra"]["bitwise_equal_serial"] is True
     # A quarter of the heads per rank: a quarter of the P=2 point's FLOPs per rank.
     assert fused["point"]["heads"] == 4
+
+
+@needs_torch
+def test_an_emulated_world_size_on_four_cpu_ranks_is_recorded_unsupported(tmp_path):
+    """Four ranks measure P = 4 and record the emulated P = 8 points unsupported, with
+    the reason, instead of failing the whole sweep."""
+    cfg = _small_config(["triton"], 8, ["serial"], emulated_world_sizes=[8])
+    cfg["store_paths"] = ["peer"]
+    out = tmp_path / "attention.json"
+    _launch_on_cpu_ranks(cfg, out, world_size=4)
+    records = {r["id"]: r for r in read_raw(out)["records"]}
+    assert {i: r["status"] for i, r in records.items()} == {
+        "triton/serial/H=8/S=64/P=4": "ok",
+        "triton/serial/H=8/S=64/P=4/emulated-P=8": "unsupported",
+    }
+    assert "exactly 2 GPUs" in records["triton/serial/H=8/S=64/P=4/emulated-P=8"]["error"]
 
 
 # ---- the host path: one GPU plays rank 0 of a P-GPU node, host memory the rest -------

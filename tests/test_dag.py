@@ -180,3 +180,94 @@ def test_a_lead_chosen_by_the_model_makes_the_megamoe_job_wait_for_the_fit(workd
     command, text = _megamoe_command(workdir, "auto.yaml")
     assert "--model results/cpu-test/model/burst_gap.json" in command
     assert "rule fit_burst_gap:" in text  # the fit runs first, and the microbenchmarks before it
+
+
+def fake_gpu_node(tmp_path, count: int, visible: str | None = None, peers: str = "True") -> dict:
+    """The environment of a node with `count` H200s, for a dry run on the CPU: an
+    nvidia-smi on PATH that lists them, and a `cupy` whose peer query, as CUDA's, knows
+    only the devices CUDA_VISIBLE_DEVICES shows; `peers`: whether a reaches b, in Python."""
+    import os
+
+    bin_dir, py_dir = tmp_path / "fake-bin", tmp_path / "fake-py" / "cupy"
+    bin_dir.mkdir()
+    py_dir.mkdir(parents=True)
+    rows = "\\n".join(f"NVIDIA H200, GPU-{i}0c0ffee" for i in range(count))
+    names = "\\n".join("NVIDIA H200" for _ in range(count))
+    (bin_dir / "nvidia-smi").write_text(
+        f'#!/bin/sh\ncase "$*" in *name,uuid*) printf "{rows}\\n";; *) printf "{names}\\n";; esac\n'
+    )
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    shown = len(visible.split(",")) if visible else count
+    (py_dir / "__init__.py").write_text(
+        "from types import SimpleNamespace\n"
+        "def _can(a, b):\n"
+        f"    if not (0 <= a < {shown} and 0 <= b < {shown}):\n"
+        "        raise RuntimeError('cudaErrorInvalidDevice')\n"
+        f"    return int({peers})\n"
+        "cuda = SimpleNamespace(runtime=SimpleNamespace(deviceCanAccessPeer=_can))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(py_dir.parent), env.get("PYTHONPATH")]))
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    return env
+
+
+def dry_run_on(workdir, env, config: dict):
+    (workdir / "node.yaml").write_text(yaml.safe_dump({"extends": "config.yaml", **config}))
+    return subprocess.run(
+        [str(SNAKEMAKE), "measured", "-n", "-p", "--quiet", "host", "--configfile", "node.yaml"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+OWN_DATASETS = {"datasets": {"measured": "auto", "reference": [], "simulated": {}}}
+
+
+def test_world_size_auto_is_checked_against_the_gpus_of_the_node(workdir, tmp_path):
+    """`world_size: auto` on 8 GPUs: 12 heads do not divide over 8 ranks. The run stops
+    when it is planned, naming the key, not when the attention job starts (hours in)."""
+    config = {**OWN_DATASETS, "attention": {"heads": [12]}}
+    out = dry_run_on(workdir, fake_gpu_node(tmp_path, 8), config)
+    assert out.returncode != 0
+    assert "'attention.heads[0]': 12 does not divide over world_size 8" in out.stderr
+    assert "the 8 GPUs here" in out.stderr
+
+
+def test_a_share_of_a_node_is_measured_as_the_gpus_cuda_shows(workdir, tmp_path):
+    """CUDA_VISIBLE_DEVICES=4,5 on an 8-GPU node: two GPUs, dataset h200x2, each GPU job
+    holding those two."""
+    out = dry_run_on(workdir, fake_gpu_node(tmp_path, 8, visible="4,5"), OWN_DATASETS)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert "results/h200x2/raw/attention.json" in text
+    assert "results/h200x8" not in text
+    assert set(re.findall(r"gpu=(\d+)", text)) == {"2"}
+
+
+def test_the_peer_path_needs_peer_access_between_the_run_s_own_gpus(workdir, tmp_path):
+    """A PCIe node whose two halves (GPUs 0-3, 4-7) do not reach each other: a run on
+    GPUs 0 and 1 measures both paths; one on every GPU, the host path alone."""
+    env = fake_gpu_node(tmp_path, 8, peers="a // 4 == b // 4")
+    pair = {**OWN_DATASETS, "world_size": 2, "gpu_ids": [0, 1]}
+    out = dry_run_on(workdir, env, pair)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '"store_paths": ["peer", "host"]' in out.stdout
+    out = dry_run_on(workdir, env, OWN_DATASETS)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '"store_paths": ["host"]' in out.stdout and '"peer"' not in out.stdout
+
+
+def test_a_run_on_some_of_a_node_s_gpus_is_named_by_them(workdir, tmp_path):
+    """world_size 2 (GPUs 2 and 3) on an 8-GPU node measures dataset h200x2: named
+    h200x8, it would mix P = 2 files into the node's P = 8 dataset."""
+    config = {**OWN_DATASETS, "world_size": 2, "gpu_ids": [2, 3]}
+    out = dry_run_on(workdir, fake_gpu_node(tmp_path, 8), config)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "results/h200x2/raw/attention.json" in out.stdout
+    assert "results/h200x8" not in out.stdout

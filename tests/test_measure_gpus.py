@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 
 import pytest
 
@@ -38,3 +39,64 @@ def test_every_experiment_measures_on_the_config_s_gpus(monkeypatch, tmp_path):
     assert measure.os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     assert measure.main([*argv[:-1], "1"]) == 2  # GPU 1 of one visible GPU: a clear error
+
+
+def test_a_job_locks_the_machine_s_gpus_under_a_scheduler_s_share(monkeypatch, tmp_path):
+    """A scheduler left GPUs 4-7 of a node visible and the config names 0 and 1: the job
+    measures on GPUs 4 and 5 and locks those, not GPUs 0 and 1 (another run's, given the
+    other half of the node, which locks 0 and 1 for its own)."""
+    ran = {}
+    monkeypatch.setattr(measure, "_run", lambda exp, cfg, args, ids: ran.update(ids=ids))
+    monkeypatch.setattr(
+        "xstage_bench.run.joblog.measuring_job",
+        lambda log, ids, lock: contextlib.nullcontext(ran.update(locked=ids)),
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    out = str(tmp_path / "raw" / "attention.json")
+    argv = ["attention", "--config-json", "{}", "--dataset", "h200x8", "--out", out]
+    assert measure.main([*argv, "--gpu-ids", "0,1"]) == 0
+    assert ran == {"ids": [0, 1], "locked": [4, 5]}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaa,GPU-bbb")
+    assert measure.main([*argv, "--gpu-ids", "1"]) == 0
+    assert ran == {"ids": [0], "locked": ["GPU-bbb"]}
+
+
+@pytest.mark.parametrize(
+    "experiment, runner",
+    [
+        ("attention", "attention.runner"),
+        pytest.param(
+            "megamoe_per_gpu",
+            "megamoe.distributed",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("triton") is None, reason="triton not installed"
+            ),
+        ),
+    ],
+)
+def test_the_workers_of_a_job_see_the_gpus_the_job_was_given(
+    monkeypatch, tmp_path, experiment, runner
+):
+    """A scheduler left GPUs 4-7 of an 8-GPU node visible, and the config names its GPUs 0
+    and 1 (CUDA's numbers there): the job sees physical GPUs 4 and 5, and so must the
+    one-process-per-GPU workers it spawns (they once saw the config's ids again, as
+    physical GPUs 0 and 1: GPUs of another job)."""
+    import json
+
+    from xstage_bench.data.config import load_config
+
+    seen = {}
+    monkeypatch.setattr(
+        f"xstage_bench.{runner}.launch",
+        lambda *a, **k: seen.update(visible=measure.os.environ["CUDA_VISIBLE_DEVICES"]),
+    )
+    monkeypatch.setattr(
+        "xstage_bench.run.joblog.measuring_job", lambda log, ids, lock: contextlib.nullcontext()
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    config = {**load_config(measure.Path(__file__).parents[1] / "config.yaml"), "world_size": 2}
+    config["gpu_ids"] = [0, 1]
+    out = str(tmp_path / "raw" / f"{experiment}.json")
+    argv = [experiment, "--config-json", json.dumps(config), "--dataset", "h200x8"]
+    assert measure.main([*argv, "--out", out, "--gpu-ids", "0,1"]) == 0
+    assert seen == {"visible": "4,5"}

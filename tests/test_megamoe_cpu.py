@@ -1222,6 +1222,25 @@ def test_the_per_gpu_process_model_on_one_gpu_is_recorded_unsupported_with_why(t
     assert {r["error"] for r in records} == {ONE_GPU}
 
 
+@needs_torch
+def test_the_per_gpu_process_model_without_the_peer_path_is_recorded_unsupported(tmp_path):
+    """Four GPUs without peer access (PCIe cards: the workflow resolves `store_paths: auto`
+    to the host path alone): the per-GPU run, whose combine is a peer window, records its
+    points unsupported instead of failing the job."""
+    from xstage_bench.data.config import load_config
+    from xstage_bench.data.results import read_raw
+    from xstage_bench.megamoe.distributed import run_per_gpu
+
+    config = load_config(Path(__file__).resolve().parents[1] / "config" / "ci-measure.yaml")
+    config = {**config, "world_size": 4, "store_paths": ["host"]}
+    out = tmp_path / "megamoe_per_gpu.json"
+    run_per_gpu(config, "cpu-test", out, 4, device_type="cpu")
+    records = read_raw(out)["records"]
+    assert records and {r["status"] for r in records} == {"unsupported"}
+    assert {r["point"]["world_size"] for r in records} == {4}
+    assert all("peer window" in r["error"] for r in records)
+
+
 def test_the_megamoe_policy_takes_host_lead_from_the_megamoe_section():
     from xstage_bench.megamoe.options import megamoe_policy
 

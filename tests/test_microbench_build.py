@@ -54,12 +54,15 @@ def kernel_signatures(text: str) -> dict[str, list[tuple[str, str]]]:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: cannot compile .cu")
-def test_burst_cu_compiles_to_an_sm90_cubin_with_every_kernel(tmp_path):
+def test_burst_cu_compiles_to_sm90_code_and_ptx_with_every_kernel(tmp_path):
+    """Hopper machine code, and the PTX a later GPU (B200, sm_100) is compiled from when
+    the module loads: sm_90 machine code alone does not run there."""
     cubin = build.build_cubin(SOURCE, tmp_path / "sub" / "burst.cubin")
     data = cubin.read_bytes()
-    assert data[:4] == b"\x7fELF"
+    assert data[:4] == b"\x50\xed\x55\xba"  # a fatbin
+    assert b"\x7fELF" in data and b".target sm_90" in data  # machine code and its PTX
     for name in launch.KERNEL_PARAMS:
-        assert name.encode() in data, f"kernel {name} missing from the cubin"
+        assert name.encode() in data, f"kernel {name} missing from the image"
 
 
 def test_build_without_nvcc_names_the_problem(monkeypatch, tmp_path):

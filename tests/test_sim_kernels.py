@@ -325,6 +325,17 @@ def fused_and_serial_overhead(capacity: float, S: int) -> tuple[float, float]:
     return t["serial"] - t["alone"], t["fused"] - t["alone"]
 
 
+@pytest.mark.parametrize("mode", ulysses.MODES)
+def test_ulysses_at_an_emulated_world_size_is_a_rank_of_that_node(mode):
+    """Two GPUs playing ranks of an 8-GPU node carry that node's per-rank load (H/8 heads,
+    7/8 of the rows remote), not a 2-GPU rank's; the simulator says what they measure."""
+    prof = toy_profile(capacity=1e12)
+    point = {**attention_point(mode, 2048), "heads": 8}
+    emulated = ulysses.simulate({**point, "emulated_world_size": 8}, prof)
+    assert emulated == ulysses.simulate({**point, "world_size": 8}, prof)
+    assert emulated != ulysses.simulate(point, prof)
+
+
 def test_ulysses_fused_overhead_stays_flat_while_serial_grows():
     # A wave of 16 programs pushes 16 x 16 KiB = 256 KiB; with Q = 512 KiB it fits, and
     # the longer Q loop at longer S only gives the X-Stage more time to drain.

@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.experiment == "megamoe" and not args.trace_out:
         print("xstage measure: megamoe needs --trace-out", file=sys.stderr)
         return 2
+    locked = gpu_ids  # a CPU test takes no lock
     if args.device == "cpu":
         # Triton reads this when it first decorates a kernel: before any experiment loads.
         os.environ["TRITON_INTERPRET"] = "1"
@@ -179,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"xstage measure: {e}", file=sys.stderr)
             return 2
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        # Locked by the machine's numbers (or UUIDs): under a scheduler's own
+        # CUDA_VISIBLE_DEVICES, gpu_ids number only the GPUs it left, and two runs given
+        # different shares of one node would otherwise lock "GPU 0" for different GPUs.
+        locked = [int(e) if e.isdigit() else e for e in visible.split(",")]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with measuring_job(args.log, gpu_ids, lock=args.device == "cuda"):
+    with measuring_job(args.log, locked, lock=args.device == "cuda"):
         # The job's GPUs, as it sees them now (CUDA_VISIBLE_DEVICES): 0..n-1.
         _run(args.experiment, config, args, list(range(len(gpu_ids))))
     return 0

@@ -1,4 +1,5 @@
-# Stage 1: compile the CUDA kernels in kernels/ with nvcc for sm_90 into cubins.
+# Stage 1: compile the CUDA kernels in kernels/ with nvcc: sm_90 code and its PTX, which the
+# driver compiles for a later GPU (B200) when it loads the image (build.py).
 # Triton kernels compile on first use on the GPU machine.
 # The command is xstage_bench.microbench.build's, the one nvcc build definition.
 

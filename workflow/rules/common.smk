@@ -14,6 +14,7 @@ from xstage_bench.data.origins import changed_since_check
 from xstage_bench.report import products
 from xstage_bench.data.config import (
     ConfigError,
+    check_world_size,
     checked_store_paths,
     extends_source,
     resolve_extends,
@@ -81,14 +82,6 @@ if PROBE and config["measure"] == "always" and not GPUS.can_measure:
     sys.exit(f"config key 'measure' is 'always' but no measurement is possible: {GPUS.reason}")
 
 MEASURING = CPU_TEST or config["measure"] == "submit" or (PROBE and GPUS.can_measure)
-if not MEASURING:
-    MEASURED = None
-elif config["datasets"]["measured"] != "auto":
-    MEASURED = config["datasets"]["measured"]
-elif CPU_TEST:
-    MEASURED = "cpu-test"
-else:
-    MEASURED = dataset_name(GPUS.names)
 if config["world_size"] != "auto":
     WORLD_SIZE = config["world_size"]
 elif config.get("gpu_ids"):
@@ -100,15 +93,25 @@ if PROBE and MEASURING:
     _problem = asked_gpus_problem(GPUS, WORLD_SIZE, GPU_IDS, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if _problem:
         sys.exit(f"Invalid configuration: {_problem}")
+if not MEASURING:
+    MEASURED = None
+elif config["datasets"]["measured"] != "auto":
+    MEASURED = config["datasets"]["measured"]
+elif CPU_TEST:
+    MEASURED = "cpu-test"
+else:
+    # Named by the GPUs this run measures on (two of an 8-GPU node: <gpu>x2), not the node's.
+    MEASURED = dataset_name([GPUS.names[i] for i in GPU_IDS])
 
 
 def store_paths():
     """The store paths this run measures (storepath.py): the config's, resolved for the GPUs
-    it measures on; `auto` leaves out the peer path where the GPUs lack peer access."""
-    if PROBE and MEASURING and config.get("store_paths", "auto") == "auto" and not GPUS.peer_access:
+    it measures on; `auto` leaves out the peer path where those GPUs lack peer access."""
+    no_peer = GPUS.peer_problem(GPU_IDS) if PROBE and MEASURING else None
+    if no_peer and config.get("store_paths", "auto") == "auto":
         return [storepath.HOST]
-    if PROBE and MEASURING and storepath.PEER in config.get("store_paths", []) and not GPUS.peer_access:
-        raise ConfigError(f"config key 'store_paths' asks for 'peer', but {GPUS.reason}")
+    if no_peer and storepath.PEER in config.get("store_paths", []):
+        raise ConfigError(f"config key 'store_paths' asks for 'peer', but {no_peer}")
     return checked_store_paths(config, WORLD_SIZE)
 
 
@@ -117,6 +120,12 @@ try:
     config["store_paths"] = store_paths()
 except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
+if MEASURING and config["world_size"] == "auto":
+    # validate_config checked an integer world_size; what `auto` resolves to, only now.
+    try:
+        check_world_size(config, WORLD_SIZE)
+    except ConfigError as e:
+        sys.exit(f"Invalid configuration: {e} (world_size 'auto': the {WORLD_SIZE} GPUs here)")
 # Measuring rules run `python -m xstage_bench.measure` (see that module for why not a
 # `script:`): this interpreter, or the rule's conda environment's with --use-conda.
 USE_CONDA = any("conda" in str(m).lower() for m in workflow.deployment_settings.deployment_method)
@@ -282,7 +291,7 @@ def measurement_verdict():
     if not MEASURING:
         return f"No measurement was made on this machine: {GPUS.reason}. Rendering the " \
                f"reference and simulated datasets only."
-    return f"Measuring dataset '{MEASURED}' on {GPUS.count} x {GPUS.names[0]}, store " \
+    return f"Measuring dataset '{MEASURED}' on {WORLD_SIZE} x {GPUS.names[GPU_IDS[0]]}, store " \
            f"paths {', '.join(config['store_paths'])} " \
            f"(experiments: {', '.join(config['measured_experiments'])})."
 

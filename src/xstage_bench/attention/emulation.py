@@ -27,6 +27,19 @@ from xstage_bench.attention.layout import UlyssesLayout
 PHYSICAL_RANKS = 2
 
 
+def unsupported_on(world_size: int) -> str | None:
+    """Why a run on `world_size` GPUs cannot play an emulated node, or None (it can on
+    exactly two). The grid keeps such points (grid.attention_points); they are recorded
+    unsupported with this reason, so a config made for two GPUs still runs on four or
+    eight, where the physical world size is measured instead."""
+    if world_size == PHYSICAL_RANKS:
+        return None
+    return (
+        f"an emulated world size is played by exactly {PHYSICAL_RANKS} GPUs (ranks 0 and P-1 "
+        f"of the emulated node); this run has {world_size}"
+    )
+
+
 @dataclass(frozen=True)
 class EmulatedNode:
     """Which virtual rank each of the two GPUs plays, and where each row it sends lands."""
@@ -87,11 +100,9 @@ class EmulatedWorkspace:
 
         from xstage_bench.attention.backends import FusedTarget
 
-        if fabric.world_size != PHYSICAL_RANKS:
-            raise ValueError(
-                f"attention.emulated_world_sizes needs exactly {PHYSICAL_RANKS} GPUs "
-                f"(ranks 0 and P-1 of the emulated node); this run has {fabric.world_size}"
-            )
+        unsupported = unsupported_on(fabric.world_size)
+        if unsupported:
+            raise ValueError(f"attention.emulated_world_sizes: {unsupported}")
         self.layout, self.fabric, self.dtype = layout, fabric, dtype
         self.node = EmulatedNode(layout)
         rank, dev, p = fabric.rank, fabric.device, layout.world_size

@@ -127,9 +127,14 @@ class Rank(Lockstep):
     def _checked(self, point: dict, found: dict) -> dict:
         """Every rank's check of the point; the record's check facts. Fills found[id]
         with the backend and the workspace it ran on."""
+        from xstage_bench.attention.emulation import unsupported_on
         from xstage_bench.attention.modes import check
 
         pid, mode = point["id"], point["mode"]
+        if "emulated_world_size" in point and storepath.point_path(point) == storepath.PEER:
+            unsupported = unsupported_on(self.fabric.world_size)
+            if unsupported:
+                raise PointFailed(unsupported, status="unsupported")
         backend, error = self._backend_or_reason(point)
         if error:
             raise PointFailed(error, status="unsupported")

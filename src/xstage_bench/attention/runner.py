@@ -181,10 +181,9 @@ def run_attention(
     world_size: int | None = None,
     device_type: str = "cuda",
 ) -> None:
-    """The DAG's entry: the config's full attention sweep on this machine's GPUs (or, with
-    device_type="cpu", on gloo and the Triton interpreter: CI's test of the rule)."""
-    if device_type == "cuda":
-        launcher.use_gpus(config)
+    """The DAG's entry: the config's full attention sweep on the job's GPUs, those that
+    measure.py left visible (or, with device_type="cpu", on gloo and the Triton
+    interpreter: CI's test of the rule)."""
     launch(
         config,
         dataset,

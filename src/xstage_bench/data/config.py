@@ -168,7 +168,7 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"megamoe.shapes has {sorted(names)}"
             )
     if config["world_size"] != "auto":
-        _check_world_size(config, config["world_size"])
+        check_world_size(config, config["world_size"])
     try:
         workload.check(config)  # what the values ask of memory and time together
     except workload.WorkloadError as e:
@@ -187,9 +187,10 @@ def checked_store_paths(config: dict, world_size: int) -> list[str]:
         raise ConfigError(str(e)) from None
 
 
-def _check_world_size(config: dict, P: int) -> None:
+def check_world_size(config: dict, P: int) -> None:
     """What must divide over P ranks, and the paths P GPUs can measure, checked before any
-    job is planned."""
+    job is planned: here for a config's integer world_size, by the workflow for the GPU
+    count that `auto` resolves to."""
     checked_store_paths(config, P)
     for i, shape in enumerate(config["megamoe"]["shapes"]):
         if shape["E"] % P:
@@ -203,6 +204,12 @@ def _check_world_size(config: dict, P: int) -> None:
                 raise ConfigError(
                     f"config key 'attention.{key}[{i}]': {n} does not divide over world_size {P}"
                 )
+    for i, size in enumerate(config["attention"].get("emulated_world_sizes", [])):
+        if size < P:
+            raise ConfigError(
+                f"config key 'attention.emulated_world_sizes[{i}]': {size} is below "
+                f"world_size {P} (two GPUs play a larger node)"
+            )
 
 
 def _read_yaml(path: Path) -> Any:

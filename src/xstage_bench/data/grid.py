@@ -159,7 +159,9 @@ def attention_points(
     its `path`.
 
     - peer: at the physical world size, and again at each `attention.emulated_world_sizes`
-      (two GPUs playing ranks 0 and P-1 of a larger node, attention/emulation.py); ids
+      above it (two GPUs playing ranks 0 and P-1 of a larger node, attention/emulation.py;
+      a run of another GPU count records those points unsupported, and a size equal to
+      the GPU count is the physical run itself); ids
       `backend/mode/H=../S=../P=<GPUs>[/emulated-P=..]`, as before paths existed.
     - host: at each `attention.host_world_sizes` P, one GPU playing rank 0 of a P-GPU node
       with host memory as the other P-1 owners (attention/host.py); ids add `/path=host`
@@ -205,11 +207,6 @@ def _peer_attention_points(attention: dict, world_size: int) -> list[dict]:
             f"the peer path of attention needs 2 or more GPUs; this run has {world_size}"
         )
     emulated = attention.get("emulated_world_sizes", [])
-    if emulated and world_size != 2:
-        raise ValueError(
-            f"attention.emulated_world_sizes={emulated} needs exactly 2 GPUs "
-            f"(they play ranks 0 and P-1 of the emulated node); this run has {world_size}"
-        )
     for size in (world_size, *emulated):
         if size < world_size:
             raise ValueError(

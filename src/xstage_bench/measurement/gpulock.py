@@ -2,7 +2,10 @@
 
 Snakemake's `gpu` resource keeps one workflow from overlapping its own GPU jobs; these
 locks also cover a second workflow, a manual run, or a test on the same machine. Each GPU
-has a lock file `<lock_dir>/gpu<N>.lock` held with `fcntl.flock`: the kernel drops the
+has a lock file `<lock_dir>/gpu<N>.lock`, N its number on the machine (a measuring job
+undoes CUDA_VISIBLE_DEVICES: measure.py; where that names GPUs by UUID, the lock is
+named by the UUID, and does not exclude a run that names the GPU by its number), held
+with `fcntl.flock`: the kernel drops the
 lock when the holder exits or dies, so a crashed run never leaves a stale lock. The holder
 writes its pid, command line and start time into the file so that a waiting run can say
 who it waits for.
@@ -71,21 +74,22 @@ class GpuLock:
 
     def __init__(
         self,
-        device_ids: list[int],
+        device_ids: list[int | str],
         *,
         lock_dir: Path | None = None,
         wait_s: float = 600.0,
         poll_s: float = 1.0,
         report: Callable[[str], None] | None = None,
     ):
-        self.device_ids = sorted(set(device_ids))
+        # one order for every run (ints, then UUIDs), so that no two runs deadlock
+        self.device_ids = sorted(set(device_ids), key=lambda d: (isinstance(d, str), d))
         self.lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
         self.wait_s = wait_s
         self.poll_s = poll_s
         self.report = report or _log.info
         self._held: list[int] = []  # file descriptors, in the order taken
 
-    def path(self, device: int) -> Path:
+    def path(self, device: int | str) -> Path:
         return self.lock_dir / f"gpu{device}.lock"
 
     def __enter__(self) -> GpuLock:
@@ -107,7 +111,7 @@ class GpuLock:
             self.release()
             raise
 
-    def _take(self, device: int, deadline: float) -> int:
+    def _take(self, device: int | str, deadline: float) -> int:
         fd = os.open(self.path(device), os.O_RDWR | os.O_CREAT, 0o666)
         reported = None
         try:

@@ -145,14 +145,19 @@ def run_per_gpu(
     device_type: str = "cuda",
     model_file: str | Path | None = None,
 ) -> None:
-    """The DAG's entry: the config's MegaMoE grid, our schedules, one process per GPU (or,
-    with device_type="cpu", gloo and the Triton interpreter: CI's test of the rule);
-    `model_file` for a lead_rows of 'auto'."""
+    """The DAG's entry: the config's MegaMoE grid, our schedules, one process per GPU (the
+    job's GPUs, those measure.py left visible; or, with device_type="cpu", gloo and the
+    Triton interpreter: CI's test of the rule); `model_file` for a lead_rows of 'auto'.
+    Where this run does not measure the peer path (one GPU, or GPUs without peer access:
+    the workflow's resolved `store_paths`), every point is recorded unsupported."""
     if world_size < 2:
-        record_unsupported_on_one_gpu(config, dataset, out, device_type, model_file)
+        record_unsupported(config, dataset, out, device_type, model_file, 1, ONE_GPU)
         return
-    if device_type == "cuda":
-        launcher.use_gpus(config)
+    paths = config.get("store_paths", storepath.AUTO)
+    if storepath.PEER not in storepath.resolve(paths, world_size):
+        reason = NO_PEER_PATH.format(paths=paths)
+        record_unsupported(config, dataset, out, device_type, model_file, world_size, reason)
+        return
     launch(
         config,
         dataset,
@@ -171,27 +176,40 @@ ONE_GPU = (
 )
 
 
-def record_unsupported_on_one_gpu(
-    config: dict, dataset: str, out: str | Path, device_type: str, model_file
+NO_PEER_PATH = (
+    "one process per GPU stores the combine rows into a peer window (the peer path), which "
+    "this run does not measure (store_paths {paths}: its GPUs lack peer access, or the "
+    "config leaves the path out)"
+)
+
+
+def record_unsupported(
+    config: dict,
+    dataset: str,
+    out: str | Path,
+    device_type: str,
+    model_file,
+    world_size: int,
+    reason: str,
 ) -> None:
-    """On one GPU the per-GPU grid is written with every point unsupported, saying why, so
-    that a 1-GPU run of a config that asks for megamoe_per_gpu finishes and says so."""
+    """The per-GPU grid written with every point unsupported, saying why, so that a run
+    that cannot measure it (one GPU, no peer path) finishes and says so."""
     from xstage_bench.data.results import failed_record
     from xstage_bench.measurement.environment import capture_measured
     from xstage_bench.measurement.sweep import run_sweep
 
     moe = per_gpu_grid(config["megamoe"])
     leads = LeadChooser.of(moe, model_file)
-    points = expand_schedules(grid.megamoe_points(moe, 1), moe["schedules"], moe, leads)
+    points = expand_schedules(grid.megamoe_points(moe, world_size), moe["schedules"], moe, leads)
     run_sweep(
         points,
-        lambda p: failed_record(p["id"], p, ONE_GPU, status="unsupported"),
+        lambda p: failed_record(p["id"], p, reason, status="unsupported"),
         Path(out),
         experiment="megamoe",
         backend="cuda",
         dataset=dataset,
         environment=capture_measured(device_type),
-        config=per_gpu_config(config, moe, 1, CHECK_TOKENS, device_type),
+        config=per_gpu_config(config, moe, world_size, CHECK_TOKENS, device_type),
     )
 
 

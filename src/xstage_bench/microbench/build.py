@@ -1,7 +1,13 @@
-"""Compile the microbenchmark kernels (kernels/microbench/*.cu) into cubins with nvcc.
+"""Compile the microbenchmark kernels (kernels/microbench/*.cu) with nvcc.
 
 `nvcc_command` is the one definition of the build: the DAG's build rule
 (workflow/rules/build.smk) runs it, and `build_cubin` (the tests) runs it too.
+
+The image (still named `<kernel>.cubin`, which the rules and the raw files' config name)
+is a fatbin: Hopper machine code (sm_90) and its PTX (compute_90, what `-arch=sm_90`
+embeds beside it). A GPU of a later architecture (B200: sm_100) cannot run sm_90 machine
+code; the driver compiles the PTX for it when the module is loaded (cuModuleLoad, through
+CuPy's RawModule, reads cubin, PTX and fatbin alike).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from pathlib import Path
 
 ARCH = "sm_90"
 # -Xptxas -v: ptxas reports registers, spills and shared memory per kernel (into the log).
-NVCC_FLAGS = ("-cubin", "-O3", "-lineinfo", "-Xptxas", "-v")
+NVCC_FLAGS = ("-fatbin", "-O3", "-lineinfo", "-Xptxas", "-v")
 
 
 class BuildError(RuntimeError):
@@ -20,7 +26,7 @@ class BuildError(RuntimeError):
 
 
 def nvcc_command(src: str | Path, out: str | Path, arch: str = ARCH, nvcc: str = "nvcc") -> list:
-    """nvcc -arch=<arch> -cubin -O3 -lineinfo -Xptxas -v -o <out> <src>, as argv."""
+    """nvcc -arch=<arch> -fatbin -O3 -lineinfo -Xptxas -v -o <out> <src>, as argv."""
     return [nvcc, f"-arch={arch}", *NVCC_FLAGS, "-o", str(out), str(src)]
 
 

@@ -44,7 +44,7 @@ def tee_to(log_path: str | Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def measuring_job(
-    log_path: str | Path | None, gpu_ids: list[int], *, lock: bool = True
+    log_path: str | Path | None, gpu_ids: list[int | str], *, lock: bool = True
 ) -> Iterator[None]:
     """What every measuring rule does around its work: tee its log, and hold the per-GPU
     lock so that a second harness run (another snakemake) cannot measure on its GPUs

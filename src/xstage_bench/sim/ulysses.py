@@ -105,8 +105,9 @@ def _tiles(
 
 
 def simulate(point: dict, profile: HardwareProfile) -> AttentionResult:
-    """One (mode, heads, seq_len) point of the Ulysses sweep on `profile`."""
-    mode, P = point["mode"], point["world_size"]
+    """One (mode, heads, seq_len) point of the Ulysses sweep on `profile`; at an emulated
+    world size, the load of a rank of that node (its heads, its remote share)."""
+    mode, P = point["mode"], point.get("emulated_world_size") or point["world_size"]
     heads, S, D, batch = point["heads"], point["seq_len"], point["head_dim"], point["batch"]
     if mode not in MODES:
         raise ValueError(f"attention mode must be one of {MODES}, got {mode!r}")

@@ -37,12 +37,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def use_gpus(config: dict) -> None:
-    """Make the config's `gpu_ids` (if any) the GPUs the spawned ranks see, as 0..P-1."""
-    if config.get("gpu_ids"):
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config["gpu_ids"])
-
-
 def record_crash(out: Path, code: int) -> bool:
     """The workers died inside a point: record that point as failed in the partial file.
 
