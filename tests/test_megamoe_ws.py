@@ -772,3 +772,27 @@ def test_mma_turns_alternate_on_every_path_and_balance_at_the_exits(precision, s
     # The walk sees a broken protocol: a skipped step that takes no turn.
     broken = re.sub(r"bar\.sync 9, 256; mov\.u32 %r\d+, 0;", "mov.u32 %r0, 0;", ptx, count=1)
     assert _turn_path_errors(broken)
+
+
+@needs_triton
+@pytest.mark.parametrize(("capability", "ws"), [((9, 0), True), ((10, 0), False), ((8, 0), False)])
+def test_only_a_hopper_gpu_runs_the_warp_specialized_kernels(monkeypatch, capability, ws):
+    """wgmma is Hopper's alone: on a B200 (sm_100) our FP8 MegaMoE and attention run the
+    plain Triton kernels, and the raw files name those as the kernels that ran (a B200
+    once got the Hopper kernels, which cannot run there)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from xstage_bench.attention.raw_config import kernels_that_ran as attention_ran
+    from xstage_bench.megamoe.runner import kernels_that_ran
+    from xstage_kernels import megamoe
+
+    monkeypatch.delenv(megamoe.FP8_KERNEL_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    on_gpu = SimpleNamespace(device=torch.device("cuda", 0))
+    assert megamoe.uses_ws_kernel("w8a8", on_gpu) is ws
+    ran = kernels_that_ran(megamoe, "cuda")
+    assert (ran["w8a8"]["kernel"], ran["w4a8"]["kernel"]) == (("ws", "ws") if ws else ("tl", "tl"))
+    assert attention_ran("cuda")["triton"]["kernel"] == ("ws" if ws else "tl")

@@ -6,7 +6,8 @@ megamoe_ws     the same kernel warp-specialized (Gluon): what the real sweep tim
 int4_fp8       the W4A8 weights' 4-bit to FP8 conversion
 flash_ulysses  FlashAttention forward whose epilogue stores rows at their Ulysses owners
 flash_ws       the same attention warp-specialized (Gluon)
-tma            whether a device can load by TMA (both kernels ask)
+tma            whether a device can load by TMA (both kernels ask), and run the
+               warp-specialized kernels (Hopper only)
 combine        the home rank's top-k weighted reduction of its combine buffer
 formats        the number formats and trace layout the harness shares with the kernels
 

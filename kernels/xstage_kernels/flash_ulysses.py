@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from xstage_kernels.tma import available as tma_available
+from xstage_kernels.tma import warpgroup_mma
 
 # Block shape and pipelining for head_dim 128, bf16, non-causal on one H200 (2026-11-30,
 # S = 8K-32K, 12-20 heads). With TMA loads (S a multiple of both blocks, q/k/v contiguous):
@@ -231,7 +232,7 @@ def launch_config(q, k, v, config: dict | None = None, dest_strides=(8, 8, 8)) -
     """The kernel (ws: flash_ws.py; tl: this file's), block shape, pipelining and load path
     (tma) a call with these inputs uses. A `config` (block sizes) asks for the tl kernel."""
     tma = _use_tma(q, k, v, {**DEFAULT_CONFIG, **(config or {})})
-    if tma and not config and q.device.type == "cuda" and attention_kernel() == "ws":
+    if tma and not config and warpgroup_mma(q.device) and attention_kernel() == "ws":
         # (imported only here: a Gluon kernel must not be defined under the interpreter)
         from xstage_kernels import flash_ws
 

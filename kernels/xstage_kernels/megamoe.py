@@ -59,6 +59,7 @@ from xstage_kernels.formats import (
     step_major,
 )
 from xstage_kernels.tma import available as tma_available
+from xstage_kernels.tma import warpgroup_mma
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -476,11 +477,12 @@ def fp8_kernel() -> str:
 
 
 def uses_ws_kernel(precision: str, x) -> bool:
-    """Whether a launch of this precision on x's device runs megamoe_ws.py (not EMULATE)."""
+    """Whether a launch of this precision on x's device runs megamoe_ws.py (not EMULATE):
+    W8A8 and W4A8 on a Hopper GPU; elsewhere this file's kernel."""
     return (
         precision in FP8_PRECISIONS
         and x.device.type == "cuda"
-        and tma_available(x)
+        and warpgroup_mma(x.device)
         and fp8_kernel() == "ws"
     )
 

@@ -16,9 +16,11 @@ def kernels_that_ran(device_type: str) -> dict:
     """Which kernel ran our backend ('triton'); each record's extra.triton_config says it per
     point. A backend's entry changes only when its kernel or its launch options do, so a
     finished sweep measures only that backend's points again (kernel_refresh)."""
-    from xstage_kernels import flash_ulysses, flash_ws
+    from xstage_kernels import flash_ulysses, flash_ws, tma
 
     if device_type != "cuda" or flash_ulysses.attention_kernel() == "tl":
+        return {"triton": TL_KERNEL}
+    if not tma.first_gpu_runs_warpgroup_mma():  # not a Hopper GPU: launch_config picks tl
         return {"triton": TL_KERNEL}
     return {
         "triton": {

@@ -104,10 +104,14 @@ WS_SOURCE = (
 
 def kernels_that_ran(kernel, device_type: str) -> dict:
     """Per precision, which kernel ran it (megamoe.launch picks the warp-specialized one for
-    W8A8 and W4A8 on a GPU). A precision's record changes only when its kernel does, so a
+    W8A8 and W4A8 on a Hopper GPU). A precision's record changes only when its kernel does, so a
     finished sweep re-measures only that precision's points (kernel_refresh)."""
+    from xstage_kernels import tma
+
     ran = {p: TL_KERNEL for p in PRECISIONS}
     if device_type != "cuda" or kernel.fp8_kernel() == "tl":
+        return ran
+    if not tma.first_gpu_runs_warpgroup_mma():  # not a Hopper GPU: megamoe.uses_ws_kernel
         return ran
     from xstage_kernels import megamoe_ws
 
