@@ -13,7 +13,9 @@ TWO_H200 = GpuProbe(["NVIDIA H200"] * 2, True, "")
 
 def test_a_run_asking_for_more_gpus_than_cuda_shows_stops_naming_the_key():
     assert asked_gpus_problem(ONE_H200, 1, [0], None) is None
-    assert asked_gpus_problem(TWO_H200, 2, [0, 1], "") is None
+    assert asked_gpus_problem(TWO_H200, 2, [0, 1], "0,1") is None
+    # set but empty, it hides every GPU from CUDA
+    assert "CUDA shows 0 GPU(s) here" in asked_gpus_problem(TWO_H200, 2, [0, 1], "")
     assert asked_gpus_problem(ONE_H200, 4, [0, 1, 2, 3], None) == (
         "config key 'gpu_ids': GPU 3 does not exist: this machine shows 1 GPU(s)"
     )
@@ -99,6 +101,16 @@ def test_cuda_visible_follows_cuda_numbering():
     assert cuda_visible(node, "0,7,1") == ["NVIDIA H200"]
     assert cuda_visible(node, "GPU-bbc,GPU-b") == ["NVIDIA B200"]
     assert dataset_name(cuda_visible(node, "1,2")) == "b200x2"
+    assert cuda_visible(node, "") == []  # set but empty: CUDA shows no GPU
+
+
+def test_an_empty_cuda_visible_devices_shows_no_gpu(monkeypatch, tmp_path):
+    from xstage_bench.measurement.machine import probe_gpus
+
+    _machine_with(monkeypatch, tmp_path, EIGHT_H200, "")
+    probe = probe_gpus()
+    assert probe.count == 0 and not probe.can_measure
+    assert "CUDA_VISIBLE_DEVICES=''" in probe.reason
 
 
 def test_peer_access_counts_only_the_pairs_of_the_gpus_a_run_uses(monkeypatch, tmp_path):

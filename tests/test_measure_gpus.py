@@ -13,7 +13,8 @@ from xstage_bench import measure
 
 def test_the_job_sees_exactly_its_gpus():
     assert measure.visible_devices([2, 3], None) == "2,3"
-    assert measure.visible_devices([0], "") == "0"
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES='' shows 0 GPU"):
+        measure.visible_devices([0], "")  # set but empty: CUDA shows no GPU
     # a scheduler's own restriction: gpu_ids number the GPUs it left visible
     assert measure.visible_devices([0, 2], "4,5,6") == "4,6"
     assert measure.visible_devices([1], "GPU-aaa,GPU-bbb") == "GPU-bbb"

@@ -61,9 +61,9 @@ def _decode_reasons(mask: int) -> list[str]:
 
 
 def visible_entries(visible: str | None) -> list[str] | None:
-    """The entries of CUDA_VISIBLE_DEVICES (`visible`), or None where it is unset or empty:
-    CUDA then numbers every GPU."""
-    if visible is None or not visible.strip():
+    """The entries of CUDA_VISIBLE_DEVICES (`visible`), or None where it is unset: CUDA then
+    numbers every GPU. Set but empty, it hides them all: no entries."""
+    if visible is None:
         return None
     return [e.strip() for e in visible.split(",") if e.strip()]
 
