@@ -355,10 +355,11 @@ def test_the_fp8_kernel_is_chosen_by_environment_and_named_per_precision(monkeyp
 
 
 @needs_triton
-def test_a_kernel_change_at_one_precision_makes_only_its_points_of_our_kernel_stale(monkeypatch):
+def test_a_kernel_change_at_one_precision_makes_only_its_points_stale(monkeypatch):
     """The committed reference sweep's config against the same with one precision's kernel
     changed, and against the format written before per-precision records (only W8A8's kernel
-    named, under kernel.w8a8): only our kernel's points at the changed precision are stale."""
+    named, under kernel.w8a8): only the points at the changed precision are stale, ours and
+    the baselines' (timed again beside ours, so that ours over a baseline is one run's)."""
     from pathlib import Path
 
     from xstage_bench.megamoe.runner import TL_KERNEL, kernel_refresh, kernels_that_ran
@@ -379,7 +380,8 @@ def test_a_kernel_change_at_one_precision_makes_only_its_points_of_our_kernel_st
         assert refresh.stale(point) and refresh.stale({**point, "variant": "interleaved"})
         assert not refresh.stale({**point, "precision": "w8a8"})
         for baseline in ("unfused", "deepgemm", "flashinfer", "gemm_ceiling"):
-            assert not refresh.stale({**point, "variant": baseline})
+            assert refresh.stale({**point, "variant": baseline})
+            assert not refresh.stale({**point, "variant": baseline, "precision": "w8a8"})
     older["kernel"]["w8a8"] = TL_KERNEL  # W8A8 on tl then as well: both stale
     assert "w4a8, w8a8" in kernel_refresh(older, config).reason
     # Nothing changed, or something besides the kernel: no refresh (a full rerun).
@@ -430,7 +432,8 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     refresh = kernel_refresh(computed, skipped)
     assert refresh is not None and "w4a8, w8a8" in refresh.reason
     assert refresh.stale({"precision": "w8a8"}) and refresh.stale({"precision": "w4a8"})
-    assert not refresh.stale({"precision": "w8a8", "variant": "gemm_ceiling"})
+    assert refresh.stale({"precision": "w8a8", "variant": "gemm_ceiling"})  # timed beside ours
+    assert not refresh.stale({"precision": "bf16", "variant": "gemm_ceiling"})
     # Tile-major weights are named only when in force, so records before the option match.
     monkeypatch.setattr(megamoe_ws, "TILE_MAJOR_WEIGHTS", True)
     assert megamoe_ws.launch_options("w8a8")["weight_layout"] == "tile-major"

@@ -54,7 +54,7 @@ from xstage_bench.measurement.sweep import (
     run_sweep,
 )
 from xstage_bench.megamoe import reference
-from xstage_bench.megamoe.baselines import BASELINES, VARIANTS, flashinfer, unfused
+from xstage_bench.megamoe.baselines import VARIANTS, flashinfer, unfused
 from xstage_bench.megamoe.layer import graphs
 from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
 from xstage_bench.megamoe.ours.lead import LeadChooser
@@ -73,9 +73,6 @@ from xstage_bench.megamoe.points import (
 from xstage_kernels.formats import PRECISIONS
 
 _log = log.get(__name__)
-
-# Variants that do not run our kernel (gemm_ceiling: cuBLAS on the same GEMMs).
-BASELINE_VARIANTS = (*BASELINES, "gemm_ceiling")
 
 
 def default_devices(config: dict, world_size: int | None = None, device_type: str = "cuda") -> list:
@@ -147,16 +144,15 @@ def _kernel_parts(config: dict) -> tuple[dict, dict]:
 
 def kernel_refresh(previous: dict, config: dict) -> Refresh | None:
     """sweep.run_sweep's refresh rule: when two raw configs differ only in the kernel that
-    ran some precisions, our kernel's points at those precisions are stale (the baselines'
-    points and the other precisions' are kept)."""
+    ran some precisions, every point at those precisions is stale, the baselines' with our
+    kernel's: a ratio of ours over a baseline then compares times of one run, not of runs
+    days and kernel versions apart. The other precisions' points are kept."""
     return records_refresh(
         previous,
         config,
         _kernel_parts,
-        lambda point, changed: (
-            point.get("variant") not in BASELINE_VARIANTS and point["precision"] in changed
-        ),
-        prefix="our kernel at ",
+        lambda point, changed: point["precision"] in changed,
+        prefix="our kernel, and the baselines beside it, at ",
     )
 
 
