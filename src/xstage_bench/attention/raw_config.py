@@ -1,7 +1,7 @@
 """What an attention raw file records as its config, beyond the run's own: the store paths
 measured, which kernel ran our backend, and what the pairing and the host path's modes and
-clocks are; and sweep.run_sweep's refresh rule, which makes a finished sweep measure a
-backend's points again when the kernel that ran it changes.
+clocks are; and sweep.run_sweep's refresh rule, which makes a finished sweep measure the
+points paired with a backend again when the kernel that ran it changes.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ TL_KERNEL = {"kernel": "tl", "source": "kernels/xstage_kernels/flash_ulysses.py"
 
 def kernels_that_ran(device_type: str) -> dict:
     """Which kernel ran our backend ('triton'); each record's extra.triton_config says it per
-    point. A backend's entry changes only when its kernel or its launch options do, so a
-    finished sweep measures only that backend's points again (kernel_refresh)."""
+    point. A backend's entry changes only when its kernel or its launch options do, and a
+    finished sweep then measures its pairing groups again (kernel_refresh)."""
     from xstage_kernels import flash_ulysses, flash_ws, tma
 
     if device_type != "cuda" or flash_ulysses.attention_kernel() == "tl":
@@ -38,13 +38,18 @@ def kernels_that_ran(device_type: str) -> dict:
 
 def kernel_refresh(previous: dict, config: dict) -> Refresh | None:
     """sweep.run_sweep's refresh rule: when two raw configs differ only in the kernel that
-    ran some backends, those backends' points are stale. Raw files written before `kernels`
-    existed ran the tl kernel."""
+    ran some backends, the points of every pairing group holding one of them are stale, the
+    other backends' included: they are timed in the same rounds (points.pairing_group), so
+    a ratio across backends (ours over FA3) compares one run's paired samples. Every group
+    holds every backend of the config. Raw files written before `kernels` existed ran the tl
+    kernel."""
+    timed_together = set(config["attention"]["backends"])
     return records_refresh(
         previous,
         config,
         lambda cfg: (cfg, cfg.pop("kernels", {"triton": TL_KERNEL})),
-        lambda point, changed: point["backend"] in changed,
+        lambda point, changed: bool(timed_together & set(changed)),
+        prefix="the backends timed in the same rounds as ",
     )
 
 
