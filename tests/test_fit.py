@@ -177,6 +177,8 @@ def test_per_K_validation_and_record_counts(tmp_path):
     for k in per_K.values():
         assert k["R_GBps"]["value"] == pytest.approx(365.0, rel=0.02)
         assert k["Q_bytes"]["value"] == pytest.approx(2097152, rel=0.05)
+        for name in ("R_GBps", "Q_bytes", "T0_us"):  # each CI is its own parameter's
+            assert k[name]["ci_low"] <= k[name]["value"] <= k[name]["ci_high"], (name, k)
     # T0 at the paper's B = 32 KiB: 0.1 us + 32768 bytes at 60 GB/s.
     assert per_K[132]["T0_us"]["value"] == pytest.approx(0.1 + 32768 / 60e3, rel=0.05)
     rows = result["validation"]
@@ -237,7 +239,9 @@ def test_a_Q_that_grows_with_K_fails_the_one_Q_check(tmp_path):
     assert check["passed"] is False and "grows with K" in check["detail"]
     # The per-producer variant finds the window and predicts the held-out bursts better.
     window = result["variants"]["per_producer_Q"]
-    assert window["params"]["q_bytes"]["value"] == pytest.approx(16384, rel=0.05)
+    q = window["params"]["q_bytes"]
+    assert q["value"] == pytest.approx(16384, rel=0.05)
+    assert q["ci_low"] <= 16384 <= q["ci_high"]  # the window variant's own replicates
     better = result["checks"]["per_producer_Q_fits_better"]
     assert better["passed"] is True and "per-producer window fits" in better["detail"]
     assert (
@@ -527,3 +531,241 @@ def test_a_model_file_cut_short_names_its_line_and_column(tmp_path):
     assert str(e.value) == (
         f"{cut}: not valid JSON (Unterminated string starting at line 1, column 22)"
     )
+
+
+# ---- checks, predictions and summaries on hand-made records ---------------------------
+
+
+def recs(V, y, *, K=None, B=None, G=None, kind="periodic", study="s", series=None, spread=0.0):
+    """Records of one role from plain lists; each record's samples are y * (1 -+ spread)."""
+    from xstage_bench.model.records import Recs
+
+    n = len(V)
+    V = np.asarray(V, dtype=float)
+    y = np.asarray(y, dtype=float)
+    K = np.asarray(K if K is not None else [1] * n, dtype=float)
+    return Recs(
+        ids=tuple(f"{study}/{j}" for j in range(n)),
+        study=(study,) * n,
+        kind=(kind,) * n,
+        sync=("free",) * n,
+        aligned=np.zeros(n, dtype=bool),
+        K=K,
+        V=V,
+        B=np.asarray(B if B is not None else V / K, dtype=float),
+        G=np.asarray(G if G is not None else [0.0] * n, dtype=float),
+        y=y,
+        samples=tuple(np.array([v * (1 - spread), v, v * (1 + spread)] * 3) for v in y),
+        series=tuple(series or [f"{study}/K={k:g}/V={v:g}" for k, v in zip(K, V, strict=True)]),
+    )
+
+
+def test_split_consistency_fails_where_two_splits_of_one_V_drain_at_different_rates():
+    # R = 100 bytes/us; V = 10_000 bytes (V/R = 100 us). Each split's R_j = V / period.
+    agree = recs([10_000, 10_000], [100.0, 100.5], K=[33, 132])
+    assert checks.split_consistency(agree, 100.0, None)["passed"] is True
+    # 20% apart (V/100 vs V/120), CIs +-1%: they cannot be one R.
+    apart = recs([10_000, 10_000], [100.0, 120.0], K=[33, 132])
+    check = checks.split_consistency(apart, 100.0, None)
+    assert check["passed"] is False and "1 of 1 V disagree" in check["detail"]
+    # V within 1% of each other is one V (each split rounds V to K whole producers).
+    rounded = recs([10_000, 10_050], [100.0, 120.6], K=[33, 132])
+    assert checks.split_consistency(rounded, 100.0, None)["passed"] is False
+
+
+def test_the_plateau_check_fails_on_the_least_flat_series_beyond_both_tolerances():
+    # R = 1000 bytes/us, V = 1000 bytes: every gap >= 1 us drains the burst (the plateau).
+    def series(name, ys):
+        return recs([1000] * len(ys), ys, G=[2.0, 5.0, 10.0][: len(ys)], series=[name] * len(ys))
+
+    from xstage_bench.model.records import concat
+
+    flat = series("a", [2.0, 2.04, 2.02])  # 2% spread: within 5%
+    assert checks.t0_plateau_flat(flat, 1000.0)["passed"] is True
+    steep = series("b", [2.0, 2.4, 2.2])  # 20% and 400 ns: beyond both
+    assert checks.t0_plateau_flat(concat(flat, steep), 1000.0)["passed"] is False
+    # 50% but 50 ns: within two 32 ns timer ticks, so flat (the larger tolerance wins)
+    short = series("c", [0.1, 0.15, 0.12])
+    assert checks.t0_plateau_flat(concat(flat, short), 1000.0)["passed"] is True
+
+
+def per_K_Q(*qs):
+    """per_K blocks from (K, value, ci_low, ci_high)."""
+    return [{"K": K, "Q_bytes": {"value": v, "ci_low": lo, "ci_high": hi}} for K, v, lo, hi in qs]
+
+
+def test_one_Q_holds_within_CIs_or_ten_percent_and_says_when_Q_grows_with_K():
+    # 30% apart but overlapping CIs: one Q.
+    assert checks.one_Q(per_K_Q((33, 1.0e6, 0.8e6, 1.4e6), (132, 1.3e6, 1.1e6, 1.5e6)))["passed"]
+    # disjoint CIs but 5% apart: one Q.
+    assert checks.one_Q(per_K_Q((33, 1.0e6, 0.99e6, 1.01e6), (132, 1.05e6, 1.04e6, 1.06e6)))[
+        "passed"
+    ]
+    grows = checks.one_Q(per_K_Q((33, 1.0e6, 0.99e6, 1.01e6), (132, 4.0e6, 3.9e6, 4.1e6)))
+    assert grows["passed"] is False and "grows with K" in grows["detail"]
+    falls = checks.one_Q(per_K_Q((33, 4.0e6, 3.9e6, 4.1e6), (132, 1.0e6, 0.99e6, 1.01e6)))
+    assert falls["passed"] is False and "grows with K" not in falls["detail"]
+
+
+def error_row(kind, shared, window, *, held_out=True, in_fit_set=True, aligned=True):
+    return {
+        "kind": kind,
+        "rel_error": shared,
+        "rel_error_window": window,
+        "held_out": held_out,
+        "in_fit_set": in_fit_set,
+        "aligned": aligned,
+    }
+
+
+def test_the_window_variant_is_judged_on_held_out_isolated_bursts_and_a_tie_is_not_better():
+    # The window wins on the isolated bursts, loses on the periodic ones (which outnumber
+    # them): the verdict is the isolated bursts', where Q acts.
+    rows = [error_row("isolated", 0.10, 0.02)] + [error_row("periodic", 0.01, 0.20)] * 3
+    assert checks.per_producer_Q_fits_better(rows)["passed"] is True
+    tie = [error_row("isolated", 0.05, 0.05)]
+    assert checks.per_producer_Q_fits_better(tie)["passed"] is False
+
+
+def test_every_per_K_drain_rate_is_held_to_the_line_rate():
+    per_K = [{"K": 33, "R_GBps": {"value": 360.0}}, {"K": 132, "R_GBps": {"value": 470.0}}]
+    check = checks.r_within_line_rate({"value": 365.0}, per_K, 450.0)
+    assert check["passed"] is False and "K=132: 470" in check["detail"]
+    assert "pooled" not in check["detail"].split("impossible")[1]
+
+
+def test_an_aligned_group_is_named_when_its_held_out_or_all_records_miss_the_target():
+    def summary(median, n=10):
+        return {"n": n, "median_abs_rel_error": median, "p90_abs_rel_error": 2 * median}
+
+    shared = {
+        "validation_summary": summary(0.02),
+        "validation_summary_free": summary(0.0, 0),
+        "validation_by_metric": {"t_iss_slowest_us": summary(0.02)},
+        "validation_by_group": {
+            # held out within target, all records not: a systematic miss, named
+            "isolated/barrier:t_iss_slowest_us": {**summary(0.03, 4), "all": summary(0.09, 20)}
+        },
+    }
+    window = {"validation_summary": summary(0.0, 0)}
+    aligned = checks.heldout_error_within_target(shared, window, {"isolated": "aligned"})
+    assert aligned["passed"] is True
+    assert "isolated/barrier:t_iss_slowest_us 3% (n=4), all records 9% (n=20)" in aligned["detail"]
+    # without aligned records in the fit set, the barrier groups are not its groups
+    free = checks.heldout_error_within_target(shared, window, {"isolated": "all"})
+    assert "aligned groups" not in free["detail"]
+
+
+def test_the_laws_predict_a_train_from_both_laws_and_an_isolated_burst_from_its_own():
+    # The running example of test_laws: T0 = 0.5 + 50/100 = 1 us, V = 1000, R = 100, Q = 300.
+    # At G = 5 the periodic law alone gives max(1, 10 - 5) = 5 us and a period of 10 us,
+    # but the path empties in the gap and each burst stalls (V - Q)/R = 7 us: period 12 us.
+    from xstage_bench.model.stages import Params
+
+    p = Params(R=100.0, t0_fixed=0.5, issue_rate=100.0, Q=300.0)
+    train = recs([1000], [1.0], B=[50], G=[5.0])
+    np.testing.assert_allclose(validation.predict(p, train, validation.T_ISS), [7.0])
+    np.testing.assert_allclose(validation.predict(p, train, validation.PERIOD), [12.0])
+    # G = 2: the backlog carries over, the periodic law's 8 us is the larger
+    np.testing.assert_allclose(
+        validation.predict(p, recs([1000], [1.0], B=[50], G=[2.0]), validation.T_ISS), [8.0]
+    )
+    big_Q = Params(R=100.0, t0_fixed=0.5, issue_rate=100.0, Q=5000.0)
+    alone = recs([1000], [1.0], B=[50], kind="isolated")
+    np.testing.assert_allclose(validation.predict(big_Q, alone, validation.T_ISS), [1.0])
+    np.testing.assert_allclose(validation.predict(p, alone, validation.T_ISS), [7.0])
+
+
+def test_summaries_split_held_out_fitted_and_free_rows():
+    def row(err, *, held_out, in_fit_set=True, aligned=True, study="iso", metric="t"):
+        return {
+            "rel_error": err,
+            "held_out": held_out,
+            "in_fit_set": in_fit_set,
+            "aligned": aligned,
+            "study": study,
+            "sync": "barrier" if aligned else "free",
+            "metric": metric,
+        }
+
+    rows = [row(e, held_out=True) for e in (-0.01, 0.02, 0.03, 0.04, -0.05)]
+    rows += [row(0.5, held_out=False)]  # fitted: in "all" only
+    rows += [row(0.2, held_out=True, in_fit_set=False, aligned=False, study="free")]
+    # an aligned record validated apart is neither the fit set's nor free-running
+    rows += [row(0.9, held_out=True, in_fit_set=False, aligned=True, study="probe")]
+    s = validation.summaries(rows)
+    held = np.abs([-0.01, 0.02, 0.03, 0.04, -0.05])
+    assert s["validation_summary"] == {
+        "n": 5,
+        "median_abs_rel_error": pytest.approx(np.median(held)),
+        "p90_abs_rel_error": pytest.approx(np.quantile(held, 0.9)),  # 0.046, not the median
+    }
+    assert s["validation_summary_free"]["n"] == 1
+    assert s["validation_summary_free"]["median_abs_rel_error"] == pytest.approx(0.2)
+    group = s["validation_by_group"]["iso/barrier:t"]
+    assert group["n"] == 5 and group["all"]["n"] == 6
+    assert group["median_abs_rel_error"] == pytest.approx(0.03)
+
+
+def test_the_validation_fit_never_sees_a_held_out_record(monkeypatch):
+    """The held-out error is out of sample only if the training fit lacks those records."""
+    from xstage_bench.model.records import FitData, Loaded
+    from xstage_bench.model.stages import Params
+
+    many = recs([1000.0] * 60, [1.0] * 60)
+    data = FitData(zero_gap=many, periodic=many, isolated=many, period=many)
+    loaded = Loaded(data, data, {}, {}, "sim", {}, None, {})
+    seen = []
+
+    def spy(train, **_):
+        seen.append({role: set(getattr(train, role).ids) for role in ("zero_gap", "isolated")})
+        return Params(reasons={"R": "spy"})
+
+    monkeypatch.setattr(validation, "fit_chain", spy)
+    validation.validate(loaded)
+    training = {i for i in many.ids if not validation.held_out(i)}
+    assert 0 < len(training) < len(many)
+    assert seen and all(s == {"zero_gap": training, "isolated": training} for s in seen)
+
+
+def test_stages_refuse_what_the_records_cannot_give():
+    from xstage_bench.model.stages import Params, fit_Q, fit_T0
+
+    # every backpressure-free burst of one size: no slope, no issue rate
+    one_B = recs([1000, 1000, 1000], [1.0, 1.01, 0.99], B=[50, 50, 50])
+    with pytest.raises(FitError, match="at least two sizes B"):
+        fit_T0(one_B, 100.0, None)
+    # isolated bursts that all issue in T0 (no knee): Q is only bounded below
+    p = Params(R=100.0, t0_fixed=0.5, issue_rate=100.0)
+    iso = recs([100, 200, 300], [1.5, 2.5, 3.5], B=[100, 200, 300], kind="isolated")
+    with pytest.raises(FitError, match="fewer than two isolated bursts stall beyond T0"):
+        fit_Q(iso, 100.0, p)
+
+
+def test_a_Q_too_low_for_T0_is_retried_at_what_the_bursts_hold():
+    """Records that follow the laws exactly (T0 = 0.5 us + B at 10000 bytes/us, R = 1000
+    bytes/us, Q = 2000 bytes, K = 1), and a chain started from Q = 1 byte: with it no burst
+    is backpressure-free, so T0 is fitted again with q_held, the most any isolated burst
+    held (V - R*T_iss = 10000 - 1000*8 = 2000), and the chain recovers the truth."""
+    from xstage_bench.model.records import FitData
+    from xstage_bench.model.stages import Params, fit_chain
+
+    def T0(V):
+        return 0.5 + np.asarray(V, dtype=float) / 10_000
+
+    zg_V = [20_000, 40_000]
+    plat_V = [1000, 2000, 4000]
+    iso_V = [500, 1000, 1500, 4000, 6000, 8000, 10_000]
+    data = FitData(
+        zero_gap=recs(zg_V, np.maximum(T0(zg_V), np.divide(zg_V, 1000))),
+        periodic=recs(plat_V, T0(plat_V), G=[100.0] * 3),
+        isolated=recs(
+            iso_V, np.maximum(T0(iso_V), (np.subtract(iso_V, 2000)) / 1000), kind="isolated"
+        ),
+    )
+    p = fit_chain(data, start=Params(R=1000.0, Q=1.0))
+    assert p.reasons == {}
+    assert p.R == pytest.approx(1000.0, rel=1e-3)
+    assert p.t0_fixed == pytest.approx(0.5, rel=1e-3)
+    assert p.issue_rate == pytest.approx(10_000.0, rel=1e-3)
+    assert p.Q == pytest.approx(2000.0, rel=1e-3)

@@ -594,7 +594,7 @@ def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
 # ---- one process per rank (gloo, shared-memory windows, the interpreter) ---------------
 
 
-def test_per_gpu_verdict_names_the_first_failure_in_runner_order(interpreted_kernel):
+def test_per_gpu_verdict_names_the_first_failure_in_runner_order():
     from xstage_bench.megamoe.ours.verdict import of_ranks
 
     good = {"flag": 0, "nan": False, "rel_error": 0.01, "checked_tokens": 32}
@@ -610,6 +610,18 @@ def test_per_gpu_verdict_names_the_first_failure_in_runner_order(interpreted_ker
     error, _ = of_ranks([good, {**good, "rel_error": 0.5}])
     assert "0.5 > 0.02" in error
     assert of_ranks([good, {**good, "rel_error": 0.05}], tolerance=0.1)[0] is None
+    assert of_ranks([good, {**good, "rel_error": 0.02}])[0] is None  # at the tolerance: kept
+    # Every rank compared: one rank's output differing is the point's error.
+    error, extra = of_ranks([{**good, "bitwise_equal": True}, {**good, "bitwise_equal": False}])
+    assert error == "output differs bitwise from the expert-wave schedule"
+    assert extra["bitwise_equal_to_expert_wave"] is False
+
+
+def test_the_local_control_names_the_ranks_it_left_unwritten():
+    from xstage_bench.megamoe.ours.verdict import local_unwritten
+
+    assert local_unwritten([]) is None
+    assert local_unwritten([0, 2]) == "local control left rows unwritten on ranks [0, 2]"
 
 
 @needs_torch
@@ -975,11 +987,56 @@ def test_paired_arms_are_checked_alone_then_timed_together_one_record_each():
             p["id"]: Measured({"time_us": [1.0, 2.0]}, facts[p["id"]], correct=True) for p in passed
         }
 
-    records = measure_arms(arms, check, measure)
+    class Sampler:  # the clocks, sampled once before the set and once after it
+        def __init__(self):
+            self.samples = iter([{"available": False, "reason": r} for r in ("before", "after")])
+
+        def sample(self):
+            return next(self.samples)
+
+    records = measure_arms(arms, check, measure, sampler=Sampler())
     assert list(records) == [a["id"] for a in arms]
     assert timed == [["c/expert_wave", "c/interleaved/lead=0"]]  # once, the passed arms
+    for arm in ("c/expert_wave", "c/interleaved/lead=0"):  # every timed arm: the same clocks
+        clocks = records[arm]["clocks"]
+        assert (clocks["before"]["reason"], clocks["after"]["reason"]) == ("before", "after")
+        assert records[arm]["throttled"] is None  # unreadable clocks: unknown, never False
     assert records["c/interleaved"]["status"] == "wrong"
     assert records["c/interleaved/lead=0"]["extra"] == {"checked": "c/interleaved/lead=0"}
+
+
+def test_a_timing_that_fails_fails_every_arm_it_timed_and_the_wrong_one_stays_wrong():
+    from xstage_bench.measurement.protocol import PointFailed, wrong
+    from xstage_bench.megamoe.ours.paired import measure_arms
+
+    arms = [{"id": f"c/{n}"} for n in ("expert_wave", "interleaved", "interleaved/lead=0")]
+
+    def check(p):
+        if p["id"] == "c/interleaved":
+            raise wrong("output differs bitwise from the expert-wave schedule")
+        return {}
+
+    def measure(passed, facts):
+        raise PointFailed("a timing hung", status="timeout")
+
+    records = measure_arms(arms, check, measure)
+    assert [records[a["id"]]["status"] for a in arms] == ["timeout", "wrong", "timeout"]
+    assert records["c/expert_wave"]["error"] == "a timing hung"
+
+
+def test_the_ratios_of_a_set_are_the_wave_arms_time_over_each_other_arm():
+    from xstage_bench.megamoe.ours.paired import compared_ratios
+
+    arms = [
+        {"id": "c/interleaved", "schedule": "interleaved"},
+        {"id": "c/expert_wave", "schedule": "expert_wave"},
+        {"id": "c/lead=0", "schedule": "interleaved"},
+    ]
+    assert compared_ratios(arms) == [
+        ("c/expert_wave", "c/interleaved"),
+        ("c/expert_wave", "c/lead=0"),
+    ]
+    assert compared_ratios([a for a in arms if a["schedule"] != "expert_wave"]) == []
 
 
 def test_an_interrupted_set_of_arms_is_measured_again_whole(tmp_path):

@@ -514,3 +514,110 @@ def test_a_lead_map_arm_id_names_its_requested_lead():
     assert id_problem("megamoe", {"id": rid, "point": point}) is None
     wrong = {"id": rid.replace("lead=auto", "lead=256"), "point": point}
     assert "lead=256" in id_problem("megamoe", wrong)
+
+
+def test_a_result_file_is_readable_as_any_file_and_an_interrupted_write_leaves_none(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "x.json"
+    write_raw(path, doc([ok_record("a", POINT, {"t_us": [1.0]})]))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600
+    before = path.read_text()
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_raw(path, doc([ok_record("b", POINT, {"t_us": [2.0]})]))
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]  # no temporary left behind
+
+
+def test_a_summary_is_the_summary_of_its_samples_to_nine_digits(tmp_path):
+    rec = ok_record("a", POINT, {"period_us": [1.0, 2.0, 3.0]})
+    rec["summary"]["period_us"]["median"] = 2.0 * (1 + 1e-6)  # a rounded copy, not a recompute
+    with pytest.raises(RawResultError, match="median 2 is not the median of its samples"):
+        read_raw(_written(tmp_path, rec))
+    rec = ok_record("a", POINT, {"period_us": [1.0, 2.0, 3.0]})
+    rec["summary"]["kernel_us"] = rec["summary"]["period_us"]
+    with pytest.raises(RawResultError, match="summary 'kernel_us' has no samples to come from"):
+        read_raw(_written(tmp_path, rec))
+
+
+def test_a_failed_record_without_a_reason_says_so():
+    assert failed_record("a", POINT, "")["error"] == "unknown error"
+
+
+def test_a_point_id_is_its_records_or_its_configurations(tmp_path):
+    rec = drain_record()
+    rec["point"]["id"] = "drain/K=33/V=4194304"
+    with pytest.raises(RawResultError, match="point id 'drain/K=33/V=4194304' is neither"):
+        read_raw(write_as_is(tmp_path, measured_doc([rec])))
+
+
+def test_a_share_named_in_words_must_be_the_points(tmp_path):
+    from fixtures import megamoe_configs
+
+    config = megamoe_configs()[0]
+    point = {k: v for k, v in config.items() if k != "id"}
+    rid = f"{config['id']}/f=natural/expert_wave"
+    point = {**point, "schedule": "expert_wave"}
+    rec = ok_record(rid, point, {"time_us": [10.0, 11.0, 12.0]})
+    read_raw(write_as_is(tmp_path, measured_doc([rec], "megamoe")))  # natural: no share set
+    rec["point"]["remote_fraction"] = 0.5
+    with pytest.raises(RawResultError, match="the id names f=natural but the point has"):
+        read_raw(write_as_is(tmp_path, measured_doc([rec], "megamoe")))
+
+
+@pytest.mark.parametrize(
+    "env_edit, fine",
+    [
+        ({"simulated": True}, True),  # a model's output, whatever its backend says
+        ({"device_type": "cpu"}, True),  # a CPU test of the harness
+        ({}, False),
+    ],
+    ids=["simulated", "cpu", "gpu"],
+)
+def test_only_a_file_measured_on_a_gpu_is_held_to_its_bounds(tmp_path, env_edit, fine):
+    path = write_as_is(
+        tmp_path, measured_doc([drain_record(scale=1e6)], env={**GPU_ENV, **env_edit})
+    )
+    if fine:
+        read_raw(path)
+    else:
+        with pytest.raises(RawResultError, match="above"):
+            read_raw(path)
+
+
+@pytest.mark.parametrize(
+    "links, rate, bound",
+    [
+        # the fastest recorded link bounds the path (one GPU's x8, another's x16)
+        ([{"line_rate_GBps": 31.5}, {"line_rate_GBps": 63.0}], 66.0, "(63 GB/s)"),
+        # Grace Hopper's chip-to-chip link records no PCIe rate
+        ([{"kind": "nvlink-c2c"}], 472.0, "NVLink-C2C line rate (450 GB/s)"),
+    ],
+    ids=["fastest-link", "nvlink-c2c"],
+)
+def test_the_host_path_is_bounded_by_its_fastest_link(tmp_path, links, rate, bound):
+    point = drain_point(dest=["host"])
+    env = {**GPU_ENV, "host_links": links}
+    fine = ok_record(point["id"], point, {"bandwidth_GBps": [rate * 0.95] * 3})
+    read_raw(write_as_is(tmp_path, measured_doc([fine], env=env)))
+    absurd = ok_record(point["id"], point, {"bandwidth_GBps": [rate * 1.01] * 3})
+    with pytest.raises(RawResultError, match=re.escape(bound)):
+        read_raw(write_as_is(tmp_path, measured_doc([absurd], env=env)))
+
+
+def test_tflops_per_precision_are_held_to_the_peak_too(tmp_path):
+    from fixtures import megamoe_configs
+
+    config = megamoe_configs()[0]
+    point, rid = {**config, "schedule": "expert_wave"}, f"{config['id']}/expert_wave"
+    extra = {"tflops": 900.0, "gemm_tflops": {"fp8": 9e6}}
+    rec = ok_record(rid, point, {"time_us": [10.0, 11.0, 12.0]}, extra=extra)
+    with pytest.raises(RawResultError, match=r"extra 'gemm_tflops.fp8' is 9e\+06 TFLOP/s"):
+        read_raw(write_as_is(tmp_path, measured_doc([rec], "megamoe")))

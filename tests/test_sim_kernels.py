@@ -469,3 +469,59 @@ def test_the_kernel_simulators_bound_their_event_loops(profile_file, monkeypatch
     point = grid.megamoe_points(tiny_config()["megamoe"], 2)[0]
     with pytest.raises(xstage.SimulationError, match="megamoe: .* ran past 10 steps"):
         megamoe.simulate(point, MOE, prof, "interleaved")
+
+
+def test_a_tile_pushes_its_remote_rows_then_its_local_rows():
+    # No backpressure: a tile's span is T0 plus all of its block's valid rows x BN x bf16
+    # at one SM's issue rate, however the rows split between the peer and the local path.
+    # At f = 0.3 some blocks hold both kinds of rows.
+    prof = toy_profile(capacity=1e12)
+    pt = {**moe_point(), "remote_fraction": 0.3}
+    plans = megamoe.dispatch(pt, MOE)
+    for rows in plans:
+        work = megamoe.rank_work(rows, pt, 128, False)
+        assert ((work.remote_bytes > 0) & (work.local_bytes > 0)).any()
+    r = megamoe.simulate(pt, MOE, prof, "expert_wave")
+    blocks = r.tiles[r.tiles[:, 0] == schedule.L2, 2]
+    rows = plans[r.rank].block_rows[blocks]
+    np.testing.assert_allclose(r.store_spans_us, 0.1 + rows * 128 * 2 / 50_000)
+
+
+def test_padding_rows_are_neither_remote_nor_local():
+    # Rank 0, one block of 4 rows: two homed on rank 1, one on rank 0, one padding row.
+    rows = routing.RankRows(
+        rank=0,
+        block_m=4,
+        expert_rows=np.array([3]),
+        home=np.array([1, 0, 1, -1]),
+        token=np.array([0, 0, 1, -1]),
+        slot=np.array([0, 1, 2, -1]),
+        block_expert=np.array([0]),
+        block_rows=np.array([3]),
+    )
+    work = megamoe.rank_work(rows, {"I": 128, "H": 256}, 128, local_control=False)
+    row_bytes = 128 * megamoe.OUTPUT_BYTES
+    assert work.remote_bytes.tolist() == [2 * row_bytes]
+    assert work.local_bytes.tolist() == [1 * row_bytes]
+
+
+def one_block(remote_bytes: float, l1: int = 1, l2: int = 1):
+    grid = schedule.TileGrid(np.array([0]), np.array([128]), l1, l2)
+    return megamoe.RankWork(0, grid, np.array([remote_bytes]), np.zeros(1))
+
+
+def test_the_kernel_ends_when_its_last_store_has_drained():
+    # One L1 tile (0-1 us), one L2 tile (1-2 us), then T0 = 0.1 us and 10 kB into a path
+    # that admits 1e6 bytes/us and drains 1e4: issued by 2.11 us, drained at 2.1 + 1 us.
+    path = xstage.PathParams(t0_fixed_us=0.1, issue_rate=1e6, drain=1e4, capacity=1e9)
+    tiles = np.array([[schedule.L1, 0, 0, 0], [schedule.L2, 0, 0, 0]], dtype=np.int32)
+    played = megamoe.play(tiles, one_block(10_000.0), megamoe.Rates(1, 1.0, 1.0), path, path)
+    assert played.end.tolist() == [pytest.approx(1.0), pytest.approx(2.11)]
+    assert played.time_us == pytest.approx(3.1)
+
+
+def test_the_lower_bound_is_the_compute_or_the_remote_bytes_at_the_drain():
+    # 2 L1 + 3 L2 tiles of 1 us on one program: 5 us; each L2 tile pushes 1000 bytes.
+    work, rates = one_block(1000.0, l1=2, l2=3), megamoe.Rates(1, 1.0, 1.0)
+    assert rates.lower_bound_us(work, drain=100.0) == pytest.approx(30.0)
+    assert rates.lower_bound_us(work, drain=1000.0) == pytest.approx(5.0)

@@ -223,3 +223,45 @@ def test_noise_free_run_and_drain_probe(tmp_path):
     (record,) = read_raw(out)["records"]
     assert record["samples"]["visible_us"] == [pytest.approx(V / R)] * 2
     assert record["samples"]["t_iss_slowest_us"] == [pytest.approx((V - 30000) / R)] * 2
+
+
+def test_trace_statistics_by_hand():
+    # Two producers (cohorts), three bursts: starts and ends by hand.
+    trace = xstage.BurstTrace(
+        start=np.array([[0.0, 1.0], [4.0, 5.0], [9.0, 12.0]]),
+        end=np.array([[2.0, 4.0], [7.0, 6.0], [10.0, 13.5]]),
+        drained_at=20.0,
+    )
+    np.testing.assert_allclose(trace.t_iss_slowest(), [3.0, 3.0, 1.5])  # longest own loop
+    np.testing.assert_allclose(trace.t_iss_window(), [4.0, 3.0, 4.5])  # first start, last end
+    # each producer's own start-to-start: (4, 4) then (5, 7); the median over producers
+    np.testing.assert_allclose(trace.period(), [4.0, 6.0])
+
+
+def test_start_jitter_spreads_the_producers_of_a_free_running_train():
+    point = {"kind": "periodic", "K": K, "B": B, "gap_us": 1.0, "sync": "free"}
+    kw = dict(bursts=8, warmup_bursts=2, launches=1)
+
+    def samples(jitter):
+        rng = np.random.default_rng(0)
+        return xstage.simulate_microbench_point(
+            point, profile(100_000), rng=rng, start_jitter_us=jitter, **kw
+        )
+
+    still, jittered = samples(0.0), samples(5.0)
+    assert still["t_iss_window_us"] == still["t_iss_slowest_us"]  # lock-step: one cohort
+    # up to 5 us between the first producer's start and the last one's end
+    assert min(np.subtract(jittered["t_iss_window_us"], jittered["t_iss_slowest_us"])) > 0.5
+
+
+def test_bad_paths_trains_and_offsets_are_refused():
+    with pytest.raises(ValueError, match="positive drain, capacity and issue rate"):
+        xstage.StorePath(drain=0.0, capacity=1.0, issue_rate=1.0)
+    with pytest.raises(ValueError, match="bad burst train"):
+        xstage.simulate_bursts(K, B, 4, -1.0, params())
+    with pytest.raises(ValueError, match="need 8 start offsets"):
+        xstage.simulate_bursts(K, B, 4, 0.0, params(), start_offsets_us=np.zeros(3))
+    path = xstage.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0)
+    path.advance(5.0)
+    with pytest.raises(ValueError, match="back in time"):
+        path.advance(4.0)

@@ -57,3 +57,27 @@ def test_headline_of_one_configuration_is_its_own_sampling_spread():
 def test_a_headline_needs_a_configuration():
     with pytest.raises(ValueError, match="at least one configuration"):
         headline_ci([], "geomean")
+
+
+def test_the_headline_ci_is_the_middle_95_percent_of_the_replicates():
+    # Exact configurations with ratios 1, 1 and 4: each replicate draws 3 of them, k of
+    # which are the 4 (k ~ Binomial(3, 1/3)), so the geomean is 4^(k/3). P(k = 3) = 1/27
+    # = 3.7% > 2.5%: the 97.5% quantile is 4; a 90% interval would stop at 4^(2/3).
+    points = [RatioSamples.of([r] * 5, [1.0] * 5, paired=True) for r in (1.0, 1.0, 4.0)]
+    value, low, high = headline_ci(points, "geomean")
+    assert value == pytest.approx(4 ** (1 / 3))
+    assert (low, high) == pytest.approx((1.0, 4.0))
+
+
+def test_a_pair_is_in_the_same_rounds_only_when_each_names_the_other():
+    from xstage_bench.report.analysis.megamoe import in_same_rounds
+
+    def record(rid, arms):
+        return {"id": rid, "extra": {"paired": {"arms": arms}}}
+
+    both = ["c/expert_wave", "c/interleaved"]
+    assert in_same_rounds(record("c/expert_wave", both), record("c/interleaved", both))
+    # the interleaved arm was timed again in other rounds: no longer paired with this wave
+    again = ["c/interleaved", "c/interleaved/lead=0"]
+    assert not in_same_rounds(record("c/expert_wave", both), record("c/interleaved", again))
+    assert not in_same_rounds({"id": "c/expert_wave"}, {"id": "c/interleaved"})
