@@ -335,10 +335,12 @@ def test_R_off_the_ceiling_or_above_the_line_rate_fails_its_check(tmp_path):
     assert line["passed"] is False and "above the 300 GB/s NVLink line rate" in line["detail"]
 
 
-def test_heldout_target_says_by_how_much_and_where_it_fails():
-    def summary(median, n=10):
-        return {"n": n, "median_abs_rel_error": median, "p90_abs_rel_error": 2 * median}
+def summary(median, n=10):
+    """A validation summary of n rows with this median error (p90 twice it)."""
+    return {"n": n, "median_abs_rel_error": median, "p90_abs_rel_error": 2 * median}
 
+
+def test_heldout_target_says_by_how_much_and_where_it_fails():
     shared = {
         "validation_summary": summary(0.12),
         "validation_summary_free": summary(0.3, 40),
@@ -635,9 +637,6 @@ def test_every_per_K_drain_rate_is_held_to_the_line_rate():
 
 
 def test_an_aligned_group_is_named_when_its_held_out_or_all_records_miss_the_target():
-    def summary(median, n=10):
-        return {"n": n, "median_abs_rel_error": median, "p90_abs_rel_error": 2 * median}
-
     shared = {
         "validation_summary": summary(0.02),
         "validation_summary_free": summary(0.0, 0),
