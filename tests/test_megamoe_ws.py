@@ -175,8 +175,10 @@ def test_gate_in_bf16_is_w4a8s_alone_and_stales_only_its_points(monkeypatch):
     assert split["converted_halves"] == "one buffer each"
     assert split["converted_rows_per_store"] == 64
     w8a8_only = {k: v for k, v in megamoe_ws.launch_options("w8a8").items() if k != "wait_barriers"}
-    assert w8a8_only == {
-        k: v for k, v in split.items() if not k.startswith("converted") and k != "gate_held"
+    assert w8a8_only == {  # wait_barriers: each precision's own edit (drops_wait_barriers)
+        k: v
+        for k, v in split.items()
+        if not k.startswith("converted") and k not in ("gate_held", "wait_barriers")
     }
     monkeypatch.setattr(megamoe_ws, "CONVERT_ROWS", 48)
     with pytest.raises(ValueError, match="CONVERT_ROWS=48: expected one of"):
@@ -610,6 +612,7 @@ def test_w8a8_builds_drop_the_barriers_before_their_waits_and_w4a8_keeps_them(mo
     w4 = sm90.compiled("megamoe_ws", "kernels.launched_build('w4a8')", patterns)
     assert w4["mark"] == 0 and w4["barrier_before_wait"] > 0
     monkeypatch.setattr(megamoe_ws, "DROP_WAIT_BARRIERS", True)
+    monkeypatch.setattr(megamoe_ws, "W4_DROP_WAIT_BARRIERS", False)  # W4A8's own edit
     assert "wait_barriers" in megamoe_ws.launch_options("w8a8")
     assert "wait_barriers" not in megamoe_ws.launch_options("w4a8")
 
