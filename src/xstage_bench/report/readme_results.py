@@ -430,17 +430,11 @@ def attention_lines(ds: Path) -> list[str]:
 
 def _alone_runs_apart(doc: dict, base: str = "fa3") -> dict[str, int]:
     """Per backend: for how many (setting, shape) its attention-alone record was timed in
-    another run of the file than `base`'s (runs.run_of), as attention.alone_beside pairs
-    them."""
+    another run of the file than `base`'s (runs.run_of), over the sets alone_beside
+    compares (attention.alone_records)."""
     run_of = runs.run_of(doc)
-    by_key: dict[tuple, dict[str, dict]] = {}
-    for record in doc["records"]:
-        if record["status"] == "ok" and record["point"].get("mode") == "alone":
-            point = {k: v for k, v in record["point"].items() if k not in ("backend", "id")}
-            key = tuple(sorted((k, str(v)) for k, v in point.items()))
-            by_key.setdefault(key, {})[record["point"]["backend"]] = record
     apart: Counter = Counter()
-    for backends in by_key.values():
+    for backends in attention.alone_records(doc).values():
         if base not in backends:
             continue
         for name, record in backends.items():

@@ -207,20 +207,27 @@ def timed_with_host_lead(doc: dict) -> bool:
     return bool(doc.get("config", {}).get("attention", {}).get("host_lead"))
 
 
-def alone_beside(doc: dict, base: str = "fa3") -> pd.DataFrame:
-    """Attention alone, each backend beside `base`: one row per (setting, shape, backend
-    other than base) with both TFLOP/s and the backend's share of base's TFLOP/s (base's
-    median sender time over the backend's) with a 95% bootstrap CI, paired where the two
-    were timed together; the host-lead facts (the host's median enqueue of one call, the
-    timed calls the GPU may have waited in) where the sweep had a lead."""
+def alone_records(doc: dict) -> dict[tuple, dict[str, dict]]:
+    """The ok attention-alone records by (path, world size, ranks, emulated, heads,
+    seq_len), each a record per backend, in the order of their keys: the sets that
+    alone_beside compares."""
     by_key: dict[tuple, dict[str, dict]] = {}
     for record in doc["records"]:
         if record["status"] != "ok" or record["point"].get("mode") != "alone":
             continue
         key = _key(record)
         by_key.setdefault(key[:1] + key[2:], {})[record["point"]["backend"]] = record
+    return dict(sorted(by_key.items(), key=lambda kv: tuple(map(str, kv[0]))))
+
+
+def alone_beside(doc: dict, base: str = "fa3") -> pd.DataFrame:
+    """Attention alone, each backend beside `base`: one row per (setting, shape, backend
+    other than base) with both TFLOP/s and the backend's share of base's TFLOP/s (base's
+    median sender time over the backend's) with a 95% bootstrap CI, paired where the two
+    were timed together; the host-lead facts (the host's median enqueue of one call, the
+    timed calls the GPU may have waited in) where the sweep had a lead."""
     rows = []
-    for key, backends in sorted(by_key.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    for key, backends in alone_records(doc).items():
         if base not in backends:
             continue
         path, world_size, ranks, emulated, heads, seq_len = key
