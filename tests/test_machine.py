@@ -7,8 +7,8 @@ import os
 
 from xstage_bench.measurement.machine import GpuProbe, asked_gpus_problem, dataset_name
 
-ONE_H200 = GpuProbe(["NVIDIA H200"], False, "one GPU: the peer path needs a second GPU")
-TWO_H200 = GpuProbe(["NVIDIA H200"] * 2, True, "")
+ONE_H200 = GpuProbe(["NVIDIA H200"], "one GPU: the peer path needs a second GPU")
+TWO_H200 = GpuProbe(["NVIDIA H200"] * 2, "", no_peer=())
 
 
 def test_a_run_asking_for_more_gpus_than_cuda_shows_stops_naming_the_key():

@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from xstage_bench.measurement.clocks import visible_entries
+from xstage_bench.measurement.clocks import nvml_targets, visible_entries
 
 EXPERIMENTS = ("microbench", "megamoe", "megamoe_per_gpu", "megamoe_emulated", "attention")
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         # Locked by the machine's numbers (or UUIDs): under a scheduler's own
         # CUDA_VISIBLE_DEVICES, gpu_ids number only the GPUs it left, and two runs given
         # different shares of one node would otherwise lock "GPU 0" for different GPUs.
-        locked = [int(e) if e.isdigit() else e for e in visible.split(",")]
+        locked = nvml_targets(list(range(len(gpu_ids))))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with measuring_job(args.log, locked, lock=args.device == "cuda"):
         # The job's GPUs, as it sees them now (CUDA_VISIBLE_DEVICES): 0..n-1.

@@ -21,15 +21,19 @@ from xstage_bench.measurement.clocks import visible_entries
 
 @dataclass(frozen=True)
 class GpuProbe:
-    """The GPUs CUDA shows, whether every pair has peer access, and why a path is out of
-    reach. One GPU measures the host store path; the peer path needs two GPUs with peer
-    access. `no_peer`: the ordered pairs (CUDA's numbers) found without it, None where
-    peer access could not be checked."""
+    """The GPUs CUDA shows, the pairs without peer access, and why a path is out of reach.
+    One GPU measures the host store path; the peer path needs two GPUs with peer access.
+    `no_peer`: the ordered pairs (CUDA's numbers) found without it, None where peer access
+    was not checked (one GPU, or nothing to check it with)."""
 
     names: list[str] = field(default_factory=list)
-    peer_access: bool = False
     reason: str = ""
     no_peer: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def peer_access(self) -> bool:
+        """Whether every pair of two or more GPUs was found to reach the other."""
+        return self.count >= 2 and self.no_peer == ()
 
     @property
     def count(self) -> int:
@@ -44,7 +48,7 @@ class GpuProbe:
         """The store paths this machine can measure (storepath.PATHS)."""
         if not self.can_measure:
             return []
-        return [PEER, HOST] if self.count >= 2 and self.peer_access else [HOST]
+        return [PEER, HOST] if self.peer_access else [HOST]
 
     def peer_problem(self, gpu_ids: list[int]) -> str | None:
         """Why a run on `gpu_ids` cannot measure the peer path, or None: only their own
@@ -126,17 +130,15 @@ def _no_peer_access(count: int) -> tuple[tuple[tuple[int, int], ...] | None, str
 def probe_gpus() -> GpuProbe:
     gpus, reason = _nvidia_smi_gpus()
     if not gpus:
-        return GpuProbe([], False, reason)
+        return GpuProbe([], reason)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     names = cuda_visible(gpus, visible)
     if not names:
-        return GpuProbe(
-            [], False, f"CUDA_VISIBLE_DEVICES={visible!r} names none of this machine's GPUs"
-        )
+        return GpuProbe([], f"CUDA_VISIBLE_DEVICES={visible!r} names none of this machine's GPUs")
     if len(names) < 2:
-        return GpuProbe(names, False, "one GPU: the peer path needs a second GPU")
+        return GpuProbe(names, "one GPU: the peer path needs a second GPU")
     missing, reason = _no_peer_access(len(names))
-    return GpuProbe(names, missing == (), reason, missing)
+    return GpuProbe(names, reason, missing)
 
 
 def asked_gpus_problem(
