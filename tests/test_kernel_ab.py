@@ -133,8 +133,10 @@ def test_the_staged_script_compares_real_options_that_are_still_off():
     from xstage_kernels import megamoe_ws
 
     script = (ROOT / "kernels" / "ab" / "staged.sh").read_text()
-    staged = re.findall(r"^ab \S+ \S+ (\w+)=(\S+)$", script, flags=re.M)
-    assert staged, "no A/B found in staged.sh"
+    assert re.search(r"^ab\(\) \{", script, flags=re.M), "staged.sh lost its ab function"
+    calls = re.findall(r"^ab .*$", script, flags=re.M)
+    staged = re.findall(r"^ab \S+ (?:w8a8|w4a8) (\w+)=(\S+)$", script, flags=re.M)
+    assert len(staged) == len(calls), f"an A/B line not of the form ab NAME PRECISION X=0,1: {calls}"
     for name, values in staged:
         assert name in megamoe_ws.LAUNCH_OPTIONS, name
         assert values == "0,1", f"{name}={values}"

@@ -296,7 +296,8 @@ W4_DROP_WAIT_BARRIERS = True
 # W8A8: a slot (and a tile record) released by lane 0 of each math warp, the barriers'
 # arrival counts raised to match, instead of by one thread after a warpgroup barrier
 # (ptx_edits.arrive_per_warp). Rejected: 1.038x the time at 16384 tokens
-# (kernels/ab/*-arrive-per-warp-w8a8.json); the code goes with the next kernel change.
+# (kernels/ab/*-arrive-per-warp-w8a8.json); the code goes with the next kernel change,
+# as MMA_TURNS' below.
 ARRIVE_PER_WARP = False
 # The math warpgroups issue their MMAs in turn (MMA_TURNS), as FA3 orders its warpgroups'
 # GEMMs: warpgroup w waits at its named barrier until the one before it has issued its step,
@@ -304,9 +305,10 @@ ARRIVE_PER_WARP = False
 # so without turns they issue together, their MMAs share the tensor cores and end together,
 # and both promote while the tensor cores idle; in turn, one warpgroup's MMA ends first and
 # it promotes under the other's (mma_rate.py's "turns" mode times this on its own: 1638
-# against 1456 TFLOP/s promoted). Off: in the kernel W8A8 tied (0.999 of the time at 16384
-# tokens) and W4A8 gained 0.6% (kernels/ab/*-mma-turns-*.json); W4A8 is A/B'd again on top
-# of W4_DROP_WAIT_BARRIERS (staged.sh).
+# against 1456 TFLOP/s promoted). Rejected: in the kernel both precisions tied, W4A8 on top
+# of W4_DROP_WAIT_BARRIERS too (0.996 and 1.003 of the time at 16384 tokens,
+# kernels/ab/*-mma-turns-again-w4a8-w8a8.json); the code goes with the next kernel change
+# (taking it out now would change the kernel record that every ref-h200x1 point names).
 MMA_TURNS = False
 # Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
 # 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
