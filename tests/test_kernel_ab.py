@@ -135,9 +135,10 @@ def test_the_staged_script_compares_real_options_that_are_still_off():
     script = (ROOT / "kernels" / "ab" / "staged.sh").read_text()
     assert re.search(r"^ab\(\) \{", script, flags=re.M), "staged.sh lost its ab function"
     calls = re.findall(r"^ab .*$", script, flags=re.M)
-    staged = re.findall(r"^ab \S+ (?:w8a8|w4a8) (\w+)=(\S+)$", script, flags=re.M)
+    staged = re.findall(r"^ab \S+ (\S+) (\w+)=(\S+)$", script, flags=re.M)
     assert len(staged) == len(calls), f"not of the form ab NAME PRECISION X=0,1: {calls}"
-    for name, values in staged:
+    for precision, name, values in staged:
+        assert precision in megamoe_ws.PRECISIONS, precision
         assert name in megamoe_ws.LAUNCH_OPTIONS, name
         assert values == "0,1", f"{name}={values}"
         assert not getattr(megamoe_ws, name), f"{name} is on already: not staged"

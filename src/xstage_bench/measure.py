@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.experiment == "megamoe" and not args.trace_out:
         print("xstage measure: megamoe needs --trace-out", file=sys.stderr)
         return 2
+    job_gpus = list(range(len(gpu_ids)))  # the job's GPUs as it sees them: 0..n-1
     locked = gpu_ids  # a CPU test takes no lock
     if args.device == "cpu":
         # Triton reads this when it first decorates a kernel: before any experiment loads.
@@ -183,11 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         # Locked by the machine's numbers (or UUIDs): under a scheduler's own
         # CUDA_VISIBLE_DEVICES, gpu_ids number only the GPUs it left, and two runs given
         # different shares of one node would otherwise lock "GPU 0" for different GPUs.
-        locked = nvml_targets(list(range(len(gpu_ids))))
+        locked = nvml_targets(job_gpus)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with measuring_job(args.log, locked, lock=args.device == "cuda"):
-        # The job's GPUs, as it sees them now (CUDA_VISIBLE_DEVICES): 0..n-1.
-        _run(args.experiment, config, args, list(range(len(gpu_ids))))
+        _run(args.experiment, config, args, job_gpus)
     return 0
 
 
