@@ -87,8 +87,18 @@ MICROBENCH = {
             "V": [256 * 1024, 1 * MIB, 4 * MIB, 8 * MIB],
             "dest": ["remote", "local"],
         },
+        "next_op": {
+            "kind": "periodic",
+            "K": [132],
+            "V": [1 * MIB, 4 * MIB],
+            "gap_us": [100],
+            "next_op": ["none", "load", "atomic", "fence"],
+            "dest": ["remote", "local"],
+        },
     },
 }
+# The next operations the synthetic data holds at until the burst has drained.
+WAITING_OPS = ("atomic", "fence")
 MEGAMOE = {
     "shapes": [
         {"name": "dit-moe-g-16e2a", "H": 1408, "I": 5632, "E": 16, "topk": 2},
@@ -205,10 +215,13 @@ def write_microbench(
         R, Q = _path(p["dest"])
         if p["kind"] == "periodic":
             t_iss = float(laws.issue_time(T0, p["gap_us"], p["V"], R))
+            period = float(laws.period(T0, p["gap_us"], p["V"], R))
+            if p.get("next_op") in WAITING_OPS:  # held until drained, then the whole gap
+                period = max(T0, p["V"] / R) + p["gap_us"]
             samples = {
                 "t_iss_slowest_us": _noisy(t_iss, rng),
                 "t_iss_window_us": _noisy(1.3 * t_iss + 0.2, rng),
-                "period_us": _noisy(float(laws.period(T0, p["gap_us"], p["V"], R)), rng),
+                "period_us": _noisy(period, rng),
             }
             if p["sync"] == "barrier":  # aligned producers: the aggregate rate is measured
                 samples["issue_rate_GBps"] = _noisy(R / 1e3, rng, 2)

@@ -613,3 +613,30 @@ def test_a_trace_record_is_the_run_its_variant_names_even_at_host_share_zero():
     assert stores_far({**traced, "variant": "interleaved", "remote_fraction": 0.25})
     assert stores_far({"schedule": "expert_wave", "variant": "expert_wave", "path": "peer"})
     assert not stores_far({**traced, "variant": "local_control", "remote_fraction": 0.25})
+
+
+def test_next_op_lifts_the_operations_that_wait_for_the_drain(sim_dataset):
+    fig = FIGURES["fig-next-op"](sim_dataset)
+    peer_panel = fig.axes[0]
+    assert "G = 100 us" in peer_panel.get_title()
+    # the remote points (filled markers), x in launch.NEXT_OPS order: atomic 3, fence 4
+    heights: dict[int, list[float]] = {}
+    for line in peer_panel.get_lines():
+        if line.get_markerfacecolor() == "none" or line.get_linestyle() != "None":
+            continue
+        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True):
+            heights.setdefault(round(x), []).append(y)
+    waiting = [y for x in (3, 4) for y in heights[x]]
+    free = [y for x in (0, 1) for y in heights[x]]
+    assert sum(waiting) / len(waiting) > sum(free) / len(free) + 3.0
+
+
+def test_next_op_without_an_ok_point_draws_a_panel_saying_why(tmp_path):
+    ds = tmp_path / "sim-next"
+    path = write_microbench(ds, "next_op")
+    doc = json.loads(path.read_text())
+    for record in doc["records"]:
+        record.update(status="unsupported", error="not modelled", samples={}, summary={})
+    path.write_text(json.dumps(doc))
+    fig = FIGURES["fig-next-op"](ds)
+    assert any("no ok record" in t.get_text() for t in fig.axes[0].texts)

@@ -53,6 +53,19 @@ def kernel_signatures(text: str) -> dict[str, list[tuple[str, str]]]:
 # --- build ----------------------------------------------------------------------------
 
 
+def c_defines(text: str, prefix: str) -> dict[str, int]:
+    return {m[0]: int(m[1]) for m in re.findall(rf"#define ({prefix}\w*) (\d+)", text)}
+
+
+def test_next_operations_and_stamp_rows_match_the_kernel():
+    text = SOURCE.read_text()
+    defines = c_defines(text, "NEXT_")
+    assert {f"NEXT_{op.upper()}": code for op, code in launch.NEXT_OPS.items()} == defines
+    assert c_defines(text, "TMA_BYTES") == {"TMA_BYTES": launch.TMA_BYTES}
+    assert "stamps: [3][n_bursts][K]" in text and launch.STAMP_ROWS == 3
+    assert launch.scratch_bytes(132) == 132 * 64 + 1024
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: cannot compile .cu")
 def test_burst_cu_compiles_to_sm90_code_and_ptx_with_every_kernel(tmp_path):
     """Hopper machine code, and the PTX a later GPU (B200, sm_100) is compiled from when
@@ -172,6 +185,18 @@ def test_plan_refuses_bad_axes_and_oversized_rotation():
             world_size=2,
             buffer_bytes=24 << 20,
         )
+
+
+def test_plan_carries_the_next_operation_and_refuses_it_with_the_barrier():
+    assert planning.plan_train(point(), bursts=6, warmup_bursts=2, world_size=2).next_op == "none"
+    plan = planning.plan_train(point(next_op="atomic"), bursts=6, warmup_bursts=2, world_size=2)
+    assert plan.next_op == "atomic"
+    with pytest.raises(PointUnsupported, match="next_op 'fence' needs sync 'free'"):
+        planning.plan_train(
+            point(next_op="fence", sync="barrier"), bursts=6, warmup_bursts=2, world_size=2
+        )
+    with pytest.raises(PointUnsupported, match="next_op must be one of"):
+        planning.plan_train(point(next_op="store"), bursts=6, warmup_bursts=2, world_size=2)
 
 
 def test_isolated_idle_drains_the_largest_burst():
@@ -363,6 +388,55 @@ def test_isolated_metrics_have_no_period_and_bad_warmup_is_refused():
         stamp_metrics.train_metrics(start, end, warmup=6, kind="isolated", producer_bytes=1000)
 
 
+def barrier_stamps(hold_ns=(0, 0, 0, 0, 0, 0), base=400, gap=3_000, loop=2_000, K=4):
+    """An aligned train: producer k stores for loop + 10k ns, spends the gap, reaches the
+    barrier; the barrier opens `base` ns after the last arrival, plus the drain's hold."""
+    n_bursts = len(hold_ns)
+    start = np.zeros((n_bursts, K), dtype=np.int64)
+    end, reach = np.zeros_like(start), np.zeros_like(start)
+    reach[0] = 1_000_000 + 50 * np.arange(K)  # launch skew: the first barrier has no stores
+    for n in range(n_bursts):
+        start[n] = reach[n].max() + base + (hold_ns[n - 1] if n else 0)
+        end[n] = start[n] + loop + 10 * np.arange(K)
+        if n + 1 < n_bursts:
+            reach[n + 1] = end[n] + gap
+    return start, end, reach
+
+
+def test_barrier_metrics_move_the_hold_out_of_the_store_loop():
+    """The stall that lands on the barrier's atomic is the sender-visible issue time's,
+    not the store loop's: t_vis = store loop (slowest) + hold; the gap and base apart."""
+    hold = (0, 0, 30_000, 30_000, 30_000, 0)
+    start, end, reach = barrier_stamps(hold)
+    m = stamp_metrics.train_metrics(start, end, 2, "periodic", 1000, reach)
+    assert m["barrier_base_us"] == [0.4]
+    assert m["gap_spent_us"] == pytest.approx([3.0] * 3)
+    assert m["hold_us"] == pytest.approx([30.0, 30.0, 30.0])  # bursts 2, 3, 4 (a successor)
+    # period = median start-to-start = slowest loop 2.03 + gap 3 + base 0.4 + hold
+    assert m["period_us"] == pytest.approx([35.43] * 3)
+    assert m["t_vis_slowest_us"] == pytest.approx([32.03] * 3)
+    assert m["t_iss_slowest_us"] == pytest.approx([2.03] * 4)  # the store loop never saw it
+    free = stamp_metrics.train_metrics(start, end, 2, "periodic", 1000)
+    assert "t_vis_slowest_us" not in free and "hold_us" not in free
+
+
+def test_check_reach_catches_stamps_outside_their_gap():
+    start, end, reach = barrier_stamps()
+    stamp_metrics.check_reach(start, end, reach, "ok")
+    late = reach.copy()
+    late[3, 1] = start[3, 1] + 1
+    with pytest.raises(MicrobenchError, match="outside its gap"):
+        stamp_metrics.check_reach(start, end, late, "x")
+    early = reach.copy()
+    early[3, 1] = end[2, 1] - 1
+    with pytest.raises(MicrobenchError, match="outside its gap"):
+        stamp_metrics.check_reach(start, end, early, "x")
+    unset = reach.copy()
+    unset[2, 0] = 0
+    with pytest.raises(MicrobenchError, match="never written"):
+        stamp_metrics.check_reach(start, end, unset, "x")
+
+
 def test_probe_metrics_use_the_earliest_ack_and_the_last_fence():
     start, end = synthetic_stamps(n_bursts=3)
     fence = end + 500
@@ -388,6 +462,8 @@ def test_stamps_extra_is_relative_to_the_first_start():
     extra = stamp_metrics.stamps_extra(start, end)
     assert extra["start"] == [[0, 100], [10_000, 10_100]]
     assert extra["end"][0] == [2_000, 2_110]
+    assert "reach" not in extra
+    assert stamp_metrics.stamps_extra(start, end, start - 7)["reach"][0] == [-7, 93]
 
 
 def test_gap_calibration_fit_and_iterations():
@@ -452,7 +528,11 @@ class FakeBench:
 
     def run_train(self, plan, *, tag_base, slot_base, gap_iters):
         self.launches.append((tag_base, slot_base, gap_iters))
-        return synthetic_stamps(n_bursts=plan.n_bursts, K=plan.K)
+        start, end = synthetic_stamps(n_bursts=plan.n_bursts, K=plan.K)
+        reach = end + 1_000 if plan.sync == "barrier" else None
+        if reach is not None:  # the first barrier opens the launch: before the first start
+            reach[0] = start[0] - 500
+        return stamp_metrics.TrainStamps(start, end, reach)
 
 
 def microbench_config():
@@ -490,6 +570,36 @@ def test_runner_pools_launches_and_keeps_stamps_for_the_chosen_gaps(capsys):
     )
     results.validate_raw(doc, "in-memory")
     assert "period_us=10.000" in capsys.readouterr().err
+
+
+def test_runner_records_the_sender_visible_time_of_aligned_trains():
+    mb = microbench_config()
+    pts = [
+        p
+        for p in grid.microbench_points(mb, "gap_sweep_barrier")
+        if p["gap_us"] == 10.0 and p["dest"] == "peer"
+    ]
+    record = runner.PointMeasurer(FakeBench(), mb, policy=None)(pts[0])
+    assert record["status"] == "ok"
+    steady = mb["bursts"] - mb["warmup_bursts"]
+    for metric in ("t_vis_slowest_us", "hold_us", "gap_spent_us"):
+        assert record["summary"][metric]["n"] == (steady - 1) * mb["launches"], metric
+    assert record["summary"]["barrier_base_us"]["n"] == mb["launches"]
+    assert len(record["extra"]["stamps_ns"]["reach"]) == mb["bursts"]
+
+
+def test_next_op_points_carry_the_axis_and_other_studies_keep_their_ids():
+    mb = microbench_config()
+    ops = {p["next_op"] for p in grid.microbench_points(mb, "next_op")}
+    assert ops == set(launch.NEXT_OPS)
+    assert all("/next_op=" in p["id"] for p in grid.microbench_points(mb, "next_op"))
+    # a committed record's id (before the axis existed) is still the point's id
+    ids = {p["id"] for p in grid.microbench_points(mb, "gap_sweep_barrier")}
+    assert (
+        "gap_sweep_barrier/K=132/V=4194304/gap_us=0/width=16/dest=remote/pattern=same/peers=1/"
+        "sync=barrier/gap_mode=compute"
+    ).replace("dest=remote", "dest=peer") in ids
+    assert not any("next_op" in p for p in grid.microbench_points(mb, "gap_sweep"))
 
 
 def test_runner_records_wrong_and_unsupported_points():

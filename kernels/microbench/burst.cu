@@ -17,6 +17,15 @@
 //
 // Every wait is bounded by a timeout on %globaltimer: a timeout sets a bit in *err and the
 // kernel winds down, so a bug fails the point instead of hanging the GPU.
+//
+// Where a burst's backpressure lands: a producer whose stores still wait to drain may find
+// its next memory operation held until they do, so the wait can leave the timed store loop.
+// Two things make that visible. With the grid barrier, each CTA also stamps when it reaches
+// the barrier (before its arrival atomic), so the host separates the gap it spent from the
+// time the barrier took after the last producer arrived (xstage_bench.microbench.
+// stamp_metrics). And `next_op` puts one chosen operation right after each burst (thread 0:
+// a plain load, a volatile load, an atomic, a fence or a TMA bulk load, all on local
+// memory), so the period says which of them wait for the drain.
 
 #include <stdint.h>
 
@@ -31,9 +40,25 @@
 #define SYNC_FREE 0     // producers run their bursts independently
 #define SYNC_BARRIER 1  // grid-wide barrier before each burst (needs all CTAs co-resident)
 
+#define NEXT_NONE 0           // straight into the gap (register work)
+#define NEXT_LOAD 1           // a plain 4-byte global load
+#define NEXT_VOLATILE_LOAD 2  // a volatile 4-byte global load
+#define NEXT_ATOMIC 3         // a relaxed atomicAdd on a global word
+#define NEXT_FENCE 4          // __threadfence()
+#define NEXT_TMA_LOAD 5       // a 1 KiB TMA bulk copy into shared memory, awaited
+#define TMA_BYTES 1024
+
 __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The same read, ordered after every earlier memory operation in program order (the compiler
+// may not move it across one): for a stamp taken right before an atomic.
+__device__ __forceinline__ uint64_t globaltimer_ordered() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   return t;
 }
 
@@ -126,12 +151,15 @@ __device__ __forceinline__ void spin_until(uint64_t until) {
 // *aborted so it stops, and the others time out in turn: the kernel still ends.
 // It aligns the bursts' starts and nothing more: no memory fence before the arrival, since a
 // fence waits until this CTA's earlier remote stores are acknowledged, which would make every
-// burst wait for the previous one to drain (the completion-coupled schedule, not ours).
+// burst wait for the previous one to drain (the completion-coupled schedule, not ours). The
+// arrival atomic itself may still be held until those stores drain (see the header): `reach`
+// (may be null) gets the time thread 0 reached the barrier, before its atomic.
 __device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int target,
                                              long long timeout_ns, unsigned int* err,
-                                             volatile int* aborted) {
+                                             volatile int* aborted, unsigned long long* reach) {
   __syncthreads();
   if (threadIdx.x == 0 && !*aborted) {
+    if (reach != nullptr) *reach = globaltimer_ordered();
     atomicAdd(counter, 1u);
     const uint64_t t0 = globaltimer();
     while (load_acquire_gpu(counter) < target) {
@@ -145,6 +173,57 @@ __device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int
   __syncthreads();
 }
 
+// The next operation after a burst (thread 0). Each returns something the caller keeps
+// alive, so the compiler cannot drop it; TMA_LOAD waits on the mbarrier for its bytes.
+__device__ __forceinline__ uint32_t tma_load(void* smem_dst, const void* src, uint64_t* mbar,
+                                             uint32_t phase) {
+  const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem_dst);
+  const uint32_t bar = (uint32_t)__cvta_generic_to_shared(mbar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+               "r"((uint32_t)TMA_BYTES)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(src), "r"((uint32_t)TMA_BYTES), "r"(bar)
+      : "memory");
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
+        "0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(phase)
+        : "memory");
+  }
+  return reinterpret_cast<volatile uint32_t*>(smem_dst)[0];
+}
+
+__device__ __forceinline__ uint32_t next_operation(int op, unsigned int* word, const void* tma_src,
+                                                   void* tma_dst, uint64_t* mbar, uint32_t phase) {
+  uint32_t v = 0;
+  switch (op) {
+    case NEXT_LOAD:
+      asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(word) : "memory");
+      break;
+    case NEXT_VOLATILE_LOAD:
+      asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(word) : "memory");
+      break;
+    case NEXT_ATOMIC:
+      v = atomicAdd(word, 1u);
+      break;
+    case NEXT_FENCE:
+      __threadfence();
+      break;
+    case NEXT_TMA_LOAD:
+      v = tma_load(tma_dst, tma_src, mbar, phase);
+      break;
+    default:
+      break;
+  }
+  return v;
+}
+
 // Periodic and isolated bursts.
 //
 // CTA k stores to destination k % n_dst, at slice (k / n_dst) * B of that buffer. Burst n
@@ -152,29 +231,43 @@ __device__ __forceinline__ void grid_barrier(unsigned int* counter, unsigned int
 // rewrites the same lines every burst, n_slots > 1 walks through a buffer larger than L2.
 // Before every burst, thread 0 idles idle_ns on the timer (isolated bursts: the path drains
 // completely); with sync == SYNC_BARRIER all CTAs then meet at a grid barrier. After every
-// burst but the last comes the gap: gap_iters FMA iterations or gap_ns of timer spin.
+// burst, thread 0 first performs `next_op` on its own word of `scratch` (local memory,
+// K * 64 bytes, then TMA_BYTES for the TMA source; see next_operation), then, after every
+// burst but the last, comes the gap: gap_iters FMA iterations or gap_ns of timer spin.
 //
-// stamps: [2][n_bursts][K] u64 (start, end); dynamic shared memory: 2 * n_bursts * 8 bytes.
+// stamps: [3][n_bursts][K] u64 (start, end, reach: when the CTA reached the grid barrier
+// before that burst, sync = barrier only, else 0); dynamic shared memory: 3 * n_bursts * 8.
 extern "C" __global__ void __launch_bounds__(1024)
     burst_train(const unsigned long long* dsts, int n_dst, unsigned int bytes_per_producer,
                 unsigned long long slot_stride, int n_slots, int slot_base, int width,
                 int n_bursts, unsigned int tag_base, int gap_mode, long long gap_iters,
                 long long gap_ns, long long idle_ns, int sync, unsigned int* barrier_counter,
                 long long timeout_ns, unsigned long long* stamps, unsigned int* err,
-                float* sink) {
+                float* sink, int next_op, unsigned int* scratch) {
   extern __shared__ unsigned long long shared_stamps[];
   __shared__ int aborted;
+  __shared__ alignas(128) unsigned char tma_dst[TMA_BYTES];
+  __shared__ alignas(8) uint64_t mbar;
   const int k = blockIdx.x;
   const int K = gridDim.x;
   unsigned long long* t_start = shared_stamps;
   unsigned long long* t_end = shared_stamps + n_bursts;
+  unsigned long long* t_reach = shared_stamps + 2 * n_bursts;
+  unsigned int* my_word = scratch + k * 16;  // 64 bytes apart: no two CTAs share a line
+  const unsigned int* tma_src = scratch + K * 16;
 
   if (threadIdx.x == 0) {
     aborted = 0;
     if ((width != 4 && width != 8 && width != 16) || n_slots < 1 || n_dst < 1 ||
-        bytes_per_producer % width != 0) {
+        bytes_per_producer % width != 0 || next_op < NEXT_NONE || next_op > NEXT_TMA_LOAD ||
+        (next_op != NEXT_NONE && scratch == nullptr)) {
       atomicOr(err, ERR_BAD_ARGUMENT);
       aborted = 1;
+    }
+    if (next_op == NEXT_TMA_LOAD) {
+      const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&mbar);
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
   }
   __syncthreads();
@@ -188,7 +281,8 @@ extern "C" __global__ void __launch_bounds__(1024)
   for (; n < n_bursts; ++n) {
     if (idle_ns > 0) spin_until(globaltimer() + idle_ns);
     if (sync == SYNC_BARRIER) {
-      grid_barrier(barrier_counter, (unsigned int)(n + 1) * K, timeout_ns, err, &aborted);
+      grid_barrier(barrier_counter, (unsigned int)(n + 1) * K, timeout_ns, err, &aborted,
+                   &t_reach[n]);
     }
     __syncthreads();
     if (aborted) break;
@@ -200,6 +294,9 @@ extern "C" __global__ void __launch_bounds__(1024)
 
     __syncthreads();
     if (threadIdx.x == 0) t_end[n] = globaltimer();
+    if (next_op != NEXT_NONE && threadIdx.x == 0) {
+      acc += 1e-30f * (float)(next_operation(next_op, my_word, tma_src, tma_dst, &mbar, n & 1) & 1u);
+    }
     if (n + 1 < n_bursts) {
       if (gap_mode == GAP_COMPUTE) {
         acc = compute_gap(gap_iters, acc);
@@ -217,6 +314,7 @@ extern "C" __global__ void __launch_bounds__(1024)
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     stamps[(size_t)i * K + k] = t_start[i];
     stamps[((size_t)n_bursts + i) * K + k] = t_end[i];
+    stamps[((size_t)2 * n_bursts + i) * K + k] = sync == SYNC_BARRIER ? t_reach[i] : 0ull;
   }
   if (acc == -1.2345f) *sink = acc;  // never true; keeps the gap's FMAs alive
 }
@@ -260,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(1024)
   int n = 0;
   for (; n < n_bursts; ++n) {
     spin_until(globaltimer() + idle_ns);
-    grid_barrier(barrier_counter, (unsigned int)(n + 1) * K, timeout_ns, err, &aborted);
+    grid_barrier(barrier_counter, (unsigned int)(n + 1) * K, timeout_ns, err, &aborted, nullptr);
     if (aborted) break;
     if (threadIdx.x == 0) t_start[n] = globaltimer();
     __syncthreads();

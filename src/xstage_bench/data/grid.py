@@ -21,6 +21,7 @@ MICROBENCH_AXES = (
     "peers",
     "sync",
     "gap_mode",
+    "next_op",  # no default: only the studies that name it carry it (and its id part)
     "method",
 )
 STORE_ALIGN = 16  # a producer's burst is a whole number of the widest (16-byte) stores

@@ -26,11 +26,14 @@ from xstage_bench.microbench.launch import (
     GAP_CALIBRATION_ITERS,
     GAP_MODES,
     KERNEL_PARAMS,
+    NEXT_OPS,
+    STAMP_ROWS,
     SYNC_MODES,
     THREADS,
     TIMEOUT_NS,
     describe_error,
     pack_args,
+    scratch_bytes,
 )
 from xstage_bench.microbench.planning import (
     ROTATE_BYTES,
@@ -39,7 +42,7 @@ from xstage_bench.microbench.planning import (
     ceiling_spec,
     destination_specs,
 )
-from xstage_bench.microbench.stamp_metrics import check_stamps
+from xstage_bench.microbench.stamp_metrics import TrainStamps, check_reach, check_stamps
 from xstage_bench.microbench.store_pattern import (
     compare_words,
     expected_words,
@@ -253,7 +256,7 @@ class BurstBench:
             )
             ns = []
             for iters in GAP_CALIBRATION_ITERS:
-                start, end = self.run_train(plan, tag_base=0, slot_base=0, gap_iters=iters)
+                start, end, _ = self.run_train(plan, tag_base=0, slot_base=0, gap_iters=iters)
                 ns.append(float(np.median(start[1:].astype(np.int64) - end[:-1])))
             self._calibrations[K] = {
                 "K": K,
@@ -265,15 +268,18 @@ class BurstBench:
 
     # -- burst trains --
 
-    def run_train(self, plan: TrainPlan, *, tag_base: int, slot_base: int, gap_iters: int):
-        """One launch; returns (start, end) stamps, each [bursts, K] in ns."""
+    def run_train(
+        self, plan: TrainPlan, *, tag_base: int, slot_base: int, gap_iters: int
+    ) -> TrainStamps:
+        """One launch; its stamps, each [bursts, K] in ns (reach with sync = barrier)."""
         cp = self.cp
         dests = self.destinations(plan.dest, plan.n_dst)
         N, K = plan.n_bursts, plan.K
+        scratch = self.device_buffer(self.sender, "next_op_scratch", scratch_bytes(K))
         with cp.cuda.Device(self.sender):
             # Device and host addresses alike: pinned host memory is mapped (UVA).
             dsts = cp.asarray([dest.ptr for _, dest in dests], dtype=cp.uint64)
-            stamps = cp.zeros(2 * N * K, cp.uint64)
+            stamps = cp.zeros(STAMP_ROWS * N * K, cp.uint64)
             self.counter.fill(0)
             self.err.fill(0)
             args = pack_args(
@@ -298,14 +304,19 @@ class BurstBench:
                     "stamps": stamps.data.ptr,
                     "err": self.err.data.ptr,
                     "sink": self.sink.data.ptr,
+                    "next_op": NEXT_OPS[plan.next_op],
+                    "scratch": scratch.data.ptr,
                 },
             )
-            self.kernels["burst_train"]((K,), (self.threads,), args, shared_mem=2 * N * 8)
+            self.kernels["burst_train"]((K,), (self.threads,), args, shared_mem=STAMP_ROWS * N * 8)
             self._sync_all()
             self._check(self.err, "burst_train")
-            st = stamps.get().reshape(2, N, K)
-        check_stamps(st, "burst_train")
-        return st[0], st[1]
+            st = stamps.get().reshape(STAMP_ROWS, N, K)
+        check_stamps(st[:2], "burst_train")
+        if plan.sync != "barrier":
+            return TrainStamps(st[0], st[1])
+        check_reach(st[0], st[1], st[2], "burst_train")
+        return TrainStamps(st[0], st[1], st[2])
 
     def check_train(
         self,

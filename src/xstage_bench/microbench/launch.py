@@ -33,6 +33,18 @@ ERROR_BITS = {
 }
 GAP_MODES = {"compute": 0, "timer": 1}
 SYNC_MODES = {"free": 0, "barrier": 1}
+# burst.cu NEXT_*: the operation thread 0 of each producer performs right after its burst.
+NEXT_OPS = {"none": 0, "load": 1, "volatile_load": 2, "atomic": 3, "fence": 4, "tma_load": 5}
+SCRATCH_WORD_BYTES = 64  # each producer's scratch word sits on its own line
+TMA_BYTES = 1024  # burst.cu TMA_BYTES: the bulk copy's size, read after the words
+
+
+def scratch_bytes(K: int) -> int:
+    """The scratch buffer a burst train of K producers needs for its next operation."""
+    return K * SCRATCH_WORD_BYTES + TMA_BYTES
+
+
+STAMP_ROWS = 3  # burst_train stamps: start, end, reach (the grid barrier, sync = barrier)
 
 # --- kernel arguments -------------------------------------------------------------------
 # Each table mirrors one extern "C" signature in burst.cu, in order (a test parses the .cu
@@ -61,6 +73,8 @@ KERNEL_PARAMS: dict[str, tuple[tuple[str, str], ...]] = {
         ("stamps", PTR),
         ("err", PTR),
         ("sink", PTR),
+        ("next_op", I32),
+        ("scratch", PTR),
     ),
     "drain_probe_send": (
         ("dst", U64),

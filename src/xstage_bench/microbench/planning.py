@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from xstage_bench.microbench.errors import PointUnsupported
-from xstage_bench.microbench.launch import GAP_MODES, SYNC_MODES
+from xstage_bench.microbench.launch import GAP_MODES, NEXT_OPS, SYNC_MODES
 
 ROTATE_BYTES = 256 << 20  # destination buffer; "rotate" walks it (> 4x the 60 MB L2 of H200)
 ISOLATED_MIN_IDLE_US = 200.0
@@ -51,6 +51,7 @@ class TrainPlan:
     gap_mode: str
     gap_us: float
     idle_us: float
+    next_op: str = "none"  # what each producer does right after its burst (launch.NEXT_OPS)
 
     def producers_of(self, d: int) -> int:
         """How many producers store to destination d (CTA k stores to k % n_dst)."""
@@ -115,6 +116,15 @@ def plan_train(
         raise PointUnsupported(
             f"gap_mode must be one of {sorted(GAP_MODES)}, got {point['gap_mode']!r}"
         )
+    next_op = point.get("next_op", "none")
+    if next_op not in NEXT_OPS:
+        raise PointUnsupported(f"next_op must be one of {sorted(NEXT_OPS)}, got {next_op!r}")
+    if next_op != "none" and point["sync"] != "free":
+        # The barrier's own arrival atomic would wait for the drain whatever came before it.
+        raise PointUnsupported(
+            f"next_op {next_op!r} needs sync 'free': with the grid barrier every next "
+            "operation is followed by the barrier's atomic, which waits on its own"
+        )
     # A burst's slices are contiguous per destination; slots start on a 128-byte line.
     slot_stride = -(-math.ceil(K / peers) * B // 128) * 128
     if point["pattern"] == "same":
@@ -147,6 +157,7 @@ def plan_train(
         gap_mode=point["gap_mode"],
         gap_us=float(point["gap_us"]),
         idle_us=isolated_idle_us(K * B, dest) if kind == "isolated" else 0.0,
+        next_op=next_op,
     )
 
 

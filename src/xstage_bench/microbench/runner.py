@@ -45,7 +45,7 @@ CHECK_TAG = 0x5EED  # pattern tag of the checked launch; timed launch L uses (L 
 POINT_TIMEOUT_S = float(os.environ.get("XSTAGE_POINT_TIMEOUT_S", 120.0))
 # Per-CTA stamps of one launch are kept for these (study, gap) points only: enough to show
 # how producers drift apart, small enough to keep the raw files light.
-STAMPED_GAPS_US = {"gap_sweep": (0.0, 10.0)}
+STAMPED_GAPS_US = {"gap_sweep": (0.0, 10.0), "gap_sweep_barrier": (0.0, 10.0)}
 DESTINATION = {
     storepath.PEER: "the peer GPU's memory (CuPy buffer, peer access enabled)",
     storepath.HOST: (
@@ -61,7 +61,13 @@ HOST_PROBE_UNSUPPORTED = (
     "own scheduling), so the host path's X-Stage is read from the isolated bursts instead"
 )
 HEADLINE = {  # the metric printed in a point's progress line
-    "periodic": ("period_us", "issue_rate_GBps", "t_iss_slowest_us", "t_iss_window_us"),
+    "periodic": (
+        "period_us",
+        "issue_rate_GBps",
+        "t_iss_slowest_us",
+        "t_vis_slowest_us",
+        "t_iss_window_us",
+    ),
     "isolated": ("t_iss_slowest_us", "t_iss_window_us"),
     "drain_probe": ("visible_us", "fence_us", "t_iss_slowest_us"),
     "ceiling": ("bandwidth_GBps",),
@@ -126,7 +132,9 @@ class PointMeasurer:
             world_size=self.world_size,
             buffer_bytes=bench.buffer_bytes,
         )
-        limit = bench.require_coresident("burst_train", plan.K, 2 * plan.n_bursts * 8)
+        limit = bench.require_coresident(
+            "burst_train", plan.K, launch.STAMP_ROWS * plan.n_bursts * 8
+        )
         extra = {
             "plan": plan.as_dict(),
             "threads": bench.threads,
@@ -152,13 +160,15 @@ class PointMeasurer:
         samples: dict[str, list[float]] = {}
         keep = point["gap_us"] in STAMPED_GAPS_US.get(point["study"], ())
         for n in range(self.mb["launches"]):
-            start, end = bench.run_train(
+            stamps = bench.run_train(
                 plan, tag_base=(n + 1) << 20, slot_base=n * plan.n_bursts, gap_iters=gap_iters
             )
-            metrics = stamp_metrics.train_metrics(start, end, plan.warmup, plan.kind, plan.B)
+            metrics = stamp_metrics.train_metrics(
+                stamps.start, stamps.end, plan.warmup, plan.kind, plan.B, stamps.reach
+            )
             stamp_metrics.pool(samples, metrics)
             if keep and n == 0:
-                extra["stamps_ns"] = stamp_metrics.stamps_extra(start, end)
+                extra["stamps_ns"] = stamp_metrics.stamps_extra(*stamps)
         return samples, extra
 
     def _check_probe(self, point: dict) -> dict:

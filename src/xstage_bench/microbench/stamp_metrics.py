@@ -1,6 +1,6 @@
 """Per-CTA %globaltimer stamps of a launch, checked, become the data contract's sample
-metrics (issue times, start skew, period, measured gap, issue rate; a drain probe's
-visibility and fence times).
+metrics (issue times, start skew, period, measured gap, issue rate; with the grid barrier,
+the sender-visible issue time and the hold; a drain probe's visibility and fence times).
 
 This module exists so that how a launch's stamps are read is decided, and tested, on the
 CPU, apart from the GPU half (bench.py) that reads them back.
@@ -12,10 +12,20 @@ metrics are microseconds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from xstage_bench.microbench.errors import MicrobenchError
+
+
+class TrainStamps(NamedTuple):
+    """One burst_train launch's stamps, each [bursts, K] in ns; reach (the time each CTA
+    reached the grid barrier before a burst) only with sync = barrier."""
+
+    start: np.ndarray
+    end: np.ndarray
+    reach: np.ndarray | None = None
 
 
 def check_stamps(stamps: np.ndarray, label: str) -> None:
@@ -26,12 +36,25 @@ def check_stamps(stamps: np.ndarray, label: str) -> None:
         raise MicrobenchError(f"{label}: a burst ends before it starts")
 
 
+def check_reach(start: np.ndarray, end: np.ndarray, reach: np.ndarray, label: str) -> None:
+    """A CTA reaches the barrier before the burst it opens, and after its previous burst."""
+    if np.any(reach == 0):
+        raise MicrobenchError(f"{label}: some barrier stamps were never written")
+    if np.any(reach > start) or np.any(reach[1:] < end[:-1]):
+        raise MicrobenchError(f"{label}: a barrier stamp lies outside its gap")
+
+
 def _us(ns: np.ndarray) -> list[float]:
     return [float(x) / 1e3 for x in ns]
 
 
 def train_metrics(
-    start: np.ndarray, end: np.ndarray, warmup: int, kind: str, producer_bytes: int
+    start: np.ndarray,
+    end: np.ndarray,
+    warmup: int,
+    kind: str,
+    producer_bytes: int,
+    reach: np.ndarray | None = None,
 ) -> dict:
     """Sample metrics of one launch from per-CTA stamps (arrays of shape [bursts, K], ns).
 
@@ -41,7 +64,8 @@ def train_metrics(
     its start of burst n, for steady n with a successor: free producers drift apart, and the
     earliest producer's period would time only the leader), gap_measured (median over
     producers of its next start - its own end) and one issue_rate per launch (see
-    `issue_rate_GBps`). The first `warmup` bursts go to warmup_* metrics.
+    `issue_rate_GBps`). The first `warmup` bursts go to warmup_* metrics. Periodic launches
+    with the grid barrier (`reach`) add `barrier_metrics`.
     """
     start = start.astype(np.int64)
     end = end.astype(np.int64)
@@ -63,7 +87,39 @@ def train_metrics(
         metrics["gap_measured_us"] = _us(np.median(start[1:] - end[:-1], axis=1)[warmup:])
         rate = issue_rate_GBps(start, end, warmup, producer_bytes)
         metrics["issue_rate_GBps"] = [] if rate is None else [rate]
+        if reach is not None:
+            metrics.update(barrier_metrics(start, end, reach.astype(np.int64), warmup))
     return metrics
+
+
+def barrier_metrics(start: np.ndarray, end: np.ndarray, reach: np.ndarray, warmup: int) -> dict:
+    """Where an aligned train's backpressure went, from the barrier stamps (ns arrays).
+
+    A producer whose stores still drain can finish its store loop at once and be held at
+    its next memory operation instead: the barrier's arrival atomic after its gap. So per
+    steady burst n with a successor:
+    - gap_spent = median over producers of reach[n+1] - end[n] (the gap as it ran);
+    - barrier_base (one per launch) = the first barrier's time from the last producer's
+      arrival to the burst's start: the barrier's own cost, with no stores before it;
+    - hold = start[n+1] - the last arrival at its barrier - barrier_base: how long the
+      barrier stayed closed after every producer had arrived, waiting for the drain;
+    - t_vis_slowest = period - gap_spent - barrier_base: the sender-visible issue time,
+      from the burst's start until the slowest producer could issue its next memory
+      operation (its store loop plus the hold), what the Burst-Gap laws call the issue time.
+    Starts are medians over producers: the barrier releases them together.
+    """
+    first_start = np.median(start, axis=1)
+    last_reach = reach.max(axis=1)
+    base = first_start[0] - last_reach[0]
+    steady = slice(warmup, None)  # of per-successor arrays: bursts 0 .. n-2
+    period = np.diff(first_start)[steady]
+    gap = np.median(reach[1:] - end[:-1], axis=1)[steady]
+    return {
+        "gap_spent_us": _us(gap),
+        "barrier_base_us": _us([base]),
+        "hold_us": _us((first_start[1:] - last_reach[1:])[steady] - base),
+        "t_vis_slowest_us": _us(period - gap - base),
+    }
 
 
 def issue_rate_GBps(start: np.ndarray, end: np.ndarray, warmup: int, producer_bytes: int):
@@ -102,11 +158,14 @@ def pool(into: dict[str, list[float]], metrics: Mapping[str, Sequence[float]]) -
         into.setdefault(name, []).extend(values)
 
 
-def stamps_extra(start: np.ndarray, end: np.ndarray) -> dict:
+def stamps_extra(start: np.ndarray, end: np.ndarray, reach: np.ndarray | None = None) -> dict:
     """Per-CTA stamps of one launch for the record, in ns relative to its first start."""
     t0 = int(start.min())
-    return {
+    extra = {
         "unit": "ns since the launch's first burst start",
         "start": (start.astype(np.int64) - t0).tolist(),
         "end": (end.astype(np.int64) - t0).tolist(),
     }
+    if reach is not None:
+        extra["reach"] = (reach.astype(np.int64) - t0).tolist()
+    return extra

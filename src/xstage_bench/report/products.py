@@ -108,6 +108,7 @@ FIGURES = (
         optional=_mb("gap_sweep_barrier"),
     ),
     Product("fig-model-validation", (MODEL_JSON,)),
+    Product("fig-next-op", _mb("next_op")),
     Product("fig-megamoe-speedup", (MEGAMOE_RAW,)),
     Product("fig-megamoe-timeline", (MEGAMOE_TRACE_RAW,)),
     Product("fig-store-span-cdf", (MEGAMOE_TRACE_RAW,)),

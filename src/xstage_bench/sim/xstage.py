@@ -352,6 +352,11 @@ def simulate_microbench_point(
     """
     if point.get("peers", 1) != 1:
         raise UnsupportedPoint(f"peers={point['peers']}: the simulator models one peer path")
+    if point.get("next_op", "none") != "none":
+        raise UnsupportedPoint(
+            f"next_op {point['next_op']!r}: the simulator does not model which operations "
+            "wait for a burst to drain (that is what the study measures)"
+        )
     params = path_params(profile, point.get("dest", "peer"), point.get("width", WIDEST_STORE))
     kind = point["kind"]
     if kind == "ceiling":
