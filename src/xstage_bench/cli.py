@@ -78,8 +78,24 @@ def _raw_files_of(path: Path) -> list[Path]:
     return files
 
 
-def _check_one(path: Path) -> None:
-    doc = read_raw(path)
+def _references(config: str | None) -> set[str]:
+    """The config's reference datasets (datasets.reference): config.yaml's where none is
+    named and the working directory has one."""
+    if config is None:
+        config = "config.yaml" if Path("config.yaml").is_file() else None
+    return set(load_config(config)["datasets"]["reference"]) if config else set()
+
+
+def _reference_of(path: Path, references: set[str]) -> str | None:
+    """The reference dataset a raw file is in (<dataset>/raw/...), or None."""
+    for folder in path.resolve().parents:
+        if folder.name == "raw":
+            return folder.parent.name if folder.parent.name in references else None
+    return None
+
+
+def _check_one(path: Path, references: set[str]) -> None:
+    doc = read_raw(path, _reference_of(path, references))
     statuses = Counter(r["status"] for r in doc["records"])
     not_ok = sum(statuses[s] for s in FAILED_STATUSES)
     print(
@@ -92,9 +108,10 @@ def _check_one(path: Path) -> None:
 def _check(args: argparse.Namespace) -> int:
     # Every file gets its verdict: one bad file must not hide the state of the rest.
     bad = 0
+    references = _references(args.config)
     for path in (f for given in args.raw for f in _raw_files_of(Path(given))):
         try:
-            _check_one(path)
+            _check_one(path, references)
         except (RawResultError, OSError) as e:
             print(f"xstage: error: {e}", file=sys.stderr)
             bad += 1
@@ -208,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         help="raw JSON files; a dataset folder (results/<dataset>) or its raw/ folder "
         "stands for the dataset's raw files",
+    )
+    p.add_argument(
+        "--config",
+        help="the config whose datasets.reference are measured whatever their files say "
+        "(default: config.yaml, where there is one)",
     )
     p.set_defaults(func=_check)
 
