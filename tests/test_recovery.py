@@ -205,6 +205,76 @@ def test_a_reference_whose_raw_files_changed_is_checked_and_rendered_again(
     assert "fit_burst_gap" not in planned, planned  # its microbenchmarks did not change
 
 
+def snakemake_in(work: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(SNAKEMAKE), *args, "--configfile", "c.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@needs_snakemake
+def test_a_refused_raw_file_is_checked_again_by_every_run_that_reads_it(
+    rendered_reference, tmp_path
+):
+    """Issue 54: a truncated raw file stopped the named figure's run, which deleted the
+    committed check listing; the same command then said "Nothing to be done" and kept the
+    old figure over the corrupt file."""
+    work = reference_workdir(rendered_reference, tmp_path)
+    ref = work / "results" / "ref-fixture"
+    listing = (ref / "logs" / "raw-check.txt").read_bytes()
+    figure = ref / "figures" / "fig-ulysses.pdf"
+    before = figure.read_bytes()
+    raw = ref / layout.ATTENTION_RAW
+    os.truncate(raw, raw.stat().st_size // 2)
+    for attempt in ("first", "same command again"):
+        out = snakemake_in(work, str(figure.relative_to(work)))
+        said = out.stdout + out.stderr
+        assert out.returncode != 0, f"{attempt}: {said[-3000:]}"
+        assert "Nothing to be done" not in said, attempt
+        assert "results/ref-fixture/raw/attention.json: not valid JSON" in said, attempt
+        assert (ref / "logs" / "raw-check.txt").read_bytes() == listing, attempt
+        assert figure.read_bytes() == before, attempt
+
+
+@needs_snakemake
+def test_a_product_of_a_changed_raw_file_stays_incomplete_whatever_the_target(
+    rendered_reference, tmp_path
+):
+    """The run of one table checks the changed file and rewrites the listing; the figure
+    made from the same file, not asked for then, is still remade by a later run."""
+    work = reference_workdir(rendered_reference, tmp_path)
+    raw = work / "results" / "ref-fixture" / layout.ATTENTION_RAW
+    raw.write_text(json.dumps(json.loads(raw.read_text()), indent=2))  # same data, new bytes
+    table = snakemake_in(work, "results/ref-fixture/tables/tab-ulysses.csv")
+    assert table.returncode == 0, table.stderr[-3000:]
+    figure = "results/ref-fixture/figures/fig-ulysses.pdf"
+    planned = snakemake_in(work, figure, "-n", "--quiet", "host")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "figure_fig_ulysses" in planned.stdout, planned.stdout
+    made = snakemake_in(work, figure)
+    assert made.returncode == 0, made.stderr[-3000:]
+    again = snakemake_in(work, figure, "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+@needs_snakemake
+def test_a_reference_without_its_check_listing_is_checked_before_a_named_product(
+    rendered_reference, tmp_path
+):
+    work = reference_workdir(rendered_reference, tmp_path)
+    (work / "results" / "ref-fixture" / "logs" / "raw-check.txt").unlink()
+    planned = snakemake_in(work, "results/ref-fixture/figures/fig-ulysses.pdf", "-n")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "logs/raw-check.txt is missing, so no raw file is known to be checked" in (
+        planned.stderr
+    )
+    for rule in ("check_reference", "figure_fig_ulysses"):
+        assert rule in planned.stdout, planned.stdout
+
+
 def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
     ds = tmp_path / "ds"
     out = ds / "figures" / "fig-drain.pdf"

@@ -165,10 +165,12 @@ REFERENCE_CHECK = "logs/raw-check.txt"
 
 def changed_reference_raw(dataset):
     """A committed reference's raw files that are not what its check read (origins.py):
-    its figures and tables were made from other data (a raw file replaced or damaged)."""
+    its figures and tables were made from other data (a raw file replaced or damaged).
+    Without a listing none is known to be checked: every raw file (a failed check puts
+    the listing back, see check_reference, so only a listing deleted by hand is missing)."""
     check = RESULTS / dataset / REFERENCE_CHECK
     if not check.exists():
-        return []
+        return [str(p.relative_to(RESULTS / dataset)) for p in layout.raw_files(RESULTS / dataset)]
     return changed_since_check(RESULTS / dataset, check.read_text())
 
 
@@ -183,9 +185,11 @@ if workflow.is_main_process:
             CHANGED_READS.update(str(RESULTS / _dataset / rel) for rel in _changed)
             if any(str(Path(rel).parent) == layout.MICROBENCH_DIR for rel in _changed):
                 CHANGED_READS.add(str(RESULTS / _dataset / layout.MODEL_JSON))
-            print(f"[xstage] {RESULTS / _dataset}: {', '.join(_changed)} changed since its "
-                  "raw files were checked: checking them again and making what reads them "
-                  "again", file=sys.stderr)
+            _what = (f"{', '.join(_changed)} changed since its raw files were checked"
+                     if (RESULTS / _dataset / REFERENCE_CHECK).exists() else
+                     f"{REFERENCE_CHECK} is missing, so no raw file is known to be checked")
+            print(f"[xstage] {RESULTS / _dataset}: {_what}: checking them again and making "
+                  "what reads them again", file=sys.stderr)
 
 
 def reference_stamp(dataset):
@@ -470,20 +474,51 @@ def as_read(dataset, paths):
     return [ancient(p) for p in paths] if dataset in REFERENCE else paths
 
 
+def product_reads(dataset, product):
+    """A figure's or table's declared reads (products.py), of this dataset and of the
+    datasets shown beside it."""
+    files = dataset_paths(dataset, product.reads)
+    if product.counterpart_reads:
+        for other in products.counterpart_datasets(dataset):
+            if other in datasets():
+                files += dataset_paths(other, product.counterpart_reads)
+    return files
+
+
 def product_inputs(product):
-    """A figure's or table's inputs: exactly its declared reads (products.py), of this
-    dataset and of the datasets shown beside it."""
+    """A figure's or table's inputs: exactly its reads, and its reference's check."""
     def inputs(wildcards):
         dataset = wildcards.dataset
-        files = dataset_paths(dataset, product.reads)
-        if product.counterpart_reads:
-            for other in products.counterpart_datasets(dataset):
-                if other in datasets():
-                    files += dataset_paths(other, product.counterpart_reads)
+        files = product_reads(dataset, product)
         output = product_output(dataset, product)
         return as_read_by(output, dataset, files + reference_checked(dataset), reads=files)
 
     return inputs
+
+
+def outputs_made_from_changed_raw():
+    """The models, figures and tables on disk made from a reference's raw file that
+    changed since its check (CHANGED_READS), directly or through the model."""
+    outputs = []
+    for dataset in CHANGED_REFERENCES:
+        if str(RESULTS / dataset / layout.MODEL_JSON) in CHANGED_READS:
+            outputs += [RESULTS / dataset / layout.MODEL_JSON, RESULTS / dataset / layout.MODEL_PROFILE]
+    for dataset in datasets():
+        for product in products.PRODUCTS.values():
+            if holding(dataset).gives(product) and CHANGED_READS.intersection(
+                product_reads(dataset, product)
+            ):
+                outputs += [product_output(dataset, product, c) for c in (False, True)]
+    return [str(p) for p in outputs if Path(p).exists()]
+
+
+def keep_outputs_of_changed_raw_incomplete():
+    """onstart: this run's check of a changed reference rewrites its listing, after which
+    nothing compares the raw files with what the products were made from. So each output
+    made from a changed file is marked incomplete, as a failed job's is (restored.py): a
+    later run whose DAG holds it remakes it, whatever its target, until its job succeeds
+    (this run's own jobs clear the mark of what they remake)."""
+    restored.mark_incomplete(workflow.persistence, outputs_made_from_changed_raw())
 
 
 def reference_checked(dataset):
