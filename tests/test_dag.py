@@ -271,3 +271,23 @@ def test_a_run_on_some_of_a_node_s_gpus_is_named_by_them(workdir, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "results/h200x2/raw/attention.json" in out.stdout
     assert "results/h200x8" not in out.stdout
+
+
+def test_a_clone_whose_path_holds_a_space_and_an_umlaut_runs_its_script_jobs(tmp_path):
+    """Issue 54: in a clone under a path with a space, with its virtual environment in it,
+    every `script:` job failed ("/usr/bin/bash: line 1: /tmp/rel: Is a directory")."""
+    clone = tmp_path / "x stage ü" / "repo"
+    clone.mkdir(parents=True)
+    copy_workflow(clone)
+    (clone / ".venv").symlink_to(Path(sys.executable).parent.parent)  # as if made there
+    target = "results/sim-h200-smoke/raw/attention.json"  # a script job (simulate.py)
+    out = subprocess.run(
+        [str(clone / ".venv" / "bin" / "python"), "-m", "snakemake", target]
+        + ["--configfile", "config/smoke.yaml"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (clone / target).stat().st_size

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench.run import committed, orphans, restored
+from xstage_bench.run import committed, orphans, quoted_script, restored
 from xstage_bench.data import layout, provenance, storepath
 from xstage_bench.data.origins import changed_since_check
 from xstage_bench.report import products
@@ -41,6 +41,7 @@ except ConfigError as e:
 
 # A job that fails puts its update() outputs back; the next run remakes them (restored.py).
 restored.install()
+quoted_script.install()  # a script job runs from a path with a space (quoted_script.py)
 DRY_RUN = workflow.output_settings.dryrun
 
 # One run per directory (runlock.py): Snakemake deletes other runs' locks when one ends.
