@@ -291,3 +291,85 @@ def test_a_clone_whose_path_holds_a_space_and_an_umlaut_runs_its_script_jobs(tmp
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (clone / target).stat().st_size
+
+
+def xstage_validate(workdir, configfile: str, env=None):
+    return subprocess.run(
+        [str(SNAKEMAKE.parent / "xstage"), "validate", configfile],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda c: c["megamoe"]["shapes"][0].update(E=12), "shapes[0].E': 12 experts do not"),
+        (lambda c: c["attention"].update(heads=[4]), "attention.heads[0]': 4 does not"),
+    ],
+    ids=["E", "heads"],
+)
+def test_what_divides_over_a_simulated_node_is_checked_before_any_job(workdir, mutate, key):
+    """Issue 54: under world_size auto, without a GPU, values that do not divide over a
+    simulated dataset's node (sim-b200-smoke: 8 GPUs) passed `xstage validate` and the dry
+    run, then failed as a traceback inside the job."""
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    mutate(config)  # divides over sim-h200-smoke's 2 GPUs, not over 8
+    (workdir / "c.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    said = (
+        f"{key} divide over world_size 8 (world_size 'auto': "
+        "dataset 'sim-b200-smoke' is simulated at the 8 GPUs of config/hardware/b200.yaml's node)"
+    )
+    out = xstage_validate(workdir, "c.yaml")
+    assert out.returncode == 2 and said in out.stderr, out.stdout + out.stderr
+    out = snakemake(workdir, "-n", "--configfile", "c.yaml")
+    assert out.returncode != 0 and said in out.stderr, out.stderr[-3000:]
+
+
+def test_validate_checks_world_size_auto_against_the_gpus_here(workdir, tmp_path):
+    config = {"extends": "config.yaml", **OWN_DATASETS, "attention": {"heads": [12]}}
+    (workdir / "node.yaml").write_text(yaml.safe_dump(config))
+    out = xstage_validate(workdir, "node.yaml", fake_gpu_node(tmp_path, 8))
+    assert out.returncode == 2, out.stdout
+    assert (
+        "'attention.heads[0]': 12 does not divide over world_size 8 (world_size 'auto': the 8 "
+        "GPUs here)" in out.stderr
+    )
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has GPUs")
+def test_validate_says_what_world_size_auto_leaves_to_the_gpus_of_a_run(workdir):
+    out = xstage_validate(workdir, "config.yaml")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "config.yaml: valid",
+        "  world_size 'auto': simulated datasets checked at their nodes' GPUs (sim-h200 at 2, "
+        "sim-b200 at 8)",
+        "  world_size 'auto': no measured world size checked, as no GPU can measure here: "
+        "nvidia-smi not found (no NVIDIA driver on this machine). A run on GPUs checks their "
+        "count before any job",
+    ]
+
+
+def test_validate_refuses_what_the_run_refuses_in_the_files_a_config_names(workdir):
+    """Issue 54: a missing hardware profile and a misspelled reference were "valid"."""
+    (workdir / "results" / "ref-h200x2").mkdir(parents=True)
+    cases = {
+        "datasets: {simulated: {sim-h200: config/hardware/h300.yaml}}": (
+            "config key 'datasets.simulated.sim-h200': hardware profile "
+            f"config/hardware/h300.yaml not found in the working directory {workdir}"
+        ),
+        "datasets: {reference: [ref-h200x3]}": (
+            "config key 'datasets.reference': 'ref-h200x3' is not in results/ (did you mean "
+            "'ref-h200x2'?)"
+        ),
+    }
+    for body, said in cases.items():
+        (workdir / "c.yaml").write_text(f"extends: config.yaml\n{body}\n")
+        out = xstage_validate(workdir, "c.yaml")
+        assert out.returncode == 2 and f"c.yaml: {said}" in out.stderr, out.stdout + out.stderr
+        out = snakemake(workdir, "-n", "--configfile", "c.yaml")
+        assert out.returncode != 0 and said in out.stderr, out.stderr[-3000:]

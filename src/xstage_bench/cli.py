@@ -58,9 +58,54 @@ def _readme(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workflow_dir(config: Path) -> Path | None:
+    """The folder at or above a config file that holds the Snakefile, if any."""
+    folder = config.resolve().parent
+    return next((d for d in (folder, *folder.parents) if (d / "Snakefile").is_file()), None)
+
+
+def _measured_world_size(config: dict) -> list[str]:
+    """Under world_size 'auto', the world size a measurement here is made at, checked as
+    the run checks it (preflight.py); what was and was not checked, in words."""
+    from xstage_bench.measurement.machine import probe_gpus
+    from xstage_bench.run import preflight
+
+    if config["world_size"] != "auto":
+        return []
+    probes = config["measure"] in ("auto", "always") and not preflight.is_cpu_test(config)
+    gpus = probe_gpus() if probes and not config.get("gpu_ids") else None
+    ranks = preflight.measured_world_size(config, gpus)
+    if ranks is not None:
+        preflight.check_measured_world_size(config, ranks)
+        return [f"world_size 'auto': measured at {preflight.measured_ranks(config, ranks)}"]
+    if probes:
+        return [
+            "world_size 'auto': no measured world size checked, as no GPU can measure here: "
+            f"{gpus.reason}. A run on GPUs checks their count before any job"
+        ]
+    return []
+
+
 def _validate(args: argparse.Namespace) -> int:
-    load_config(args.config)
-    print(f"{args.config}: valid")
+    from xstage_bench.run import preflight
+
+    config = load_config(args.config)
+    try:
+        measured = _measured_world_size(config)  # first, as the run checks it
+        profiles = preflight.check_before_work(config, _workflow_dir(Path(args.config)))
+    except ConfigError as e:
+        raise ConfigError(f"{args.config}: {e}") from None
+    notes = []
+    if config["world_size"] == "auto" and profiles:
+        nodes = ", ".join(f"{d} at {p.world_size}" for d, p in profiles.items())
+        notes.append(
+            f"world_size 'auto': simulated datasets checked at their nodes' GPUs ({nodes})"
+        )
+    notes += measured
+    missing = preflight.cpu_test_problem(config)
+    if missing:
+        notes.append(f"a run from this Python stops before any job: {missing}")
+    print(f"{args.config}: valid" + "".join(f"\n  {note}" for note in notes))
     return 0
 
 
@@ -210,7 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
         func=_probe
     )
 
-    p = sub.add_parser("validate", help="validate a configuration file")
+    p = sub.add_parser(
+        "validate",
+        help="validate a configuration file as a run from this directory checks it",
+        description="Validate a configuration file: its keys, then what a run from this "
+        "directory checks before any work (hardware profiles, reference datasets, the world "
+        "size each dataset is made at; under world_size auto, this machine's GPUs).",
+    )
     p.add_argument("config")
     p.set_defaults(func=_validate)
 

@@ -1,6 +1,5 @@
 # Shared helpers: config validation, the machine's GPUs, datasets and what each one holds.
 
-import difflib
 import json
 import os
 import shlex
@@ -8,13 +7,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench.run import committed, orphans, quoted_script, restored
+from xstage_bench.run import committed, orphans, preflight, quoted_script, restored
 from xstage_bench.data import layout, provenance, storepath
 from xstage_bench.data.origins import changed_since_check
 from xstage_bench.report import products
 from xstage_bench.data.config import (
     ConfigError,
-    check_world_size,
     checked_store_paths,
     extends_source,
     resolve_extends,
@@ -74,7 +72,7 @@ STUDIES = list(config["microbench"]["studies"])
 # measure_device "cpu": the measuring rules run on gloo and the Triton interpreter (CI's test
 # of the rules), so no GPU is probed and what they write is labelled a test.
 DEVICE = config.get("measure_device", "cuda")
-CPU_TEST = DEVICE == "cpu" and config["measure"] != "never"
+CPU_TEST = preflight.is_cpu_test(config)
 # "submit": the GPUs are on cluster nodes the executor provides, so nothing is probed here.
 PROBE = config["measure"] in ("auto", "always") and not CPU_TEST
 GPUS = probe_gpus() if PROBE else None
@@ -83,12 +81,8 @@ if PROBE and config["measure"] == "always" and not GPUS.can_measure:
     sys.exit(f"config key 'measure' is 'always' but no measurement is possible: {GPUS.reason}")
 
 MEASURING = CPU_TEST or config["measure"] == "submit" or (PROBE and GPUS.can_measure)
-if config["world_size"] != "auto":
-    WORLD_SIZE = config["world_size"]
-elif config.get("gpu_ids"):
-    WORLD_SIZE = len(config["gpu_ids"])
-else:
-    WORLD_SIZE = GPUS.count if PROBE and MEASURING else 2
+# Where nothing is measured, `auto` stands for 2 (no job uses it then).
+WORLD_SIZE = preflight.measured_world_size(config, GPUS) or 2
 GPU_IDS = config.get("gpu_ids") or list(range(WORLD_SIZE))
 if PROBE and MEASURING:
     _problem = asked_gpus_problem(GPUS, WORLD_SIZE, GPU_IDS, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -121,12 +115,20 @@ try:
     config["store_paths"] = store_paths()
 except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
-if MEASURING and config["world_size"] == "auto":
-    # validate_config checked an integer world_size; what `auto` resolves to, only now.
-    try:
-        check_world_size(config, WORLD_SIZE)
-    except ConfigError as e:
-        sys.exit(f"Invalid configuration: {e} (world_size 'auto': the {WORLD_SIZE} GPUs here)")
+try:
+    if MEASURING:
+        # validate_config checked an integer world_size; what `auto` resolves to, only now.
+        preflight.check_measured_world_size(config, WORLD_SIZE)
+    if workflow.is_main_process:
+        # The files and datasets the config names, the world size of each simulated
+        # dataset: as `xstage validate` checks them (preflight.py).
+        preflight.check_before_work(config, Path(workflow.basedir), RESULTS)
+except ConfigError as e:
+    sys.exit(f"Invalid configuration: {e}")
+if workflow.is_main_process and (_missing := preflight.cpu_test_problem(config)):
+    if not DRY_RUN:
+        sys.exit(f"[xstage] {_missing}")
+    print(f"[xstage] a run would stop here: {_missing}", file=sys.stderr)
 # Measuring rules run `python -m xstage_bench.measure` (see that module for why not a
 # `script:`): this interpreter, or the rule's conda environment's with --use-conda.
 USE_CONDA = any("conda" in str(m).lower() for m in workflow.deployment_settings.deployment_method)
@@ -144,23 +146,6 @@ def measure_config(experiment):
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
-
-
-def misspelled_reference():
-    """A reference name that is not in results/ but close to a dataset there that the
-    config does not name: a typo, which would otherwise only be skipped (a reference left
-    out of a checkout is skipped too)."""
-    there = sorted(p.name for p in RESULTS.glob("*") if p.is_dir() and p.name not in REFERENCE)
-    for name in REFERENCE:
-        close = difflib.get_close_matches(name, there, n=1, cutoff=0.8)
-        if not (RESULTS / name).is_dir() and close:
-            return (f"config key 'datasets.reference': '{name}' is not in {RESULTS}/ "
-                    f"(did you mean '{close[0]}'?)")
-    return None
-
-
-if workflow.is_main_process and (_typo := misspelled_reference()):
-    sys.exit(f"Invalid configuration: {_typo}")
 REFERENCE_CHECK = "logs/raw-check.txt"
 
 
