@@ -295,6 +295,26 @@ def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
     assert sorted(p.name for p in out.parent.iterdir()) == ["fig-drain.pdf", "fig-drain.png"]
 
 
+def test_a_figure_that_fails_on_a_full_disk_names_its_output_and_the_fix(tmp_path, monkeypatch):
+    """Issue 54: PIL's traceback ended in "[Errno 28] No space left on device", no path."""
+    import errno
+
+    out = tmp_path / "ds" / "figures" / "fig-drain.pdf"
+
+    def disk_full(fig, path):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as PIL's write raises it
+
+    monkeypatch.setitem(render.FIGURES, "fig-drain", lambda d: None)
+    monkeypatch.setattr(render, "save_figure", disk_full)
+    with pytest.raises(OSError) as err:
+        render.render_product("fig-drain", tmp_path / "ds", out)
+    assert err.value.errno == errno.ENOSPC
+    assert str(err.value) == (
+        f"[Errno 28] cannot write {out}: No space left on device (free space on the disk "
+        "that holds it, then run again)"
+    )
+
+
 def test_smoke_datasets_never_share_a_name_with_full_runs():
     import yaml
 
