@@ -1,5 +1,6 @@
 """The Snakemake DAG: which jobs the full config makes, one-figure targets, bad configs."""
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -373,3 +374,33 @@ def test_validate_refuses_what_the_run_refuses_in_the_files_a_config_names(workd
         assert out.returncode == 2 and f"c.yaml: {said}" in out.stderr, out.stdout + out.stderr
         out = snakemake(workdir, "-n", "--configfile", "c.yaml")
         assert out.returncode != 0 and said in out.stderr, out.stderr[-3000:]
+
+
+def test_a_profile_missing_from_a_subdirectory_names_the_working_directory(workdir):
+    """Issue 54: `snakemake -s ../Snakefile` from a subdirectory reported a missing
+    config/hardware/h200.yaml without saying that the working directory was the cause."""
+    sub = workdir / "sub"
+    sub.mkdir()
+    target = "results/sim-h200/figures/fig-drain.pdf"
+    out = snakemake(sub, "-s", "../Snakefile", "--configfile", "../config.yaml", "-n", target)
+    assert out.returncode != 0
+    assert (
+        "config key 'datasets.simulated.sim-h200': hardware profile config/hardware/h200.yaml "
+        f"not found in the working directory {sub.resolve()} (paths in a config are relative "
+        f"to it); the workflow's folder has it: run from there (cd {workdir.resolve()})"
+    ) in out.stderr, out.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is not None, reason="this Python has triton")
+def test_a_cpu_test_without_triton_says_what_to_install(workdir):
+    """Issue 54: measure_device cpu under envs/cpu.txt failed inside a job with "No module
+    named 'triton'"."""
+    args = ("measured_raw", "--configfile", "config/ci-measure.yaml")
+    said = "config key 'measure_device': 'cpu' runs the measuring rules under torch and Triton"
+    out = snakemake(workdir, "-n", *args)
+    assert out.returncode == 0 and f"a run would stop here: {said}" in out.stderr
+    out = snakemake(workdir, *args)
+    assert out.returncode != 0 and said in out.stderr, out.stderr[-3000:]
+    assert "install envs/kernels-cpu.txt in an environment of its own" in out.stderr
+    assert "Select jobs to execute" not in out.stdout + out.stderr  # before any job
+    assert not (workdir / "results" / "cpu-test").exists()
