@@ -485,6 +485,8 @@ def product_inputs(product):
 def outputs_made_from_changed_raw():
     """The models, figures and tables on disk made from a reference's raw file that
     changed since its check (CHANGED_READS), directly or through the model."""
+    if not CHANGED_READS:
+        return []
     outputs = []
     for dataset in CHANGED_REFERENCES:
         if str(RESULTS / dataset / layout.MODEL_JSON) in CHANGED_READS:
