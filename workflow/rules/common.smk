@@ -490,7 +490,7 @@ def outputs_made_from_changed_raw():
     outputs = []
     for dataset in CHANGED_REFERENCES:
         if str(RESULTS / dataset / layout.MODEL_JSON) in CHANGED_READS:
-            outputs += [RESULTS / dataset / layout.MODEL_JSON, RESULTS / dataset / layout.MODEL_PROFILE]
+            outputs += [RESULTS / dataset / f for f in (layout.MODEL_JSON, layout.MODEL_PROFILE)]
     for dataset in datasets():
         for product in products.PRODUCTS.values():
             if holding(dataset).gives(product) and CHANGED_READS.intersection(
