@@ -47,7 +47,7 @@ onstart:
     print_measurement_verdict()
     print_remade_simulations()
     committed.record_metadata(workflow, REFERENCE)
-    keep_outputs_of_changed_raw_incomplete()
+    record_outputs_of_changed_raw()
 
 
 rule all:

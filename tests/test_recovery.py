@@ -243,17 +243,20 @@ def test_a_refused_raw_file_is_checked_again_by_every_run_that_reads_it(
 def test_a_product_of_a_changed_raw_file_stays_incomplete_whatever_the_target(
     rendered_reference, tmp_path
 ):
-    """The run of one table checks the changed file and rewrites the listing; the figure
-    made from the same file, not asked for then, is still remade by a later run."""
+    """A run of the check alone reads the changed microbenchmark and rewrites the listing;
+    the model and the figure made from the old file, not asked for then, are still remade
+    by a later run that asks for the figure."""
     work = reference_workdir(rendered_reference, tmp_path)
-    raw = work / "results" / "ref-fixture" / layout.ATTENTION_RAW
+    raw = work / "results" / "ref-fixture" / layout.microbench_raw("drain")
     raw.write_text(json.dumps(json.loads(raw.read_text()), indent=2))  # same data, new bytes
-    table = snakemake_in(work, "results/ref-fixture/tables/tab-ulysses.csv")
-    assert table.returncode == 0, table.stderr[-3000:]
-    figure = "results/ref-fixture/figures/fig-ulysses.pdf"
+    check = snakemake_in(work, "results/ref-fixture/logs/raw-check.txt")
+    assert check.returncode == 0, check.stderr[-3000:]
+    figure = "results/ref-fixture/figures/fig-ulysses.pdf"  # reads the model
     planned = snakemake_in(work, figure, "-n", "--quiet", "host")
     assert planned.returncode == 0, planned.stderr[-3000:]
-    assert "figure_fig_ulysses" in planned.stdout, planned.stdout
+    for rule in ("fit_burst_gap", "figure_fig_ulysses"):
+        assert rule in planned.stdout, planned.stdout
+    assert "table_tab_ulysses" not in planned.stdout  # it does not read the microbenchmarks
     made = snakemake_in(work, figure)
     assert made.returncode == 0, made.stderr[-3000:]
     again = snakemake_in(work, figure, "-n")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from xstage_bench.run import committed, orphans, preflight, quoted_script, restored
+from xstage_bench.run import stale_products
 from xstage_bench.data import layout, provenance, storepath
 from xstage_bench.data.origins import changed_since_check
 from xstage_bench.report import products
@@ -176,6 +177,11 @@ if workflow.is_main_process:
                      f"{REFERENCE_CHECK} is missing, so no raw file is known to be checked")
             print(f"[xstage] {RESULTS / _dataset}: {_what}: checking them again and making "
                   "what reads them again", file=sys.stderr)
+# Outputs an earlier run found made from a changed raw file and no run has remade since.
+STALE_OUTPUTS = stale_products.pending() if workflow.is_main_process else set()
+if STALE_OUTPUTS:
+    print(f"[xstage] {len(STALE_OUTPUTS)} output(s) made from raw files that changed since are "
+          "not remade yet: a run whose targets need one remakes it", file=sys.stderr)
 
 
 def reference_stamp(dataset):
@@ -188,10 +194,12 @@ def reference_stamp(dataset):
 
 def as_read_by(output, dataset, paths, reads=None):
     """as_read(dataset, paths), except for the job making `output` when what it reads
-    (`reads`, else paths) holds a changed file of a reference (CHANGED_READS): that job is
-    forced, and its inputs are left as they are, so that the forced check (or refit) before
-    it reaches it too (Snakemake does not go on through inputs that are all ancient)."""
-    if CHANGED_READS.intersection(map(str, paths if reads is None else reads)):
+    (`reads`, else paths) holds a changed file of a reference (CHANGED_READS), or `output`
+    was made from one and not remade since (STALE_OUTPUTS): that job is forced, and its
+    inputs are left as they are, so that the forced check (or refit) before it reaches it
+    too (Snakemake does not go on through inputs that are all ancient)."""
+    changed = CHANGED_READS.intersection(map(str, paths if reads is None else reads))
+    if changed or str(output) in STALE_OUTPUTS:
         if workflow.dag is not None:
             workflow.dag.forcefiles.add(str(output))
         return paths
@@ -500,13 +508,10 @@ def outputs_made_from_changed_raw():
     return [str(p) for p in outputs if Path(p).exists()]
 
 
-def keep_outputs_of_changed_raw_incomplete():
-    """onstart: this run's check of a changed reference rewrites its listing, after which
-    nothing compares the raw files with what the products were made from. So each output
-    made from a changed file is marked incomplete, as a failed job's is (restored.py): a
-    later run whose DAG holds it remakes it, whatever its target, until its job succeeds
-    (this run's own jobs clear the mark of what they remake)."""
-    restored.mark_incomplete(workflow.persistence, outputs_made_from_changed_raw())
+def record_outputs_of_changed_raw():
+    """onstart: this run's check of a changed reference rewrites its listing; what was made
+    from the old files is recorded until remade (stale_products.py)."""
+    stale_products.mark(outputs_made_from_changed_raw())
 
 
 def reference_checked(dataset):

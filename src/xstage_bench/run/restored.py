@@ -76,12 +76,3 @@ def install() -> bool:
     PersistenceBase.finished = finished_then_mark
     PersistenceBase._xstage_installed = True
     return True
-
-
-def mark_incomplete(persistence, paths) -> None:
-    """Mark files incomplete in Snakemake's metadata, as a failed job's restored outputs
-    are: a later run whose DAG holds one remakes it, and its job's success clears the mark."""
-    from snakemake.io import IOFile
-
-    for path in paths:
-        persistence._mark_incomplete(persistence._get_key(IOFile(str(path))), None)
