@@ -47,6 +47,7 @@ onstart:
     print_measurement_verdict()
     print_remade_simulations()
     committed.record_metadata(workflow, REFERENCE)
+    record_outputs_of_changed_raw()
 
 
 rule all:

@@ -8,6 +8,7 @@ plugin (plugins/snakemake-logger-plugin-xstage) explains what goes wrong there
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,16 @@ def test_snakemake_itself_says_what_is_wrong_before_the_snakefile(work):
     target = "results/sim-h200-smoke/figures/fig-drain.pdf"
     out = snakemake(work, "--configfile", "config/smoke.yaml", target)
     assert out.returncode != 0
+    assert f"Put targets first: snakemake {target} --configfile" in out.stderr
+
+    # Issue 54: a raw .json target loaded as a config, then "config key 'backend' unknown".
+    raw = work / "results" / "ref-x" / "raw" / "attention.json"
+    raw.parent.mkdir(parents=True)
+    shutil.copy(ROOT / "results" / "ref-h200x2" / "raw" / "attention.json", raw)
+    target = str(raw.relative_to(work))
+    out = snakemake(work, "--configfile", "config/smoke.yaml", target)
+    assert out.returncode != 0 and "config key" not in out.stderr
+    assert f"Config file {target} is a raw result file, not a config." in out.stderr
     assert f"Put targets first: snakemake {target} --configfile" in out.stderr
 
     out = snakemake(work, "--config", "timing.warmup=-1")  # reaches the config's validation

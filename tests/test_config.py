@@ -197,8 +197,38 @@ def _study(name):
         (lambda c: c.update(world_size=1000), "world_size"),
         (lambda c: c.update(world_size=6), "megamoe.shapes[0].E"),
         (lambda c: c["megamoe"]["shapes"][0].update(topk=17), "megamoe.shapes[0].topk"),
+        # issue 54: the sub-grids' token lists are bounded as the main grid's
+        (
+            lambda c: c["megamoe"]["lead_sweep"].update(
+                shapes=["glm-5.2"], tokens_per_rank=[262144]
+            ),
+            "megamoe.lead_sweep.tokens_per_rank[0]",
+        ),
+        (
+            lambda c: c["megamoe"].update(per_gpu={"tokens_per_rank": [262144]}),
+            "megamoe.per_gpu.tokens_per_rank[0]",
+        ),
+        (
+            lambda c: c["megamoe"].update(per_gpu={"tokens_per_rank": [10**15]}),
+            "megamoe.per_gpu.tokens_per_rank[0]",
+        ),
+        (lambda c: c["megamoe"].update(per_gpu={"shapes": ["glm5.2"]}), "megamoe.per_gpu.shapes"),
     ],
-    ids=["V", "gap-nan", "budget-inf", "tokens", "seq_len", "bursts", "ws-1000", "ws-6", "topk"],
+    ids=[
+        "V",
+        "gap-nan",
+        "budget-inf",
+        "tokens",
+        "seq_len",
+        "bursts",
+        "ws-1000",
+        "ws-6",
+        "topk",
+        "lead-sweep-tiles",
+        "per-gpu-tiles",
+        "per-gpu-1e15",
+        "per-gpu-shape",
+    ],
 )
 def test_values_that_would_hang_or_exhaust_memory_name_their_key(full_config, mutate, key):
     bad = copy.deepcopy(full_config)

@@ -1,5 +1,6 @@
 """The Snakemake DAG: which jobs the full config makes, one-figure targets, bad configs."""
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -271,3 +272,135 @@ def test_a_run_on_some_of_a_node_s_gpus_is_named_by_them(workdir, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "results/h200x2/raw/attention.json" in out.stdout
     assert "results/h200x8" not in out.stdout
+
+
+def test_a_clone_whose_path_holds_a_space_and_an_umlaut_runs_its_script_jobs(tmp_path):
+    """Issue 54: in a clone under a path with a space, with its virtual environment in it,
+    every `script:` job failed ("/usr/bin/bash: line 1: /tmp/rel: Is a directory")."""
+    clone = tmp_path / "x stage ü" / "repo"
+    clone.mkdir(parents=True)
+    copy_workflow(clone)
+    (clone / ".venv").symlink_to(Path(sys.executable).parent.parent)  # as if made there
+    target = "results/sim-h200-smoke/raw/attention.json"  # a script job (simulate.py)
+    out = subprocess.run(
+        [str(clone / ".venv" / "bin" / "python"), "-m", "snakemake", target]
+        + ["--configfile", "config/smoke.yaml"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (clone / target).stat().st_size
+
+
+def xstage_validate(workdir, configfile: str, env=None):
+    return subprocess.run(
+        [str(SNAKEMAKE.parent / "xstage"), "validate", configfile],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda c: c["megamoe"]["shapes"][0].update(E=12), "shapes[0].E': 12 experts do not"),
+        (lambda c: c["attention"].update(heads=[4]), "attention.heads[0]': 4 does not"),
+    ],
+    ids=["E", "heads"],
+)
+def test_what_divides_over_a_simulated_node_is_checked_before_any_job(workdir, mutate, key):
+    """Issue 54: under world_size auto, without a GPU, values that do not divide over a
+    simulated dataset's node (sim-b200-smoke: 8 GPUs) passed `xstage validate` and the dry
+    run, then failed as a traceback inside the job."""
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    mutate(config)  # divides over sim-h200-smoke's 2 GPUs, not over 8
+    (workdir / "c.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    said = (
+        f"{key} divide over world_size 8 (world_size 'auto': "
+        "dataset 'sim-b200-smoke' is simulated at the 8 GPUs of config/hardware/b200.yaml's node)"
+    )
+    out = xstage_validate(workdir, "c.yaml")
+    assert out.returncode == 2 and said in out.stderr, out.stdout + out.stderr
+    out = snakemake(workdir, "-n", "--configfile", "c.yaml")
+    assert out.returncode != 0 and said in out.stderr, out.stderr[-3000:]
+
+
+def test_validate_checks_world_size_auto_against_the_gpus_here(workdir, tmp_path):
+    config = {"extends": "config.yaml", **OWN_DATASETS, "attention": {"heads": [12]}}
+    (workdir / "node.yaml").write_text(yaml.safe_dump(config))
+    out = xstage_validate(workdir, "node.yaml", fake_gpu_node(tmp_path, 8))
+    assert out.returncode == 2, out.stdout
+    assert (
+        "'attention.heads[0]': 12 does not divide over world_size 8 (world_size 'auto': the 8 "
+        "GPUs here)" in out.stderr
+    )
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has GPUs")
+def test_validate_says_what_world_size_auto_leaves_to_the_gpus_of_a_run(workdir):
+    out = xstage_validate(workdir, "config.yaml")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "config.yaml: valid",
+        "  world_size 'auto': simulated datasets checked at their nodes' GPUs (sim-h200 at 2, "
+        "sim-b200 at 8)",
+        "  world_size 'auto': no measured world size checked, as no GPU can measure here: "
+        "nvidia-smi not found (no NVIDIA driver on this machine). A run on GPUs checks their "
+        "count before any job",
+    ]
+
+
+def test_validate_refuses_what_the_run_refuses_in_the_files_a_config_names(workdir):
+    """Issue 54: a missing hardware profile and a misspelled reference were "valid"."""
+    (workdir / "results" / "ref-h200x2").mkdir(parents=True)
+    cases = {
+        "datasets: {simulated: {sim-h200: config/hardware/h300.yaml}}": (
+            "config key 'datasets.simulated.sim-h200': hardware profile "
+            f"config/hardware/h300.yaml not found in the working directory {workdir}"
+        ),
+        "datasets: {reference: [ref-h200x3]}": (
+            "config key 'datasets.reference': 'ref-h200x3' is not in results/ (did you mean "
+            "'ref-h200x2'?)"
+        ),
+    }
+    for body, said in cases.items():
+        (workdir / "c.yaml").write_text(f"extends: config.yaml\n{body}\n")
+        out = xstage_validate(workdir, "c.yaml")
+        assert out.returncode == 2 and f"c.yaml: {said}" in out.stderr, out.stdout + out.stderr
+        out = snakemake(workdir, "-n", "--configfile", "c.yaml")
+        assert out.returncode != 0 and said in out.stderr, out.stderr[-3000:]
+
+
+def test_a_profile_missing_from_a_subdirectory_names_the_working_directory(workdir):
+    """Issue 54: `snakemake -s ../Snakefile` from a subdirectory reported a missing
+    config/hardware/h200.yaml without saying that the working directory was the cause."""
+    sub = workdir / "sub"
+    sub.mkdir()
+    target = "results/sim-h200/figures/fig-drain.pdf"
+    out = snakemake(sub, "-s", "../Snakefile", "--configfile", "../config.yaml", "-n", target)
+    assert out.returncode != 0
+    assert (
+        "config key 'datasets.simulated.sim-h200': hardware profile config/hardware/h200.yaml "
+        f"not found in the working directory {sub.resolve()} (paths in a config are relative "
+        f"to it); the workflow's folder has it: run from there (cd {workdir.resolve()})"
+    ) in out.stderr, out.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is not None, reason="this Python has triton")
+def test_a_cpu_test_without_triton_says_what_to_install(workdir):
+    """Issue 54: measure_device cpu under envs/cpu.txt failed inside a job with "No module
+    named 'triton'"."""
+    args = ("measured_raw", "--configfile", "config/ci-measure.yaml")
+    said = "config key 'measure_device': 'cpu' runs the measuring rules under torch and Triton"
+    out = snakemake(workdir, "-n", *args)
+    assert out.returncode == 0 and f"a run would stop here: {said}" in out.stderr
+    out = snakemake(workdir, *args)
+    assert out.returncode != 0 and said in out.stderr, out.stderr[-3000:]
+    assert "install envs/kernels-cpu.txt in an environment of its own" in out.stderr
+    assert "Select jobs to execute" not in out.stdout + out.stderr  # before any job
+    assert not (workdir / "results" / "cpu-test").exists()

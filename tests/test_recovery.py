@@ -205,6 +205,79 @@ def test_a_reference_whose_raw_files_changed_is_checked_and_rendered_again(
     assert "fit_burst_gap" not in planned, planned  # its microbenchmarks did not change
 
 
+def snakemake_in(work: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(SNAKEMAKE), *args, "--configfile", "c.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@needs_snakemake
+def test_a_refused_raw_file_is_checked_again_by_every_run_that_reads_it(
+    rendered_reference, tmp_path
+):
+    """Issue 54: a truncated raw file stopped the named figure's run, which deleted the
+    committed check listing; the same command then said "Nothing to be done" and kept the
+    old figure over the corrupt file."""
+    work = reference_workdir(rendered_reference, tmp_path)
+    ref = work / "results" / "ref-fixture"
+    listing = (ref / "logs" / "raw-check.txt").read_bytes()
+    figure = ref / "figures" / "fig-ulysses.pdf"
+    before = figure.read_bytes()
+    raw = ref / layout.ATTENTION_RAW
+    os.truncate(raw, raw.stat().st_size // 2)
+    for attempt in ("first", "same command again"):
+        out = snakemake_in(work, str(figure.relative_to(work)))
+        said = out.stdout + out.stderr
+        assert out.returncode != 0, f"{attempt}: {said[-3000:]}"
+        assert "Nothing to be done" not in said, attempt
+        assert "results/ref-fixture/raw/attention.json: not valid JSON" in said, attempt
+        assert (ref / "logs" / "raw-check.txt").read_bytes() == listing, attempt
+        assert figure.read_bytes() == before, attempt
+
+
+@needs_snakemake
+def test_a_product_of_a_changed_raw_file_stays_incomplete_whatever_the_target(
+    rendered_reference, tmp_path
+):
+    """A run of the check alone reads the changed microbenchmark and rewrites the listing;
+    the model and the figure made from the old file, not asked for then, are still remade
+    by a later run that asks for the figure."""
+    work = reference_workdir(rendered_reference, tmp_path)
+    raw = work / "results" / "ref-fixture" / layout.microbench_raw("drain")
+    raw.write_text(json.dumps(json.loads(raw.read_text()), indent=2))  # same data, new bytes
+    check = snakemake_in(work, "results/ref-fixture/logs/raw-check.txt")
+    assert check.returncode == 0, check.stderr[-3000:]
+    figure = "results/ref-fixture/figures/fig-ulysses.pdf"  # reads the model
+    planned = snakemake_in(work, figure, "-n", "--quiet", "host")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    for rule in ("fit_burst_gap", "figure_fig_ulysses"):
+        assert rule in planned.stdout, planned.stdout
+    assert "table_tab_ulysses" not in planned.stdout  # it does not read the microbenchmarks
+    made = snakemake_in(work, figure)
+    assert made.returncode == 0, made.stderr[-3000:]
+    again = snakemake_in(work, figure, "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+@needs_snakemake
+def test_a_reference_without_its_check_listing_is_checked_before_a_named_product(
+    rendered_reference, tmp_path
+):
+    work = reference_workdir(rendered_reference, tmp_path)
+    (work / "results" / "ref-fixture" / "logs" / "raw-check.txt").unlink()
+    planned = snakemake_in(work, "results/ref-fixture/figures/fig-ulysses.pdf", "-n")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "logs/raw-check.txt is missing, so no raw file is known to be checked" in (
+        planned.stderr
+    )
+    for rule in ("check_reference", "figure_fig_ulysses"):
+        assert rule in planned.stdout, planned.stdout
+
+
 def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
     ds = tmp_path / "ds"
     out = ds / "figures" / "fig-drain.pdf"
@@ -223,6 +296,26 @@ def test_a_failed_render_leaves_the_previous_files(tmp_path, monkeypatch):
     assert out.read_bytes() == b"committed pdf"
     assert out.with_suffix(".png").read_bytes() == b"committed png"
     assert sorted(p.name for p in out.parent.iterdir()) == ["fig-drain.pdf", "fig-drain.png"]
+
+
+def test_a_figure_that_fails_on_a_full_disk_names_its_output_and_the_fix(tmp_path, monkeypatch):
+    """Issue 54: PIL's traceback ended in "[Errno 28] No space left on device", no path."""
+    import errno
+
+    out = tmp_path / "ds" / "figures" / "fig-drain.pdf"
+
+    def disk_full(fig, path):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as PIL's write raises it
+
+    monkeypatch.setitem(render.FIGURES, "fig-drain", lambda d: None)
+    monkeypatch.setattr(render, "save_figure", disk_full)
+    with pytest.raises(OSError) as err:
+        render.render_product("fig-drain", tmp_path / "ds", out)
+    assert err.value.errno == errno.ENOSPC
+    assert str(err.value) == (
+        f"[Errno 28] cannot write {out}: No space left on device (free space on the disk "
+        "that holds it, then run again)"
+    )
 
 
 def test_smoke_datasets_never_share_a_name_with_full_runs():

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from fixtures import environment
+from fixtures import ROOT, environment
 
 from xstage_bench.cli import main
 from xstage_bench.data.results import (
@@ -621,3 +621,42 @@ def test_tflops_per_precision_are_held_to_the_peak_too(tmp_path):
     rec = ok_record(rid, point, {"time_us": [10.0, 11.0, 12.0]}, extra=extra)
     with pytest.raises(RawResultError, match=r"extra 'gemm_tflops.fp8' is 9e\+06 TFLOP/s"):
         read_raw(write_as_is(tmp_path, measured_doc([rec], "megamoe")))
+
+
+@pytest.mark.parametrize(
+    "claim, named",
+    [
+        ({"simulated": True}, "environment.simulated is true"),
+        ({"gpus": []}, "environment.gpus is empty"),
+    ],
+    ids=["simulated", "no-gpus"],
+)
+def test_a_reference_file_that_says_it_was_not_measured_is_refused(
+    tmp_path, monkeypatch, capsys, claim, named
+):
+    """Issue 54: samples times 10^6 with `simulated: true` (or no GPUs) passed `xstage
+    check` and the reference's check, and were fitted as R = 5.1e7 GB/s."""
+    from xstage_bench.data import origins
+
+    dataset = tmp_path / "results" / "ref-x"
+    path = dataset / "raw" / "microbench" / "drain.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(measured_doc([drain_record(scale=1e6)], env={**GPU_ENV, **claim})))
+    read_raw(path)  # in no reference: a model's output or a test, not bounded
+    config = tmp_path / "config.yaml"
+    config.write_text(f"extends: {ROOT / 'config.yaml'}\ndatasets: {{reference: [ref-x]}}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", str(path)]) == 2
+    said = capsys.readouterr().err
+    assert f"{named}, but dataset 'ref-x' is a reference (config key 'datasets.reference')" in said
+    with pytest.raises(RawResultError, match=re.escape(named)):
+        origins.check_listing(dataset)  # the pipeline's check of a reference
+
+
+def test_an_ok_record_with_no_samples_at_all_is_refused(tmp_path, capsys):
+    """Issue 54: `samples: {}` passed where an empty list was refused."""
+    rec = ok_record("a", POINT, {"period_us": [1.0]})
+    rec["samples"], rec["summary"] = {}, {}
+    path = write_as_is(tmp_path, doc([rec]))
+    assert main(["check", str(path)]) == 2
+    assert "record 'a': status 'ok' with no samples" in capsys.readouterr().err

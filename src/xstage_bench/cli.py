@@ -58,9 +58,54 @@ def _readme(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workflow_dir(config: Path) -> Path | None:
+    """The folder at or above a config file that holds the Snakefile, if any."""
+    folder = config.resolve().parent
+    return next((d for d in (folder, *folder.parents) if (d / "Snakefile").is_file()), None)
+
+
+def _measured_world_size(config: dict) -> list[str]:
+    """Under world_size 'auto', the world size a measurement here is made at, checked as
+    the run checks it (preflight.py); what was and was not checked, in words."""
+    from xstage_bench.measurement.machine import probe_gpus
+    from xstage_bench.run import preflight
+
+    if config["world_size"] != "auto":
+        return []
+    probes = config["measure"] in ("auto", "always") and not preflight.is_cpu_test(config)
+    gpus = probe_gpus() if probes and not config.get("gpu_ids") else None
+    ranks = preflight.measured_world_size(config, gpus)
+    if ranks is not None:
+        preflight.check_measured_world_size(config, ranks)
+        return [f"world_size 'auto': measured at {preflight.measured_ranks(config, ranks)}"]
+    if probes:
+        return [
+            "world_size 'auto': no measured world size checked, as no GPU can measure here: "
+            f"{gpus.reason}. A run on GPUs checks their count before any job"
+        ]
+    return []
+
+
 def _validate(args: argparse.Namespace) -> int:
-    load_config(args.config)
-    print(f"{args.config}: valid")
+    from xstage_bench.run import preflight
+
+    config = load_config(args.config)
+    try:
+        measured = _measured_world_size(config)  # first, as the run checks it
+        profiles = preflight.check_before_work(config, _workflow_dir(Path(args.config)))
+    except ConfigError as e:
+        raise ConfigError(f"{args.config}: {e}") from None
+    notes = []
+    if config["world_size"] == "auto" and profiles:
+        nodes = ", ".join(f"{d} at {p.world_size}" for d, p in profiles.items())
+        notes.append(
+            f"world_size 'auto': simulated datasets checked at their nodes' GPUs ({nodes})"
+        )
+    notes += measured
+    missing = preflight.cpu_test_problem(config)
+    if missing:
+        notes.append(f"a run from this Python stops before any job: {missing}")
+    print(f"{args.config}: valid" + "".join(f"\n  {note}" for note in notes))
     return 0
 
 
@@ -78,8 +123,24 @@ def _raw_files_of(path: Path) -> list[Path]:
     return files
 
 
-def _check_one(path: Path) -> None:
-    doc = read_raw(path)
+def _references(config: str | None) -> set[str]:
+    """The config's reference datasets (datasets.reference): config.yaml's where none is
+    named and the working directory has one."""
+    if config is None:
+        config = "config.yaml" if Path("config.yaml").is_file() else None
+    return set(load_config(config)["datasets"]["reference"]) if config else set()
+
+
+def _reference_of(path: Path, references: set[str]) -> str | None:
+    """The reference dataset a raw file is in (<dataset>/raw/...), or None."""
+    for folder in path.resolve().parents:
+        if folder.name == "raw":
+            return folder.parent.name if folder.parent.name in references else None
+    return None
+
+
+def _check_one(path: Path, references: set[str]) -> None:
+    doc = read_raw(path, _reference_of(path, references))
     statuses = Counter(r["status"] for r in doc["records"])
     not_ok = sum(statuses[s] for s in FAILED_STATUSES)
     print(
@@ -92,9 +153,10 @@ def _check_one(path: Path) -> None:
 def _check(args: argparse.Namespace) -> int:
     # Every file gets its verdict: one bad file must not hide the state of the rest.
     bad = 0
+    references = _references(args.config)
     for path in (f for given in args.raw for f in _raw_files_of(Path(given))):
         try:
-            _check_one(path)
+            _check_one(path, references)
         except (RawResultError, OSError) as e:
             print(f"xstage: error: {e}", file=sys.stderr)
             bad += 1
@@ -193,7 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
         func=_probe
     )
 
-    p = sub.add_parser("validate", help="validate a configuration file")
+    p = sub.add_parser(
+        "validate",
+        help="validate a configuration file as a run from this directory checks it",
+        description="Validate a configuration file: its keys, then what a run from this "
+        "directory checks before any work (hardware profiles, reference datasets, the world "
+        "size each dataset is made at; under world_size auto, this machine's GPUs).",
+    )
     p.add_argument("config")
     p.set_defaults(func=_validate)
 
@@ -208,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         help="raw JSON files; a dataset folder (results/<dataset>) or its raw/ folder "
         "stands for the dataset's raw files",
+    )
+    p.add_argument(
+        "--config",
+        help="the config whose datasets.reference are measured whatever their files say "
+        "(default: config.yaml, where there is one)",
     )
     p.set_defaults(func=_check)
 

@@ -20,4 +20,4 @@ rule build_cubin:
     params:
         nvcc=lambda wildcards, input, output: shlex.join(nvcc_command(input[0], output[0])),
     shell:
-        "{params.nvcc} > {log} 2>&1"
+        "{params.nvcc} > {log:q} 2>&1"

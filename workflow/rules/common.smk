@@ -1,6 +1,5 @@
 # Shared helpers: config validation, the machine's GPUs, datasets and what each one holds.
 
-import difflib
 import json
 import os
 import shlex
@@ -8,13 +7,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from xstage_bench.run import committed, orphans, restored
+from xstage_bench.run import committed, orphans, preflight, quoted_script, restored
+from xstage_bench.run import stale_products
 from xstage_bench.data import layout, provenance, storepath
 from xstage_bench.data.origins import changed_since_check
 from xstage_bench.report import products
 from xstage_bench.data.config import (
     ConfigError,
-    check_world_size,
     checked_store_paths,
     extends_source,
     resolve_extends,
@@ -41,6 +40,7 @@ except ConfigError as e:
 
 # A job that fails puts its update() outputs back; the next run remakes them (restored.py).
 restored.install()
+quoted_script.install()  # a script job runs from a path with a space (quoted_script.py)
 DRY_RUN = workflow.output_settings.dryrun
 
 # One run per directory (runlock.py): Snakemake deletes other runs' locks when one ends.
@@ -73,7 +73,7 @@ STUDIES = list(config["microbench"]["studies"])
 # measure_device "cpu": the measuring rules run on gloo and the Triton interpreter (CI's test
 # of the rules), so no GPU is probed and what they write is labelled a test.
 DEVICE = config.get("measure_device", "cuda")
-CPU_TEST = DEVICE == "cpu" and config["measure"] != "never"
+CPU_TEST = preflight.is_cpu_test(config)
 # "submit": the GPUs are on cluster nodes the executor provides, so nothing is probed here.
 PROBE = config["measure"] in ("auto", "always") and not CPU_TEST
 GPUS = probe_gpus() if PROBE else None
@@ -82,12 +82,8 @@ if PROBE and config["measure"] == "always" and not GPUS.can_measure:
     sys.exit(f"config key 'measure' is 'always' but no measurement is possible: {GPUS.reason}")
 
 MEASURING = CPU_TEST or config["measure"] == "submit" or (PROBE and GPUS.can_measure)
-if config["world_size"] != "auto":
-    WORLD_SIZE = config["world_size"]
-elif config.get("gpu_ids"):
-    WORLD_SIZE = len(config["gpu_ids"])
-else:
-    WORLD_SIZE = GPUS.count if PROBE and MEASURING else 2
+# Where nothing is measured, `auto` stands for 2 (no job uses it then).
+WORLD_SIZE = preflight.measured_world_size(config, GPUS) or 2
 GPU_IDS = config.get("gpu_ids") or list(range(WORLD_SIZE))
 if PROBE and MEASURING:
     _problem = asked_gpus_problem(GPUS, WORLD_SIZE, GPU_IDS, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -120,12 +116,20 @@ try:
     config["store_paths"] = store_paths()
 except ConfigError as e:
     sys.exit(f"Invalid configuration: {e}")
-if MEASURING and config["world_size"] == "auto":
-    # validate_config checked an integer world_size; what `auto` resolves to, only now.
-    try:
-        check_world_size(config, WORLD_SIZE)
-    except ConfigError as e:
-        sys.exit(f"Invalid configuration: {e} (world_size 'auto': the {WORLD_SIZE} GPUs here)")
+try:
+    if MEASURING:
+        # validate_config checked an integer world_size; what `auto` resolves to, only now.
+        preflight.check_measured_world_size(config, WORLD_SIZE)
+    if workflow.is_main_process:
+        # The files and datasets the config names, the world size of each simulated
+        # dataset: as `xstage validate` checks them (preflight.py).
+        preflight.check_before_work(config, Path(workflow.basedir), RESULTS)
+except ConfigError as e:
+    sys.exit(f"Invalid configuration: {e}")
+if workflow.is_main_process and (_missing := preflight.cpu_test_problem(config)):
+    if not DRY_RUN:
+        sys.exit(f"[xstage] {_missing}")
+    print(f"[xstage] a run would stop here: {_missing}", file=sys.stderr)
 # Measuring rules run `python -m xstage_bench.measure` (see that module for why not a
 # `script:`): this interpreter, or the rule's conda environment's with --use-conda.
 USE_CONDA = any("conda" in str(m).lower() for m in workflow.deployment_settings.deployment_method)
@@ -143,32 +147,17 @@ def measure_config(experiment):
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
-
-
-def misspelled_reference():
-    """A reference name that is not in results/ but close to a dataset there that the
-    config does not name: a typo, which would otherwise only be skipped (a reference left
-    out of a checkout is skipped too)."""
-    there = sorted(p.name for p in RESULTS.glob("*") if p.is_dir() and p.name not in REFERENCE)
-    for name in REFERENCE:
-        close = difflib.get_close_matches(name, there, n=1, cutoff=0.8)
-        if not (RESULTS / name).is_dir() and close:
-            return (f"config key 'datasets.reference': '{name}' is not in {RESULTS}/ "
-                    f"(did you mean '{close[0]}'?)")
-    return None
-
-
-if workflow.is_main_process and (_typo := misspelled_reference()):
-    sys.exit(f"Invalid configuration: {_typo}")
 REFERENCE_CHECK = "logs/raw-check.txt"
 
 
 def changed_reference_raw(dataset):
     """A committed reference's raw files that are not what its check read (origins.py):
-    its figures and tables were made from other data (a raw file replaced or damaged)."""
+    its figures and tables were made from other data (a raw file replaced or damaged).
+    Without a listing none is known to be checked: every raw file (a failed check puts
+    the listing back, see check_reference, so only a listing deleted by hand is missing)."""
     check = RESULTS / dataset / REFERENCE_CHECK
     if not check.exists():
-        return []
+        return [str(p.relative_to(RESULTS / dataset)) for p in layout.raw_files(RESULTS / dataset)]
     return changed_since_check(RESULTS / dataset, check.read_text())
 
 
@@ -183,9 +172,16 @@ if workflow.is_main_process:
             CHANGED_READS.update(str(RESULTS / _dataset / rel) for rel in _changed)
             if any(str(Path(rel).parent) == layout.MICROBENCH_DIR for rel in _changed):
                 CHANGED_READS.add(str(RESULTS / _dataset / layout.MODEL_JSON))
-            print(f"[xstage] {RESULTS / _dataset}: {', '.join(_changed)} changed since its "
-                  "raw files were checked: checking them again and making what reads them "
-                  "again", file=sys.stderr)
+            _what = (f"{', '.join(_changed)} changed since its raw files were checked"
+                     if (RESULTS / _dataset / REFERENCE_CHECK).exists() else
+                     f"{REFERENCE_CHECK} is missing, so no raw file is known to be checked")
+            print(f"[xstage] {RESULTS / _dataset}: {_what}: checking them again and making "
+                  "what reads them again", file=sys.stderr)
+# Outputs an earlier run found made from a changed raw file and no run has remade since.
+STALE_OUTPUTS = stale_products.pending() if workflow.is_main_process else set()
+if STALE_OUTPUTS:
+    print(f"[xstage] {len(STALE_OUTPUTS)} output(s) made from raw files that changed since are "
+          "not remade yet: a run whose targets need one remakes it", file=sys.stderr)
 
 
 def reference_stamp(dataset):
@@ -198,10 +194,12 @@ def reference_stamp(dataset):
 
 def as_read_by(output, dataset, paths, reads=None):
     """as_read(dataset, paths), except for the job making `output` when what it reads
-    (`reads`, else paths) holds a changed file of a reference (CHANGED_READS): that job is
-    forced, and its inputs are left as they are, so that the forced check (or refit) before
-    it reaches it too (Snakemake does not go on through inputs that are all ancient)."""
-    if CHANGED_READS.intersection(map(str, paths if reads is None else reads)):
+    (`reads`, else paths) holds a changed file of a reference (CHANGED_READS), or `output`
+    was made from one and not remade since (STALE_OUTPUTS): that job is forced, and its
+    inputs are left as they are, so that the forced check (or refit) before it reaches it
+    too (Snakemake does not go on through inputs that are all ancient)."""
+    changed = CHANGED_READS.intersection(map(str, paths if reads is None else reads))
+    if changed or str(output) in STALE_OUTPUTS:
         if workflow.dag is not None:
             workflow.dag.forcefiles.add(str(output))
         return paths
@@ -470,20 +468,50 @@ def as_read(dataset, paths):
     return [ancient(p) for p in paths] if dataset in REFERENCE else paths
 
 
+def product_reads(dataset, product):
+    """A figure's or table's declared reads (products.py), of this dataset and of the
+    datasets shown beside it."""
+    files = dataset_paths(dataset, product.reads)
+    if product.counterpart_reads:
+        for other in products.counterpart_datasets(dataset):
+            if other in datasets():
+                files += dataset_paths(other, product.counterpart_reads)
+    return files
+
+
 def product_inputs(product):
-    """A figure's or table's inputs: exactly its declared reads (products.py), of this
-    dataset and of the datasets shown beside it."""
+    """A figure's or table's inputs: exactly its reads, and its reference's check."""
     def inputs(wildcards):
         dataset = wildcards.dataset
-        files = dataset_paths(dataset, product.reads)
-        if product.counterpart_reads:
-            for other in products.counterpart_datasets(dataset):
-                if other in datasets():
-                    files += dataset_paths(other, product.counterpart_reads)
+        files = product_reads(dataset, product)
         output = product_output(dataset, product)
         return as_read_by(output, dataset, files + reference_checked(dataset), reads=files)
 
     return inputs
+
+
+def outputs_made_from_changed_raw():
+    """The models, figures and tables on disk made from a reference's raw file that
+    changed since its check (CHANGED_READS), directly or through the model."""
+    if not CHANGED_READS:
+        return []
+    outputs = []
+    for dataset in CHANGED_REFERENCES:
+        if str(RESULTS / dataset / layout.MODEL_JSON) in CHANGED_READS:
+            outputs += [RESULTS / dataset / f for f in (layout.MODEL_JSON, layout.MODEL_PROFILE)]
+    for dataset in datasets():
+        for product in products.PRODUCTS.values():
+            if holding(dataset).gives(product) and CHANGED_READS.intersection(
+                product_reads(dataset, product)
+            ):
+                outputs += [product_output(dataset, product, c) for c in (False, True)]
+    return [str(p) for p in outputs if Path(p).exists()]
+
+
+def record_outputs_of_changed_raw():
+    """onstart: this run's check of a changed reference rewrites its listing; what was made
+    from the old files is recorded until remade (stale_products.py)."""
+    stale_products.mark(outputs_made_from_changed_raw())
 
 
 def reference_checked(dataset):

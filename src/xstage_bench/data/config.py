@@ -160,7 +160,7 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"config key 'megamoe.shapes[{i}].topk': must be <= E ({shape['E']}), "
                 f"got {shape['topk']}"
             )
-    for key in ("lead_sweep", "emulated"):
+    for key in ("lead_sweep", "emulated", "per_gpu"):
         unknown = sorted(set((config["megamoe"].get(key) or {}).get("shapes", [])) - set(names))
         if unknown:
             raise ConfigError(

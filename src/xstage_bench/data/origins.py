@@ -27,9 +27,10 @@ class RawFile:
     environment: dict
 
 
-def read_file(dataset_dir: Path, path: Path) -> RawFile:
-    """A raw file read back through the schema (a malformed one raises, naming it)."""
-    doc = read_raw(path)
+def read_file(dataset_dir: Path, path: Path, reference: bool = False) -> RawFile:
+    """A raw file read back through the schema (a malformed one raises, naming it);
+    `reference`: the dataset is a reference, measured whatever its file says."""
+    doc = read_raw(path, dataset_dir.name if reference else None)
     return RawFile(
         path=str(path.relative_to(dataset_dir)),
         experiment=doc["experiment"],
@@ -42,11 +43,12 @@ def read_file(dataset_dir: Path, path: Path) -> RawFile:
 
 
 def check_listing(dataset_dir: Path) -> str:
-    """One line per raw file: path, experiment, backend, ok/total records, sha256 prefix."""
+    """One line per raw file of a reference dataset: path, experiment, backend, ok/total
+    records, sha256 prefix."""
     dataset_dir = Path(dataset_dir)
     lines = [f"# {dataset_dir.name}: raw files read back valid against the raw schema"]
     for path in layout.raw_files(dataset_dir):
-        f = read_file(dataset_dir, path)
+        f = read_file(dataset_dir, path, reference=True)
         lines.append(
             f"{f.path}\t{f.experiment}\t{f.backend}\t{f.ok}/{f.records} ok\tsha256 {f.sha256[:16]}"
         )

@@ -24,7 +24,9 @@ every read and write, so such a file stops rendering with the record and the bou
   local one, since the path's outstanding capacity absorbs part of a burst), a duration at
   least one tick of the finest timer we read, a TFLOP/s at most the GPU's dense peak.
   Simulated and CPU-test files are model outputs or tests of the harness: their values are
-  not bounded here.
+  not bounded here. A file's own word does not lift the bounds where its dataset is a
+  reference (config `datasets.reference`, measured on GPUs by definition): a file there
+  that says it was simulated, ran on the CPU or had no GPU is refused (`measured_claims`).
 """
 
 from __future__ import annotations
@@ -135,10 +137,15 @@ def _summary_without_ci(x: np.ndarray) -> dict:
 
 
 def empty_samples(record: dict) -> str | None:
-    """What is wrong with an ok record's first empty sample list, or None."""
+    """What is wrong with an ok record's samples (none at all, or an empty list), or None."""
     if record["status"] != "ok":
         return None
-    for name, values in (record.get("samples") or {}).items():
+    if not record.get("samples"):
+        return (
+            "status 'ok' with no samples: an ok record holds the samples of at least one "
+            "metric (a point that gave no number is recorded failed, with why)"
+        )
+    for name, values in record["samples"].items():
         if not values:
             return (
                 f"samples '{name}' is an empty list: a metric no launch gave is left out and "
@@ -307,6 +314,29 @@ TIMER_TICK_US = 0.032  # %globaltimer's tick on the GPUs measured here (cudaEven
 ISSUE_RATES = frozenset({"issue_rate_GBps"})
 # Extras that are TFLOP/s of work the GPU did (not the emulated sweep's equivalent rate).
 TFLOPS_EXTRAS = ("tflops", "tflops_kernel", "gemm_tflops")
+
+
+def measured_claims(doc: dict, reference: str) -> str | None:
+    """What a file of reference dataset `reference` says that a measurement on GPUs
+    cannot (the field, and why it is refused), or None. Its bounds are a measurement's
+    whatever it says: a file claiming otherwise would escape them (seen: samples times
+    10^6 with `simulated: true`, rendered as R = 5.1e7 GB/s on "1x NVIDIA H200")."""
+    env = doc.get("environment") or {}
+    if doc.get("backend") != "cuda":
+        claim = f"backend is '{doc.get('backend')}'"
+    elif env.get("simulated"):
+        claim = "environment.simulated is true"
+    elif not env.get("gpus"):
+        claim = "environment.gpus is empty"
+    elif env.get("device_type") == "cpu":
+        claim = "environment.device_type is 'cpu'"
+    else:
+        return None
+    return (
+        f"{claim}, but dataset '{reference}' is a reference (config key "
+        "'datasets.reference'), measured on GPUs by definition: a file in it that says "
+        "otherwise is refused, not rendered unbounded"
+    )
 
 
 def gpu_limits(name: str) -> tuple[str, GpuLimits]:

@@ -70,16 +70,20 @@ def _most_relevant(errors: Iterable[jsonschema.ValidationError]) -> jsonschema.V
     return min(errors, key=lambda e: (_is_consequence(e), list(e.absolute_path)))
 
 
-def validate_raw(doc: Any, source: str) -> None:
+def validate_raw(doc: Any, source: str, reference: str | None = None) -> None:
     """Raise RawResultError naming `source`, the record and the first problem: the schema,
     then what the schema cannot say (rawchecks.py: summaries recomputed from the samples,
-    no empty sample list in an ok record, ids against points, one record per point,
-    physical bounds from the environment)."""
+    no empty samples in an ok record, ids against points, one record per point, physical
+    bounds from the environment). `reference`: the name of the reference dataset the file
+    belongs to, whose files must say they were measured on GPUs (rawchecks.measured_claims)."""
     validator = jsonschema.Draft202012Validator(raw_schema())
     errors = list(validator.iter_errors(doc))
     if errors:
         first = _most_relevant(errors)
         raise RawResultError(f"{source}: field '{_json_path(first)}': {first.message}")
+    claim = rawchecks.measured_claims(doc, reference) if reference else None
+    if claim:
+        raise RawResultError(f"{source}: {claim}")
     seen: set[str] = set()
     for record in doc["records"]:
         if record["id"] in seen:
@@ -271,8 +275,9 @@ def json_problem(e: json.JSONDecodeError) -> str:
     return f"{e.msg.removesuffix(' at')} at line {e.lineno}, column {e.colno}"
 
 
-def read_raw(path: str | os.PathLike) -> dict:
-    """Load and validate one raw file; any problem raises RawResultError naming the file."""
+def read_raw(path: str | os.PathLike, reference: str | None = None) -> dict:
+    """Load and validate one raw file; any problem raises RawResultError naming the file.
+    `reference`: see validate_raw."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -280,5 +285,5 @@ def read_raw(path: str | os.PathLike) -> dict:
         raise RawResultError(f"{path}: file not found") from None
     except json.JSONDecodeError as e:
         raise RawResultError(f"{path}: not valid JSON ({json_problem(e)})") from None
-    validate_raw(doc, str(path))
+    validate_raw(doc, str(path), reference)
     return doc

@@ -71,6 +71,48 @@ def megamoe_device_bytes(shape: dict, tokens: int, world_size: int) -> float:
     return float(weights + tokens * shape["topk"] * 3 * shape["H"])
 
 
+def _sub_grid_tokens(moe: dict, shape: dict) -> list[tuple[str, int, int]]:
+    """(key, index, tokens) of the sub-grids that run `shape` at token counts of their own
+    (lead_sweep; per_gpu: every shape unless it names some), bounded as the main grid's.
+    Their time is left out of the estimate, which stays a lower bound."""
+    found = []
+    for key in ("lead_sweep", "per_gpu"):
+        sub = moe.get(key) or {}
+        names = sub.get("shapes")
+        if "tokens_per_rank" in sub and (names is None or shape["name"] in names):
+            key = f"megamoe.{key}.tokens_per_rank"
+            found += [(key, j, tokens) for j, tokens in enumerate(sub["tokens_per_rank"])]
+    return found
+
+
+def _size_problems(
+    i: int, shape: dict, where: str, tokens: int, P: int, block_m: int, block_n: int
+) -> list[str]:
+    """A MegaMoE configuration's tiles per rank and bytes per GPU over their limits."""
+    problems = []
+    about = (
+        f"{tokens} tokens per rank of shape '{shape['name']}' (megamoe.shapes[{i}]: "
+        f"H {shape['H']}, I {shape['I']}, E {shape['E']}, topk {shape['topk']})"
+    )
+    tiles = megamoe_tiles(shape, tokens, P, block_m, block_n)
+    if tiles > MAX_TILES_PER_RANK:
+        problems.append(
+            f"config key '{where}': {about} make about {tiles:.3g} tiles per rank; the "
+            f"kernel's tile list and the simulator hold every one (about "
+            f"{_gb(tiles * SIM_BYTES_PER_TILE)} and {_hours(tiles * SIM_SECONDS_PER_TILE)}"
+            f" per simulated run): at most {MAX_TILES_PER_RANK:,} (fewer tokens or a "
+            "smaller shape)"
+        )
+    nbytes = megamoe_device_bytes(shape, tokens, P)
+    if nbytes > MAX_DEVICE_BYTES:
+        problems.append(
+            f"config key 'megamoe.shapes[{i}]': {about} need about {_gb(nbytes)} per GPU "
+            f"at world_size {P} (FP8 weights and routed rows): at most "
+            f"{_gb(MAX_DEVICE_BYTES)}, the largest GPU memory"
+        )
+    return problems
+
+
 def _megamoe(config: dict) -> list[str]:
     moe = config["megamoe"]
     P = _world(config)
@@ -91,29 +133,13 @@ def _megamoe(config: dict) -> list[str]:
             )
         for key, j, tokens in tokens_here:
             where = f"{key}[{j}]" if j is not None else key
-            about = (
-                f"{tokens} tokens per rank of shape '{shape['name']}' (megamoe.shapes[{i}]: "
-                f"H {shape['H']}, I {shape['I']}, E {shape['E']}, topk {shape['topk']})"
-            )
+            problems += _size_problems(i, shape, where, tokens, P, block_m, block_n)
             tiles = megamoe_tiles(shape, tokens, P, block_m, block_n)
-            if tiles > MAX_TILES_PER_RANK:
-                problems.append(
-                    f"config key '{where}': {about} make about {tiles:.3g} tiles per rank; the "
-                    f"kernel's tile list and the simulator hold every one (about "
-                    f"{_gb(tiles * SIM_BYTES_PER_TILE)} and {_hours(tiles * SIM_SECONDS_PER_TILE)}"
-                    f" per simulated run): at most {MAX_TILES_PER_RANK:,} (fewer tokens or a "
-                    "smaller shape)"
-                )
-            nbytes = megamoe_device_bytes(shape, tokens, P)
-            if nbytes > MAX_DEVICE_BYTES:
-                problems.append(
-                    f"config key 'megamoe.shapes[{i}]': {about} need about {_gb(nbytes)} per GPU "
-                    f"at world_size {P} (FP8 weights and routed rows): at most "
-                    f"{_gb(MAX_DEVICE_BYTES)}, the largest GPU memory"
-                )
             flops = 2 * tokens * shape["topk"] * 3 * shape["H"] * shape["I"]
             seconds += flops / (FASTEST_DENSE_TFLOPS["fp8"] * 1e12) * calls * runs
             sim_seconds += tiles * SIM_SECONDS_PER_TILE * len(moe.get("schedules", [0, 0]))
+        for key, j, tokens in _sub_grid_tokens(moe, shape):
+            problems += _size_problems(i, shape, f"{key}[{j}]", tokens, P, block_m, block_n)
     fractions = len(moe.get("remote_fractions", [1]))
     seconds *= len(moe["precisions"]) * len(moe["routings"]) * fractions
     sim_seconds *= len(moe["routings"]) * fractions  # the precisions share one simulated run

@@ -8,6 +8,7 @@ and model files, so rerendering never needs a GPU.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
 import tempfile
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage_bench.data.results import write_error
 from xstage_bench.report import products
 from xstage_bench.report.analysis.load import NoDataError
 from xstage_bench.report.figures.common import save_figure
@@ -27,6 +29,8 @@ __all__ = ["FIGURES", "TABLES", "NoDataError", "render_product"]
 # Each product's renderer: `plot` (figure) or `build` (table) of the module named after it.
 FIGURES = {p.name: importlib.import_module(p.renderer).plot for p in products.FIGURES}
 TABLES = {p.name: importlib.import_module(p.renderer).build for p in products.TABLES}
+# Errors of writing, whatever file they name: reading a raw file gives none of these.
+FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def render_product(
@@ -42,11 +46,17 @@ def render_product(
         raise ValueError(f"unknown product '{name}'; known: {', '.join(products.PRODUCTS)}")
     # Render beside the target and move both files into place only once both are made: a
     # failure leaves the previous figure (a committed reference, say) as it was.
-    with _folder_kept_on_success(out.parent):
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.stem}.") as tmp:
-            _render(name, dataset_dir, Path(tmp) / out.name, noise_target)
-            for made in sorted(Path(tmp).iterdir()):
-                os.replace(made, out.parent / made.name)
+    try:
+        with _folder_kept_on_success(out.parent):
+            with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.stem}.") as tmp:
+                _render(name, dataset_dir, Path(tmp) / out.name, noise_target)
+                for made in sorted(Path(tmp).iterdir()):
+                    os.replace(made, out.parent / made.name)
+    except OSError as e:
+        if e.errno not in FULL_OR_READ_ONLY:
+            raise
+        # PIL's or matplotlib's error names no file (seen on a full disk): name the output.
+        raise write_error(OSError(e.errno, os.strerror(e.errno)), out) from e
 
 
 @contextlib.contextmanager

@@ -8,8 +8,8 @@ traceback; `--config timing.warmup=2` ended in a traceback. `install()` wraps th
 Snakemake functions involved:
 
 - a config file that does not load names itself, the line and column of a YAML error and
-  what to do, and a "config file" that is a target (a figure, a raw file, a missing path
-  without a config suffix) says to put targets before `--configfile`;
+  what to do, and a "config file" that is a target (a figure, a raw result file, a missing
+  path without a config suffix) says to put targets before `--configfile`;
 - `--config a.b=v` sets the nested key `a.b` (merged into the config like any `--config`
   value), as one would expect, instead of failing;
 - a `--config` list or mapping holds numbers and bools as a config file would
@@ -29,6 +29,9 @@ from pathlib import Path
 import yaml
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+# Keys every raw result file has (data/schemas/raw.schema.json) and no config does: a raw
+# .json target after --configfile loads as a mapping, then failed as "config key 'backend'".
+RAW_KEYS = frozenset({"schema", "experiment", "backend", "records"})
 
 
 def _looks_like_a_target(path: Path) -> bool:
@@ -69,6 +72,8 @@ def configfile_problem(path: str | Path, filetype: str = "Config") -> str | None
             _target_hint(path) if _looks_like_a_target(path) else "it needs keys at the top level"
         )
         return f"{filetype} file {path} does not hold a mapping: {hint}"
+    if RAW_KEYS <= set(data):
+        return f"{filetype} file {path} is a raw result file, not a config. {_target_hint(path)}"
     return None
 
 
