@@ -70,6 +70,7 @@ from xstage_bench.megamoe.points import (
     trace_first_configs,
     trace_points,
 )
+from xstage_bench.megamoe.refresh import first_refresh, lead_map_refresh
 from xstage_kernels.formats import PRECISIONS
 
 _log = log.get(__name__)
@@ -432,7 +433,7 @@ def run_megamoe(
             environment=env,
             config=cfg,
             point_timeout_s=POINT_TIMEOUT_S,
-            refresh=kernel_refresh,
+            refresh=first_refresh(kernel_refresh, lead_map_refresh),
         )
     finally:
         measurer.close()
@@ -450,7 +451,7 @@ def run_megamoe(
             environment=capture_measured(device_type),
             config=cfg,
             point_timeout_s=POINT_TIMEOUT_S,
-            refresh=kernel_refresh,
+            refresh=first_refresh(kernel_refresh, lead_map_refresh),
         )
 
 
