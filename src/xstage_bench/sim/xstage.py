@@ -1,6 +1,7 @@
 """Discrete-event model of the X-Stage: producers injecting bursts into a finite path.
 
-The path holds at most Q outstanding bytes and drains them at R. A producer issuing a
+The path holds at most Q outstanding bytes and drains them at R; Q follows the capacity
+law Q(K) = S + K q for the K producers of a run (path_params). A producer issuing a
 burst admits bytes at its own issue rate while the path has room; once the path is full,
 admission is the drain rate R shared equally among the producers still issuing. The
 state is piecewise linear between events (a fluid model), so the simulation jumps from
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xstage_bench.data.hardware import HardwareProfile
-from xstage_bench.model.laws import bytes_per_us_to_gbps, gbps_to_bytes_per_us
+from xstage_bench.model.laws import bytes_per_us_to_gbps, capacity, gbps_to_bytes_per_us
 
 # Model assumptions for the local path and the ceilings (documented in the raw config).
 LOCAL_PATH_FACTOR = 10.0  # local stores: 10x R and 10x Q (H200: 4.0 TB/s local vs ~365 GB/s peer)
@@ -172,8 +173,13 @@ class PathParams:
         return StorePath(self.drain, self.capacity, self.issue_rate)
 
 
-def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -> PathParams:
-    """The profile's peer path, or the local path (LOCAL_PATH_FACTOR x R and Q)."""
+def path_params(
+    profile: HardwareProfile, dest: str = "peer", width: int = 16, producers: int | None = None
+) -> PathParams:
+    """The profile's peer path, or the local path (LOCAL_PATH_FACTOR x R and Q), as
+    `producers` producers meet it (default: one per SM): its capacity follows the law
+    Q(K) = S + K q (model.laws.capacity; the profile's capacity_bytes and
+    capacity_per_producer_bytes)."""
     if dest not in ("peer", "local"):
         raise ValueError(f"dest must be 'peer' or 'local', got {dest!r}")
     if width <= 0 or width > WIDEST_STORE:
@@ -185,7 +191,14 @@ def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -
         * width
         / WIDEST_STORE,
         drain=float(gbps_to_bytes_per_us(profile.drain_rate_GBps)) * factor,
-        capacity=profile.capacity_bytes * factor,
+        capacity=float(
+            capacity(
+                profile.sm_count if producers is None else producers,
+                profile.capacity_bytes,
+                profile.capacity_per_producer_bytes,
+            )
+        )
+        * factor,
     )
 
 
@@ -352,7 +365,12 @@ def simulate_microbench_point(
     """
     if point.get("peers", 1) != 1:
         raise UnsupportedPoint(f"peers={point['peers']}: the simulator models one peer path")
-    params = path_params(profile, point.get("dest", "peer"), point.get("width", WIDEST_STORE))
+    params = path_params(
+        profile,
+        point.get("dest", "peer"),
+        point.get("width", WIDEST_STORE),
+        point["K"] if point["kind"] != "ceiling" else None,
+    )
     kind = point["kind"]
     if kind == "ceiling":
         if point["method"] == "sm_store":
