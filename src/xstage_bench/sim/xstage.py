@@ -1,7 +1,7 @@
 """Discrete-event model of the X-Stage: producers injecting bursts into a finite path.
 
 The path holds at most Q outstanding bytes and drains them at R; Q follows the capacity
-law Q(K) = S + K q for the K producers of a run (path_params). A producer issuing a
+law Q(K) = S + K q for the K producers of a run (PathParams.new_path). A producer issuing a
 burst admits bytes at its own issue rate while the path has room; once the path is full,
 admission is the drain rate R shared equally among the producers still issuing. The
 state is piecewise linear between events (a fluid model), so the simulation jumps from
@@ -148,12 +148,18 @@ class StorePath:
 
 @dataclass(frozen=True)
 class PathParams:
-    """What a burst meets on its way: fixed overhead, issue rate, drain rate, capacity."""
+    """What a burst meets on its way: fixed overhead, issue rate, drain rate, capacity.
+
+    The capacity follows the law Q(K) = S + K q (model.laws.capacity): `capacity` is the
+    part S the path shares, `capacity_per_producer` each producer's window q, and a run
+    that does not say how many producers it has gets `producers` (one per SM)."""
 
     t0_fixed_us: float
     issue_rate: float  # bytes/us, per producer
     drain: float  # bytes/us
-    capacity: float  # bytes
+    capacity: float  # bytes: S
+    capacity_per_producer: float = 0.0  # bytes: q
+    producers: int = 1
 
     def t0_us(self, B: float) -> float:
         """Backpressure-free issue time of one producer's B bytes."""
@@ -169,17 +175,17 @@ class PathParams:
         """
         return max(admitted, start + self.t0_us(B))
 
-    def new_path(self) -> StorePath:
-        return StorePath(self.drain, self.capacity, self.issue_rate)
+    def capacity_for(self, producers: int | None = None) -> float:
+        """Q(K) for `producers` producers (default: the path's own count)."""
+        K = self.producers if producers is None else producers
+        return float(capacity(K, self.capacity, self.capacity_per_producer))
+
+    def new_path(self, producers: int | None = None) -> StorePath:
+        return StorePath(self.drain, self.capacity_for(producers), self.issue_rate)
 
 
-def path_params(
-    profile: HardwareProfile, dest: str = "peer", width: int = 16, producers: int | None = None
-) -> PathParams:
-    """The profile's peer path, or the local path (LOCAL_PATH_FACTOR x R and Q), as
-    `producers` producers meet it (default: one per SM): its capacity follows the law
-    Q(K) = S + K q (model.laws.capacity; the profile's capacity_bytes and
-    capacity_per_producer_bytes)."""
+def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -> PathParams:
+    """The profile's peer path, or the local path (LOCAL_PATH_FACTOR x R and Q)."""
     if dest not in ("peer", "local"):
         raise ValueError(f"dest must be 'peer' or 'local', got {dest!r}")
     if width <= 0 or width > WIDEST_STORE:
@@ -191,14 +197,9 @@ def path_params(
         * width
         / WIDEST_STORE,
         drain=float(gbps_to_bytes_per_us(profile.drain_rate_GBps)) * factor,
-        capacity=float(
-            capacity(
-                profile.sm_count if producers is None else producers,
-                profile.capacity_bytes,
-                profile.capacity_per_producer_bytes,
-            )
-        )
-        * factor,
+        capacity=profile.capacity_bytes * factor,
+        capacity_per_producer=profile.capacity_per_producer_bytes * factor,
+        producers=profile.sm_count,
     )
 
 
@@ -259,7 +260,7 @@ def simulate_bursts(
     end = np.full((bursts, cohorts), np.nan)
     burst_of = np.zeros(cohorts, dtype=int)
     unfinished = np.full(bursts, cohorts)
-    path = params.new_path()
+    path = params.new_path(K)
     # External events: (time, seq, what, cohort); "start" begins a burst (its bytes go to
     # the path at once), "end" is when the producer has issued it (PathParams.issue_end).
     events: list[tuple[float, int, str, int]] = []
@@ -365,12 +366,7 @@ def simulate_microbench_point(
     """
     if point.get("peers", 1) != 1:
         raise UnsupportedPoint(f"peers={point['peers']}: the simulator models one peer path")
-    params = path_params(
-        profile,
-        point.get("dest", "peer"),
-        point.get("width", WIDEST_STORE),
-        point["K"] if point["kind"] != "ceiling" else None,
-    )
+    params = path_params(profile, point.get("dest", "peer"), point.get("width", WIDEST_STORE))
     kind = point["kind"]
     if kind == "ceiling":
         if point["method"] == "sm_store":
