@@ -83,6 +83,7 @@ def test_fitted_reads_each_store_path_and_old_files_as_the_peer_path(tmp_path):
     profile = fitted.path_profile(load_profile(ROOT / "tests/data/h200-seed.yaml"), model, "host")
     assert profile.drain_rate_GBps == HOST_TRUTH["R_GBps"]
     assert profile.capacity_bytes == HOST_TRUTH["Q_bytes"] and profile.name.endswith("host path")
+    assert profile.capacity_per_producer_bytes == 0.0  # the fixture's law is the shared one
     # results/ref-h200x2 predates paths: one fit, the peer path's, its ceilings as before
     ref = model_doc(ROOT / "results" / "ref-h200x2")
     assert fitted.paths(ref) == ["peer"] and fitted.for_path(ref, "peer") is ref
@@ -91,3 +92,22 @@ def test_fitted_reads_each_store_path_and_old_files_as_the_peer_path(tmp_path):
         "copy-engine peer ceiling",
         "NVLink line rate (spec)",
     }
+
+
+def test_the_capacity_drawn_for_K_is_the_law_where_the_file_has_one(tmp_path):
+    from fixtures import write_model
+
+    from xstage_bench.report.analysis import fitted
+
+    ds = tmp_path / "sim-law"
+    write_model(ds)
+    model = model_doc(ds)
+    S = model["params"]["S_bytes"]["value"]
+    model["params"]["q_bytes"]["value"] = 1000.0
+    assert fitted.capacity_for_K(model, 66) == pytest.approx(S + 66 * 1000.0)
+    # a file written before the law: the Q fitted to that K, else the pooled Q
+    for name in ("S_bytes", "q_bytes"):
+        del model["params"][name]
+    knee = next(k["Q_bytes"]["value"] for k in model["per_K"] if k["K"] == 66)
+    assert fitted.capacity_for_K(model, 66) == knee
+    assert fitted.capacity_for_K(model, 33) == model["params"]["Q_bytes"]["value"]

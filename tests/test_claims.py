@@ -4,6 +4,7 @@ counterpart columns come from their own sources."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -371,3 +372,21 @@ def test_host_path_baseline_claims_are_answered_where_the_baselines_run():
     ceiling = frame.loc["moe.completion_coupled_ceiling"]
     assert ceiling["verdict"] == verdicts.NOT_MEASURED
     assert ceiling["why"].startswith(setting) and "no drain" in ceiling["why"]
+
+
+def test_the_capacity_claims_read_the_capacity_law_at_the_largest_K_fitted(root, tmp_path):
+    frame = frame_of(root / "h200x2-fixture")
+    Q = TRUTH["Q_bytes"]  # the fixture's law is the shared one: Q(132) = S
+    assert frame.loc["bg.Q", "ours"].startswith(f"{Q / 2**20:.3g} (")
+    assert frame.loc["bg.Q", "ours_note"].endswith(
+        "the capacity law S + K q (shared) at K=132 (the largest K fitted)"
+    )
+    assert frame.loc["bg.Q_per_producer", "ours"].startswith(f"{Q / 132 / 1024:.3g} (")
+    # a model file written before the law: the Q fitted to the largest K alone
+    old = shutil.copytree(root / "h200x2-fixture", tmp_path / "h200x2-old")
+    model_file = old / "model" / "burst_gap.json"
+    model = json.loads(model_file.read_text())
+    del model["capacity_law"]
+    model_file.write_text(json.dumps(model))
+    note = frame_of(old).loc["bg.Q", "ours_note"]
+    assert note.endswith("fitted at K=132 (the largest K fitted)")

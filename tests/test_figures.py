@@ -244,7 +244,7 @@ def test_drain_marks_sync_and_draws_the_ceilings(sim_dataset):
     assert "free-running" in labels and "aligned (grid barrier before each burst)" in labels
 
 
-def test_isolated_draws_both_capacity_fits_per_K(sim_dataset):
+def test_isolated_draws_every_variant_of_the_capacity_law_per_K(sim_dataset):
     from fixtures import WINDOW_Q
 
     fig = FIGURES["fig-isolated"](sim_dataset)
@@ -252,15 +252,20 @@ def test_isolated_draws_both_capacity_fits_per_K(sim_dataset):
         "peer GPU (NVLink), K=66",
         "peer GPU (NVLink), K=132",
     ]
+    MiB = 1 << 20
     for ax, K in zip(fig.axes, (66, 132), strict=True):
         styles = {line.get_linestyle() for line in ax.get_lines()}
-        assert {"--", "-."} <= styles
+        assert {"--", "-.", "-"} <= styles
         verticals = sorted(
             line.get_xdata()[0]
             for line in ax.get_lines()
             if line.get_xdata()[0] == line.get_xdata()[-1]
         )
-        assert K * WINDOW_Q in verticals and 2 * (1 << 20) in verticals
+        # shared: S; window: K q; shared_plus_window: S/2 + K q/2 (the fixture's variants)
+        assert K * WINDOW_Q in verticals and 2 * MiB in verticals
+        assert pytest.approx(MiB + K * WINDOW_Q / 2) in verticals
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(label.startswith("model, shared (chosen): Q = S") for label in labels)
 
 
 def test_model_validation_marks_held_out_and_free_running(sim_dataset):
@@ -269,7 +274,7 @@ def test_model_validation_marks_held_out_and_free_running(sim_dataset):
     assert {"fitted", "held out", "never fitted: free-running", "period"} <= set(labels)
     # Issue 27: the details are tab-model-checks' rows; the figure counts the checks in a line
     notes = [n for n in texts(fig) if "checks:" in n]
-    assert len(notes) == 1 and "held out (shared Q): median |err|" in notes[0]
+    assert len(notes) == 1 and "held out (capacity law shared): median |err|" in notes[0]
     assert "(each in tab-model-checks)" in notes[0]
     assert not any("free-running records" in n or "window variant" in n for n in texts(fig))
 

@@ -17,9 +17,8 @@ from fixtures import MICROBENCH_DEFAULTS
 from xstage_bench.data import layout
 from xstage_bench.data.hardware import load_profile
 from xstage_bench.data.results import read_raw, write_raw
-from xstage_bench.model import fit
+from xstage_bench.model import capacity, fit
 from xstage_bench.model.records import load
-from xstage_bench.model.stages import q_start
 from xstage_bench.report.render import FIGURES, render_product
 from xstage_bench.sim import run
 
@@ -117,8 +116,8 @@ def test_isolated_bursts_draining_below_R_still_give_T0_and_a_positive_Q(tmp_pat
     p = result["params"]
     R = p["R_GBps"]["value"]
     assert R == pytest.approx(R_GBPS, rel=0.02)
-    # The knee's start no longer collapses to ~0 (it was 1% of the smallest burst) ...
-    assert q_start(iso, R * 1e3) > 0.5 * Q_BYTES
+    # What each K's bursts are seen to hold, the floor T0 falls back on, is no ~0 ...
+    assert min(capacity.held(iso, R * 1e3).values()) > 0.5 * Q_BYTES
     # ... so T0 is the simulator's, and Q is positive: above the largest burst that never
     # stalled, below the capacity (the shared law, at R, reads the slower drain as less Q).
     truth = load_profile(H200)
@@ -127,7 +126,8 @@ def test_isolated_bursts_draining_below_R_still_give_T0_and_a_positive_Q(tmp_pat
         truth.issue_rate_per_sm_GBps, rel=0.05
     )
     assert SMALL_V[-1] < p["Q_bytes"]["value"] < Q_BYTES
-    assert result["variants"]["per_producer_Q"]["params"]["t0_fixed_us"]["value"] is not None
+    for law in capacity.LAWS:
+        assert result["variants"][law]["params"]["t0_fixed_us"]["value"] is not None
     assert result["validation"] and result["validation_summary"]["n"] > 0
 
 
@@ -140,11 +140,12 @@ def test_a_T0_the_records_cannot_give_is_named_with_its_path_and_why(tmp_path):
     assert t0["value"] is None and t0["ci_low"] is None and t0["ci_high"] is None
     reason = t0["reason"]
     assert reason.startswith("host path: T0 needs backpressure-free bursts")
-    assert "with Q = " in reason and "and R = 52.0 GB/s, fewer are" in reason
+    assert "with the capacity each K's bursts are seen to hold and R = 52.0 GB/s" in reason
+    assert reason.endswith("below R from the zero-gap periods")
     assert "beyond the knee drain at about 45" in reason and "below R" in reason
     assert p["issue_rate_per_sm_GBps"]["value"] is None
     assert p["Q_bytes"]["value"] is None and p["Q_bytes"]["reason"].startswith("host path: ")
-    window = result["variants"]["per_producer_Q"]["params"]["t0_fixed_us"]
+    window = result["variants"]["window"]["params"]["t0_fixed_us"]
     assert window["value"] is None and window["reason"].startswith("host path: ")
     assert result["validation"] == []
 
@@ -205,4 +206,4 @@ def test_the_other_path_renders_as_before_beside_the_no_data_panel(peer_and_stal
     host = [ax for ax in fig.axes if ax.get_title().startswith("host memory")]
     assert len(host) == 1 and _no_data_texts(host[0])[0].startswith("no data: host path: T0")
     notes = " ".join(t.get_text() for t in fig.texts)
-    assert "peer GPU (NVLink): held out (shared Q): median |err|" in notes
+    assert "peer GPU (NVLink): held out (capacity law shared): median |err|" in notes

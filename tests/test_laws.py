@@ -57,3 +57,9 @@ def test_train_period_adds_the_gap_to_the_train_issue_time():
     assert laws.train_period(1, 2, 1000, 100, 300) == pytest.approx(10.0)  # V/R
     assert laws.train_period(1, 50, 1000, 100, 300) == pytest.approx(57.0)  # stall + G
     assert laws.train_period(1, 50, 1000, 100, 5000) == pytest.approx(51.0)  # T0 + G
+
+
+def test_the_capacity_law_has_the_shared_Q_and_the_window_as_its_special_cases():
+    assert laws.capacity(132, 1 << 20, 0) == pytest.approx(1 << 20)  # shared: q = 0
+    assert laws.capacity(132, 0, 16384) == pytest.approx(132 * 16384)  # window: S = 0
+    np.testing.assert_allclose(laws.capacity([33, 66], 1000.0, 10.0), [1330.0, 1660.0])

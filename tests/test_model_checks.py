@@ -19,11 +19,27 @@ def test_every_check_of_every_path_is_a_row_with_its_detail(tmp_path):
         checks = frame[(frame["path"] == path) & (frame["kind"] == "check")]
         assert list(checks["item"]) == list(fit["checks"])
         assert list(checks["detail"]) == [c["detail"] for c in fit["checks"].values()]
-        held = frame[(frame["path"] == path) & (frame["item"] == "fit set, held out (shared Q)")]
+        mine = frame[frame["path"] == path]
+        held = mine[mine["item"] == "fit set, held out (capacity law shared)"]
         summary = fit["validation_summary"]
         assert held["n"].item() == summary["n"]
         assert held["median_abs_rel_error"].item() == summary["median_abs_rel_error"]
-        assert "per-producer window variant, held out" in set(frame["item"])
+        assert held["p90_abs_rel_error"].item() == summary["p90_abs_rel_error"]
+        # every variant of the capacity law, the chosen one marked
+        laws = mine[mine["item"].str.startswith("capacity law ")]
+        assert list(laws["item"]) == [
+            "capacity law shared, chosen: isolated bursts, held out over 5 folds",
+            "capacity law window: isolated bursts, held out over 5 folds",
+            "capacity law shared_plus_window: isolated bursts, held out over 5 folds",
+        ]
+        # the findings and the worst held-out rows, each with its numbers
+        finding = mine[mine["kind"] == "finding"]
+        assert finding["item"].tolist() == ["store_loop_share"]
+        assert finding["detail"].item().startswith("K=132: 2% (3 records)")
+        worst = mine[mine["kind"] == "worst held-out row"]
+        assert list(worst["item"]) == [w["id"] for w in fit["worst_heldout"]]
+        first = fit["worst_heldout"][0]
+        assert f"({first['rel_error']:+.0%})" in worst["detail"].iloc[0]
 
 
 def test_a_failed_check_reads_failed_and_is_counted(tmp_path):

@@ -16,6 +16,7 @@ from xstage_bench.cli import main
 from xstage_bench.data import layout
 from xstage_bench.megamoe import schedule
 from xstage_bench.report import readme_results
+from xstage_bench.report.tables import model_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,17 +197,38 @@ def test_the_block_says_how_each_ratio_was_timed_and_marks_noisy_extremes():
 def test_the_fit_line_gives_every_prediction_error_and_the_failed_checks():
     """The held-out error of the fit set alone (a median over its 37 rows) read as the
     model's accuracy; its p90, the free-running records the fit never saw and the model's
-    own failed checks belong beside it."""
+    own failed checks belong beside it (each as the committed model file gives it)."""
     block = readme_results.section(ROOT / "results")
-    for name, free in (
-        ("ref-h200x1", "on 308 free-running records never fitted 17.2%"),
-        ("ref-h200x2", "on 204 free-running records never fitted 19.8%"),
-    ):
+    for name in ("ref-h200x1", "ref-h200x2"):
+        model = json.loads((ROOT / "results" / name / layout.MODEL_JSON).read_text())
+        free = model["validation_summary_free"]
+        free_text = f"on {free['n']} free-running records never fitted "
+        free_text += f"{free['median_abs_rel_error']:.1%}"
         ds = block[block.index(f"**{name}**") :]
         fit = next(line for line in ds.splitlines() if line.startswith("- Burst-Gap"))
-        assert "held-out rows a median" in fit and "(p90 " in fit and free in fit, fit
-        assert "the model's own checks: 4 FAILED, 4 passed (failed: " in fit, fit
-        assert "heldout_error_within_target" in fit, fit
+        assert "held-out rows a median" in fit and "(p90 " in fit and free_text in fit, fit
+        assert f"the model's own checks: {model_checks.counts(model)}" in fit, fit
+        for check, result in model["checks"].items():
+            assert (check in fit) == (result["passed"] is False), (check, fit)
+
+
+def test_the_fit_line_gives_the_capacity_law_and_its_choice(tmp_path):
+    from fixtures import make_dataset
+
+    from xstage_bench.report.render import TABLES
+
+    ds = make_dataset(tmp_path, "sim-fixture", megamoe=False, attention=False)
+    model_file = ds / layout.MODEL_JSON
+    model = json.loads(model_file.read_text())
+    model["params"]["q_bytes"]["reason"] = "fixed at 0 by the shared law"
+    model_file.write_text(json.dumps(model))
+    (ds / "tables").mkdir()
+    TABLES["tab-burst-gap-params"](ds).frame.to_csv(ds / "tables" / "tab-burst-gap-params.csv")
+    (line,) = readme_results.burst_gap_lines(ds)
+    assert (
+        "Q(K) = S + K q (shared, chosen by held-out error): S 2.00 (95% CI 1.96-2.04) MiB, "
+        "q 0.0 (fixed at 0 by the shared law) KiB, Q at K=132 2.00 (95% CI 1.96-2.04) MiB;"
+    ) in line, line
 
 
 def test_a_host_lead_line_counts_the_calls_the_gpu_may_have_waited_in():

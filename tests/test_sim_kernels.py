@@ -460,6 +460,29 @@ def test_a_profile_rate_must_be_positive_and_finite(tmp_path, profile_file, valu
         load_profile(bad)
 
 
+@pytest.mark.parametrize(
+    ("capacity", "window", "problem"),
+    [
+        ("0", "4096", None),  # a capacity of windows alone: S = 0
+        ("262144", "-1", "'capacity_per_producer_bytes' must be a finite number >= 0"),
+        ("262144", ".nan", "'capacity_per_producer_bytes' must be a finite number >= 0"),
+        ("0", "0", "'capacity_bytes' must be a positive finite"),
+    ],
+)
+def test_a_profile_capacity_follows_the_law_with_a_window_per_producer(
+    tmp_path, profile_file, capacity, window, problem
+):
+    text = Path(profile_file).read_text().replace("capacity_bytes: 262144", "")
+    path = tmp_path / "law.yaml"
+    path.write_text(text + f"capacity_bytes: {capacity}\ncapacity_per_producer_bytes: {window}\n")
+    if problem is None:
+        law = load_profile(path)
+        assert (law.capacity_bytes, law.capacity_per_producer_bytes) == (0, 4096)
+        return
+    with pytest.raises(ConfigError, match=rf"law\.yaml: key {problem}"):
+        load_profile(path)
+
+
 def test_the_kernel_simulators_bound_their_event_loops(profile_file, monkeypatch):
     monkeypatch.setattr(xstage, "STEPS_PER_WORK", 0)
     monkeypatch.setattr(xstage, "MIN_STEPS", 10)  # a bound of 10 steps: too few

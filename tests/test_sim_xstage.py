@@ -5,6 +5,8 @@ Test path: per-producer issue rate a = 10 GB/s (10000 bytes/us), drain R = 20 GB
 T0 = 0.5 + 1 = 1.5 us, V/R = 4 us, G* = 2.5 us.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from fixtures import MICROBENCH_DEFAULTS
@@ -95,6 +97,25 @@ def test_isolated_burst_beyond_Q_stalls_to_the_drain():
 def test_isolated_burst_is_the_law_at_every_capacity(Q):
     trace = xstage.simulate_bursts(K, B, 1, 0.0, params(Q))
     assert trace.t_iss_slowest()[0] == pytest.approx(laws.isolated_issue_time(T0, V, Q, R))
+
+
+@pytest.mark.parametrize("producers", [2, 8, 32])
+def test_the_capacity_follows_the_law_for_the_producers_of_a_run(producers):
+    """Q(K) = S + K q: S = 10000 bytes shared, q = 5000 bytes per producer."""
+    law = replace(profile(10_000), capacity_per_producer_bytes=5_000)
+    peer = xstage.path_params(law)
+    assert peer.new_path(producers).capacity == 10_000 + producers * 5_000
+    assert peer.new_path().capacity == 10_000 + 8 * 5_000  # one producer per SM
+    assert xstage.path_params(law, "local").new_path(2).capacity == 10 * 20_000
+    # a microbench point meets its own K's capacity: the isolated law with Q(K)
+    point = {"kind": "isolated", "K": producers, "B": B, "V": producers * B, "gap_us": 0.0}
+    rng = np.random.default_rng(0)
+    samples = xstage.simulate_microbench_point(
+        {**point, "sync": "barrier"}, law, bursts=1, warmup_bursts=0, launches=1, rng=rng
+    )
+    T0 = 0.5 + B / 10_000
+    expected = laws.isolated_issue_time(T0, producers * B, laws.capacity(producers, 1e4, 5e3), R)
+    assert samples["t_iss_slowest_us"][0] == pytest.approx(float(expected))
 
 
 def test_an_event_loop_that_cannot_finish_raises():

@@ -477,7 +477,7 @@ def test_burst_gap_params_rows(tmp_path):
     write_microbench(ds, "drain")
     write_model(ds)
     frame = TABLES["tab-burst-gap-params"](ds).frame.set_index("scope")
-    assert list(frame.index) == ["K=66", "K=132", "pooled", "paper B200"]
+    assert list(frame.index) == ["K=66", "K=132", "pooled", "law: S + K q (shared)", "paper B200"]
     assert set(frame["path"]) == {"peer"} and set(frame["far_end"]) == {"peer GPU (NVLink)"}
     assert frame.loc["pooled", "R_GBps"] == pytest.approx(365.0)
     # Pooled T0 at B = 32 KiB: t0_fixed + B / issue_rate = 0.1 + 32768 / 60e3 us.
@@ -486,6 +486,11 @@ def test_burst_gap_params_rows(tmp_path):
     assert frame.loc["paper B200", "R_GBps"] == paper.B200_R_GBPS
     assert frame.loc["paper B200", "Q_MiB"] == pytest.approx(4.25)
     assert frame.loc["K=132", "Q_per_producer_KiB"] == pytest.approx(2 * 1024 / 132)
+    # the capacity law's row: S in the Q columns with its CI, q per producer
+    law = frame.loc["law: S + K q (shared)"]
+    assert law["Q_MiB"] == pytest.approx(2.0) and law["Q_MiB_ci_low"] == pytest.approx(1.96)
+    assert law["Q_per_producer_KiB"] == 0.0 and "Q_MiB is S" in law["source"]
+    assert frame.loc["pooled", "source"].endswith("Q at K=132 from the capacity law")
 
 
 def test_burst_gap_params_has_rows_per_path_and_K(tmp_path):
@@ -497,9 +502,11 @@ def test_burst_gap_params_has_rows_per_path_and_K(tmp_path):
         ("peer", "K=66"),
         ("peer", "K=132"),
         ("peer", "pooled"),
+        ("peer", "law: S + K q (shared)"),
         ("host", "K=66"),
         ("host", "K=132"),
         ("host", "pooled"),
+        ("host", "law: S + K q (shared)"),
         ("peer", "paper B200"),
     ]
     rows = frame.set_index(["path", "scope"])
@@ -512,7 +519,7 @@ def test_burst_gap_params_has_rows_per_path_and_K(tmp_path):
     write_microbench(only, "drain", paths=("host",))
     write_model(only, paths=("host",))
     one = TABLES["tab-burst-gap-params"](only).frame
-    assert list(one["path"]) == ["host"] * 3 + ["peer"]  # and the paper's peer path
+    assert list(one["path"]) == ["host"] * 4 + ["peer"]  # and the paper's peer path
     assert one.iloc[2]["R_GBps"] == pytest.approx(HOST_TRUTH["R_GBps"])
 
 

@@ -23,9 +23,11 @@ class HardwareProfile:
     t0_fixed_us: float
     issue_rate_per_sm_GBps: float
     drain_rate_GBps: float
-    capacity_bytes: float
+    capacity_bytes: float  # S: the part of the capacity the path shares
     nvlink_line_rate_GBps: float
     matrix_tflops: dict[str, float] = field(default_factory=dict)
+    # q: each producer's own window; K producers meet S + K q (model.laws.capacity)
+    capacity_per_producer_bytes: float = 0.0
     source: str = ""
     world_size: int = 2  # GPUs of the node the simulator stands for (when config says auto)
 
@@ -53,6 +55,11 @@ REQUIRED = (
 )
 
 
+def _positive_window(raw: dict) -> bool:
+    window = raw.get("capacity_per_producer_bytes", 0.0)
+    return isinstance(window, int | float) and math.isfinite(window) and window > 0
+
+
 def load_profile(path: str | Path) -> HardwareProfile:
     path = Path(path)
     try:
@@ -67,9 +74,17 @@ def load_profile(path: str | Path) -> HardwareProfile:
     for key in REQUIRED[1:]:
         value = raw[key]
         if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            if key == "capacity_bytes" and value == 0 and _positive_window(raw):
+                continue  # a capacity of windows alone, S = 0
             raise ConfigError(
                 f"{path}: key '{key}' must be a positive finite number, got {value!r}"
             )
+    window = raw.get("capacity_per_producer_bytes", 0.0)
+    if not isinstance(window, int | float) or not math.isfinite(window) or window < 0:
+        raise ConfigError(
+            f"{path}: key 'capacity_per_producer_bytes' must be a finite number >= 0, "
+            f"got {window!r}"
+        )
     ws = raw.get("world_size", 2)
     if isinstance(ws, bool) or not isinstance(ws, int) or ws < 2:
         raise ConfigError(f"{path}: key 'world_size' must be an integer >= 2, got {ws!r}")

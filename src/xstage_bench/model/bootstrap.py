@@ -15,7 +15,8 @@ from xstage_bench.model.stages import Params, fit_chain, fit_per_K
 
 N_BOOTSTRAP = 200
 
-POOLED_KEYS = ("R", "Q", "t0_fixed", "issue_rate")
+POOLED_KEYS = ("R", "S", "q", "Q_ref", "t0_fixed", "issue_rate")
+PER_K_KEYS = ("R", "c", "Q", "T0")
 
 
 def _boot_medians(recs: Recs, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -26,15 +27,33 @@ def _boot_medians(recs: Recs, n: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
+def _pooled(p: Params, K_ref: float | None) -> dict[str, float | None]:
+    cap = p.capacity
+    return {
+        "R": p.R,
+        "S": None if cap is None else cap.S,
+        "q": None if cap is None else cap.q,
+        "Q_ref": None if cap is None or K_ref is None else float(cap.at(K_ref)),
+        "t0_fixed": p.t0_fixed,
+        "issue_rate": p.issue_rate,
+    }
+
+
 def bootstrap(
-    data: FitData, pooled: Params, window: Params, Ks: list[float], n: int, seed: int
+    data: FitData,
+    fits: dict[str, Params],
+    chosen: str,
+    Ks: list[float],
+    K_ref: float | None,
+    n: int,
+    seed: int,
 ) -> dict:
-    """Replicates of every pooled, window ('w:'-prefixed) and per-K parameter (NaN where a
-    replicate has none)."""
+    """Replicates of every variant's pooled parameters ('<law>:<name>') and the chosen
+    variant's per-K ones ('<name>@<K>'), NaN where a replicate has none."""
     rng = np.random.default_rng(seed)
     medians = {role: _boot_medians(getattr(data, role), n, rng) for role in ROLES}
-    keys = [*POOLED_KEYS, *(f"w:{k}" for k in POOLED_KEYS)]
-    keys += [f"{q}@{K:g}" for K in Ks for q in ("R", "Q", "T0")]
+    keys = [f"{law}:{k}" for law in fits for k in POOLED_KEYS]
+    keys += [f"{q}@{K:g}" for K in Ks for q in PER_K_KEYS]
     reps = {k: np.full(n, np.nan) for k in keys}
 
     def put(key: str, b: int, value: float | None) -> None:
@@ -47,15 +66,15 @@ def bootstrap(
             idx = rng.integers(0, len(recs), len(recs))
             picked[role] = recs.take(idx, medians[role][b, idx])
         d = FitData(**picked)
-        p = fit_chain(d, start=pooled, rounds=2)
-        w = fit_chain(d, start=window, rounds=2, window=True) if window.R is not None else None
-        for k in POOLED_KEYS:
-            put(k, b, getattr(p, k))
-            put(f"w:{k}", b, getattr(w, k) if w else None)
-        for K in Ks:
-            k = fit_per_K(d, p, K)
-            for q, v in (("R", k.R), ("Q", k.Q), ("T0", k.T0_ref)):
-                put(f"{q}@{K:g}", b, v)
+        for law, start in fits.items():
+            p = fit_chain(d, start=start, rounds=2) if start.R is not None else start
+            for k, v in _pooled(p, K_ref).items():
+                put(f"{law}:{k}", b, v)
+            if law == chosen:
+                for K in Ks:
+                    k = fit_per_K(d, p, K)
+                    for q, v in (("R", k.R), ("c", k.c), ("Q", k.Q), ("T0", k.T0_ref)):
+                        put(f"{q}@{K:g}", b, v)
     return reps
 
 
@@ -75,14 +94,34 @@ def param_block(
     return {"value": value * scale, "ci_low": lo, "ci_high": hi}
 
 
-def params_block(p: Params, reps: dict, prefix: str = "") -> dict:
+FIXED_AT_ZERO = "fixed at 0 by the {law} law"
+
+
+def params_block(p: Params, reps: dict, K_ref: float | None) -> dict:
+    """One variant's parameter blocks: R, S, q, Q at K_ref (S + K_ref q), t0_fixed, issue
+    rate. A number the variant's law holds at 0 is 0 with a reason saying so."""
     why = p.reasons
-    q_name = "q_bytes" if p.window else "Q_bytes"
-    return {
-        "R_GBps": param_block(p.R, reps.get(f"{prefix}R"), 1e-3, why.get("R")),
-        q_name: param_block(p.Q, reps.get(f"{prefix}Q"), 1.0, why.get("Q")),
-        "t0_fixed_us": param_block(p.t0_fixed, reps.get(f"{prefix}t0_fixed"), 1.0, why.get("T0")),
-        "issue_rate_per_sm_GBps": param_block(
-            p.issue_rate, reps.get(f"{prefix}issue_rate"), 1e-3, why.get("T0")
-        ),
+    values = _pooled(p, K_ref)
+
+    def block(name: str, scale: float, reason: str | None) -> dict:
+        return param_block(values[name], reps.get(f"{p.law}:{name}"), scale, reason)
+
+    out = {
+        "R_GBps": block("R", 1e-3, why.get("R")),
+        "Q_bytes": block("Q_ref", 1.0, why.get("Q")),
+        "S_bytes": block("S", 1.0, why.get("Q")),
+        "q_bytes": block("q", 1.0, why.get("Q")),
+        "t0_fixed_us": block("t0_fixed", 1.0, why.get("T0")),
+        "issue_rate_per_sm_GBps": block("issue_rate", 1e-3, why.get("T0")),
     }
+    if K_ref is None and p.capacity is not None:
+        out["Q_bytes"] = param_block(None, None, reason="no isolated bursts: no K to quote Q at")
+    fixed = {"shared": "q_bytes", "window": "S_bytes"}.get(p.law)
+    if fixed and p.capacity is not None:
+        out[fixed] = {
+            "value": 0.0,
+            "ci_low": 0.0,
+            "ci_high": 0.0,
+            "reason": FIXED_AT_ZERO.format(law=p.law),
+        }
+    return out

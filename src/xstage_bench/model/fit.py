@@ -1,31 +1,50 @@
 """Fit the Burst-Gap parameters T0, R, Q to raw microbenchmark records (any backend).
 
 This module runs the fit of every store path and assembles model/burst_gap.json: the
-stages it runs are in stages.py, their confidence intervals in bootstrap.py, the held-out
-validation in validation.py, the refit hardware profile in refit_profile.py.
+stages it runs are in stages.py and capacity.py, their confidence intervals in
+bootstrap.py, the held-out validation in validation.py, the refit hardware profile in
+refit_profile.py.
 
 The stages follow the paper's measurement plan (stages.py says how): R from zero-gap
-periodic bursts, whose K/B splits of one V must agree (check split_consistency); T0 from
-bursts that meet an empty path, periodic records whose gap drains the whole burst and
-isolated bursts; Q from the isolated-burst knee, pooled and per K. (Drain probes are
-isolated bursts too, but their kernel's fixed cost differs: they are validated apart.)
+periodic bursts, each K/B split's own R the slope of its periods over V (check
+split_consistency); T0 from bursts that meet an empty path, periodic records whose gap
+drains the whole burst and isolated bursts; the capacity from the isolated-burst knees.
+(Drain probes are isolated bursts too, but their kernel's fixed cost differs: they are
+validated apart.)
 
-Q comes in two variants, each a full fit of its own: one capacity Q shared by the path
-(the paper's model), and a per-producer window, Q = K * q, which the paper's own numbers
-(Q grows with K) suggest. `params` and `validation` hold the shared-Q model; the window
-variant's parameters and errors sit beside them, and a check says which fits better.
+The capacity follows the law Q(K) = S + K q (laws.capacity), a part S shared by the path
+and a window q per producer, in three variants (capacity.py): shared (q = 0, the paper's
+one Q), window (S = 0) and shared_plus_window. Each is a full fit of its own; the one whose
+isolated bursts (where the capacity acts) have the least held-out error over five
+stratified folds is the model's (`capacity_law`), and `params` holds it. The INTERFACE
+other code reads (the MegaMoE playback and `auto` lead):
+- params.S_bytes, params.q_bytes: the chosen variant's S and q, parameter blocks like the
+  others (value, ci_low, ci_high, reason); a number the variant holds at 0 is 0 with a
+  reason saying so;
+- params.Q_bytes: Q(K_ref) = S + K_ref q, the capacity at the largest K whose isolated
+  bursts were fitted (capacity_law.K_ref), with its bootstrap CI;
+- capacity_law: {"law": "S + K q", "chosen": "shared" | "window" | "shared_plus_window",
+  "chosen_by": why, "fitted": "S 0.98 MiB + K x 15.2 KiB" or the like, "K_ref": K,
+  "heldout": {variant: {n, median_abs_rel_error, p90_abs_rel_error, folds}} over the
+  isolated bursts (what chose), and "heldout_all_records" the same over every row of
+  the fit set}.
 
 Which records are fitted: aligned bursts where the dataset has them (see records.py);
 free-running records are then validated apart, with their own summary. R comes from the
-aggregate issue rate where records have it (V / issue_rate as the period).
+aggregate issue rate where records have it (V / issue_rate as the period). Aligned
+periodic records are fitted on the sender-visible issue time (sender_visible.py): the
+measured t_vis_slowest_us, or in older runs a stand-in derived from the period
+(t_vis_derived_us), and `sender_visible` says how many records took which and that the
+stand-in needs a new run.
 
 The stages depend on each other (R's fit needs T0 where a burst is issue-bound, T0's needs
 Q, Q's needs T0 and R), so they alternate a few rounds from a robust start. Confidence
 intervals come from a seeded bootstrap over records and over each record's samples.
-A held-out fifth of the fitted records (by id hash) checks the laws' predictions.
+A held-out fifth of the fitted records, stratified by study, K and regime, checks the
+laws' predictions (validation.py).
 
 Every store path the records measured (peer, host) is fitted on its own, from its own
-records: its T0, R and Q with CIs, its validation and its checks (R against that path's
+records: its parameters with CIs, its validation and its checks (R against that path's
 SM-store ceiling of the same run and against its line rate: NVLink's from the base profile
 for the peer path, the host link's from the raw files' environment for the host path).
 The local control is never fitted. A parameter a path's records cannot give is null, its
@@ -34,28 +53,31 @@ never a guess. model/document.py says how one file holds the paths:
 the top level is the peer path's fit where there is one (else the host path's), the
 others sit in `other_paths`; the refit hardware profile is the top level's.
 
-Each path's fit holds, beside what every reader needs (params, per_K, validation,
-validation_summary, checks):
+Each path's fit holds, beside what every reader needs (params, capacity_law, per_K,
+validation, validation_summary, checks):
+- per_K: each K's R (slope) and period intercept, its own knee Q and its T0;
 - fit_set: per role (zero_gap, periodic, isolated, and period, which is validated only),
   whether aligned records or all were fitted; fit.validated_apart says what never is;
   zero_gap_sources: how many zero-gap periods came from issue_rate_GBps, from period_us;
-- validation rows, one per record and metric (t_iss_slowest_us for every record, and
+- validation rows, one per record and metric (its issue-time metric, which it names, and
   period_us for periodic ones, predicted by laws.train_period): sync ("barrier" for every
   aligned record, drain probes included), aligned, in_fit_set (False: validated apart and
-  never fitted, so held_out is True), predicted_window_us and rel_error_window (the
-  per-producer window's prediction beside the shared-Q one);
-- validation_summary: held-out rows of the fit set (shared Q); validation_summary_free:
-  every free-running row validated apart; validation_by_metric: the first, per metric;
+  never fitted, so held_out is True), each variant's predicted_<law>_us and
+  rel_error_<law> beside the chosen variant's predicted_us and rel_error;
+- validation_summary: held-out rows of the fit set; validation_summary_free: every
+  free-running row validated apart; validation_by_metric: the first, per metric;
   validation_by_group: per "study/sync:metric", over held-out rows, with "all" (fitted
-  rows too) beside it to show where the laws miss systematically;
-- variants.per_producer_Q: params (q_bytes per producer, R, t0_fixed, issue rate, with
-  CIs) and the same summaries for the window variant;
+  rows too) beside it to show where the laws miss systematically; worst_heldout: the
+  held-out rows the model misses most;
+- variants: each capacity variant's params and summaries;
+- findings.store_loop_share: the share of the sender-visible time spent in the store
+  loop per K, a hardware finding reported beside the checks;
 - ceilings: the path's ceilings of the same run (`<path>_GBps`: median GB/s per method)
   and its line rate (nvlink_line_rate_GBps from the base profile, or host_line_rate_GBps
   from the environment's host link; a specification, not a measurement);
-- checks (see checks.py): split_consistency, t0_plateau_flat, stall_in_store_loop,
-  one_Q_explains_isolated, per_producer_Q_fits_better, r_matches_sm_store_ceiling,
-  r_within_line_rate, heldout_error_within_target.
+- checks (see checks.py): split_consistency, t0_plateau_flat, stall_visible_to_sender,
+  capacity_law_explains_isolated, r_matches_sm_store_ceiling, r_within_line_rate,
+  heldout_error_within_target.
 """
 
 from __future__ import annotations
@@ -68,8 +90,9 @@ from xstage_bench.data import storepath
 from xstage_bench.data.config import ConfigError
 from xstage_bench.data.hardware import load_profile
 from xstage_bench.data.results import RawResultError, atomic_write_text
-from xstage_bench.model import checks, laws
+from xstage_bench.model import capacity, checks, laws
 from xstage_bench.model.bootstrap import N_BOOTSTRAP, bootstrap, param_block, params_block
+from xstage_bench.model.capacity import LAWS, SHARED
 from xstage_bench.model.document import LINE_RATE_KEY, write_model
 from xstage_bench.model.records import (
     NOT_FITTED_KINDS,
@@ -82,26 +105,21 @@ from xstage_bench.model.records import (
 )
 from xstage_bench.model.refit_profile import profile_yaml
 from xstage_bench.model.stages import T0_REFERENCE_B, FitError, Params, PerK, fit_chain, fit_per_K
-from xstage_bench.model.validation import HOLDOUT_PERCENT, no_rows_reason, summaries, validate
+from xstage_bench.model.validation import (
+    CHOICE_RESOLUTION,
+    HOLDOUT_PERCENT,
+    STRIDE,
+    choose_law,
+    cross_validated,
+    error_key,
+    no_rows_reason,
+    summaries,
+    validate,
+    with_law,
+    worst_rows,
+)
 
-WINDOW = "per_producer_Q"
-
-
-def _stall_check(data: FitData, p: Params, per_K: list[dict]) -> dict:
-    """checks.stall_in_store_loop with each K's own Q (the pooled one where a K has none)."""
-    per = data.periodic
-    if p.R is None or not p.has_T0 or p.Q is None or data.period is None:
-        return checks.not_evaluated("needs the pooled R, T0 and Q")
-    Q_of_K = {k["K"]: k["Q_bytes"]["value"] for k in per_K if k["Q_bytes"]["value"]}
-    Q = np.array([Q_of_K.get(int(K), p.Q) for K in per.K])
-    T0 = p.T0(per.B)
-    return checks.stall_in_store_loop(
-        per,
-        data.period,
-        T0,
-        laws.issue_time(T0, per.G, per.V, p.R),
-        laws.isolated_issue_time(T0, per.V, Q, p.R),
-    )
+CAPACITY_LAW = "S + K q"
 
 
 def _per_K(data: FitData, pooled: Params, Ks: list[float], reps: dict) -> list[dict]:
@@ -117,6 +135,9 @@ def _per_K(data: FitData, pooled: Params, Ks: list[float], reps: dict) -> list[d
             {
                 "K": int(K),
                 "R_GBps": param_block(k.R, reps.get(f"R@{K:g}"), 1e-3, k.reasons.get("R")),
+                "period_intercept_us": param_block(
+                    k.c, reps.get(f"c@{K:g}"), 1.0, k.reasons.get("R")
+                ),
                 "Q_bytes": param_block(k.Q, reps.get(f"Q@{K:g}"), 1.0, k.reasons.get("Q")),
                 "T0_us": param_block(k.T0_ref, reps.get(f"T0@{K:g}"), 1.0, k.reasons.get("T0")),
             }
@@ -211,22 +232,28 @@ def _fit_path(
 ) -> tuple[dict, Params]:
     """One store path's fit: the block document.py puts at the top level or in other_paths."""
     data = loaded.fit
-    pooled = fit_chain(data)
-    window = fit_chain(data, window=True)
+    rows, train = validate(loaded, seed)
+    variant_summaries = {law: summaries(rows, error_key(law)) for law in LAWS}
+    heldout, heldout_all = cross_validated(loaded, seed)
+    chosen = choose_law(heldout)
+    law = chosen or SHARED
+    fits = {name: fit_chain(data, law=name) for name in LAWS}
+    pooled = fits[law]
     Ks = sorted(set(data.zero_gap.K) | set(data.periodic.K) | set(data.isolated.K))
-    reps = bootstrap(data, pooled, window, Ks, n_bootstrap, seed) if pooled.R is not None else {}
-    params = params_block(_naming_path(pooled, loaded.path), reps)
+    K_ref = float(np.max(data.isolated.K)) if len(data.isolated) else None
+    reps = bootstrap(data, fits, law, Ks, K_ref, n_bootstrap, seed) if pooled.R is not None else {}
+    params = params_block(_naming_path(pooled, loaded.path), reps, K_ref)
     per_K = _per_K(data, pooled, Ks, reps)
-    validation, train_shared = validate(loaded)
-    shared_summaries = summaries(validation)
-    window_summaries = summaries(validation, "rel_error_window")
+    validation = with_law(rows, law)
+    chosen_summaries = summaries(validation)
     if not validation:
-        shared_summaries["validation_summary"]["reason"] = no_rows_reason(train_shared)
+        chosen_summaries["validation_summary"]["reason"] = no_rows_reason(train[law])
     ceilings = _ceilings(loaded, base_profile)
     line_rate = ceilings[LINE_RATE_KEY[loaded.path]]
     block = {
         "path": loaded.path,
         "params": params,
+        "capacity_law": _capacity_law(pooled, chosen, heldout, heldout_all, K_ref),
         "per_K": per_K,
         "T0_reference_B_bytes": T0_REFERENCE_B,
         "records": loaded.counts,
@@ -234,6 +261,7 @@ def _fit_path(
             "n_bootstrap": n_bootstrap,
             "seed": seed,
             "holdout_percent": HOLDOUT_PERCENT,
+            "holdout": "stratified by study, K and regime; seeded (validation.py)",
             "reference_stores": reference_stores(loaded.path),
             "validated_apart": {
                 "kinds": list(NOT_FITTED_KINDS),
@@ -242,30 +270,82 @@ def _fit_path(
         },
         "fit_set": loaded.fit_set,
         "zero_gap_sources": loaded.zero_gap_sources,
+        "sender_visible": loaded.visible,
         "ceilings": ceilings,
         "validation": validation,
-        **shared_summaries,
+        **chosen_summaries,
+        "worst_heldout": worst_rows(validation),
         "variants": {
-            WINDOW: {
-                "params": params_block(_naming_path(window, loaded.path), reps, "w:"),
-                **window_summaries,
+            name: {
+                "params": params_block(_naming_path(fits[name], loaded.path), reps, K_ref),
+                **{k: v for k, v in variant_summaries[name].items() if k != "validation_by_group"},
             }
-        },
-        "checks": {
-            "split_consistency": checks.split_consistency(
-                data.zero_gap, pooled.R, pooled.T0 if pooled.has_T0 else None
-            ),
-            "t0_plateau_flat": checks.t0_plateau_flat(data.periodic, pooled.R),
-            "stall_in_store_loop": _stall_check(data, pooled, per_K),
-            "one_Q_explains_isolated": checks.one_Q(per_K),
-            "per_producer_Q_fits_better": checks.per_producer_Q_fits_better(validation),
-            "r_matches_sm_store_ceiling": checks.r_matches_ceiling(params["R_GBps"], ceilings),
-            "r_within_line_rate": checks.r_within_line_rate(
-                params["R_GBps"], per_K, line_rate, loaded.path
-            ),
-            "heldout_error_within_target": checks.heldout_error_within_target(
-                shared_summaries, window_summaries, loaded.fit_set
-            ),
+            for name in LAWS
         },
     }
+    block["checks"], block["findings"] = _checks(data, pooled, Ks, block, loaded.fit_set, line_rate)
     return block, pooled
+
+
+def _capacity_law(
+    p: Params, chosen: str | None, heldout: dict, heldout_all: dict, K_ref: float | None
+) -> dict:
+    """The model file's capacity_law block: which variant of Q(K) = S + K q the path's
+    params hold, why, and every variant's held-out error (validation.cross_validated)."""
+    by = (
+        f"the least held-out median |error| of the isolated bursts over {STRIDE} stratified "
+        f"folds, each burst held out once (medians within {CHOICE_RESOLUTION:.1%} tie: the "
+        "lower p90, then the fewer free numbers)"
+        if chosen
+        else "no isolated burst was predicted held out: the paper's shared capacity"
+    )
+    return {
+        "law": CAPACITY_LAW,
+        "chosen": p.law,
+        "chosen_by": by,
+        "fitted": None if p.capacity is None else capacity.describe(p.capacity),
+        "K_ref": None if K_ref is None else int(K_ref),
+        "Q_bytes_is": "S + K_ref q, the capacity at the largest K of the isolated bursts fitted",
+        "heldout": heldout,
+        "heldout_all_records": heldout_all,
+    }
+
+
+def _checks(
+    data: FitData,
+    p: Params,
+    Ks: list[float],
+    block: dict,
+    fit_set: dict,
+    line_rate: float | None,
+) -> tuple[dict, dict]:
+    """Every check of the path's fit (checks.py), and the findings beside them."""
+    per, per_K = data.periodic, block["per_K"]
+    found: dict = {}
+    out = {
+        "split_consistency": checks.split_consistency(per_K),
+        "t0_plateau_flat": checks.t0_plateau_flat(per, p.R, p.Q(per.K)),
+    }
+    if p.R is None or not p.has_T0 or p.capacity is None:
+        out["stall_visible_to_sender"] = checks.not_evaluated("needs the pooled R, T0 and Q")
+    else:
+        T0 = p.T0(per.B)
+        train = laws.issue_time(T0, per.G, per.V, p.R)
+        alone = laws.isolated_issue_time(T0, per.V, p.Q(per.K), p.R)
+        out["stall_visible_to_sender"] = checks.stall_visible_to_sender(per, T0, train, alone)
+        found["store_loop_share"] = checks.store_loop_share(
+            per, checks.backpressure_mask(per, T0, train, alone)
+        )
+    law_Q = {} if p.capacity is None else {int(K): float(p.Q(K)) for K in Ks}
+    out["capacity_law_explains_isolated"] = checks.capacity_law_explains_isolated(
+        per_K, law_Q, p.law
+    )
+    R = block["params"]["R_GBps"]
+    out["r_matches_sm_store_ceiling"] = checks.r_matches_ceiling(R, block["ceilings"])
+    out["r_within_line_rate"] = checks.r_within_line_rate(R, per_K, line_rate, block["path"])
+    out["heldout_error_within_target"] = checks.heldout_error_within_target(
+        block,
+        {law: v["validation_summary"] for law, v in block["variants"].items()},
+        fit_set,
+    )
+    return out, found

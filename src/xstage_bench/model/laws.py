@@ -2,7 +2,9 @@
 
 K producers store V bytes in all per burst, then compute for a gap G. Three parameters:
 T0 (backpressure-free issue time of the burst), R (drain rate of the path), Q (outstanding
-capacity). Units throughout: microseconds, bytes, and bytes per microsecond for rates;
+capacity), where Q follows the capacity law Q(K) = S + K q: a part S shared by the path
+and a window q per producer (`capacity`; the paper's one Q is q = 0). Units throughout:
+microseconds, bytes, and bytes per microsecond for rates;
 `gbps_to_bytes_per_us` converts the GB/s (1e9 bytes/s) that profiles and tables quote.
 Every function broadcasts over numpy arrays and returns a float (or bool) array.
 """
@@ -25,6 +27,15 @@ def bytes_per_us_to_gbps(rate: ArrayLike) -> NDArray:
 
 def _f(x: ArrayLike) -> NDArray:
     return np.asarray(x, dtype=float)
+
+
+def capacity(K: ArrayLike, S: ArrayLike, q: ArrayLike) -> NDArray:
+    """Q(K) = S + K q: the outstanding capacity a burst of K producers meets.
+
+    S is shared by the path, q is each producer's own window; the paper's shared Q is
+    q = 0 and a pure per-producer window S = 0. Every law below takes Q from here.
+    """
+    return _f(S) + _f(K) * _f(q)
 
 
 def period(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:

@@ -16,12 +16,18 @@ Zero-gap periods, which give R, come from the aggregate issue rate where a recor
 not depend on how the producers are aligned) and from the per-producer period otherwise
 (the simulator writes only period_us).
 
+Periodic records are fitted on the time the laws call their issue time: for aligned ones
+the sender-visible issue time (measured, or derived from the period in older runs), for
+free-running ones the store loop (sender_visible.py says which and why). Each record
+carries the name of its metric, and the model file says how many records took which.
+
 Each store path is fitted on its own (`load(raw_paths, path)`): only that path's records
 of the reference store configuration (16-byte stores, rewriting the same lines, one far
-end) enter its fit; local-control, other-path and other-store records stay for the
-figures. Records written before paths existed are the peer path (storepath.point_path).
-The ceilings of the path measured in the same run are collected for the R check, and for
-the host path the host link's line rate from the raw files' environment.
+end, the default kernel's next operation) enter its fit; local-control, other-path and
+other-store records stay for the figures. Records written before paths existed are the
+peer path (storepath.point_path). The ceilings of the path measured in the same run are
+collected for the R check, and for the host path the host link's line rate from the raw
+files' environment.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ import numpy as np
 
 from xstage_bench.data import storepath
 from xstage_bench.data.results import FAILED_STATUSES, RawResultError, read_raw
+from xstage_bench.model import sender_visible
 
-REFERENCE_STORES = {"dest": "peer", "width": 16, "pattern": "same", "peers": 1}
+# next_op "none": the default kernel; the next-operation study's records never enter a fit.
+REFERENCE_STORES = {"dest": "peer", "width": 16, "pattern": "same", "peers": 1, "next_op": "none"}
 BURST_KINDS = ("periodic", "isolated", "drain_probe")
 
 
@@ -63,6 +71,8 @@ class Recs:
     y: np.ndarray  # per-record median of the role's metric
     samples: tuple[np.ndarray, ...]
     series: tuple[str, ...]  # the record's point without its gap (one curve over G)
+    metric: tuple[str, ...]  # what y is, per record (sender_visible.py for periodic ones)
+    loop: np.ndarray  # per-record median store loop, t_iss_slowest_us (NaN where none)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -86,6 +96,8 @@ class Recs:
             self.y[idx] if y is None else y,
             pick(self.samples),
             pick(self.series),
+            pick(self.metric),
+            self.loop[idx],
         )
 
     def where(self, mask) -> Recs:
@@ -101,6 +113,8 @@ def concat(a: Recs, b: Recs) -> Recs:
         *(np.concatenate([getattr(a, k), getattr(b, k)]) for k in ("aligned", *"KVBGy")),
         a.samples + b.samples,
         a.series + b.series,
+        a.metric + b.metric,
+        np.concatenate([a.loop, b.loop]),
     )
 
 
@@ -113,6 +127,9 @@ def is_aligned(point: dict) -> bool:
     return point.get("sync") == "barrier" or point["kind"] == "drain_probe"
 
 
+ZERO_GAP_METRIC = {"issue_rate": "V/issue_rate_GBps", "period": "period_us"}
+
+
 def zero_gap_samples(record: dict) -> tuple[np.ndarray, str]:
     """A zero-gap record's period samples (us) and their source: V/issue_rate or period_us."""
     rates = record["samples"].get("issue_rate_GBps") or []
@@ -122,7 +139,7 @@ def zero_gap_samples(record: dict) -> tuple[np.ndarray, str]:
     return np.asarray(record["samples"]["period_us"], dtype=float), "period"
 
 
-def recs_from(records: list[dict], samples: list[np.ndarray]) -> Recs:
+def recs_from(records: list[dict], samples: list[np.ndarray], metrics: list[str]) -> Recs:
     pts = [r["point"] for r in records]
     return Recs(
         ids=tuple(r["id"] for r in records),
@@ -141,13 +158,17 @@ def recs_from(records: list[dict], samples: list[np.ndarray]) -> Recs:
             f"gap_mode={p.get('gap_mode')}"
             for p in pts
         ),
+        metric=tuple(metrics),
+        loop=np.array(
+            [np.median(r["samples"].get("t_iss_slowest_us") or [np.nan]) for r in records]
+        ),
     )
 
 
 @dataclass(frozen=True)
 class FitData:
     zero_gap: Recs  # periodic at G = 0, metric V/issue_rate or period_us
-    periodic: Recs  # every periodic record, metric t_iss_slowest_us
+    periodic: Recs  # every periodic record: sender-visible time or store loop (Recs.metric)
     isolated: Recs  # isolated bursts and drain probes, metric t_iss_slowest_us
     period: Recs | None = None  # periodic records, metric period_us: validated, not fitted
 
@@ -164,6 +185,7 @@ class Loaded:
     ceilings: dict  # the path's ceilings of the same run: method -> {median_GBps, n}
     path: str = storepath.PEER
     host_link: dict | None = None  # environment host_links[0] (kind, gen, width, line rate)
+    visible: dict | None = None  # aligned periodic records' metric (sender_visible.describe)
 
 
 def _is_reference(point: dict, path: str) -> bool:
@@ -289,20 +311,21 @@ def load(raw_paths: list[str] | dict[str, dict], path: str = storepath.PEER) -> 
     sources = {"issue_rate": 0, "period": 0}
     for _, source in zg:
         sources[source] += 1
+    zero_gap_recs = recs_from(zero_gap, [s for s, _ in zg], [ZERO_GAP_METRIC[m] for _, m in zg])
+    periodic_recs, visible = _periodic(periodic, zero_gap_recs)
 
-    def slowest(records: list[dict]) -> Recs:
+    def metric(records: list[dict], name: str) -> Recs:
         return recs_from(
-            records, [np.asarray(r["samples"]["t_iss_slowest_us"], dtype=float) for r in records]
+            records,
+            [np.asarray(r["samples"][name], dtype=float) for r in records],
+            [name] * len(records),
         )
 
-    with_period = [r for r in periodic if r["samples"].get("period_us")]
     roles = {
-        "zero_gap": recs_from(zero_gap, [s for s, _ in zg]),
-        "periodic": slowest(periodic),
-        "isolated": slowest(isolated),
-        "period": recs_from(
-            with_period, [np.asarray(r["samples"]["period_us"], dtype=float) for r in with_period]
-        ),
+        "zero_gap": zero_gap_recs,
+        "periodic": periodic_recs,
+        "isolated": metric(isolated, sender_visible.STORE_LOOP),
+        "period": metric([r for r in periodic if r["samples"].get("period_us")], "period_us"),
     }
     fit, apart, fit_set = {}, {}, {}
     for role, recs in roles.items():
@@ -324,4 +347,25 @@ def load(raw_paths: list[str] | dict[str, dict], path: str = storepath.PEER) -> 
         },
         path=path,
         host_link=_host_link(docs),
+        visible=visible,
     )
+
+
+def _periodic(periodic: list[dict], zero_gap: Recs) -> tuple[Recs, dict]:
+    """Periodic records on the sender-visible issue time where they are aligned
+    (sender_visible.py) and the store loop where they run free, and what the model file
+    says of it. R0, the fastest zero-gap drain, tells which gaps drained their burst."""
+    R0 = float(np.max(zero_gap.V / zero_gap.y)) if len(zero_gap) else None
+    aligned = [r for r in periodic if is_aligned(r["point"])]
+    cost = sender_visible.barrier_cost(aligned, R0)
+    pairs = [
+        sender_visible.samples(r, cost)
+        if is_aligned(r["point"])
+        else (np.asarray(r["samples"]["t_iss_slowest_us"], dtype=float), sender_visible.STORE_LOOP)
+        for r in periodic
+    ]
+    metrics = [m for _, m in pairs]
+    described = sender_visible.describe(
+        cost, [m for r, m in zip(periodic, metrics, strict=True) if is_aligned(r["point"])]
+    )
+    return recs_from(periodic, [s for s, _ in pairs], metrics), described

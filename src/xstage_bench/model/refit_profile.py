@@ -1,5 +1,6 @@
 """The refit hardware profile (model/profile.yaml): the base profile with one store
-path's fitted T0, R and Q in place of its own, for the simulator to run on.
+path's fitted T0, R and capacity law (S as capacity_bytes, q as
+capacity_per_producer_bytes) in place of its own, for the simulator to run on.
 
 This module exists because the profile is a second product of the fit, in the hardware
 profiles' YAML and not the model file's JSON, with its own header and notes.
@@ -31,7 +32,8 @@ def profile_yaml(
         "t0_fixed_us": None if p.t0_fixed is None else round(p.t0_fixed, 4),
         "issue_rate_per_sm_GBps": None if p.issue_rate is None else round(p.issue_rate / 1e3, 2),
         "drain_rate_GBps": None if p.R is None else round(p.R / 1e3, 2),
-        "capacity_bytes": None if p.Q is None else round(p.Q),
+        "capacity_bytes": None if p.capacity is None else round(p.capacity.S),
+        "capacity_per_producer_bytes": None if p.capacity is None else round(p.capacity.q),
     }
     base = load_profile(base_path).as_dict() if base_path else {}
     names = ", ".join(Path(s).name for s in sources)
@@ -55,6 +57,11 @@ def profile_yaml(
         else:
             notes.append(f"# {key}: not fitted ({p.reasons.get(_reason_key(key), '')})")
     header = [f"# Hardware profile refitted from dataset '{dataset}' by xstage_bench.model.fit."]
+    if p.capacity is not None:
+        header.append(
+            "# Capacity law Q(K) = capacity_bytes + K x capacity_per_producer_bytes "
+            f"(the {p.law} variant, chosen by held-out error)."
+        )
     if path != storepath.PEER:
         header.append(
             f"# Store path '{path}' ({storepath.far_end(path)}): T0, R and Q are that path's; "
@@ -66,4 +73,8 @@ def profile_yaml(
 
 
 def _reason_key(profile_key: str) -> str:
-    return {"drain_rate_GBps": "R", "capacity_bytes": "Q"}.get(profile_key, "T0")
+    return {
+        "drain_rate_GBps": "R",
+        "capacity_bytes": "Q",
+        "capacity_per_producer_bytes": "Q",
+    }.get(profile_key, "T0")

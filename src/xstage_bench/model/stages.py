@@ -1,5 +1,5 @@
-"""The fit's stages: T0, R and Q, each a small scipy least-squares fit on relative
-residuals of per-record medians, and the chain that alternates them.
+"""The fit's stages: T0, R and the capacity law, each a small scipy least-squares fit on
+relative residuals of per-record medians, and the chain that alternates them.
 
 This module exists so that the arithmetic of the fit can be read apart from what the
 model file holds (fit.py), its confidence intervals (bootstrap.py) and its held-out
@@ -9,15 +9,17 @@ validation (validation.py); all three call these stages.
 - T0 = t0_fixed + B/issue_rate from bursts that meet an empty path (the large-G plateau
   and isolated bursts), with the isolated law max(T0, (V - Q)/R) so that bursts beyond
   the knee do not bias it;
-- Q from the isolated-burst knee, max(T0, (V - Q)/R): one capacity shared by the path, or
-  with window=True a per-producer window q (Q = K * q).
+- the capacity Q(K) = S + K q from the isolated-burst knees, in one of its variants
+  (capacity.py: shared, window, shared_plus_window).
 
 The stages depend on each other (R's fit needs T0 where a burst is issue-bound, T0's needs
 Q, Q's needs T0 and R), so fit_chain alternates them a few rounds from a robust start;
-where a Q leaves no burst backpressure-free for T0 (isolated bursts that drain slower than
-R pull the knee's Q towards 0), T0 is fitted again with q_held, what the bursts are seen
-to hold, and a T0 that still cannot be fitted is None with its reason, never a guess.
-fit_per_K refits R, Q and T0 on one K's records with the others held at the pool's.
+where a capacity leaves no burst backpressure-free for T0 (isolated bursts that drain
+slower than R pull the knee towards 0), T0 is fitted again with what each K's bursts are
+seen to hold (capacity.held), and a T0 that still cannot be fitted is None with its
+reason, never a guess.
+fit_per_K gives one K's own numbers with the others held at the pool's: R as the slope of
+its zero-gap periods over V (period = V/R + c), its knee Q and its T0.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.optimize import least_squares
 
+from xstage_bench.model import capacity
+from xstage_bench.model.capacity import SHARED, Capacity, CapacityError
 from xstage_bench.model.records import FitData, Recs, concat, plateau
 
-MiB = float(1 << 20)
-KiB = 1024.0
 T0_REFERENCE_B = 32768  # per-K T0 is reported at the paper's B = 32 KB per producer
 ROUNDS = 4
 
@@ -43,26 +45,24 @@ class FitError(ValueError):
 class Params:
     """One fit's result; a None parameter carries its reason.
 
-    Q is the shared capacity in bytes, or with window=True the per-producer window q, so
-    that a burst of K producers meets Q = K * q.
+    capacity is the law's S and q (capacity.py), None where the knee was not measured.
     """
 
     R: float | None = None  # bytes/us
     t0_fixed: float | None = None  # us
     issue_rate: float | None = None  # bytes/us per producer
-    Q: float | None = None  # bytes (shared), or bytes per producer (window)
-    window: bool = False
+    capacity: Capacity | None = None
+    law: str = SHARED
     reasons: dict = field(default_factory=dict)
 
     def T0(self, B) -> np.ndarray:
         return self.t0_fixed + np.asarray(B, dtype=float) / self.issue_rate
 
-    def Q_for(self, K) -> np.ndarray | None:
-        """The capacity a burst of K producers meets, per record."""
-        if self.Q is None:
+    def Q(self, K) -> np.ndarray | None:
+        """The capacity a burst of K producers meets, per record (laws.capacity)."""
+        if self.capacity is None:
             return None
-        K = np.asarray(K, dtype=float)
-        return self.Q * K if self.window else np.full(K.shape, self.Q)
+        return self.capacity.at(np.asarray(K, dtype=float))
 
     @property
     def has_T0(self) -> bool:
@@ -108,42 +108,6 @@ def fit_T0(recs: Recs, R: float, Q: np.ndarray | None, start: Params | None = No
     return float(x[0]), float(x[1] * 1e3)
 
 
-def _scale(iso: Recs, window: bool) -> np.ndarray:
-    return iso.K if window else np.ones(len(iso))
-
-
-def q_held(iso: Recs, R: float, window: bool = False) -> float:
-    """The largest Q (or q) that puts no K's capacity above what its isolated bursts are
-    seen to hold, a floor that the records measure whatever the drain beyond the knee.
-
-    A burst that issued V bytes in T_iss on a path that drains at most R left at least
-    V - R*T_iss of them queued, so the capacity of its K (Q, or K*q) is at least the most
-    any burst of that K held. A capacity at or below that at every K lets no burst that
-    stalled pass as backpressure-free in T0's fit; the most over all K would, at the K's
-    that hold less (where the variant's law is not the data's, or by noise).
-    """
-    return min(
-        float(np.max((iso.V - R * iso.y)[iso.K == K])) / (K if window else 1.0)
-        for K in np.unique(iso.K)
-    )
-
-
-def q_start(iso: Recs, R: float, window: bool = False) -> float:
-    """A robust start for Q (or q): beyond the knee, V - R*T_iss is about Q whatever V is.
-
-    That holds where the bursts beyond the knee drain at R. Where they drain slower (host
-    bursts into pinned memory at ~0.87 R on one H200), V - R*T_iss falls with V and its
-    median can be 0 or below: no estimate at all, and a start of ~0 leaves no burst
-    backpressure-free for T0. The start is then q_held, what the bursts are seen to hold.
-    A positive median is kept as the start (the committed references' fits begin there);
-    one too low for T0 is fit_chain's to mend.
-    """
-    top = iso.V >= np.quantile(iso.V, 2 / 3)
-    knee = float(np.median((iso.V[top] - R * iso.y[top]) / _scale(iso, window)[top]))
-    floor = float(np.min(iso.V / _scale(iso, window))) * 1e-2  # least_squares needs Q > 0
-    return max(knee if knee > floor else q_held(iso, R, window), floor)
-
-
 def _drain_beyond_knee(iso: Recs) -> float | None:
     """The isolated bursts' drain rate beyond the knee (bytes/us): the slope of V over
     T_iss in the top third of V, where the law is (V - Q)/R; None with one T_iss there."""
@@ -153,97 +117,71 @@ def _drain_beyond_knee(iso: Recs) -> float | None:
     return float(np.polyfit(iso.y[top], iso.V[top], 1)[0])
 
 
-def fit_Q(iso: Recs, R: float, p: Params, Q0: float | None = None) -> float:
-    """Outstanding capacity from isolated bursts: T_iss = max(T0, (V - Q)/R).
-
-    With p.window the capacity is K * q and the result is q, bytes per producer.
-    """
-    if len(iso) == 0:
-        raise FitError("no isolated-burst records (study 'isolated')")
-    T0 = p.T0(iso.B)
-    unit = KiB if p.window else MiB
-    scale = _scale(iso, p.window) * unit
-    x0 = (Q0 if Q0 is not None else q_start(iso, R, p.window)) / unit
-    x = _solve(lambda x: (np.maximum(T0, (iso.V - x[0] * scale) / R) - iso.y) / iso.y, [x0], [0.0])
-    Q = float(x[0] * unit)
-    if np.count_nonzero((iso.V - Q * _scale(iso, p.window)) / R > 1.1 * T0) < 2:
-        bound = float(np.max((iso.V - R * T0) / _scale(iso, p.window)))
-        what = (
-            f"q is above about {bound / KiB:.1f} KiB per producer"
-            if p.window
-            else (f"Q is above about {bound / MiB:.2f} MiB")
-        )
-        raise FitError(
-            f"fewer than two isolated bursts stall beyond T0, so the knee is not measured: {what}"
-        )
-    return Q
-
-
 def fit_chain(
-    data: FitData, start: Params | None = None, rounds: int = ROUNDS, window: bool = False
+    data: FitData, start: Params | None = None, rounds: int = ROUNDS, law: str = SHARED
 ) -> Params:
-    """Alternate the R, T0 and Q stages; a parameter the data cannot give stays None."""
+    """Alternate the R, T0 and capacity stages; a parameter the data cannot give stays None.
+
+    `law` is the capacity variant (capacity.LAWS); a start carries its own.
+    """
     reasons: dict[str, str] = {}
     try:
         R = fit_R(data.zero_gap, start or Params(), start.R if start else None)
     except FitError as e:
         why = str(e)
         return Params(
-            window=window,
+            law=law,
             reasons={"R": why, "T0": f"needs R ({why})", "Q": f"needs R ({why})"},
         )
-    p = replace(start, R=R) if start else Params(R=R, window=window)
-    Q = p.Q
-    if Q is None and len(data.isolated):
-        Q = q_start(data.isolated, R, window)
+    p = replace(start, R=R) if start else Params(R=R, law=law)
+    cap = p.capacity
+    if cap is None and len(data.isolated):
+        cap = capacity.law_through(capacity.knees(data.isolated, R), p.law)
     for _ in range(rounds):
         reasons = {}
         try:
-            p, Q = _T0_stage(data, R, p, Q)
+            p = _T0_stage(data, R, replace(p, capacity=cap))
         except FitError as e:
-            return Params(R=R, window=window, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
+            return Params(R=R, law=p.law, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
         try:
-            Q = fit_Q(data.isolated, R, p, Q)
-        except FitError as e:
+            cap = capacity.fit(data.isolated, R, p.T0(data.isolated.B), p.law, cap)
+        except CapacityError as e:
             reasons["Q"] = str(e)
-            Q = None
-        p = replace(p, Q=Q)
+            cap = None
+        p = replace(p, capacity=cap)
         R = fit_R(data.zero_gap, p, R)
         p = replace(p, R=R)
     return replace(p, reasons=reasons)
 
 
-def _T0_stage(data: FitData, R: float, p: Params, Q: float | None) -> tuple[Params, float | None]:
-    """T0 fitted with the chain's Q; returns it and the Q the chain goes on with.
+def _T0_stage(data: FitData, R: float, p: Params) -> Params:
+    """T0 fitted with the chain's capacity, or where that leaves too few bursts
+    backpressure-free, with what each K's bursts are seen to hold.
 
-    A Q below what the bursts are seen to hold makes bursts that never stalled stall in
-    the isolated law, and with Q ~ 0 none is left backpressure-free for T0: a knee start
-    that is positive but low gives that where the bursts beyond the knee drain slower than
-    R (q_start), and so can fit_Q. Where T0 cannot be fitted with Q it is fitted again with
-    q_held, a floor the records measure whatever the drain rate, and the chain goes on
-    from it.
+    A capacity below what the bursts hold makes bursts that never stalled stall in the
+    isolated law, and with Q ~ 0 none is left backpressure-free for T0: a knee start that
+    is low gives that where the bursts beyond the knee drain slower than R, and so can the
+    capacity's fit. capacity.held is a floor the records measure whatever the drain rate
+    (a K without isolated bursts takes the lowest K's floor).
     """
     recs = concat(plateau(data.periodic, R), data.isolated)
-
-    def with_Q(Q_try: float | None) -> Params:
-        Q_recs = None if Q_try is None else replace(p, Q=Q_try).Q_for(recs.K)
-        t0_fixed, rate = fit_T0(recs, R, Q_recs, p if p.has_T0 else None)
-        return replace(p, t0_fixed=t0_fixed, issue_rate=rate)
-
-    tries = [Q]
-    held = q_held(data.isolated, R, p.window) if Q is not None and len(data.isolated) else None
-    if held is not None and held > Q:
-        tries.append(held)
-    for Q_try in tries:
+    tries = [("the law's", p.Q(recs.K))]  # None: no capacity, no stall modelled
+    if len(data.isolated):
+        floors = capacity.held(data.isolated, R)
+        lowest = min(floors.values())
+        tries.append(("held", np.array([floors.get(float(K), lowest) for K in recs.K])))
+    error = ""
+    for _, Q in tries:
         try:
-            return with_Q(Q_try), Q_try
+            t0_fixed, rate = fit_T0(recs, R, Q, p if p.has_T0 else None)
+            return replace(p, t0_fixed=t0_fixed, issue_rate=rate)
         except FitError as e:
             error = str(e)
-    if Q_try is not None:
-        name, unit, unit_name = ("q", KiB, "KiB") if p.window else ("Q", MiB, "MiB")
-        what = " (what the bursts are seen to hold)" if Q_try == held else ""
-        error += f"; with {name} = {Q_try / unit:.3g} {unit_name}{what} and R = {R / 1e3:.1f} GB/s"
-        error += ", fewer are"
+    if tries[-1][0] == "held":
+        error += (
+            f"; with the capacity each K's bursts are seen to hold and R = {R / 1e3:.1f} GB/s"
+            ", fewer are"
+        )
     rate = _drain_beyond_knee(data.isolated) if len(data.isolated) else None
     if rate is not None and rate < R:
         error += (
@@ -259,33 +197,57 @@ class PerK:
     Q: float | None
     T0_ref: float | None  # T0 at T0_REFERENCE_B
     reasons: dict
+    c: float | None = None  # us: the intercept of the K's zero-gap periods over V
+
+
+def slope_R(zg: Recs, p: Params) -> tuple[float, float]:
+    """(R, c) of one K/B split: its zero-gap periods over V as period = V/R + c.
+
+    Only drain-bound records count (V/R above 1.2 T0 where T0 is fitted), weighted by
+    1/period so that each period's relative error counts alike; a fixed cost per burst
+    (the intercept c) then does not bias R as it biases V/period at small V.
+    """
+    bound = zg.where(zg.V / p.R > 1.2 * p.T0(zg.B)) if p.has_T0 and p.R else zg
+    if len(np.unique(bound.V)) < 2:
+        raise FitError(
+            f"R's slope needs drain-bound zero-gap periods at two V or more "
+            f"({len(np.unique(bound.V))} here)"
+        )
+    slope, c = np.polyfit(bound.V, bound.y, 1, w=1.0 / bound.y)
+    if slope <= 0:
+        raise FitError("the zero-gap periods do not grow with V")
+    return float(1.0 / slope), float(c)
 
 
 def fit_per_K(data: FitData, pooled: Params, K: float) -> PerK:
-    """R, Q and T0 refitted on one K's records, the other parameters held at the pool's."""
+    """One K's R (slope_R), knee Q (a capacity of its own) and T0, the other parameters
+    held at the pool's."""
     reasons = {}
-    R = Q = T0 = None
+    R = Q = T0 = c = None
     try:
-        R = fit_R(data.zero_gap.where(data.zero_gap.K == K), pooled, pooled.R)
+        R, c = slope_R(data.zero_gap.where(data.zero_gap.K == K), pooled)
     except FitError as e:
         reasons["R"] = str(e)
     if pooled.R is None or not pooled.has_T0:
         reasons["Q"] = reasons["T0"] = "needs the pooled R and T0"
-        return PerK(R, Q, T0, reasons)
+        return PerK(R, Q, T0, reasons, c)
     iso = data.isolated.where(data.isolated.K == K)
+    previous = None if pooled.capacity is None else Capacity(SHARED, float(pooled.Q(K)), 0.0)
     try:
-        Q = fit_Q(iso, pooled.R, pooled, pooled.Q)
-    except FitError as e:
+        if len(iso) == 0:
+            raise CapacityError(f"no isolated bursts at K={K:g}")
+        Q = capacity.fit(iso, pooled.R, pooled.T0(iso.B), SHARED, previous).S
+    except CapacityError as e:
         reasons["Q"] = str(e)
     plat = plateau(data.periodic, pooled.R)
     recs = concat(plat.where(plat.K == K), iso)
     try:
         if len(recs) == 0:
             raise FitError(f"no plateau or isolated records at K={K:g}")
-        Q_K = Q if Q is not None else pooled.Q
+        Q_K = Q if Q is not None else (None if previous is None else previous.S)
         Q_recs = None if Q_K is None else np.full(len(recs), Q_K)
         t0_fixed, rate = fit_T0(recs, pooled.R, Q_recs, pooled)
         T0 = t0_fixed + T0_REFERENCE_B / rate
     except FitError as e:
         reasons["T0"] = str(e)
-    return PerK(R, Q, T0, reasons)
+    return PerK(R, Q, T0, reasons, c)

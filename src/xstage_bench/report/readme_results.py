@@ -104,10 +104,32 @@ def burst_gap_lines(ds: Path) -> list[str]:
         lines.append(
             f"- Burst-Gap, {storepath.far_end(path)}: T0 {t0} us, "
             f"R {_ci(row.R_GBps, row.R_GBps_ci_low, row.R_GBps_ci_high, 1)} GB/s, "
-            f"Q {_ci(row.Q_MiB, row.Q_MiB_ci_low, row.Q_MiB_ci_high, 2)} MiB; ceilings of the same "
+            f"{_capacity_text(fit, row)}; ceilings of the same "
             f"run: {ceiling_text}; {_prediction_error_text(fit)}."
         )
     return lines
+
+
+def _capacity_text(fit: dict, row) -> str:
+    """Q as the capacity law gives it (S + K q, the variant chosen, Q at its K_ref), or the
+    one Q of a file written before the law."""
+    Q = f"{_ci(row.Q_MiB, row.Q_MiB_ci_low, row.Q_MiB_ci_high, 2)} MiB"
+    law = fit.get("capacity_law")
+    if not law or fit["params"]["S_bytes"]["value"] is None:
+        return f"Q {Q}"
+    S, q = fit["params"]["S_bytes"], fit["params"]["q_bytes"]
+    MiB, KiB = 1 << 20, 1024
+
+    def scaled(p: dict, unit: float, digits: int) -> str:
+        if p.get("reason"):  # a number the chosen law holds at 0, and says so
+            return f"{p['value'] / unit:.{digits}f} ({p['reason']})"
+        low, high = (np.nan if p[k] is None else p[k] / unit for k in ("ci_low", "ci_high"))
+        return _ci(p["value"] / unit, low, high, digits)
+
+    return (
+        f"Q(K) = S + K q ({law['chosen']}, chosen by held-out error): S {scaled(S, MiB, 2)} MiB, "
+        f"q {scaled(q, KiB, 1)} KiB, Q at K={law['K_ref']} {Q}"
+    )
 
 
 def _prediction_error_text(fit: dict) -> str:

@@ -1,6 +1,7 @@
 """Discrete-event model of the X-Stage: producers injecting bursts into a finite path.
 
-The path holds at most Q outstanding bytes and drains them at R. A producer issuing a
+The path holds at most Q outstanding bytes and drains them at R; Q follows the capacity
+law Q(K) = S + K q for the K producers of a run (PathParams.new_path). A producer issuing a
 burst admits bytes at its own issue rate while the path has room; once the path is full,
 admission is the drain rate R shared equally among the producers still issuing. The
 state is piecewise linear between events (a fluid model), so the simulation jumps from
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xstage_bench.data.hardware import HardwareProfile
-from xstage_bench.model.laws import bytes_per_us_to_gbps, gbps_to_bytes_per_us
+from xstage_bench.model.laws import bytes_per_us_to_gbps, capacity, gbps_to_bytes_per_us
 
 # Model assumptions for the local path and the ceilings (documented in the raw config).
 LOCAL_PATH_FACTOR = 10.0  # local stores: 10x R and 10x Q (H200: 4.0 TB/s local vs ~365 GB/s peer)
@@ -147,12 +148,18 @@ class StorePath:
 
 @dataclass(frozen=True)
 class PathParams:
-    """What a burst meets on its way: fixed overhead, issue rate, drain rate, capacity."""
+    """What a burst meets on its way: fixed overhead, issue rate, drain rate, capacity.
+
+    The capacity follows the law Q(K) = S + K q (model.laws.capacity): `capacity` is the
+    part S the path shares, `capacity_per_producer` each producer's window q, and a run
+    that does not say how many producers it has gets `producers` (one per SM)."""
 
     t0_fixed_us: float
     issue_rate: float  # bytes/us, per producer
     drain: float  # bytes/us
-    capacity: float  # bytes
+    capacity: float  # bytes: S
+    capacity_per_producer: float = 0.0  # bytes: q
+    producers: int = 1
 
     def t0_us(self, B: float) -> float:
         """Backpressure-free issue time of one producer's B bytes."""
@@ -168,8 +175,13 @@ class PathParams:
         """
         return max(admitted, start + self.t0_us(B))
 
-    def new_path(self) -> StorePath:
-        return StorePath(self.drain, self.capacity, self.issue_rate)
+    def capacity_for(self, producers: int | None = None) -> float:
+        """Q(K) for `producers` producers (default: the path's own count)."""
+        K = self.producers if producers is None else producers
+        return float(capacity(K, self.capacity, self.capacity_per_producer))
+
+    def new_path(self, producers: int | None = None) -> StorePath:
+        return StorePath(self.drain, self.capacity_for(producers), self.issue_rate)
 
 
 def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -> PathParams:
@@ -186,6 +198,8 @@ def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -
         / WIDEST_STORE,
         drain=float(gbps_to_bytes_per_us(profile.drain_rate_GBps)) * factor,
         capacity=profile.capacity_bytes * factor,
+        capacity_per_producer=profile.capacity_per_producer_bytes * factor,
+        producers=profile.sm_count,
     )
 
 
@@ -246,7 +260,7 @@ def simulate_bursts(
     end = np.full((bursts, cohorts), np.nan)
     burst_of = np.zeros(cohorts, dtype=int)
     unfinished = np.full(bursts, cohorts)
-    path = params.new_path()
+    path = params.new_path(K)
     # External events: (time, seq, what, cohort); "start" begins a burst (its bytes go to
     # the path at once), "end" is when the producer has issued it (PathParams.issue_end).
     events: list[tuple[float, int, str, int]] = []

@@ -1,5 +1,5 @@
 """The fitted Burst-Gap model's parameters as numbers: values with CIs, T0 and R in the
-units the laws use, per-K capacities, the per-producer-window variant, the path's ceilings.
+units the laws use, the capacity law Q(K) = S + K q and its variants, the path's ceilings.
 
 A model file fits every store path it measured (model/document.py): `paths(model)` lists
 them and `for_path(model, path)` gives one path's fit, which every function here reads as
@@ -23,6 +23,7 @@ from xstage_bench.model.document import (
     primary_path,
 )
 from xstage_bench.model.laws import BYTES_PER_US_PER_GBPS as GBPS_TO_BYTES_PER_US
+from xstage_bench.model.laws import capacity
 
 paths = fitted_paths  # every store path the model fits, the top level's first
 for_path = path_fit  # one path's fit, in the shape of a one-path model
@@ -65,22 +66,30 @@ def t0_us(model: dict, K: float, V: float | np.ndarray) -> float | np.ndarray | 
 
 
 def capacity_for_K(model: dict, K: int) -> float | None:
-    """Q fitted for this K when the fitter gave one, else the pooled Q."""
+    """The model's capacity for K producers: its law, S + K q (laws.capacity), where the
+    file has one; in files written before the law, Q fitted for this K, else the pooled Q."""
+    S, q = param(model, "S_bytes"), param(model, "q_bytes")
+    if S is not None and q is not None:
+        return float(capacity(K, S, q))
     for entry in model.get("per_K", []):
         if entry.get("K") == K:
-            q = (entry.get("Q_bytes") or {}).get("value")
-            if q is not None:
-                return float(q)
+            value = (entry.get("Q_bytes") or {}).get("value")
+            if value is not None:
+                return float(value)
     return param(model, "Q_bytes")
 
 
-WINDOW_VARIANT = "per_producer_Q"
+def capacity_law(model: dict) -> dict | None:
+    """The fit's capacity_law block (which variant of S + K q, and why), None in files
+    written before the law."""
+    return model.get("capacity_law")
 
 
-def window_model(model: dict) -> dict | None:
-    """The per-producer-window fit (Q = K*q) as a model with its own params, when fitted."""
-    variant = (model.get("variants") or {}).get(WINDOW_VARIANT)
-    if not variant or (variant["params"].get("q_bytes") or {}).get("value") is None:
+def variant_model(model: dict, law: str) -> dict | None:
+    """One capacity variant's fit (shared, window, shared_plus_window) as a model with its
+    own params, where the file has it and it determined a capacity."""
+    variant = (model.get("variants") or {}).get(law)
+    if not variant or (variant["params"].get("S_bytes") or {}).get("value") is None:
         return None
     return {"params": variant["params"]}
 
@@ -117,7 +126,8 @@ PROFILE_KEYS = {  # hardware-profile key -> the fitted parameter it takes
     "t0_fixed_us": "t0_fixed_us",
     "issue_rate_per_sm_GBps": "issue_rate_per_sm_GBps",
     "drain_rate_GBps": "R_GBps",
-    "capacity_bytes": "Q_bytes",
+    "capacity_bytes": "S_bytes",
+    "capacity_per_producer_bytes": "q_bytes",
 }
 
 
@@ -126,5 +136,7 @@ def path_profile(profile: HardwareProfile, model: dict, path: str) -> HardwarePr
     path) with T0, R and Q of `path`'s fit where that fit has them."""
     fit = for_path(model, path)
     values = {key: param(fit, name) for key, name in PROFILE_KEYS.items()}
+    if values["capacity_bytes"] is None:  # a file written before the capacity law
+        values["capacity_bytes"] = param(fit, "Q_bytes")
     name = profile.name if path == path_of(model) else f"{profile.name}, {path} path"
     return replace(profile, name=name, **{k: v for k, v in values.items() if v is not None})

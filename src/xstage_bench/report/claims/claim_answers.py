@@ -149,12 +149,19 @@ def drain_rate(src: Sources) -> Found:
     return answer_of(src, (value,), _ci_of(low, high), ".4g", "fitted, all K pooled", NO_FIT_CI)
 
 
-def _largest_K_capacity(src: Sources) -> tuple[int, dict] | None:
+def _largest_K_capacity(src: Sources) -> tuple[int, dict, str] | None:
+    """(K, Q's parameter block, where it comes from): the capacity law's Q at the largest K
+    its isolated bursts measured (params.Q_bytes), or in files written before the law the
+    Q fitted to the largest K alone."""
+    law = src.model.get("capacity_law")
+    pooled = src.model["params"].get("Q_bytes") or {}
+    if law and law.get("K_ref") and pooled.get("value") is not None:
+        return int(law["K_ref"]), pooled, f"the capacity law S + K q ({law['chosen']})"
     fitted = [e for e in src.model["per_K"] if (e.get("Q_bytes") or {}).get("value") is not None]
     if not fitted:
         return None
     entry = max(fitted, key=lambda e: e["K"])
-    return int(entry["K"]), entry["Q_bytes"]
+    return int(entry["K"]), entry["Q_bytes"], "fitted"
 
 
 def _capacity(per_producer: bool) -> AnswerFn:
@@ -164,10 +171,14 @@ def _capacity(per_producer: bool) -> AnswerFn:
         found = _largest_K_capacity(src)
         if found is None:
             return NotMeasured("no K has a fitted Q (needs the isolated-burst study)")
-        K, entry = found
+        K, entry, source = found
         scale = K * labels.KIB if per_producer else labels.MIB
         value, low, high = (v / scale for v in fitted.param_ci(entry))
-        note = f"Q/K at K={K}" if per_producer else f"fitted at K={K} (the largest K fitted)"
+        note = (
+            f"Q/K at K={K}, Q from {source}"
+            if per_producer
+            else f"{source} at K={K} (the largest K fitted)"
+        )
         return answer_of(src, (value,), _ci_of(low, high), ".3g", note, NO_FIT_CI)
 
     return answer

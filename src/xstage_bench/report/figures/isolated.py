@@ -2,11 +2,13 @@
 one row of panels per store path (peer GPU, host memory).
 
 Below the capacity a burst issues in T0; above it the excess must drain first, so the
-model is max(T0, (V - Q)/R). Both capacity fits of the row's path are drawn in every
-panel: one Q shared by the path (the paper's model, dashed) and a per-producer window,
-Q = K * q (dash-dot), each with its own fitted T0 and R, and a vertical tick at the
-capacity it puts for this K. The panel title gives the path and the Q fitted to this K
-alone. The local-memory control (dest=local) is drawn dotted in every row.
+model is max(T0, (V - Q(K))/R) with the capacity law Q(K) = S + K q. Every variant of the
+law the row's path fitted is drawn in every panel: one capacity shared by the path (the
+paper's model, q = 0, dashed), a window per producer (S = 0, dash-dot) and both (solid),
+each with its own fitted T0 and R and a vertical tick at the capacity it puts for this K;
+the legend marks the variant the fit chose by held-out error. The panel title gives the
+path and the Q fitted to this K alone. The local-memory control (dest=local) is drawn
+dotted in every row.
 """
 
 from __future__ import annotations
@@ -20,25 +22,27 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from xstage_bench.data import storepath
-from xstage_bench.model.laws import isolated_issue_time
+from xstage_bench.model.capacity import LAWS
+from xstage_bench.model.laws import capacity, isolated_issue_time
 from xstage_bench.report.analysis import fitted, frames, labels, load
 from xstage_bench.report.figures import common
 
 STUDY = "isolated"
 METRIC = "t_iss_slowest_us"
-FITS = (("shared Q", "--"), ("per-producer q", "-."))
+FITS = tuple(zip(LAWS, ("--", "-.", "-"), strict=True))  # (variant, line style)
+LAW_TEXT = {"shared": "S", "window": "K q", "shared_plus_window": "S + K q"}
 NOTE_CHARS = 190
 
 
 def _fits(model: dict, K: int) -> list[tuple[str, str, float, dict]]:
-    """(name, linestyle, capacity for this K, model) of each Q fit the model file has."""
+    """(variant, linestyle, capacity for this K, model) of each capacity variant the
+    model file has."""
     out = []
-    shared = fitted.param(model, "Q_bytes")
-    if shared is not None:
-        out.append((*FITS[0], shared, model))
-    window = fitted.window_model(model)
-    if window is not None:
-        out.append((*FITS[1], K * fitted.param(window, "q_bytes"), window))
+    for law, linestyle in FITS:
+        variant = fitted.variant_model(model, law)
+        if variant is not None:
+            S, q = fitted.param(variant, "S_bytes"), fitted.param(variant, "q_bytes")
+            out.append((law, linestyle, float(capacity(K, S, q)), variant))
     return out
 
 
@@ -61,13 +65,15 @@ def plot(dataset_dir: Path) -> Figure:
     paths = frames.remote_paths(ok) or [storepath.PEER]
     Ks = sorted(int(k) for k in ok["K"].unique())
     palette = dict(zip(("remote", "local"), sns.color_palette("deep", 2), strict=True))
-    fit_colors = dict(zip((f[0] for f in FITS), ("k", "tab:red"), strict=True))
+    fit_colors = dict(zip((f[0] for f in FITS), ("k", "tab:red", "tab:green"), strict=True))
+    chosen = None
     V = np.geomspace(float(ok["V"].min()), float(ok["V"].max()), 400)
 
     fig, axes = common.new_figure(len(paths), len(Ks), width=4.2, height=4.0, sharey=True)
     drawn, unmodelled, notes = set(), [], [frames.failure_note(df)]
     for row_axes, path in zip(axes, paths, strict=True):
         fit = _path_fit(model, path, notes)
+        chosen = chosen or (fitted.capacity_law(fit or {}) or {}).get("chosen")
         for ax, K in zip(row_axes, Ks, strict=True):
             for dest, linestyle, marker in ((path, "-", "o"), ("local", ":", "x")):
                 rows = ok[(ok["K"] == K) & (ok["path"] == dest)].sort_values("V")
@@ -117,8 +123,9 @@ def plot(dataset_dir: Path) -> Figure:
     ]
     for name, linestyle in FITS:
         if name in drawn:
-            what = "Q" if name == "shared Q" else "K*q"
-            label = f"model, {name}: max(T0, (V-{what})/R)\n(vertical: {what} for this K)"
+            what = LAW_TEXT[name]
+            mark = " (chosen)" if name == chosen else ""
+            label = f"model, {name}{mark}: Q = {what}\n(vertical: Q for this K)"
             handles.append(Line2D([], [], color=fit_colors[name], linestyle=linestyle, label=label))
     if unmodelled:
         notes.append(f"model lines omitted for {', '.join(unmodelled)}: R, Q or T0 was not fitted")
@@ -141,13 +148,20 @@ def _path_fit(model: dict, path: str, notes: list) -> dict | None:
 
 def _fit_notes(model: dict, path: str | None) -> list[str]:
     parts = []
-    Q = fitted.param(model, "Q_bytes")
-    if Q is not None:
-        parts.append(f"shared Q = {labels.fmt_bytes(Q)}")
-    window = fitted.window_model(model)
-    if window is not None:
-        parts.append(f"per-producer q = {fitted.param(window, 'q_bytes') / labels.KIB:.1f} KiB")
-    check = model["checks"].get("per_producer_Q_fits_better")
+    law = fitted.capacity_law(model)
+    S, q = fitted.param(model, "S_bytes"), fitted.param(model, "q_bytes")
+    if law and S is not None and q is not None:
+        errors = ", ".join(
+            f"{name} {v['median_abs_rel_error']:.1%} / {v['p90_abs_rel_error']:.0%}"
+            for name, v in law["heldout"].items()
+            if v["n"]
+        )
+        parts.append(
+            f"capacity law Q(K) = S + K q, chosen {law['chosen']}: S = {labels.fmt_bytes(S)}, "
+            f"q = {q / labels.KIB:.1f} KiB (isolated bursts' held-out median / p90 |error|: "
+            f"{errors})"
+        )
+    check = model["checks"].get("capacity_law_explains_isolated")
     if check and check["passed"] is not None:
         parts.append(check["detail"])
     if not parts:

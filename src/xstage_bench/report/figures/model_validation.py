@@ -1,8 +1,10 @@
 """fig-model-validation: predicted vs measured, held-out points highlighted.
 
 The left panel puts every validated point against the y = x line; the other two show the
-relative residual per study and sync mode, one panel per metric (the issue time
-t_iss_slowest and, for periodic records, the period), so a systematic miss (one study,
+relative residual per study and sync mode, one panel per metric (the issue time each
+record names: the store loop t_iss_slowest, or for aligned periodic records the
+sender-visible time, measured or derived from the period; and for periodic records the
+period), so a systematic miss (one study,
 one regime) is visible rather than averaged away. Colours tell apart the records the
 laws were fitted to, the held-out ones, and those validated apart and never fitted:
 free-running producers and drain probes. One row of panels per store path the model
@@ -36,8 +38,18 @@ CATEGORIES = {  # category -> (colour, marker size)
     "never fitted: aligned, other kernel": ("tab:orange", 16),
 }
 RATIO_TICKS = (0.01, 0.1, 0.2, 0.5, 0.8, 1.0, 1.25, 2, 5, 10, 100)
-METRIC_MARKER = {"t_iss_slowest_us": "o", "period_us": "s"}
-METRIC_NAME = {"t_iss_slowest_us": "issue time t_iss_slowest", "period_us": "period"}
+METRIC_MARKER = {
+    "t_iss_slowest_us": "o",
+    "t_vis_slowest_us": "^",
+    "t_vis_derived_us": "v",
+    "period_us": "s",
+}
+METRIC_NAME = {
+    "t_iss_slowest_us": "issue time t_iss_slowest (store loop)",
+    "t_vis_slowest_us": "sender-visible issue time t_vis_slowest",
+    "t_vis_derived_us": "sender-visible issue time, derived from the period",
+    "period_us": "period",
+}
 
 
 def _category(row: pd.Series) -> str:
@@ -157,9 +169,14 @@ def _path_notes(model: dict, prefix: str) -> list[str]:
     and variant, and each check with its detail, are tab-model-checks' rows."""
     held_out = _errors_text(model["validation_summary"])
     return [
-        f"{prefix}held out (shared Q): {held_out}; checks: {model_checks.counts(model)} "
+        f"{prefix}held out ({_law(model)}): {held_out}; checks: {model_checks.counts(model)} "
         "(each in tab-model-checks)"
     ]
+
+
+def _law(model: dict) -> str:
+    law = fitted.capacity_law(model)
+    return f"capacity law {law['chosen']}" if law else "shared Q"
 
 
 def _no_data_reason(model: dict, val: pd.DataFrame) -> str | None:

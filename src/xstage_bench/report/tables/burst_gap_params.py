@@ -1,9 +1,12 @@
 """tab-burst-gap-params: the fitted T0, R and Q with 95% CIs, per store path, per K and
 pooled, beside the paper's B200 values (a peer path: NVLink5).
 
-One row per (path, K) and a pooled row per path, each path fitted on its own records (a
-dataset of one path has that path's rows only); `path` names it, `far_end` says where its
-stores land.
+One row per (path, K), a pooled row and a capacity-law row per path, each path fitted on
+its own records (a dataset of one path has that path's rows only); `path` names it,
+`far_end` says where its stores land. Per-K rows give each K's own fit (R the slope of its
+zero-gap periods, Q its own knee); the pooled row's Q is the capacity law's at the largest
+K fitted; the law row gives the law Q(K) = S + K q itself: S (MiB) in the Q columns, q
+(KiB) in the per-producer column.
 
 T0 is quoted at B = 32 KiB per producer, the burst the paper quotes it for: per K as the
 fitter reports it, pooled from t0_fixed + B / issue_rate. The pooled T0's interval combines
@@ -55,6 +58,27 @@ def _row(path: str, scope: str, K: float, T0, R, Q, source: str) -> dict:
     }
 
 
+def _law_row(fit: dict, path: str) -> dict | None:
+    """The capacity law's row: S with its CI in the Q columns, q in the per-producer one."""
+    law = fitted.capacity_law(fit)
+    S, q = fit["params"].get("S_bytes"), fit["params"].get("q_bytes")
+    if not law or not S or S.get("value") is None:
+        return None
+    q_value, q_low, q_high = fitted.param_ci(q)
+    row = _row(
+        path,
+        f"law: S + K q ({law['chosen']})",
+        np.nan,
+        (np.nan,) * 3,
+        (np.nan,) * 3,
+        fitted.param_ci(S),
+        f"capacity law chosen by held-out error; Q_MiB is S, Q_per_producer_KiB is q "
+        f"(95% CI {q_low / labels.KIB:.3g}-{q_high / labels.KIB:.3g} KiB)",
+    )
+    row["Q_per_producer_KiB"] = q_value / labels.KIB
+    return row
+
+
 def _path_rows(fit: dict, path: str) -> list[dict]:
     """Per-K rows and the pooled row of one path's fit."""
     params = fit["params"]
@@ -83,7 +107,11 @@ def _path_rows(fit: dict, path: str) -> list[dict]:
     )
     pooled["t0_fixed_us"] = fitted.param(fit, "t0_fixed_us")
     pooled["issue_rate_per_sm_GBps"] = fitted.param(fit, "issue_rate_per_sm_GBps")
-    return [*rows, pooled]
+    K_ref = (fitted.capacity_law(fit) or {}).get("K_ref")
+    if K_ref:
+        pooled["source"] += f"; Q at K={K_ref} from the capacity law"
+    law = _law_row(fit, path)
+    return [*rows, pooled, *([law] if law else [])]
 
 
 def build(dataset_dir: Path) -> Table:

@@ -3,9 +3,12 @@
 The table beside fig-model-validation: what the figure once carried as a dozen lines of
 footnote (the held-out errors per metric and variant, every check with its detail) is a
 row each here, so that the figure shows its data and this table the verdicts. One row per
-(path, item): the held-out error of the fit set (all metrics, then each metric), the
-per-producer window variant, the free-running records, then every check of model.checks
-(passed, FAILED, or not evaluated where the data cannot answer it) with its detail.
+(path, item): the held-out error of the fit set (all metrics, then each metric), each
+variant of the capacity law over the cross-validation folds (the chosen one marked), the
+free-running records, the findings reported beside the checks (the store loop's share of
+the sender-visible time), the held-out rows the model misses most, then every check of
+model.checks (passed, FAILED, or not evaluated where the data cannot answer it) with its
+detail.
 """
 
 from __future__ import annotations
@@ -47,30 +50,68 @@ def _error_row(path: str, item: str, summary: dict | None) -> dict:
     }
 
 
+def _row(path: str, kind: str, item: str, detail: str, result: str = "") -> dict:
+    return {
+        "path": path,
+        "far_end": storepath.far_end(path),
+        "kind": kind,
+        "item": item,
+        "result": result,
+        "detail": detail,
+    }
+
+
+def _law_rows(path: str, law: dict) -> list[dict]:
+    rows = []
+    for name, summary in law["heldout"].items():
+        chosen = ", chosen" if name == law["chosen"] else ""
+        folds = summary.get("folds")
+        over = f" over {folds} folds" if folds else ""
+        item = f"capacity law {name}{chosen}: isolated bursts, held out{over}"
+        rows.append(_error_row(path, item, summary))
+    return rows
+
+
+def _finding_rows(path: str, fit: dict) -> list[dict]:
+    share = (fit.get("findings") or {}).get("store_loop_share")
+    if not share or not share["n"]:
+        return []
+    per_K = ", ".join(f"K={K}: {v:.0%}" for K, v in share["per_K"].items())
+    return [
+        _row(
+            path, "finding", "store_loop_share", f"{per_K} ({share['n']} records): {share['what']}"
+        )
+    ]
+
+
+def _worst_rows(path: str, fit: dict) -> list[dict]:
+    return [
+        _row(
+            path,
+            "worst held-out row",
+            w["id"],
+            f"{w['metric']}: measured {w['measured_us']:.3g} us, predicted "
+            f"{w['predicted_us']:.3g} us ({w['rel_error']:+.0%})",
+        )
+        for w in fit.get("worst_heldout") or []
+    ]
+
+
 def path_rows(path: str, fit: dict) -> list[dict]:
     """The rows of one path's fit (fitted.for_path's document)."""
-    rows = [_error_row(path, "fit set, held out (shared Q)", fit["validation_summary"])]
+    law = fitted.capacity_law(fit)
+    which = f"capacity law {law['chosen']}" if law else "shared Q"
+    rows = [_error_row(path, f"fit set, held out ({which})", fit["validation_summary"])]
     for metric, summary in (fit.get("validation_by_metric") or {}).items():
         rows.append(_error_row(path, f"fit set, held out: {metric}", summary))
-    window = (fit.get("variants") or {}).get(fitted.WINDOW_VARIANT)
-    if window:
-        rows.append(
-            _error_row(path, "per-producer window variant, held out", window["validation_summary"])
-        )
+    if law:
+        rows += _law_rows(path, law)
     free = fit.get("validation_summary_free")
     if free and free.get("n"):
         rows.append(_error_row(path, "free-running records (never fitted)", free))
+    rows += _finding_rows(path, fit) + _worst_rows(path, fit)
     for name, check in fit["checks"].items():
-        rows.append(
-            {
-                "path": path,
-                "far_end": storepath.far_end(path),
-                "kind": "check",
-                "item": name,
-                "result": CHECK_RESULT[check["passed"]],
-                "detail": check["detail"],
-            }
-        )
+        rows.append(_row(path, "check", name, check["detail"], CHECK_RESULT[check["passed"]]))
     return rows
 
 
