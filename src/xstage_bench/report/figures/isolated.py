@@ -48,9 +48,7 @@ def _per_K_title(model: dict, K: int, path: str) -> str:
     head = f"{storepath.far_end(path)}, K={K}"
     if Q is None:
         return head
-    return (
-        f"{head}: Q fitted to this K\n{labels.fmt_bytes(Q)} ({Q / K / labels.KIB:.1f} KiB/producer)"
-    )
+    return f"{head}\nQ {labels.fmt_bytes(Q)}, {Q / K / labels.KIB:.1f} KiB/producer"
 
 
 def plot(dataset_dir: Path) -> Figure:
@@ -120,6 +118,7 @@ def plot(dataset_dir: Path) -> Figure:
             what = "Q" if name == "shared Q" else "K*q"
             label = f"model, {name}: max(T0, (V-{what})/R)\n(vertical: {what} for this K)"
             handles.append(Line2D([], [], color=fit_colors[name], linestyle=linestyle, label=label))
+    notes.append("panel titles: the Q fitted to that K alone, and per producer (Q / K)")
     if unmodelled:
         notes.append(f"model lines omitted for {', '.join(unmodelled)}: R, Q or T0 was not fitted")
     return common.finish_figure(
