@@ -1,7 +1,7 @@
-"""Check the durations the README states against what this CI run measured.
+"""Check the durations the README and docs/running.md state against what this CI run measured.
 
 .ci/run records each step's seconds in .ci/times.txt ("<step> <seconds>"). The README says
-how long the tests and the smoke run take on two cores; a statement holds when the
+how long the tests take on two cores, docs/running.md the smoke run; a statement holds when the
 measured time is within [half its low end, 1.5 x its high end] (CI machines differ in load;
 a statement off by more than that is false anywhere). Prints every statement beside its
 measurement, exits 1 when one does not hold.
@@ -23,17 +23,22 @@ def minutes(word: str) -> float:
     return float(WORDS.get(word, word))
 
 
-def main(times_file: str = ".ci/times.txt", readme: str = "README.md") -> int:
+DOCUMENTS = ("README.md", "docs/running.md")  # where the statements stand
+
+
+def main(times_file: str = ".ci/times.txt", *documents: str) -> int:
     measured = {}
     for line in Path(times_file).read_text().splitlines():
         step, seconds = line.rsplit(" ", 1)
         measured[step] = float(seconds) / 60
-    text = " ".join(Path(readme).read_text().split())
+    text = " ".join(" ".join(Path(d).read_text().split()) for d in documents or DOCUMENTS)
     failed = False
     for step, pattern in STATEMENTS.items():
         match = re.search(pattern, text)
         if match is None:
-            print(f"README: no statement of the {step} time ({pattern})")
+            print(
+                f"{', '.join(documents or DOCUMENTS)}: no statement of the {step} time ({pattern})"
+            )
             failed = True
             continue
         low = minutes(match["low"])
@@ -42,8 +47,10 @@ def main(times_file: str = ".ci/times.txt", readme: str = "README.md") -> int:
         holds = took is not None and low / 2 <= took <= 1.5 * high
         failed |= not holds
         said = match.group(0)
-        print(f"{'ok  ' if holds else 'FAIL'} {step}: README '{said}', measured "
-              + (f"{took:.1f} min" if took is not None else "nothing"))
+        print(
+            f"{'ok  ' if holds else 'FAIL'} {step}: '{said}', measured "
+            + (f"{took:.1f} min" if took is not None else "nothing")
+        )
     return 1 if failed else 0
 
 

@@ -1,6 +1,6 @@
 """The SLURM profile: each GPU job asks for a whole node of the right GPUs, exclusively; the
-README's command keeps the profile's resources; figures and tables never become jobs. The
-profile against a real Slurm is CI's (.ci/slurm.sh)."""
+cluster command of docs/running.md keeps the profile's resources; figures and tables never
+become jobs. The profile against a real Slurm is CI's (.ci/slurm.sh)."""
 
 import os
 import re
@@ -35,11 +35,11 @@ def copy_workflow(tmp_path, results=False):
 
 
 def readme_cluster_command():
-    """The README's cluster command: its exported variables and its snakemake arguments."""
-    readme = (ROOT / "README.md").read_text()
+    """docs/running.md's cluster command: its exported variables and its snakemake arguments."""
+    readme = (ROOT / "docs" / "running.md").read_text()
     exports = re.search(r"^ {4}export (SBATCH_\S+ SBATCH_\S+)", readme, re.M)
     command = re.search(r"^ {4}snakemake --profile workflow/profiles/slurm (.*)$", readme, re.M)
-    assert exports and command, "README: no cluster command"
+    assert exports and command, "docs/running.md: no cluster command"
     env = dict(kv.split("=", 1) for kv in exports.group(1).split())
     return env, shlex.split(command.group(1))
 

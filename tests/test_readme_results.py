@@ -1,6 +1,6 @@
-"""The README's results section is generated from the committed references (issue 26: a
-recompute found README numbers that no file held): the block between its markers must be
-exactly what `xstage readme` makes of results/ref-* today."""
+"""The results section (docs/results.md) is generated from the committed references (issue
+26: a recompute found README numbers that no file held): the block between its markers
+must be exactly what `xstage readme` makes of results/ref-* today."""
 
 import errno
 import json
@@ -15,24 +15,24 @@ import pytest
 from xstage_bench.cli import main
 from xstage_bench.data import layout
 from xstage_bench.megamoe import schedule
-from xstage_bench.report import readme_results
+from xstage_bench.report import generated_docs, readme_results
 from xstage_bench.report.tables import model_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_readme_results_block_is_what_the_committed_files_give():
-    readme = (ROOT / "README.md").read_text()
+def test_the_results_block_is_what_the_committed_files_give():
+    page = (ROOT / "docs" / "results.md").read_text()
     generated = readme_results.section(ROOT / "results")
-    assert generated in readme, (
-        "README.md's results block differs from the committed files: run "
+    assert generated in page, (
+        "docs/results.md's results block differs from the committed files: run "
         "`xstage readme --write` (and re-render the references first if a renderer changed)"
     )
 
 
 def test_every_number_of_the_block_comes_from_a_file_not_from_the_readme(tmp_path):
     # A number typed into the block by hand is overwritten by the next generation.
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "results.md").read_text()
     tampered = readme.replace("geomean 1.", "geomean 9.", 1)
     assert tampered != readme
     block = readme_results.section(ROOT / "results")
@@ -275,13 +275,21 @@ def test_readme_refuses_a_results_directory_without_the_references(tmp_path, cap
     assert readme.read_bytes() == before
 
 
+def only_block(monkeypatch, text: str) -> None:
+    """`xstage readme` with one generated block, the results block of README.md, made as
+    `text` (the references not needed)."""
+    block = generated_docs.Block("results", "README.md", lambda root, results: text)
+    monkeypatch.setattr(generated_docs, "BLOCKS", (block,))
+    monkeypatch.setattr(readme_results, "require_references", lambda root: None)
+
+
 def test_readme_write_is_atomic(tmp_path, monkeypatch, capsys):
     """A write that fails part way (here the disk fills) leaves the README as it was and
     names it; a plain write_text left it truncated."""
     begin, end = readme_results.BEGIN, readme_results.END
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{begin}\nold\n{end}\n")
-    monkeypatch.setattr(readme_results, "section", lambda root: f"{begin}\nnew\n{end}")
+    only_block(monkeypatch, f"{begin}\nnew\n{end}")
 
     def disk_full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -297,11 +305,9 @@ def test_readme_write_is_atomic(tmp_path, monkeypatch, capsys):
     assert readme.read_text() == f"intro\n{begin}\nnew\n{end}\n"
 
 
-def test_readme_write_names_a_readme_without_the_markers(tmp_path, monkeypatch, capsys):
+def test_readme_write_names_a_file_without_the_markers(tmp_path, monkeypatch, capsys):
     readme = tmp_path / "README.md"
     readme.write_text("no markers here\n")
-    monkeypatch.setattr(readme_results, "section", lambda root: "block")
+    only_block(monkeypatch, "block")
     assert main(["readme", "--write", "--readme", str(readme)]) == 2
-    assert f"xstage: error: {readme}: README has no generated results block" in (
-        capsys.readouterr().err
-    )
+    assert f"xstage: error: {readme}: no generated results block" in capsys.readouterr().err

@@ -43,18 +43,20 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _readme(args: argparse.Namespace) -> int:
-    from xstage_bench.report import readme_results
+    from xstage_bench.report import generated_docs
 
-    block = readme_results.section(args.results)
+    root = args.readme.parent  # docs/ lies beside the README
     if not args.write:
-        print(block)
+        for _, block in generated_docs.blocks(root, args.results):
+            print(block)
         return 0
     try:
-        text = readme_results.replace_in(args.readme.read_text(), block)
-    except ValueError as e:  # replace_in's only error: the README lacks the markers
-        raise UsageError(f"{args.readme}: {e}") from None
-    atomic_write_text(args.readme, text)
-    print(f"{args.readme}: generated results block written")
+        texts = generated_docs.made(root, args.results)
+    except ValueError as e:  # made's only error: a file lacks a block's markers
+        raise UsageError(str(e)) from None
+    for name, text in texts.items():
+        atomic_write_text(root / name, text)
+        print(f"{root / name}: generated blocks written")
     return 0
 
 
@@ -322,9 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_compare)
 
     p = sub.add_parser(
-        "readme", help="print the README's results section, generated from results/ref-*"
+        "readme",
+        help="print the generated blocks of README.md and docs/ (claims, nodes, results, "
+        "configuration keys, figures and tables)",
     )
-    p.add_argument("--write", action="store_true", help="replace README.md's generated block")
+    p.add_argument(
+        "--write", action="store_true", help="write them into README.md and the docs/ beside it"
+    )
     p.add_argument("--readme", type=Path, default=Path("README.md"))
     p.add_argument("--results", type=Path, default=Path("results"))
     p.set_defaults(func=_readme)

@@ -1,10 +1,10 @@
-"""The README's results section, generated from the committed reference datasets.
+"""The results section, generated from the committed reference datasets.
 
-No number in the README's results is typed by hand (a recompute once found numbers there
-that no file held). `xstage readme` prints the section; `xstage readme --write` puts it
-between the README's markers; a test fails when the README's copy differs from what the
-committed tables, models and raw files give. Prose around the markers says what the
-numbers mean, never a number.
+No number in the results is typed by hand (a recompute once found numbers there that no
+file held). `xstage readme` prints the section; `xstage readme --write` puts it between the
+markers of docs/results.md (generated_docs, with the README's other generated blocks); a
+test fails when the committed copy differs from what the committed tables, models and raw
+files give. Prose around the markers says what the numbers mean, never a number.
 """
 
 from __future__ import annotations

@@ -94,14 +94,20 @@ def _stamp_simulated(fig: Figure) -> None:
         )
 
 
-def _panel_columns(fig: Figure) -> int:
-    spec = next((ax.get_subplotspec() for ax in fig.axes if ax.get_subplotspec()), None)
-    return spec.get_gridspec().ncols if spec is not None else 1
+def _panel_width_in(ax, panels_in: float) -> float:
+    """The width of `ax`, in inches, when its grid's columns share `panels_in` (a panel
+    spanning several columns gets their width)."""
+    spec = ax.get_subplotspec()
+    if spec is None:
+        return panels_in
+    return panels_in * len(spec.colspan) / spec.get_gridspec().ncols
 
 
-def _wrap_panel_text(fig: Figure, panel_in: float) -> None:
-    """Panel titles and x labels wrapped to a narrowed panel's width (never overlapping)."""
+def _wrap_panel_text(fig: Figure, panels_in: float) -> None:
+    """Panel titles and x labels wrapped to a narrowed panel's width (never overlapping),
+    the panels sharing `panels_in` inches across."""
     for ax in fig.axes:
+        panel_in = _panel_width_in(ax, panels_in)
         for get, put in ((ax.get_title, ax.set_title), (ax.get_xlabel, ax.set_xlabel)):
             text = get()
             if not text:
@@ -138,7 +144,7 @@ def finish_figure(
     fig.set_size_inches(total, height)
     right = (total - legend_in) / total
     if total < width + legend_in:
-        _wrap_panel_text(fig, (total - legend_in) / (width / _panel_columns(fig)))
+        _wrap_panel_text(fig, total - legend_in)
     lines = _wrap(notes, fig.get_size_inches()[0])
     notes_in = 0.25 + NOTE_LINE_IN * len(lines)
     fig.set_size_inches(fig.get_size_inches()[0], height + notes_in)  # panels keep their size
@@ -193,9 +199,28 @@ def byte_ticks(axis: Axis, values: np.ndarray) -> None:
     axis.set_minor_locator(NullLocator())
 
 
+DECADE_TICKS = 12  # every decade labelled, up to this many
+
+
+class PlainLogLocator(LogLocator):
+    """Ticks at 1, 2, 5 x 10^n, or at the decades alone where the axis spans too many for
+    those to fit. matplotlib's LogLocator with subs takes itself for a minor locator once it
+    would skip decades and returns no tick at all: ref-h200x1's fig-issue-vs-gap, 0.2 to
+    7000 us, had bare y axes."""
+
+    def __init__(self) -> None:
+        super().__init__(base=10, subs=(1.0, 2.0, 5.0))
+
+    def tick_values(self, vmin: float, vmax: float) -> np.ndarray:
+        ticks = super().tick_values(vmin, vmax)
+        if ticks.size:
+            return ticks
+        return LogLocator(base=10, numticks=DECADE_TICKS).tick_values(vmin, vmax)
+
+
 def plain_log_ticks(axis: Axis) -> None:
     """Log-axis labels as plain numbers at 1, 2, 5 x 10^n rather than powers of ten."""
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_locator(PlainLogLocator())
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
 

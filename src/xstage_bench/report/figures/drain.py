@@ -228,8 +228,8 @@ def _draw_path(period_ax, rate_ax, ok, model: dict, path: str, style: _Style, ma
     period_ax.set_yscale("log")
     common.plain_log_ticks(period_ax.yaxis)
     period_ax.set_ylabel("each producer's period (us)\nmedian and 95% CI")
-    period_ax.set_title(f"{far}: period vs V (dashed: V/R)", fontsize=common.PANEL_TITLE_FONT)
+    period_ax.set_title(f"{far}\nperiod vs V (dashed: V/R)", fontsize=common.PANEL_TITLE_FONT)
     rate_ax.set_ylabel("drain rate (GB/s)")
-    what = "aggregate issue rate (+: V/period where absent)" if style.mixed else "V / period"
-    rate_ax.set_title(f"{far}: {what}", fontsize=common.PANEL_TITLE_FONT)
+    what = "aggregate issue rate" if style.mixed else "V / period"
+    rate_ax.set_title(f"{far}\n{what}", fontsize=common.PANEL_TITLE_FONT)
     return drawn

@@ -52,9 +52,7 @@ def _per_K_title(model: dict, K: int, path: str) -> str:
     head = f"{storepath.far_end(path)}, K={K}"
     if Q is None:
         return head
-    return (
-        f"{head}: Q fitted to this K\n{labels.fmt_bytes(Q)} ({Q / K / labels.KIB:.1f} KiB/producer)"
-    )
+    return f"{head}\nQ {labels.fmt_bytes(Q)}, {Q / K / labels.KIB:.1f} KiB/producer"
 
 
 def plot(dataset_dir: Path) -> Figure:
@@ -127,6 +125,7 @@ def plot(dataset_dir: Path) -> Figure:
             mark = " (chosen)" if name == chosen else ""
             label = f"model, {name}{mark}: Q = {what}\n(vertical: Q for this K)"
             handles.append(Line2D([], [], color=fit_colors[name], linestyle=linestyle, label=label))
+    notes.append("panel titles: the Q fitted to that K alone, and per producer (Q / K)")
     if unmodelled:
         notes.append(f"model lines omitted for {', '.join(unmodelled)}: R, Q or T0 was not fitted")
     return common.finish_figure(

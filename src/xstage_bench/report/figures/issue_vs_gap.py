@@ -29,9 +29,10 @@ from xstage_bench.report.analysis import fitted, frames, labels, load
 from xstage_bench.report.figures import common
 
 STUDIES = (("free", "gap_sweep"), ("barrier", "gap_sweep_barrier"))
+# (metric, panel title, what the note says it is)
 DEFINITIONS = (
-    ("t_iss_slowest_us", "T_iss = slowest producer's own store loop"),
-    ("t_iss_window_us", "T_iss = whole-burst window (first start to last end)"),
+    ("t_iss_slowest_us", "T_iss: slowest producer", "the slowest producer's own store loop"),
+    ("t_iss_window_us", "T_iss: whole-burst window", "the first start to the last end"),
 )
 # Gaps past V/R of the host path reach hundreds of us: such a row's gap axis is linear up
 # to 10 us and logarithmic beyond, so the knees of short bursts stay visible.
@@ -39,6 +40,12 @@ LINEAR_GAPS_US = 100.0
 SYMLOG_LINTHRESH_US = 10.0
 SYMLOG_TICKS_US = (0, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 DEST_STYLE = {"remote": ("-", "o"), "local": (":", "x")}  # a path's stores, the local control
+
+
+def _sync_word(sync: str) -> str:
+    """A sync mode in one word, for panel titles ('aligned', 'free-running'); the notes
+    say what each means (labels.SYNC_LABEL)."""
+    return labels.SYNC_LABEL[sync].split(" (")[0]
 
 
 def _model_gaps(longest: float) -> np.ndarray:
@@ -59,7 +66,7 @@ def _model_line(model: dict, K: int, V: float, gaps: np.ndarray) -> np.ndarray |
 
 
 def plot(dataset_dir: Path) -> Figure:
-    metrics = tuple(m for m, _ in DEFINITIONS)
+    metrics = tuple(m for m, *_ in DEFINITIONS)
     studies, docs, notes = [], [], []
     for sync, study in STUDIES:
         source = f"microbench/{study}.json"
@@ -112,7 +119,7 @@ def plot(dataset_dir: Path) -> Figure:
         row_bursts = {(int(k), int(v)) for k, v in zip(ok["K"], ok["V"], strict=True)}
         on_line_row = path in line_syncs and sync == line_syncs[path][1]
         gaps = _model_gaps(float(ok["gap_us"].max()))
-        for ax, (metric, definition) in zip(row_axes, DEFINITIONS, strict=True):
+        for ax, (metric, definition, _) in zip(row_axes, DEFINITIONS, strict=True):
             for (K, V), color in colors.items():
                 if (K, V) not in row_bursts:
                     continue
@@ -150,7 +157,7 @@ def plot(dataset_dir: Path) -> Figure:
                 ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
                 ax.xaxis.set_minor_locator(NullLocator())
             ax.set_title(
-                f"{storepath.far_end(path)}, {labels.SYNC_LABEL[sync]}\n{study}: {definition}",
+                f"{storepath.far_end(path)}, {_sync_word(sync)} ({study})\n{definition}",
                 fontsize=common.PANEL_TITLE_FONT,
             )
         row_axes[0].set_ylabel("issue time T_iss (us)\nmedian and 95% CI")
@@ -167,12 +174,16 @@ def plot(dataset_dir: Path) -> Figure:
         Line2D([], [], color="0.3", linestyle=":", marker="x", label="local control"),
         Line2D([], [], color="0.3", linestyle="--", label="model max(T0, V/R - G, (V - Q)/R)"),
     ]
+    notes.append(
+        f"aligned: {labels.SYNC_LABEL['barrier'].split(' (')[1].rstrip(')')}; T_iss: "
+        + ", or ".join(f"{title.split(': ')[1]}, {what}" for _, title, what in DEFINITIONS)
+    )
     for path, (fitted_sync, line_sync) in line_syncs.items():
         fitted_to = "aligned bursts" if fitted_sync == "barrier" else "free-running records"
         whose = f"{storepath.far_end(path)}: " if len(paths) > 1 else ""
         notes.append(
             f"{whose}model lines (T0, R, each K's Q from model/burst_gap.json, fitted to "
-            f"{fitted_to}) on the {labels.SYNC_LABEL[line_sync].split(' (')[0]} row only"
+            f"{fitted_to}) on the {_sync_word(line_sync)} row only"
         )
     if unmodelled:
         notes.append("some model lines omitted: R or T0 was not fitted")

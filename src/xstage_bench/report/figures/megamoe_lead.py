@@ -78,7 +78,7 @@ def plot(dataset_dir: Path) -> Figure:
                             (x, v),
                             textcoords="offset points",
                             xytext=(4, 6),
-                            fontsize=8,
+                            fontsize=common.NOTE_FONT,  # 8 pt read 7.9 pt as the report shows it
                         )
             elif lead.isdigit():
                 ax.errorbar(

@@ -25,7 +25,7 @@ from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, ScalarFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, ScalarFormatter
 
 from xstage_bench.data import stats
 from xstage_bench.data.stats import NOISY_HALF_WIDTH
@@ -81,6 +81,7 @@ def plot(dataset_dir: Path) -> Figure:
                     f"{path} path, {megamoe.fraction_text(path, fraction)} (rows re-homed): "
                     f"{len(rows)} configurations, geomean {mean:.3f}x, not plotted (tab-megamoe)"
                 )
+    notes.append("faster / slower / tie: a configuration's 95% CI lies above 1 / below 1 / spans 1")
     throttled = int(every_fraction["throttled"].sum())
     if throttled:
         notes.append(
@@ -140,15 +141,18 @@ def _plot_bars(ax, path: str, what: str, part, palette: dict) -> Line2D:
     )
     ax.set_xlim(-0.6, len(part) - 0.4)
     ax.set_ylim(min(0.9, np.nanmin(low) * 0.98), np.nanmax(high) * 1.06)
-    ax.set_xticks([])
-    ax.set_xlabel(f"configuration, sorted by speedup ({len(part)} configurations)")
+    # ranks, not names: a configuration's name is in tab-megamoe's per-configuration rows
+    ranks = MaxNLocator(nbins=8, integer=True).tick_values(1, len(part))
+    ax.xaxis.set_major_locator(FixedLocator([0] + [r - 1 for r in ranks if 1 < r <= len(part)]))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v + 1:.0f}"))
+    ax.set_xlabel(f"configuration rank, by speedup ({len(part)} configurations)")
     ax.set_ylabel(f"expert-wave / interleaved\n{LAYER.name}")
     verdicts = part["verdict"]
     ax.set_title(
-        f"{megamoe.path_title(path)}, {what}: interleaved faster in "
+        f"{megamoe.path_title(path)}, {what}\ninterleaved faster in "
         f"{int((verdicts == stats.FASTER).sum())}, slower in "
-        f"{int((verdicts == stats.SLOWER).sum())}, tie in {int((verdicts == stats.TIE).sum())} "
-        f"(95% CIs); {int(part['noisy'].sum())} noisy",
+        f"{int((verdicts == stats.SLOWER).sum())}, tie in {int((verdicts == stats.TIE).sum())}; "
+        f"{int(part['noisy'].sum())} noisy",
         fontsize=common.PANEL_TITLE_FONT,
     )
     return Line2D(

@@ -95,7 +95,7 @@ def _scatter(ax, val: pd.DataFrame, far: str) -> None:
     common.plain_log_ticks(ax.yaxis)
     ax.set_xlabel("measured (us)")
     ax.set_ylabel("predicted (us)")
-    ax.set_title(f"{far}: predicted vs measured\n(band: +-10%)", fontsize=common.PANEL_TITLE_FONT)
+    ax.set_title(f"{far}\npredicted vs measured (band: +-10%)", fontsize=common.PANEL_TITLE_FONT)
 
 
 def _residuals(ax, val: pd.DataFrame, metric: str, far: str) -> None:
@@ -142,8 +142,7 @@ def _residuals(ax, val: pd.DataFrame, metric: str, far: str) -> None:
     for label in ax.get_xticklabels():
         label.set(rotation=40, ha="right", rotation_mode="anchor")
     ax.set_title(
-        f"{far}: {METRIC_NAME.get(metric, metric)}: error per study and sync\n"
-        f"(green: within {TARGET:.0%})",
+        f"{far}: {METRIC_NAME.get(metric, metric)}\nerror per study (green: within {TARGET:.0%})",
         fontsize=common.PANEL_TITLE_FONT,
     )
 

@@ -91,6 +91,7 @@ def plot(dataset_dir: Path) -> Figure:
     notes = []
     for row, (path, spans) in enumerate(per_path.items()):
         handles += _plot_path(axes[row], path, spans, notes)
+    notes.append("left: the traced configurations' distributions averaged, each weighted equally")
     notes.append(frames.failure_note(frames.records_frame(doc)))
     return common.finish_figure(
         fig,
@@ -145,7 +146,7 @@ def _plot_path(axes, path: str, spans: Spans, notes: list) -> list[Line2D]:
     cdf_ax.set_xlabel(f"store span into {storepath.far_end(path)}\nof one Linear-2 tile (us)")
     cdf_ax.set_ylabel("fraction of tiles")
     cdf_ax.set_title(
-        f"{path} path: all {len(configs)} traced configuration(s), each weighted equally",
+        f"{path} path: {len(configs)} traced configuration(s)",
         fontsize=common.PANEL_TITLE_FONT,
     )
     detail_ax.set_yticks(range(len(configs)), configs)
@@ -153,9 +154,7 @@ def _plot_path(axes, path: str, spans: Spans, notes: list) -> list[Line2D]:
     detail_ax.set_ylim(len(configs) - 0.5, -0.5)
     detail_ax.xaxis.set_major_locator(MaxNLocator(4))  # few ticks: the range can be tiny
     detail_ax.set_xlabel("median span (us)")
-    detail_ax.set_title(
-        f"{path} path, per configuration: median span", fontsize=common.PANEL_TITLE_FONT
-    )
+    detail_ax.set_title(f"{path} path: median span", fontsize=common.PANEL_TITLE_FONT)
     notes.append(
         f"{path} path: x axis to the {TAIL:.1%} quantile of all spans ({right:.2f} us); "
         f"the longest span is {every.max():.2f} us"

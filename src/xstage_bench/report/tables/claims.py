@@ -22,7 +22,7 @@ from xstage_bench.report.claims import claim_answers, verdicts
 from xstage_bench.report.claims.claim_answers import Answer, Found, NotMeasured
 from xstage_bench.report.claims.claim_sources import Sources
 from xstage_bench.report.claims.counterparts import COUNTERPARTS, Counterpart
-from xstage_bench.report.tables.common import Table
+from xstage_bench.report.tables.common import MAIN, Columns, Table
 
 NOT_MEASURED = verdicts.NOT_MEASURED
 NOT_ANSWERED = "n/a"  # a counterpart cell where that source has no number
@@ -177,4 +177,21 @@ def build(dataset_dir: Path) -> Table:
         "The paper's quantitative claims, with ours beside them and a verdict",
         _dataset_label(dataset_dir, src),
         notes,
+        columns={MAIN: markdown_columns()},
+    )
+
+
+def markdown_columns() -> Columns:
+    """How the Markdown copy splits the frame (the CSV keeps every column): ours beside the
+    paper, why each verdict, the other datasets' answers and their notes, the sources."""
+    others = tuple(c.column for c in COUNTERPARTS)
+    return Columns(
+        ("claim",),
+        (
+            ("ours beside the paper", ("statement", "paper", "unit", "ours", "verdict")),
+            ("why each verdict", ("verdict", "criterion", "why")),
+            ("beside the other datasets", ("paper", "unit", "ours", *others)),
+            ("the other datasets' notes", tuple(f"{c} note" for c in others)),
+            ("sources", ("topic", "paper_source", "ours_note", "ours_kind")),
+        ),
     )

@@ -25,7 +25,7 @@ from xstage_bench.report import paper
 from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines, runs
 from xstage_bench.report.analysis.speedup_ci import headline_ci
 from xstage_bench.report.tables import megamoe_host
-from xstage_bench.report.tables.common import Table
+from xstage_bench.report.tables.common import MAIN, Columns, Table
 
 PAPER = {
     "paper_geomean": paper.MEGAMOE_GEOMEAN,
@@ -389,23 +389,23 @@ def build(dataset_dir: Path) -> Table:
     for name, ratios in others.items():
         notes += other_schedule_notes(name, ratios, len(speedups))
     sections = []
+    columns = {MAIN: SUMMARY_COLUMNS}
     whole = layer_over_kernel(speedups)
     if not whole.empty:
         sections.append((f"Whole layer over kernel time, {schedule.INTERLEAVED}", whole))
         notes.append(layer_over_kernel_note())
     per_config = per_configuration(speedups, others)
-    sections.append(("Per configuration: speedups with CIs and verdicts", per_config))
+    sections.append((PER_CONFIGURATION, per_config))
+    columns[PER_CONFIGURATION] = per_configuration_columns(per_config)
     libraries = megamoe_baselines.megamoe_baselines(doc)
     baselines = megamoe.at_baseline_setting(libraries)
     if not baselines.empty:
         flashinfer = megamoe_baselines.has_records(doc, "flashinfer")
         sections += [
             ("Our best schedule against the baselines", baseline_summary(baselines, flashinfer)),
-            (
-                "Our best schedule against the baselines, per configuration",
-                baseline_configs(baselines, flashinfer),
-            ),
+            (BASELINES_PER_CONFIGURATION, baseline_configs(baselines, flashinfer)),
         ]
+        columns[BASELINES_PER_CONFIGURATION] = baseline_configs_columns(sections[-1][1])
         notes.append(
             "baselines: ours/unfused and ours/DeepGEMM are time ratios, our best schedule's "
             "median layer time over the baseline's (best schedule's) median time: below 1 ours "
@@ -442,7 +442,39 @@ def build(dataset_dir: Path) -> Table:
         labels.doc_label(dataset_dir, doc),
         notes,
         sections,
+        columns,
     )
+
+
+# How the Markdown copy splits the wide frames (the CSV keeps every column).
+SUMMARY_COLUMNS = Columns(
+    ("path", "metric", "group", "value"),
+    (
+        ("speedup", ("n", "geomean", "median", "min", "min_noisy", "max", "max_noisy")),
+        ("counts", ("n", "wins", "losses", "ties", "noisy", "throttled")),
+        ("beside the paper", tuple(c for name in PAPER for c in (name[6:], name))),
+    ),
+)
+PER_CONFIGURATION = "Per configuration: speedups with CIs and verdicts"
+BASELINES_PER_CONFIGURATION = "Our best schedule against the baselines, per configuration"
+
+
+def per_configuration_columns(frame: pd.DataFrame) -> Columns:
+    """Our interleaved over expert waves in one part, each other schedule's in its own."""
+    keys = ("path", "configuration")
+    others = {schedule.SCHEDULES[name].label for name in OTHER_SCHEDULES}
+    theirs = {o: tuple(c for c in frame.columns if c.startswith(o)) for o in sorted(others)}
+    ours = tuple(c for c in frame.columns if not any(c in cols for cols in theirs.values()))
+    parts = [("interleaved over expert waves", ours)]
+    parts += [(f"{other} over expert waves", cols) for other, cols in theirs.items()]
+    return Columns(keys, tuple(parts))
+
+
+def baseline_configs_columns(frame: pd.DataFrame) -> Columns:
+    """Each variant's time in one part, the ratios in another."""
+    times = tuple(c for c in frame.columns if c.endswith(" us"))
+    ratios = tuple(c for c in frame.columns if c != "configuration" and c not in times)
+    return Columns(("configuration",), (("times (us)", times), ("ratios", ratios)))
 
 
 # (name, column, only where this column is known): our speedup is summarized over the

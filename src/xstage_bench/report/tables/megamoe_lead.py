@@ -14,7 +14,7 @@ import pandas as pd
 from xstage_bench.data import stats
 from xstage_bench.data.stats import NOISY_HALF_WIDTH
 from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_lead
-from xstage_bench.report.tables.common import Table
+from xstage_bench.report.tables.common import MAIN, Columns, Table
 from xstage_bench.report.tables.megamoe import add_speedup_columns
 
 
@@ -137,6 +137,41 @@ def build(dataset_dir: Path) -> Table:
         notes,
         [
             ("Per path and f: the best swept lead and the model's auto", summary_per_share(best)),
-            ("Per lead: both metrics with CIs and verdicts", per_lead(leads)),
+            (PER_LEAD, per_lead(leads)),
         ],
+        markdown_columns(frame),
     )
+
+
+PER_LEAD = "Per lead: both metrics with CIs and verdicts"
+LEAD_STATS = ("speedup", "verdict", "noisy")  # per metric, in the per-lead section
+
+
+def markdown_columns(frame: pd.DataFrame) -> dict[str, Columns]:
+    """How the Markdown copy splits the wide frames (the CSV keeps every column): the
+    speedup per lead apart from the model's auto lead; each metric per lead apart."""
+    per_lead = [
+        (metric.name, ("lead rows",) + tuple(f"{metric.name} {what}" for what in LEAD_STATS))
+        for metric in megamoe.METRICS
+    ]
+    return {
+        MAIN: Columns(
+            ("path", "configuration", "f"),
+            (
+                (
+                    "speedup per lead",
+                    tuple(c for c in frame.columns if c.startswith("speedup lead="))
+                    + ("best_lead", "best_speedup"),
+                ),
+                (
+                    "the model's auto lead",
+                    ("auto_lead_rows", "auto_speedup", "best_speedup", "auto_over_best")
+                    + ("auto_time_over_best", "auto_vs_best"),
+                ),
+            ),
+        ),
+        PER_LEAD: Columns(
+            ("path", "configuration", "f", "lead"),
+            tuple((name, (*columns, "paired", "throttled")) for name, columns in per_lead),
+        ),
+    }
