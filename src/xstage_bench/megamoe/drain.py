@@ -94,34 +94,33 @@ class StorePath:
         """Q(K) = S + K q at the K producers issuing now."""
         return self.shared_capacity + self.n * self.capacity_per_issuer
 
-    def _over(self) -> bool:
-        """Bytes beyond the capacity (an issuer left a full path): they drain first."""
-        return self.n > 0 and self.q > self.capacity + _EPS_BYTES
-
-    def _rates(self) -> tuple[float, float]:
-        """(bytes per microsecond admitted by each issuer, dq/dt) in the current regime."""
-        if self.n == 0 or self._over():
-            return 0.0, (-self.drain if self.q > 0 else 0.0)
-        offered = self.n * self.issue_rate
-        if self.q >= self.capacity:
-            if offered > self.drain:
-                return self.drain / self.n, 0.0  # full: admission limited to the drain
-            return self.issue_rate, offered - self.drain
-        if self.q <= 0 and offered <= self.drain:
-            return self.issue_rate, 0.0  # empty and the drain keeps up: passes through
-        return self.issue_rate, offered - self.drain
+    def _regime(self) -> tuple[float, float, float, float]:
+        """(bytes per microsecond admitted by each issuer, dq/dt, the capacity, the level q
+        drains down to): bytes beyond the capacity (an issuer left a full path) drain first,
+        admitting nothing, down to the capacity; otherwise the path drains to empty."""
+        n, q = self.n, self.q
+        cap = self.shared_capacity + n * self.capacity_per_issuer
+        if n == 0:
+            return 0.0, (-self.drain if q > 0 else 0.0), cap, 0.0
+        if q > cap + _EPS_BYTES:
+            return 0.0, -self.drain, cap, cap
+        offered = n * self.issue_rate
+        if q >= cap and offered > self.drain:
+            return self.drain / n, 0.0, cap, 0.0  # full: admission limited to the drain
+        if q <= 0 and offered <= self.drain:
+            return self.issue_rate, 0.0, cap, 0.0  # empty and the drain keeps up: passes through
+        return self.issue_rate, offered - self.drain, cap, 0.0
 
     def next_time(self) -> float:
         """Absolute time of the next change: an issuer finishes, the path fills or empties,
         or drains down to its capacity."""
-        rate, dq = self._rates()
+        rate, dq, cap, floor = self._regime()
         dt = math.inf
         if self._heap and rate > 0:
             dt = max(self._heap[0][0] - self._vt, 0.0) / rate
         if dq > 0:
-            dt = min(dt, (self.capacity - self.q) / dq)
+            dt = min(dt, (cap - self.q) / dq)
         elif dq < 0:
-            floor = self.capacity if self._over() else 0.0
             dt = min(dt, (self.q - floor) / -dq)
         return self.t + dt
 
@@ -129,24 +128,20 @@ class StorePath:
         """Move to time t (no later than next_time()); return the issuers that finished."""
         if t < self.t:
             raise ValueError(f"cannot go back in time: {t} < {self.t}")
-        rate, dq = self._rates()
-        floor = self.capacity if self._over() else 0.0
+        rate, dq, cap, floor = self._regime()
         dt = t - self.t
         self.t = t
         self._vt += rate * dt
         q = self.q + dq * dt
-        if dq > 0:
-            q = min(q, self.capacity)
-            if self.capacity - q <= _EPS_BYTES:
-                q = self.capacity
-        elif dq < 0:
-            q = max(q, floor)
-            if q - floor <= _EPS_BYTES:
-                q = floor
+        if dq > 0 and cap - q <= _EPS_BYTES:
+            q = cap  # full (never past it)
+        elif dq < 0 and q - floor <= _EPS_BYTES:
+            q = floor  # empty, or down to the capacity (never below it)
         self.q = q
         done = []
-        while self._heap and self._heap[0][0] <= self._vt + _EPS_BYTES:
-            _, _, token, m = heapq.heappop(self._heap)
+        heap = self._heap
+        while heap and heap[0][0] <= self._vt + _EPS_BYTES:
+            _, _, token, m = heapq.heappop(heap)
             self.n -= m
             done.append((token, m))
         return done

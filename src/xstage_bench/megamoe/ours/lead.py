@@ -120,13 +120,22 @@ def read_drain(model_file: str | Path, path: str) -> PathDrain:
     top-level fit or the path's part of `other_paths`; files without `path` fitted the
     peer path). A LeadModelError names the file when it cannot be read, does not fit the
     path, or a parameter is missing or undetermined."""
-    from xstage_bench.model.document import ModelFileError, path_fit
-
-    source = str(model_file)
     try:
         doc = json.loads(Path(model_file).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LeadModelError(
+            f"lead_rows 'auto' on the {path} path needs {model_file}: {e}"
+        ) from None
+    return drain_of(doc, path, str(model_file))
+
+
+def drain_of(doc: dict, path: str, source: str) -> PathDrain:
+    """read_drain of a model document already read (`source`: the file, for messages)."""
+    from xstage_bench.model.document import ModelFileError, path_fit
+
+    try:
         params = path_fit(doc, path).get("params") or {}
-    except (OSError, json.JSONDecodeError, ModelFileError) as e:
+    except ModelFileError as e:
         raise LeadModelError(f"lead_rows 'auto' on the {path} path needs {source}: {e}") from None
     where = source if path == doc.get("path", storepath.PEER) else f"{source} (other_paths.{path})"
     values = {}

@@ -24,6 +24,9 @@ class Table:
     notes: list[str] = field(default_factory=list)
     # further (title, frame) sections, written after the main frame in the Markdown copy
     sections: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    # the main frame's columns the Markdown copy shows, to fit a screen (empty: all); the
+    # CSV keeps every column
+    shown: tuple[str, ...] = ()
 
 
 def format_cell(value: object) -> str:
@@ -56,7 +59,7 @@ def write_table(table: Table, out: Path) -> None:
     atomic_write_text(out, table.frame.to_csv(index=False))
     parts = [f"# {table.title}", "", table.label, ""]
     parts += [f"- {n}" for n in table.notes if n]  # notes first: tables can be long
-    parts += ["", to_markdown(table.frame)]
+    parts += ["", to_markdown(table.frame[list(table.shown)] if table.shown else table.frame)]
     for title, frame in table.sections:
         parts += ["", f"## {title}", "", to_markdown(frame)]
     atomic_write_text(out.with_suffix(".md"), "\n".join(parts) + "\n")
