@@ -942,8 +942,11 @@ def test_the_capacity_law_is_read_where_the_fit_has_it(tmp_path):
     old = lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": params}}), "host")
     assert (old.S_bytes, old.q_bytes) == (3.0e6, 0.0)  # one shared capacity
     half = {**params, "S_bytes": {"value": 1.0e6}}
-    with pytest.raises(lead.LeadModelError, match="without a usable 'q_bytes'"):
+    with pytest.raises(lead.LeadModelError, match="no usable 'q_bytes'"):
         lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": half}}), "host")
+    alone = {k: v for k, v in law.items() if k != "Q_bytes"}  # a fit of the law alone
+    only = lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": alone}}), "host")
+    assert only.Q_bytes is None and only.capacity_bytes(1) == 1.0e6 + 15360.0
 
 
 def test_lead_model_is_read_per_path_and_a_missing_path_names_the_file(tmp_path):

@@ -202,7 +202,7 @@ def test_the_figure_draws_both_modes_against_the_diagonal(host_dataset):
         "moving on once issued",
     ]
     assert "median |error| 0.0%" in titles[0]
-    held, free = fig.axes[:2]
+    held = fig.axes[0]
     # every predicted arm plotted once per panel, the calibration arms apart
     assert sum(len(c.get_offsets()) for c in held.collections[1:]) == 12
     on_diagonal = np.concatenate([c.get_offsets() for c in held.collections[2:]])

@@ -65,7 +65,7 @@ class PathDrain:
     t0_fixed_us: float
     issue_rate_per_producer_GBps: float
     R_GBps: float
-    Q_bytes: float
+    Q_bytes: float | None  # the fit's one shared capacity, where it has one
     # The capacity law Q(K) = S + K q at K producers storing at once; files without it
     # (one shared capacity) read as S = Q_bytes, q = 0.
     S_bytes: float
@@ -106,9 +106,9 @@ PARAM_KEYS = {
     "t0_fixed_us": "t0_fixed_us",
     "issue_rate_per_producer_GBps": "issue_rate_per_sm_GBps",
     "R_GBps": "R_GBps",
-    "Q_bytes": "Q_bytes",
 }
-CAPACITY_LAW_KEYS = {"S_bytes": "S_bytes", "q_bytes": "q_bytes"}  # absent in older files
+# The capacity law; a file without it (older fits) has one shared capacity, Q_bytes.
+CAPACITY_LAW_KEYS = {"S_bytes": "S_bytes", "q_bytes": "q_bytes"}
 
 
 def _usable(value) -> bool:
@@ -138,25 +138,23 @@ def drain_of(doc: dict, path: str, source: str) -> PathDrain:
     except ModelFileError as e:
         raise LeadModelError(f"lead_rows 'auto' on the {path} path needs {source}: {e}") from None
     where = source if path == doc.get("path", storepath.PEER) else f"{source} (other_paths.{path})"
-    values = {}
-    for name, key in PARAM_KEYS.items():
-        value = (params.get(key) or {}).get("value")
-        if not _usable(value):
+
+    def value(key: str) -> float:
+        block = params.get(key) or {}
+        if not _usable(block.get("value")):
             raise LeadModelError(
                 f"lead_rows 'auto' on the {path} path: {where} has no usable '{key}' "
-                f"({(params.get(key) or {}).get('reason', 'missing')})"
+                f"({block.get('reason', 'missing')})"
             )
-        values[name] = float(value)
-    law = {name: (params.get(key) or {}).get("value") for name, key in CAPACITY_LAW_KEYS.items()}
-    if all(v is None for v in law.values()):
-        law = {"S_bytes": values["Q_bytes"], "q_bytes": 0.0}
-    for name, value in law.items():
-        if not _usable(value):
-            raise LeadModelError(
-                f"lead_rows 'auto' on the {path} path: {where} has the capacity law "
-                f"Q(K) = S + K q without a usable '{CAPACITY_LAW_KEYS[name]}'"
-            )
-        values[name] = float(value)
+        return float(block["value"])
+
+    values = {name: value(key) for name, key in PARAM_KEYS.items()}
+    shared = (params.get("Q_bytes") or {}).get("value")
+    values["Q_bytes"] = float(shared) if _usable(shared) else None
+    if any(key in params for key in CAPACITY_LAW_KEYS.values()):
+        values.update({name: value(key) for name, key in CAPACITY_LAW_KEYS.items()})
+    else:  # one shared capacity
+        values.update(S_bytes=value("Q_bytes"), q_bytes=0.0)
     if values["R_GBps"] <= 0 or values["issue_rate_per_producer_GBps"] <= 0:
         raise LeadModelError(f"lead_rows 'auto': {where} has a zero rate")
     if values["S_bytes"] + values["q_bytes"] <= 0:

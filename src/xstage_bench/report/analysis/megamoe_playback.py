@@ -144,7 +144,7 @@ class Player:
         """The tile-cost scale under which `control` plays in its measured time: exact in
         one step where nothing crosses the path (the play is linear in it), else a few
         fixed-point steps from there."""
-        key = (control.record["id"], hold)
+        key = (control.record["id"], hold if control.share > 0 else None)
         if key not in self._scales:
             compute = playback.play_kernel(
                 control.point,

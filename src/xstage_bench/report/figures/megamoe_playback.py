@@ -1,8 +1,9 @@
 """fig-megamoe-playback: does the Burst-Gap model predict the fused kernel? (issue 52, item 4)
 
 Predicted against measured kernel time of every arm of our kernel (configuration, share f,
-schedule and lead), on log axes: left, a program that stored is held at its next tile
-claim until its own stores drained; right, it moves on once they are issued. One colour
+schedule and lead), on log axes, and below it the error (predicted / measured - 1): left,
+a program that stored is held at its next tile claim until its own stores drained; right,
+it moves on once they are issued. One colour
 per schedule, circles for the main grid and triangles for the lead map; hollow grey
 markers are the calibration arms (their tile costs were set on them, so they sit on the
 diagonal by construction). The band is +-10% around predicted = measured.
@@ -16,6 +17,7 @@ import numpy as np
 import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import PercentFormatter
 
 from xstage_bench.megamoe import schedule
 from xstage_bench.report.analysis import labels, megamoe
@@ -36,41 +38,48 @@ def plot(dataset_dir: Path) -> Figure:
     low = predicted[["measured_us", "predicted_us_hold", "predicted_us_no_hold"]].min().min()
     high = predicted[["measured_us", "predicted_us_hold", "predicted_us_no_hold"]].max().max()
     span = np.array([low / 1.3, high * 1.3])
-    fig, axes = common.new_figure(1, len(PANELS), width=5.2, height=5.0)
-    for ax, (suffix, words) in zip(axes[0], PANELS, strict=True):
-        ax.fill_between(span, span * (1 - BAND), span * (1 + BAND), color="0.9", zorder=0)
-        ax.plot(span, span, color="k", linewidth=0.8, zorder=1)
-        apart = predicted[calibration]
-        ax.scatter(
-            apart["measured_us"],
-            apart[f"predicted_us_{suffix}"],
-            facecolors="none",
-            edgecolors="0.6",
-            s=18,
-            zorder=2,
-        )
-        for (sched, grid), part in predicted[~calibration].groupby(["schedule", "grid"]):
-            ax.scatter(
-                part["measured_us"],
-                part[f"predicted_us_{suffix}"],
-                color=palette[sched],
-                marker=MARKERS[grid],
-                s=18,
-                alpha=0.85,
-                zorder=3,
-            )
+    fig, axes = common.new_figure(2, len(PANELS), width=5.2, height=4.2, sharex=True)
+    for column, (suffix, words) in enumerate(PANELS):
         every = summary.loc[("every arm", "")]
-        ax.set_title(
+        top, bottom = axes[0, column], axes[1, column]
+        top.set_title(
             f"{words}: median |error| {every[f'median |error| {suffix}']:.1%}, "
             f"p90 {every[f'p90 |error| {suffix}']:.1%}",
             fontsize=common.PANEL_TITLE_FONT,
         )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(*span)
-        ax.set_ylim(*span)
-        ax.set_xlabel(f"measured {metric.name} (us)")
-        ax.set_ylabel(f"predicted {metric.name} (us)")
+        top.fill_between(span, span * (1 - BAND), span * (1 + BAND), color="0.9", zorder=0)
+        top.plot(span, span, color="k", linewidth=0.8, zorder=1)
+        bottom.axhspan(-BAND, BAND, color="0.9", zorder=0)
+        bottom.axhline(0.0, color="k", linewidth=0.8, zorder=1)
+        predicted_us = f"predicted_us_{suffix}"
+        for ax, y in ((top, predicted_us), (bottom, f"error_{suffix}")):
+            apart = predicted[calibration]
+            ax.scatter(
+                apart["measured_us"],
+                apart[y],
+                facecolors="none",
+                edgecolors="0.6",
+                s=18,
+                zorder=2,
+            )
+            for (sched, grid), part in predicted[~calibration].groupby(["schedule", "grid"]):
+                ax.scatter(
+                    part["measured_us"],
+                    part[y],
+                    color=palette[sched],
+                    marker=MARKERS[grid],
+                    s=18,
+                    alpha=0.85,
+                    zorder=3,
+                )
+            ax.set_xscale("log")
+            ax.set_xlim(*span)
+        top.set_yscale("log")
+        top.set_ylim(*span)
+        top.set_ylabel(f"predicted {metric.name} (us)")
+        bottom.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        bottom.set_ylabel("predicted / measured - 1")
+        bottom.set_xlabel(f"measured {metric.name} (us)")
     legend = [
         Line2D(
             [], [], color=palette[s], marker="o", linestyle="", label=schedule.SCHEDULES[s].label

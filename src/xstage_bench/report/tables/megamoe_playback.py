@@ -135,11 +135,16 @@ def build(dataset_dir: Path) -> Table:
         "hold: a program that stored waits at its next tile claim until its own stores "
         "drained (first in, first out at R); no hold: it moves on once they are issued.",
         f"tile costs: FLOPs at X = {first.tflops:g} TFLOP/s, scaled per configuration and "
-        "schedule so that the calibration arm (its smallest measured share, the same lead "
-        "first) plays in its measured time: "
+        "schedule so that its calibration arm (its smallest measured share, the same lead "
+        "first) plays in its measured time ('"
+        + mp.CONTROL
+        + "': exact, nothing crosses the path there; '"
+        + mp.SHARE
+        + "': no f = 0 control measured; '"
+        + mp.FLOPS
+        + "': one share only, uncalibrated). Arms by calibration: "
         + ", ".join(f"{k} {int(v)}" for k, v in counts.items())
-        + f" arms ('{mp.CONTROL}': exact, nothing crosses the path there; '{mp.SHARE}': no "
-        f"f = 0 control measured; '{mp.FLOPS}': one share only, no calibration).",
+        + ".",
     ]
     sections = [("Error summary: |predicted / measured - 1|", summary)]
     sections += lead_rule_sections(dataset_dir, doc, metric, players[paths[0]])
