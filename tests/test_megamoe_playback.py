@@ -207,3 +207,10 @@ def test_the_figure_draws_both_modes_against_the_diagonal(host_dataset):
     assert sum(len(c.get_offsets()) for c in held.collections[1:]) == 12
     on_diagonal = np.concatenate([c.get_offsets() for c in held.collections[2:]])
     np.testing.assert_allclose(on_diagonal[:, 1], on_diagonal[:, 0], rtol=1e-9)
+
+
+def test_the_player_forgets_its_oldest_tile_lists():
+    kept = mp.RecentLists(2)
+    for key in "abc":
+        kept[key] = key
+    assert list(kept) == ["b", "c"]

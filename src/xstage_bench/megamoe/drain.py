@@ -32,6 +32,12 @@ MIN_STEPS = 1000
 MAX_EVENTS = 50_000_000
 
 
+def capacity(K: float, S: float, q: float) -> float:
+    """The capacity law Q(K) = S + K q at K producers issuing (to become laws.capacity,
+    the fit's own, in model/laws.py)."""
+    return S + K * q
+
+
 class SimulationError(RuntimeError):
     """A simulation that cannot finish: its event loop ran past its bound."""
 
@@ -92,14 +98,14 @@ class StorePath:
     @property
     def capacity(self) -> float:
         """Q(K) = S + K q at the K producers issuing now."""
-        return self.shared_capacity + self.n * self.capacity_per_issuer
+        return capacity(self.n, self.shared_capacity, self.capacity_per_issuer)
 
     def _regime(self) -> tuple[float, float, float, float]:
         """(bytes per microsecond admitted by each issuer, dq/dt, the capacity, the level q
         drains down to): bytes beyond the capacity (an issuer left a full path) drain first,
         admitting nothing, down to the capacity; otherwise the path drains to empty."""
         n, q = self.n, self.q
-        cap = self.shared_capacity + n * self.capacity_per_issuer
+        cap = capacity(n, self.shared_capacity, self.capacity_per_issuer)
         if n == 0:
             return 0.0, (-self.drain if q > 0 else 0.0), cap, 0.0
         if q > cap + _EPS_BYTES:

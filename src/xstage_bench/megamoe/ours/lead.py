@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xstage_bench.data import storepath
-from xstage_bench.megamoe import playback, schedule
+from xstage_bench.megamoe import drain, playback, schedule
 from xstage_bench.megamoe.drain import PathParams
 from xstage_bench.model import laws
 
@@ -49,11 +49,6 @@ TIE = 1e-3  # predicted times closer than this (relative) are one time to the ru
 
 class LeadModelError(ValueError):
     """The model file cannot give the path's drain; the message names the file."""
-
-
-def capacity(K: float, S: float, q: float) -> float:
-    """The capacity law Q(K) = S + K q (laws.capacity in the fit engineer's model/)."""
-    return S + K * q
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,7 @@ class PathDrain:
         return self.t0_fixed_us + producer_bytes / rate
 
     def capacity_bytes(self, K: float) -> float:
-        return capacity(K, self.S_bytes, self.q_bytes)
+        return drain.capacity(K, self.S_bytes, self.q_bytes)
 
     def path_params(self) -> PathParams:
         """The fluid path the playback plays tile lists through (drain.py)."""
@@ -223,8 +218,8 @@ class LeadChooser:
     megamoe: dict = field(default_factory=dict)
     num_programs: int = DEFAULT_PROGRAMS
     paths: dict[str, PathParams] = field(default_factory=dict)  # a simulated profile's
-    _drains: dict[str, PathDrain] = field(default_factory=dict)
-    _chosen: dict[tuple, LeadChoice] = field(default_factory=dict)
+    _drains: dict[str, PathDrain] = field(default_factory=dict, init=False, repr=False)
+    _chosen: dict[tuple, LeadChoice] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def of(

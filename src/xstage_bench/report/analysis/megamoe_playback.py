@@ -18,6 +18,7 @@ themselves are reported apart (CALIBRATION), so no error counted is exact by con
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ CALIBRATION = "calibration arm"
 MODES = {"hold": True, "no_hold": False}  # column suffix -> playback's hold
 CALIBRATION_TOLERANCE = 1e-3  # a calibration stops once its arm is played within this
 CALIBRATION_STEPS = 6
+LISTS_KEPT = 64  # tile lists kept for reuse: every schedule and lead of a few configurations
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,20 @@ def calibration_arm(arm: Arm, arms: list[Arm]) -> Arm | None:
     return min(candidates, key=lambda a: (a.lead != arm.lead, a.grid != arm.grid))
 
 
+class RecentLists(OrderedDict):
+    """The tile lists built last (a configuration's arms are played together): a dict
+    that forgets its oldest entry past `size`, so a dataset's lists never pile up."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
 @dataclass
 class Player:
     """Plays a dataset's arms through its path's drain, keeping tile lists and scales."""
@@ -121,8 +137,9 @@ class Player:
     far: PathParams
     num_programs: int
     tflops: float
-    _lists: dict = field(default_factory=dict)
+    _lists: dict = field(default_factory=lambda: RecentLists(LISTS_KEPT))
     _scales: dict = field(default_factory=dict)
+    _plays: dict = field(default_factory=dict)
 
     def rates(self, point: dict, scale: float = 1.0) -> playback.Rates:
         block_m, block_n = self.megamoe.get("block_m", 128), self.megamoe.get("block_n", 128)
@@ -130,20 +147,26 @@ class Player:
         return rates.scaled(scale)
 
     def time_us(self, arm: Arm, scale: float, hold: bool) -> float:
-        return playback.play_kernel(
-            arm.point,
-            self.megamoe,
-            arm.schedule,
-            self.rates(arm.point, scale),
-            self.far,
-            hold=hold,
-            tile_lists=self._lists,
-        ).time_us
+        """The arm's kernel time played with tile costs `scale` times the FLOP rate's (kept:
+        a calibration arm's last play is its prediction)."""
+        key = (arm.record["id"], scale, hold if arm.share > 0 else None)
+        if key not in self._plays:
+            self._plays[key] = playback.play_kernel(
+                arm.point,
+                self.megamoe,
+                arm.schedule,
+                self.rates(arm.point, scale),
+                self.far,
+                hold=hold,
+                tile_lists=self._lists,
+            ).time_us
+        return self._plays[key]
 
     def scale(self, control: Arm, hold: bool) -> float:
         """The tile-cost scale under which `control` plays in its measured time: exact in
-        one step where nothing crosses the path (the play is linear in it), else a few
-        fixed-point steps from there."""
+        one step where nothing crosses the path (the play is linear in it: its compute
+        alone), else fixed-point steps from there until it plays within
+        CALIBRATION_TOLERANCE."""
         key = (control.record["id"], hold if control.share > 0 else None)
         if key not in self._scales:
             compute = playback.play_kernel(
@@ -159,9 +182,9 @@ class Player:
             if control.share > 0:
                 for _ in range(CALIBRATION_STEPS):
                     ratio = control.measured_us / self.time_us(control, scale, hold)
-                    scale *= ratio
                     if abs(ratio - 1) < CALIBRATION_TOLERANCE:
                         break
+                    scale *= ratio
             self._scales[key] = scale
         return self._scales[key]
 
