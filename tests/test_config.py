@@ -96,6 +96,31 @@ def test_megamoe_lead_rows_may_be_auto_and_swept(full_config):
     validate_config(config)
 
 
+def test_the_lead_map_may_add_shapes_of_its_own():
+    """The reference's lead map: a shape drawn at random that no grid holds, named in its
+    shapes and defined in custom_shapes, at every swept lead and share (issue 52)."""
+    from xstage_bench.megamoe.points import lead_sweep_configs
+
+    config = load_config(ROOT / "config" / "reference-h200x1.yaml")
+    moe = config["megamoe"]
+    assert moe["lead_rows"] == "auto" and "random-52" not in {s["name"] for s in moe["shapes"]}
+    sweep = moe["lead_sweep"]
+    assert sweep["lead_rows"] == [0, 256, 512, 768, 1024, 1536, 2048, 4096, "auto"]
+    assert sweep["remote_fractions"][0] == 0 and sweep["remote_fractions"][-1] == 1
+    configs = lead_sweep_configs(moe, 1, ["host"])
+    drawn = [c for c in configs if c["shape"] == "random-52"]
+    assert len({c["shape"] for c in configs}) == 4 and len(drawn) == 7
+    assert (drawn[0]["H"], drawn[0]["I"], drawn[0]["E"], drawn[0]["topk"]) == (7168, 2048, 128, 6)
+    clash = copy.deepcopy(config)
+    clash["megamoe"]["lead_sweep"]["custom_shapes"][0]["name"] = "glm-5.2"
+    with pytest.raises(ConfigError, match="megamoe.lead_sweep.custom_shapes"):
+        validate_config(clash)
+    wide = copy.deepcopy(config)
+    wide["megamoe"]["lead_sweep"]["custom_shapes"][0]["E"] = 4  # fewer experts than topk
+    with pytest.raises(ConfigError, match=r"custom_shapes\[0\]\.topk"):
+        validate_config(wide)
+
+
 def test_megamoe_variants_accept_flashinfer(full_config):
     config = copy.deepcopy(full_config)
     config["megamoe"]["variants"] = ["ours", "deepgemm", "flashinfer", "gemm_ceiling"]

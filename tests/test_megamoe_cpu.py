@@ -846,27 +846,107 @@ def _model_file(tmp_path, *, path=None, per_path=None, R=50.0, Q=100_000.0):
     return f
 
 
-def test_lead_auto_is_the_smallest_block_multiple_whose_linear1_time_covers_the_drain(tmp_path):
+# One GPU, host share 1: 32 row blocks of 4 L1 and 8 L2 tiles, 16 programs at 100 TFLOP/s,
+# a drain of 10 GB/s behind 64 KiB: the stores of one wave of Linear-2 tiles outlast the
+# Linear-1 work between them unless the lead spreads them out.
+LEAD_POINT = {
+    "shape": "t",
+    "H": 1024,
+    "I": 512,
+    "E": 8,
+    "topk": 2,
+    "precision": "w8a8",
+    "routing": "balanced",
+    "tokens_per_rank": 2048,
+    "world_size": 1,
+    "path": "host",
+    "remote_fraction": 1.0,
+}
+LEAD_CANDIDATES = (0, 128, 256, 512, 1024, 2048, 4096)
+
+
+def _slow_drain():
+    from xstage_bench.megamoe.drain import PathParams
+
+    return PathParams(t0_fixed_us=0.2, issue_rate=20_000.0, drain=10_000.0, capacity=65536.0)
+
+
+def test_lead_auto_is_the_candidate_the_playback_finds_fastest():
+    from xstage_bench.megamoe import playback, schedule
     from xstage_bench.megamoe.ours import lead
 
-    drain = lead.read_drain(_model_file(tmp_path, path="host"), "host")
-    # by hand: f = 1, H = 4096: V = 128 * 4096 * 2 = 1 MiB; B = 32 KiB per tile, T0 = 0.5 +
-    # 32768 / 32768 = 1.5 us; backlog beyond Q = 1048576 - 50000 * 1.5 - 100000 = 873576 B,
-    # draining in 17.47 us at 50 GB/s. Linear-1 of 128 rows at 600 TFLOP/s: 4 * 4096 *
-    # 2048 * 128 / 6e8 us = 7.158 us: 3 blocks (21.5 us) cover it, 2 (14.3 us) do not.
-    assert drain.T0_us(32768) == pytest.approx(1.5)
-    need = lead.drain_time_us(4096, 1.0, drain, 128, 128)
-    assert need == pytest.approx((1048576 - 75000 - 100000) / 50000)
-    assert lead.linear1_time_us(4096, 2048, 128, 600.0) == pytest.approx(7.158278826666667)
-    got = lead.auto_lead_rows(H=4096, I=2048, remote_share=1.0, drain=drain, tflops=600.0)
-    assert got == 3 * 128
-    # twice the compute rate halves t_L1 (3.58 us a block): 17.47 / 3.58 -> 5 blocks
-    assert lead.auto_lead_rows(H=4096, I=2048, remote_share=1.0, drain=drain, tflops=1200) == 640
-    # no remote rows, no lead
-    assert lead.auto_lead_rows(H=4096, I=2048, remote_share=0.0, drain=drain, tflops=600) == 0
-    # a burst the path holds (V - R T0 <= Q) needs no lead either
-    small = lead.auto_lead_rows(H=4096, I=2048, remote_share=0.05, drain=drain, tflops=600)
-    assert small == 0
+    far = _slow_drain()
+    got = lead.choose(
+        LEAD_POINT, {}, far, tflops=100.0, num_programs=16, candidates=LEAD_CANDIDATES, blocks=None
+    )
+    # each candidate's own list, played with the hold on: the rule saw exactly these
+    rates = playback.Rates.at(LEAD_POINT, 128, 128, 100.0, 16)
+    (work,) = playback.rank_works(LEAD_POINT, {})
+    for rows, seen in got.predicted_us.items():
+        tiles = schedule.build("interleaved", work.grid, 16, {"lead_rows": rows})
+        assert seen == pytest.approx(playback.play(tiles, work, rates, far).time_us)
+    # neither extreme: no lead stalls on the drain, the longest bunches Linear-2 at the end
+    assert got.rows == min(got.predicted_us, key=got.predicted_us.get) == 512
+    assert min(got.predicted_us[0], got.predicted_us[4096]) > 1.1 * got.predicted_us[512]
+
+
+def test_lead_auto_ties_go_to_the_longest_lead_and_a_prefix_is_played():
+    from xstage_bench.megamoe import playback
+    from xstage_bench.megamoe.ours import lead
+
+    local = {**LEAD_POINT, "remote_fraction": 0.0}  # nothing crosses the path
+    got = lead.choose(
+        local, {}, _slow_drain(), tflops=100.0, num_programs=16, candidates=LEAD_CANDIDATES
+    )
+    fastest = min(got.predicted_us.values())
+    tied = [r for r, t in got.predicted_us.items() if t <= fastest * (1 + lead.TIE)]
+    assert len(tied) > 1 and got.rows == max(tied) == 4096
+    # the busiest rank's first blocks only: 8 of 32 row blocks take a quarter of the time
+    short = lead.choose(
+        local, {}, _slow_drain(), tflops=100.0, num_programs=16, candidates=(0,), blocks=8
+    )
+    (work,) = playback.rank_works(local, {})
+    assert work.prefix(8).grid.blocks == 8 and work.grid.blocks == 32
+    assert short.predicted_us[0] == pytest.approx(got.predicted_us[0] / 4, rel=0.05)
+
+
+def test_lead_choices_are_kept_per_configuration_and_share(tmp_path, monkeypatch):
+    from xstage_bench.megamoe.ours import lead
+
+    calls = []
+    real = lead.choose
+    monkeypatch.setattr(lead, "choose", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    leads = lead.LeadChooser.of({"lead_auto_tflops": 100.0}, _model_file(tmp_path, path="host"))
+    w8a8 = leads.resolve("auto", LEAD_POINT)
+    assert leads.resolve("auto", {**LEAD_POINT, "precision": "w4a8"}) == w8a8
+    leads.resolve("auto", {**LEAD_POINT, "remote_fraction": 0.5})
+    assert len(calls) == 2  # the precisions share one choice; another share is another
+    assert leads.describe()["paths"]["host"]["S_bytes"] == 100_000.0
+
+
+def test_the_capacity_law_is_read_where_the_fit_has_it(tmp_path):
+    from xstage_bench.megamoe.ours import lead
+
+    params = {
+        "R_GBps": {"value": 52.0},
+        "Q_bytes": {"value": 3.0e6},
+        "t0_fixed_us": {"value": 0.3},
+        "issue_rate_per_sm_GBps": {"value": 75.0},
+    }
+    law = {**params, "S_bytes": {"value": 1.0e6}, "q_bytes": {"value": 15360.0}}
+    drain = lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": law}}), "host")
+    assert (drain.S_bytes, drain.q_bytes) == (1.0e6, 15360.0)
+    assert drain.capacity_bytes(132) == pytest.approx(1.0e6 + 132 * 15360.0)
+    path = drain.path_params()
+    assert (path.capacity, path.capacity_per_issuer, path.drain) == (1.0e6, 15360.0, 52_000.0)
+    old = lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": params}}), "host")
+    assert (old.S_bytes, old.q_bytes) == (3.0e6, 0.0)  # one shared capacity
+    half = {**params, "S_bytes": {"value": 1.0e6}}
+    with pytest.raises(lead.LeadModelError, match="no usable 'q_bytes'"):
+        lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": half}}), "host")
+    alone = {k: v for k, v in law.items() if k != "Q_bytes"}  # a fit of the law alone
+    only = lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": alone}}), "host")
+    assert only.Q_bytes is None and only.capacity_bytes(1) == 1.0e6 + 15360.0
 
 
 def test_lead_model_is_read_per_path_and_a_missing_path_names_the_file(tmp_path):
@@ -1058,9 +1138,13 @@ def test_an_interrupted_set_of_arms_is_measured_again_whole(tmp_path):
     assert drop_unpaired(out, sets) == 0
 
 
-def test_emulated_points_on_the_host_path_carry_it_in_id_and_point(tmp_path):
+def test_emulated_points_on_the_host_path_carry_it_in_id_and_point(tmp_path, monkeypatch):
     from xstage_bench.megamoe.emulated import emulated_points
     from xstage_bench.megamoe.ours import lead
+
+    rates = []
+    real = lead.choose
+    monkeypatch.setattr(lead, "choose", lambda *a, **k: rates.append(k["tflops"]) or real(*a, **k))
 
     moe = {
         **LEAD_MOE,
@@ -1072,7 +1156,7 @@ def test_emulated_points_on_the_host_path_carry_it_in_id_and_point(tmp_path):
             "tokens_per_rank": 32,
         },
     }
-    model = _model_file(tmp_path, path="host", R=5.0, Q=0.0)
+    model = _model_file(tmp_path, path="host", R=5.0)
     leads = lead.LeadChooser.of(moe, model)
     pts = emulated_points(moe, 1, ["host"], leads)
     ids = [p["id"] for p in pts]
@@ -1083,11 +1167,9 @@ def test_emulated_points_on_the_host_path_carry_it_in_id_and_point(tmp_path):
     assert len(pts) == 2 * 2 * 2  # natural is f = 0 on the host path
     assert {p["path"] for p in pts} == {"host"}
     inter = {p["id"]: p for p in pts if p["schedule"] == "interleaved"}
-    # auto at the emulated rate: three times the rate, at least as many rows
-    fast = inter["a/T=32/P=1/path=host/X=3000/f=1/interleaved"]["lead_rows"]
-    slow = inter["a/T=32/P=1/path=host/X=1000/f=1/interleaved"]["lead_rows"]
-    assert fast >= slow > 0
-    assert inter["a/T=32/P=1/path=host/X=1000/f=0/interleaved"]["lead_rows"] == 0
+    # auto played at each emulated rate X (tiles last their FLOPs at X), per share
+    assert sorted(rates) == [1000.0, 1000.0, 3000.0, 3000.0]
+    assert all(p["lead_rows"] in lead.CANDIDATES for p in inter.values())
 
 
 def test_a_worker_baseline_is_given_room_for_its_weight_copies():

@@ -9,7 +9,7 @@ from xstage_bench.data import grid
 from xstage_bench.data.config import ConfigError
 from xstage_bench.data.hardware import HardwareProfile, load_profile
 from xstage_bench.data.results import read_raw
-from xstage_bench.megamoe import routing, schedule
+from xstage_bench.megamoe import drain, playback, routing, schedule
 from xstage_bench.sim import emulated, megamoe, run, ulysses, xstage
 
 
@@ -124,12 +124,12 @@ def test_a_list_that_would_hang_the_kernel_fails():
     # One program takes a Linear-2 tile before its block's Linear-1 tiles: nobody else
     # can compute them (schedule.build refuses such lists; the player must not hang).
     grid = schedule.TileGrid(np.array([0]), np.array([128]), 1, 1)
-    work = megamoe.RankWork(0, grid, np.zeros(1), np.full(1, 128 * 256.0))
+    work = playback.RankWork(0, grid, np.zeros(1), np.full(1, 128 * 256.0))
     tiles = np.array([[schedule.L2, 0, 0, 0], [schedule.L1, 0, 0, 0]], dtype=np.int32)
-    rates = megamoe.Rates(programs=1, l1_us=1.0, l2_us=1.0)
+    rates = playback.Rates(programs=1, l1_us=1.0, l2_us=1.0)
     paths = [xstage.path_params(toy_profile(), dest) for dest in ("peer", "local")]
     with pytest.raises(RuntimeError, match="deadlock"):
-        megamoe.play(tiles, work, rates, *paths)
+        playback.play(tiles, work, rates, *paths)
 
 
 def test_tile_times_and_accounting():
@@ -195,17 +195,17 @@ def test_waves_backpressure_and_interleaving_hides_it():
 def test_the_kernel_time_is_the_slowest_ranks():
     pt, prof = moe_point("skewed"), toy_profile()
     r = megamoe.simulate(pt, MOE, prof, "interleaved")
-    rates = megamoe.Rates.at(pt, 128, 128, 400.0, prof.sm_count)
+    rates = playback.Rates.at(pt, 128, 128, 400.0, prof.sm_count)
     paths = [xstage.path_params(prof, dest) for dest in ("peer", "local")]
     per_rank = []
-    for rows in megamoe.dispatch(pt, MOE):
-        work = megamoe.rank_work(rows, pt, 128, local_control=False)
+    for rows in playback.dispatch(pt, MOE):
+        work = playback.rank_work(rows, pt, 128, local_control=False)
         tiles = schedule.build("interleaved", work.grid, prof.sm_count, MOE)
-        per_rank.append(megamoe.play(tiles, work, rates, *paths).time_us)
+        per_rank.append(playback.play(tiles, work, rates, *paths, hold=False).time_us)
     assert r.time_us == max(per_rank) and r.rank == int(np.argmax(per_rank))
     # "busiest" plays one rank only: here the one the skew loads with more blocks.
     busiest = megamoe.simulate(pt, MOE, prof, "interleaved", ranks="busiest")
-    blocks = [len(rows.block_rows) for rows in megamoe.dispatch(pt, MOE)]
+    blocks = [len(rows.block_rows) for rows in playback.dispatch(pt, MOE)]
     assert blocks[busiest.rank] == max(blocks) > min(blocks)
     assert busiest.time_us == per_rank[busiest.rank]
 
@@ -432,6 +432,25 @@ def test_run_megamoe_and_trace(tmp_path, profile_file):
         assert all(row[4] is not None and row[5] >= row[4] for row in l2)
 
 
+def test_a_simulated_run_resolves_auto_leads_through_the_profiles_path(tmp_path, profile_file):
+    from xstage_bench.megamoe.ours import lead
+
+    config = tiny_config()
+    config["megamoe"] = {**config["megamoe"], "lead_rows": "auto"}
+    out = tmp_path / "megamoe.json"
+    run.simulate_megamoe(config, profile_file, "sim-toy", str(out))
+    prof = load_profile(profile_file)
+    far = xstage.path_params(prof, "peer")
+    inter = [
+        r["point"] for r in read_raw(out)["records"] if r["point"]["schedule"] == "interleaved"
+    ]
+    assert len(inter) == 2 * 2 * 2
+    for p in inter:  # the rule at the profile's fp8 rate through its peer path, recorded
+        want = lead.choose(p, config["megamoe"], far, tflops=400.0, num_programs=16).rows
+        assert (p["lead_rows"], p["lead_rows_requested"]) == (want, "auto")
+    assert len({p["lead_rows"] for p in inter}) > 1  # chosen per configuration
+
+
 def test_run_attention_uses_the_profile_world_size_when_auto(tmp_path, profile_file):
     cfg = {**tiny_config(), "world_size": "auto"}
     out = tmp_path / "attention.json"
@@ -484,13 +503,13 @@ def test_a_profile_capacity_follows_the_law_with_a_window_per_producer(
 
 
 def test_the_kernel_simulators_bound_their_event_loops(profile_file, monkeypatch):
-    monkeypatch.setattr(xstage, "STEPS_PER_WORK", 0)
-    monkeypatch.setattr(xstage, "MIN_STEPS", 10)  # a bound of 10 steps: too few
+    monkeypatch.setattr(drain, "STEPS_PER_WORK", 0)
+    monkeypatch.setattr(drain, "MIN_STEPS", 10)  # a bound of 10 steps: too few
     prof = load_profile(profile_file)
-    with pytest.raises(xstage.SimulationError, match="attention: .* ran past 10 steps"):
+    with pytest.raises(drain.SimulationError, match="attention: .* ran past 10 steps"):
         ulysses.simulate(attention_point("fused", 131072), prof)
     point = grid.megamoe_points(tiny_config()["megamoe"], 2)[0]
-    with pytest.raises(xstage.SimulationError, match="megamoe: .* ran past 10 steps"):
+    with pytest.raises(drain.SimulationError, match="megamoe: .* ran past 10 steps"):
         megamoe.simulate(point, MOE, prof, "interleaved")
 
 
@@ -500,9 +519,9 @@ def test_a_tile_pushes_its_remote_rows_then_its_local_rows():
     # At f = 0.3 some blocks hold both kinds of rows.
     prof = toy_profile(capacity=1e12)
     pt = {**moe_point(), "remote_fraction": 0.3}
-    plans = megamoe.dispatch(pt, MOE)
+    plans = playback.dispatch(pt, MOE)
     for rows in plans:
-        work = megamoe.rank_work(rows, pt, 128, False)
+        work = playback.rank_work(rows, pt, 128, False)
         assert ((work.remote_bytes > 0) & (work.local_bytes > 0)).any()
     r = megamoe.simulate(pt, MOE, prof, "expert_wave")
     blocks = r.tiles[r.tiles[:, 0] == schedule.L2, 2]
@@ -522,29 +541,34 @@ def test_padding_rows_are_neither_remote_nor_local():
         block_expert=np.array([0]),
         block_rows=np.array([3]),
     )
-    work = megamoe.rank_work(rows, {"I": 128, "H": 256}, 128, local_control=False)
-    row_bytes = 128 * megamoe.OUTPUT_BYTES
+    work = playback.rank_work(rows, {"I": 128, "H": 256}, 128, local_control=False)
+    row_bytes = 128 * playback.OUTPUT_BYTES
     assert work.remote_bytes.tolist() == [2 * row_bytes]
     assert work.local_bytes.tolist() == [1 * row_bytes]
 
 
 def one_block(remote_bytes: float, l1: int = 1, l2: int = 1):
     grid = schedule.TileGrid(np.array([0]), np.array([128]), l1, l2)
-    return megamoe.RankWork(0, grid, np.array([remote_bytes]), np.zeros(1))
+    return playback.RankWork(0, grid, np.array([remote_bytes]), np.zeros(1))
 
 
-def test_the_kernel_ends_when_its_last_store_has_drained():
-    # One L1 tile (0-1 us), one L2 tile (1-2 us), then T0 = 0.1 us and 10 kB into a path
-    # that admits 1e6 bytes/us and drains 1e4: issued by 2.11 us, drained at 2.1 + 1 us.
-    path = xstage.PathParams(t0_fixed_us=0.1, issue_rate=1e6, drain=1e4, capacity=1e9)
+def test_the_kernel_ends_when_its_last_store_has_drained_and_a_held_program_waits_for_it():
+    # One L1 tile (0-1 us), one L2 tile (1-2 us), then 10 kB into a path that admits 1e6
+    # bytes/us and drains 1e4 from 2 us: admitted by 2.01 us, issued once T0 = 0.1 + 0.01 us
+    # is over (2.11 us), drained at 2 + 1 us. Held, the program is free only then.
+    path = drain.PathParams(t0_fixed_us=0.1, issue_rate=1e6, drain=1e4, capacity=1e9)
     tiles = np.array([[schedule.L1, 0, 0, 0], [schedule.L2, 0, 0, 0]], dtype=np.int32)
-    played = megamoe.play(tiles, one_block(10_000.0), megamoe.Rates(1, 1.0, 1.0), path, path)
-    assert played.end.tolist() == [pytest.approx(1.0), pytest.approx(2.11)]
-    assert played.time_us == pytest.approx(3.1)
+    rates = playback.Rates(1, 1.0, 1.0)
+    free = playback.play(tiles, one_block(10_000.0), rates, path, path, hold=False)
+    assert free.end.tolist() == [pytest.approx(1.0), pytest.approx(2.11)]
+    assert free.time_us == pytest.approx(3.0)
+    held = playback.play(tiles, one_block(10_000.0), rates, path, path)
+    assert held.end.tolist() == [pytest.approx(1.0), pytest.approx(3.0)]
+    assert held.time_us == pytest.approx(3.0)
 
 
 def test_the_lower_bound_is_the_compute_or_the_remote_bytes_at_the_drain():
     # 2 L1 + 3 L2 tiles of 1 us on one program: 5 us; each L2 tile pushes 1000 bytes.
-    work, rates = one_block(1000.0, l1=2, l2=3), megamoe.Rates(1, 1.0, 1.0)
+    work, rates = one_block(1000.0, l1=2, l2=3), playback.Rates(1, 1.0, 1.0)
     assert rates.lower_bound_us(work, drain=100.0) == pytest.approx(30.0)
     assert rates.lower_bound_us(work, drain=1000.0) == pytest.approx(5.0)

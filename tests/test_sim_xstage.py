@@ -13,6 +13,7 @@ from fixtures import MICROBENCH_DEFAULTS
 
 from xstage_bench.data.hardware import HardwareProfile
 from xstage_bench.data.results import read_raw
+from xstage_bench.megamoe import drain
 from xstage_bench.model import laws
 from xstage_bench.sim import run, xstage
 
@@ -32,7 +33,7 @@ def profile(capacity: float) -> HardwareProfile:
     )
 
 
-def params(capacity: float = 100_000) -> xstage.PathParams:
+def params(capacity: float = 100_000) -> drain.PathParams:
     return xstage.path_params(profile(capacity))
 
 
@@ -44,7 +45,7 @@ def steady(trace: xstage.BurstTrace, warmup: int = 6):
 def test_processor_sharing_on_a_full_path():
     # Two issuers of 500 bytes: the path (Q=100) fills at 2*50-10 = 90 bytes/us, then
     # each admits R/2; both finish when all but Q has drained: (1000-100)/10 = 90 us.
-    path = xstage.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0)
+    path = drain.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0)
     path.add("a", 500)
     path.add("b", 500)
     finished = []
@@ -54,6 +55,31 @@ def test_processor_sharing_on_a_full_path():
     assert sorted(tok for tok, _ in finished) == ["a", "b"]
     assert all(t == pytest.approx(90.0) for _, t in finished)
     assert path.empty_time() == pytest.approx(100.0)
+
+
+def test_the_capacity_grows_with_the_producers_issuing_and_shrinks_when_one_leaves():
+    # Q(K) = S + K q with S = 100, q = 50. Two issuers (200 and 1000 bytes) fill Q(2) = 200
+    # at 90 bytes/us (2.22 us), then admit R/2 each: a's last byte at 20 us. Q(1) = 150:
+    # the 50 bytes beyond it drain first (5 us), then b admits at R: 800 more by 105 us.
+    path = drain.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0, capacity_per_issuer=50.0)
+    path.add("a", 200.0)
+    path.add("b", 1000.0)
+    steps = []
+    while path.n:
+        t = path.next_time()
+        done = path.advance(t)
+        steps.append((t, path.q, path.capacity, [tok for tok, _ in done]))
+    want = [
+        (2.2222, 200, 200, []),
+        (20, 200, 150, ["a"]),
+        (25, 150, 150, []),
+        (105, 150, 100, ["b"]),
+    ]
+    assert len(steps) == len(want)
+    for got, (t, q, cap, done) in zip(steps, want, strict=True):
+        assert got == (pytest.approx(t, abs=1e-4), pytest.approx(q), cap, done)
+    # first in, first out: b's last byte drains when all 150 still held have
+    assert path.empty_time() == pytest.approx(120.0)
 
 
 @pytest.mark.parametrize("G", [0.0, 1.0, 2.0, 2.5, 5.0, 30.0])
@@ -121,10 +147,10 @@ def test_the_capacity_follows_the_law_for_the_producers_of_a_run(producers):
 def test_an_event_loop_that_cannot_finish_raises():
     # A 1 ms fixed overhead beside a 1 PB/s issue rate: at t ~ 1e6 us the step that would
     # finish a burst is below the float clock's resolution. It must raise, not spin.
-    stuck = xstage.PathParams(t0_fixed_us=1e6, issue_rate=1e9, drain=1e9, capacity=1e9)
-    with pytest.raises(xstage.SimulationError, match="ran past .* steps"):
+    stuck = drain.PathParams(t0_fixed_us=1e6, issue_rate=1e9, drain=1e9, capacity=1e9)
+    with pytest.raises(drain.SimulationError, match="ran past .* steps"):
         xstage.simulate_bursts(K, B, 4, 0.0, stuck)
-    with pytest.raises(xstage.SimulationError, match="more than the simulator's bound"):
+    with pytest.raises(drain.SimulationError, match="more than the simulator's bound"):
         xstage.simulate_bursts(K, B, 10**9, 0.0, params())
 
 
@@ -276,13 +302,13 @@ def test_start_jitter_spreads_the_producers_of_a_free_running_train():
 
 
 def test_bad_paths_trains_and_offsets_are_refused():
-    with pytest.raises(ValueError, match="positive drain, capacity and issue rate"):
-        xstage.StorePath(drain=0.0, capacity=1.0, issue_rate=1.0)
+    with pytest.raises(ValueError, match="positive drain and issue rate"):
+        drain.StorePath(drain=0.0, capacity=1.0, issue_rate=1.0)
     with pytest.raises(ValueError, match="bad burst train"):
         xstage.simulate_bursts(K, B, 4, -1.0, params())
     with pytest.raises(ValueError, match="need 8 start offsets"):
         xstage.simulate_bursts(K, B, 4, 0.0, params(), start_offsets_us=np.zeros(3))
-    path = xstage.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0)
+    path = drain.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0)
     path.advance(5.0)
     with pytest.raises(ValueError, match="back in time"):
         path.advance(4.0)

@@ -152,20 +152,28 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
                 "needs a dataset name (e.g. h200x8), got 'auto'"
             )
     names = [s["name"] for s in config["megamoe"]["shapes"]]
+    custom = [
+        s["name"] for s in (config["megamoe"].get("lead_sweep") or {}).get("custom_shapes", [])
+    ]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'megamoe.shapes': shape names must be unique")
-    for i, shape in enumerate(config["megamoe"]["shapes"]):
+    if set(custom) & set(names) or len(set(custom)) != len(custom):
+        raise ConfigError(
+            "config key 'megamoe.lead_sweep.custom_shapes': names must be unique and none "
+            f"in megamoe.shapes (got {custom})"
+        )
+    for key, shape in _shapes(config["megamoe"]):
         if shape["topk"] > shape["E"]:
             raise ConfigError(
-                f"config key 'megamoe.shapes[{i}].topk': must be <= E ({shape['E']}), "
-                f"got {shape['topk']}"
+                f"config key '{key}.topk': must be <= E ({shape['E']}), got {shape['topk']}"
             )
-    for key in ("lead_sweep", "emulated", "per_gpu"):
-        unknown = sorted(set((config["megamoe"].get(key) or {}).get("shapes", [])) - set(names))
+    for key, known in (("lead_sweep", names + custom), ("emulated", names), ("per_gpu", names)):
+        unknown = sorted(set((config["megamoe"].get(key) or {}).get("shapes", [])) - set(known))
         if unknown:
+            where = "megamoe.shapes" + (" and its custom_shapes" if key == "lead_sweep" else "")
             raise ConfigError(
                 f"config key 'megamoe.{key}.shapes': unknown shape(s) {unknown}; "
-                f"megamoe.shapes has {sorted(names)}"
+                f"{where} has {sorted(known)}"
             )
     if config["world_size"] != "auto":
         check_world_size(config, config["world_size"])
@@ -174,6 +182,14 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     except workload.WorkloadError as e:
         raise ConfigError(str(e)) from None
     return config
+
+
+def _shapes(megamoe: dict) -> list[tuple[str, dict]]:
+    """(config key, shape) of every MegaMoE shape: the grid's and the lead map's own."""
+    custom = (megamoe.get("lead_sweep") or {}).get("custom_shapes", [])
+    return [(f"megamoe.shapes[{i}]", s) for i, s in enumerate(megamoe["shapes"])] + [
+        (f"megamoe.lead_sweep.custom_shapes[{i}]", s) for i, s in enumerate(custom)
+    ]
 
 
 def checked_store_paths(config: dict, world_size: int) -> list[str]:
@@ -192,11 +208,10 @@ def check_world_size(config: dict, P: int) -> None:
     job is planned: here for a config's integer world_size, by the workflow for the GPU
     count that `auto` resolves to."""
     checked_store_paths(config, P)
-    for i, shape in enumerate(config["megamoe"]["shapes"]):
+    for key, shape in _shapes(config["megamoe"]):
         if shape["E"] % P:
             raise ConfigError(
-                f"config key 'megamoe.shapes[{i}].E': {shape['E']} experts do not divide over "
-                f"world_size {P}"
+                f"config key '{key}.E': {shape['E']} experts do not divide over world_size {P}"
             )
     for key in ("heads", "seq_lens"):
         for i, n in enumerate(config["attention"][key]):

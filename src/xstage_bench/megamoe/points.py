@@ -87,14 +87,16 @@ def _baseline_configs(points: list[dict]) -> list[dict]:
 
 def shapes_named(megamoe: dict, sub_grid: str) -> dict[str, dict]:
     """The shapes a sub-grid of megamoe (`lead_sweep`, `emulated`) names, by name and in its
-    order, from megamoe.shapes; a name megamoe.shapes lacks is an error naming the key."""
-    known = {s["name"]: s for s in megamoe["shapes"]}
+    order, from megamoe.shapes and the sub-grid's own custom_shapes; a name neither has is
+    an error naming the key."""
+    custom = megamoe[sub_grid].get("custom_shapes", [])
+    known = {s["name"]: s for s in [*megamoe["shapes"], *custom]}
     names = megamoe[sub_grid]["shapes"]
     unknown = sorted(set(names) - set(known))
     if unknown:
         raise ValueError(
             f"config key 'megamoe.{sub_grid}.shapes': unknown shape(s) {unknown}; "
-            f"megamoe.shapes has {sorted(known)}"
+            f"megamoe.shapes and its custom_shapes have {sorted(known)}"
         )
     return {name: known[name] for name in names}
 

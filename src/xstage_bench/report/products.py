@@ -123,6 +123,7 @@ FIGURES = (
         optional=(MODEL_JSON,),
     ),
     Product("fig-megamoe-lead", (MEGAMOE_RAW,), needs=(LEAD_SWEEP,)),
+    Product("fig-megamoe-playback", (MEGAMOE_RAW, MODEL_JSON)),
 )
 
 _CLAIMS_READS = (MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, MEGAMOE_EMULATED_RAW, ATTENTION_RAW)
@@ -146,6 +147,7 @@ TABLES = (
     ),
     Product("tab-noise", (ALL_RAW,)),
     Product("tab-megamoe-lead", (MEGAMOE_RAW,), needs=(LEAD_SWEEP,)),
+    Product("tab-megamoe-playback", (MEGAMOE_RAW, MODEL_JSON)),
 )
 
 PRODUCTS = {p.name: p for p in FIGURES + TABLES}

@@ -90,7 +90,8 @@ def compare_emulated(
         p = r["point"]
         key = (*(p[k] for k in POINT_KEYS), str(p.get("remote_fraction", grid.NATURAL)))
         times.setdefault(key, {})[p["schedule"]] = _time_us(r)
-        points[key] = p
+        if key not in points or p["schedule"] == schedule.INTERLEAVED:
+            points[key] = p  # the interleaved point: it carries the lead its list was built with
         extra = r.get("extra") or {}
         programs[key] = extra.get("num_programs") or num_programs or profile.sm_count
     rows = []

@@ -180,21 +180,23 @@ def simulate_megamoe(
     profile, env = _start(profile_path)
     moe = config["megamoe"]
     P = world_size(config, profile)
+    leads = megamoe.lead_chooser(moe, profile)
     records = []
     done: dict[tuple, megamoe.MoEResult] = {}
     for point in grid.megamoe_points(moe, P):
         for schedule in moe["schedules"]:
             rid = f"{point['id']}/{schedule}"
-            key = _simulation_key(point, schedule)
+            arm = megamoe.arm(point, schedule, moe, profile, leads)
+            key = _simulation_key(arm, schedule)
             if key not in done:
                 done[key] = megamoe.simulate(
-                    point, moe, profile, schedule, seed=options.seed, ranks=options.megamoe_ranks
+                    arm, moe, profile, schedule, seed=options.seed, ranks=options.megamoe_ranks
                 )
             r = done[key]
             records.append(
                 ok_record(
                     rid,
-                    {**point, "schedule": schedule},
+                    arm,
                     {"time_us": _copies(r.time_us, _rng(options, point["id"]), options)},
                     extra={
                         "tflops": r.tflops,
@@ -249,6 +251,7 @@ def simulate_megamoe_trace(
     moe = config["megamoe"]
     P = world_size(config, profile)
     point = _trace_point(moe, P)
+    leads = megamoe.lead_chooser(moe, profile)
     records = []
     for variant, schedule, local in (
         (WAVE, WAVE, False),
@@ -256,8 +259,9 @@ def simulate_megamoe_trace(
         (LOCAL_CONTROL, WAVE, True),
     ):
         rid = f"{point['id']}/{variant}"
+        arm = megamoe.arm(point, schedule, moe, profile, leads)
         r = megamoe.simulate(
-            point,
+            arm,
             moe,
             profile,
             schedule,
@@ -273,7 +277,7 @@ def simulate_megamoe_trace(
         records.append(
             ok_record(
                 rid,
-                {**point, "schedule": schedule, "variant": variant},
+                {**arm, "variant": variant},
                 {"store_span_us": _noisy(r.store_spans_us, _rng(options, rid), options)},
                 extra={
                     "time_us": r.time_us,

@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass
 
 from xstage_bench.data.hardware import HardwareProfile
-from xstage_bench.sim.xstage import EventBudget, PathParams, path_params, simulate_bursts
+from xstage_bench.megamoe.drain import EventBudget, PathParams
+from xstage_bench.sim.xstage import path_params, simulate_bursts
 
 Q_TILE_ROWS = 128
 OUTPUT_BYTES = 2  # bf16

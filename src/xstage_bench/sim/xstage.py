@@ -1,13 +1,9 @@
 """Discrete-event model of the X-Stage: producers injecting bursts into a finite path.
 
-The path holds at most Q outstanding bytes and drains them at R; Q follows the capacity
-law Q(K) = S + K q for the K producers of a run (PathParams.new_path). A producer issuing a
-burst admits bytes at its own issue rate while the path has room; once the path is full,
-admission is the drain rate R shared equally among the producers still issuing. The
-state is piecewise linear between events (a fluid model), so the simulation jumps from
-event to event: a producer starts or finishes issuing, the path fills, or it empties.
-Nothing here evaluates the Burst-Gap laws; the tests check that the laws come out of
-these dynamics.
+The path (capacity Q, drain R, issue time T0) is the fluid of megamoe/drain.py, with the
+profile's parameters (`path_params`); here K producers play burst trains through it, as
+the microbenchmarks run them. Nothing here evaluates the Burst-Gap laws; the tests check
+that the laws come out of these dynamics.
 
 Producers that behave identically (no start jitter) are kept as one cohort of m
 producers, which makes a lock-step run cost a few events per burst whatever K is.
@@ -18,174 +14,23 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
 from xstage_bench.data.hardware import HardwareProfile
-from xstage_bench.model.laws import bytes_per_us_to_gbps, capacity, gbps_to_bytes_per_us
+from xstage_bench.megamoe.drain import EventBudget, PathParams
+from xstage_bench.model.laws import bytes_per_us_to_gbps, gbps_to_bytes_per_us
 
 # Model assumptions for the local path and the ceilings (documented in the raw config).
 LOCAL_PATH_FACTOR = 10.0  # local stores: 10x R and 10x Q (H200: 4.0 TB/s local vs ~365 GB/s peer)
 COPY_ENGINE_EFFICIENCY = 0.9  # a copy engine reaches 90% of the path's line rate
 WIDEST_STORE = 16  # bytes; narrower stores issue proportionally fewer bytes per instruction
 
-_EPS_BYTES = 1e-3  # fluid quantities closer than a thousandth of a byte are equal
-# An event loop takes a few steps per unit of work (a burst, a tile): start, finish, the
-# path filling and emptying. Far more means it is stuck (a step too small to move a float
-# clock, from extreme rates); beyond MAX_EVENTS a run is too large to be worth simulating.
-STEPS_PER_WORK = 64
-MIN_STEPS = 1000
-MAX_EVENTS = 50_000_000
-
-
-class SimulationError(RuntimeError):
-    """A simulation that cannot finish: its event loop ran past its bound."""
-
-
-class EventBudget:
-    """Counts the steps of one event loop and raises SimulationError past its bound."""
-
-    def __init__(self, work: int, what: str):
-        self.limit = STEPS_PER_WORK * int(work) + MIN_STEPS
-        self.what = what
-        self.steps = 0
-        if self.limit > MAX_EVENTS:
-            raise SimulationError(
-                f"{what}: {work} units of work would take up to {self.limit} events, more than "
-                f"the simulator's bound of {MAX_EVENTS}; reduce the grid"
-            )
-
-    def step(self) -> None:
-        self.steps += 1
-        if self.steps > self.limit:
-            raise SimulationError(
-                f"{self.what}: the event loop ran past {self.limit} steps without finishing "
-                "(a rate or size in the hardware profile or point is too extreme to simulate)"
-            )
-
-
-class StorePath:
-    """One outstanding-capacity path: q in [0, Q] bytes, drained at R, shared by issuers.
-
-    Issuers share admission by processor sharing: each one progresses at the same
-    per-producer rate, so a virtual clock `_vt` (bytes admitted per producer since the
-    start) orders their finishes and a heap finds the next one in O(log n).
-    """
-
-    def __init__(self, drain: float, capacity: float, issue_rate: float):
-        if drain <= 0 or capacity <= 0 or issue_rate <= 0:
-            raise ValueError(
-                f"path needs positive drain, capacity and issue rate, got "
-                f"{drain}, {capacity}, {issue_rate}"
-            )
-        self.drain = drain
-        self.capacity = capacity
-        self.issue_rate = issue_rate
-        self.t = 0.0
-        self.q = 0.0
-        self.n = 0  # producers issuing now (a cohort of m counts m times)
-        self._vt = 0.0
-        self._seq = 0
-        self._heap: list[tuple[float, int, Hashable, int]] = []
-
-    def _rates(self) -> tuple[float, float]:
-        """(bytes per microsecond admitted by each issuer, dq/dt) in the current regime."""
-        if self.n == 0:
-            return 0.0, (-self.drain if self.q > 0 else 0.0)
-        offered = self.n * self.issue_rate
-        if self.q >= self.capacity:
-            if offered > self.drain:
-                return self.drain / self.n, 0.0  # full: admission limited to the drain
-            return self.issue_rate, offered - self.drain
-        if self.q <= 0 and offered <= self.drain:
-            return self.issue_rate, 0.0  # empty and the drain keeps up: passes through
-        return self.issue_rate, offered - self.drain
-
-    def next_time(self) -> float:
-        """Absolute time of the next change: an issuer finishes, the path fills or empties."""
-        rate, dq = self._rates()
-        dt = math.inf
-        if self._heap and rate > 0:
-            dt = max(self._heap[0][0] - self._vt, 0.0) / rate
-        if dq > 0:
-            dt = min(dt, (self.capacity - self.q) / dq)
-        elif dq < 0:
-            dt = min(dt, self.q / -dq)
-        return self.t + dt
-
-    def advance(self, t: float) -> list[tuple[Hashable, int]]:
-        """Move to time t (no later than next_time()); return the issuers that finished."""
-        if t < self.t:
-            raise ValueError(f"cannot go back in time: {t} < {self.t}")
-        rate, dq = self._rates()
-        dt = t - self.t
-        self.t = t
-        self._vt += rate * dt
-        self.q = min(max(self.q + dq * dt, 0.0), self.capacity)
-        if dq > 0 and self.capacity - self.q <= _EPS_BYTES:
-            self.q = self.capacity
-        elif dq < 0 and self.q <= _EPS_BYTES:
-            self.q = 0.0
-        done = []
-        while self._heap and self._heap[0][0] <= self._vt + _EPS_BYTES:
-            _, _, token, m = heapq.heappop(self._heap)
-            self.n -= m
-            done.append((token, m))
-        return done
-
-    def add(self, token: Hashable, nbytes: float, m: int = 1) -> None:
-        """Start m identical producers issuing nbytes each, now."""
-        heapq.heappush(self._heap, (self._vt + nbytes, self._seq, token, m))
-        self._seq += 1
-        self.n += m
-
-    def empty_time(self) -> float:
-        """When the path will have drained everything, if nothing more is admitted."""
-        return self.t + self.q / self.drain
-
-
-@dataclass(frozen=True)
-class PathParams:
-    """What a burst meets on its way: fixed overhead, issue rate, drain rate, capacity.
-
-    The capacity follows the law Q(K) = S + K q (model.laws.capacity): `capacity` is the
-    part S the path shares, `capacity_per_producer` each producer's window q, and a run
-    that does not say how many producers it has gets `producers` (one per SM)."""
-
-    t0_fixed_us: float
-    issue_rate: float  # bytes/us, per producer
-    drain: float  # bytes/us
-    capacity: float  # bytes: S
-    capacity_per_producer: float = 0.0  # bytes: q
-    producers: int = 1
-
-    def t0_us(self, B: float) -> float:
-        """Backpressure-free issue time of one producer's B bytes."""
-        return self.t0_fixed_us + B / self.issue_rate
-
-    def issue_end(self, start: float, B: float, admitted: float) -> float:
-        """When a producer that began a burst of B bytes at `start` has issued it.
-
-        Its stores enter the path from the start, and the fixed overhead overlaps them:
-        the burst ends when the path has admitted its last byte, never before T0. This is
-        the Burst-Gap model's definition, so one burst on an empty path takes
-        max(T0, (V - Q)/R), laws.isolated_issue_time, which the fit uses.
-        """
-        return max(admitted, start + self.t0_us(B))
-
-    def capacity_for(self, producers: int | None = None) -> float:
-        """Q(K) for `producers` producers (default: the path's own count)."""
-        K = self.producers if producers is None else producers
-        return float(capacity(K, self.capacity, self.capacity_per_producer))
-
-    def new_path(self, producers: int | None = None) -> StorePath:
-        return StorePath(self.drain, self.capacity_for(producers), self.issue_rate)
-
 
 def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -> PathParams:
-    """The profile's peer path, or the local path (LOCAL_PATH_FACTOR x R and Q)."""
+    """The profile's peer path, or the local path (LOCAL_PATH_FACTOR x R and Q); its capacity
+    follows the profile's law Q(K) = S + K q (capacity_bytes, capacity_per_producer_bytes)."""
     if dest not in ("peer", "local"):
         raise ValueError(f"dest must be 'peer' or 'local', got {dest!r}")
     if width <= 0 or width > WIDEST_STORE:
@@ -198,8 +43,7 @@ def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -
         / WIDEST_STORE,
         drain=float(gbps_to_bytes_per_us(profile.drain_rate_GBps)) * factor,
         capacity=profile.capacity_bytes * factor,
-        capacity_per_producer=profile.capacity_per_producer_bytes * factor,
-        producers=profile.sm_count,
+        capacity_per_issuer=profile.capacity_per_producer_bytes * factor,
     )
 
 
@@ -260,7 +104,7 @@ def simulate_bursts(
     end = np.full((bursts, cohorts), np.nan)
     burst_of = np.zeros(cohorts, dtype=int)
     unfinished = np.full(bursts, cohorts)
-    path = params.new_path(K)
+    path = params.new_path()
     # External events: (time, seq, what, cohort); "start" begins a burst (its bytes go to
     # the path at once), "end" is when the producer has issued it (PathParams.issue_end).
     events: list[tuple[float, int, str, int]] = []
@@ -366,11 +210,6 @@ def simulate_microbench_point(
     """
     if point.get("peers", 1) != 1:
         raise UnsupportedPoint(f"peers={point['peers']}: the simulator models one peer path")
-    if point.get("next_op", "none") != "none":
-        raise UnsupportedPoint(
-            f"next_op {point['next_op']!r}: the simulator does not model which operations "
-            "wait for a burst to drain (that is what the study measures)"
-        )
     params = path_params(profile, point.get("dest", "peer"), point.get("width", WIDEST_STORE))
     kind = point["kind"]
     if kind == "ceiling":

@@ -1,65 +1,88 @@
 """The interleaved schedule's lead (`lead_rows`), chosen by the Burst-Gap model: `auto`.
 
 How far the Linear-1 cursor runs ahead of the Linear-2 cursor decides how much Linear-1
-work is queued between two Linear-2 row blocks. The model says how much is enough:
+work sits between the Linear-2 tiles' remote stores: too little and the programs that
+stored wait on a full drain (and, held at their next atomic until their stores drained,
+issue 52 finding 1, cannot compute meanwhile); too much and Linear-2 bunches at the end,
+where nothing is left to hide the drain. What matters is every program storing at once
+into one drain, so the rule asks the playback (megamoe/playback.py): each candidate lead's
+tile list, built as the kernel builds it, played through the path's fitted drain (issue
+time T0 = t0_fixed + B / issue rate, capacity Q(K) = S + K q, drain R, the hold on), with
+tile costs from the kernel's FLOP rate X. `auto` is the candidate with the shortest
+predicted kernel time; candidates the playback cannot tell apart (within TIE) go to the
+longest lead, whose slack covers tile-time jitter the playback does not model (measured:
+at f = 0 leads of 1024-4096 rows beat 0-256 by up to 8%, where the playback sees 3%).
 
-- One row block's Linear-2 tiles are one burst: H / block_n producers (tiles), each
-  storing block_m x block_n bf16 outputs, of which a share f is remote (crosses the
-  path). So the burst is V = f block_m H 2 bytes, B = f block_m block_n 2 per producer.
-- A burst on an empty path issues in T0 (T0 = t0_fixed + B / issue rate per producer,
-  the model's issue law); meanwhile R T0 bytes drain, so it leaves a backlog of
-  [V - R T0]+ (laws.backlog_peak). The path holds Q of that without stalling the issuer;
-  the rest, [V - R T0 - Q]+, drains at R: t_drain = [V - R T0 - Q]+ / R. (This is the
-  isolated law's stall beyond T0, laws.isolated_issue_time - T0.)
-- `lead` rows of Linear-1 work (gate and up: 4 H I FLOPs per row) take
-  t_L1 = 4 H I lead / X at the kernel's compute rate X (per GPU).
-- The lead is the smallest multiple of block_m with t_L1 >= t_drain: the queued Linear-1
-  work covers the drain of the burst before it, so programs that finish a Linear-2 tile
-  find Linear-1 work instead of stalled stores. It is 0 when a burst fits the path
-  (t_drain = 0), e.g. every row local (f = 0).
+It is causal: no measured kernel time enters it, only the point, the fit and X. For speed
+(every point of the 84-configuration grid is planned before anything is measured) it
+plays the busiest rank's first PLAN_BLOCKS row blocks (a longer prefix changed the
+choice's predicted time by at most 0.24% over the reference grid at f = 0.25) and keeps
+each choice per configuration and share: the precisions share it, X being one rate.
 
 X is `megamoe.lead_auto_tflops` (default DEFAULT_TFLOPS: the measured median of our W8A8
-kernel on H200), or the emulated rate in the compute-emulated sweep. T0, R and Q are the
-path's fit in the dataset's model file (model/burst_gap.json; `read_drain`). Everything
-here is pure (numpy and json), so the CPU tests pin it.
+kernel on H200), or the emulated rate in the compute-emulated sweep. T0, R, S and q are
+the path's fit in the dataset's model file (model/burst_gap.json; `read_drain`), or a
+simulated profile's own path (`LeadChooser.of_paths`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from xstage_bench.data import storepath
+from xstage_bench.megamoe import playback, schedule
+from xstage_bench.megamoe.drain import PathParams
 from xstage_bench.model import laws
 
 AUTO = "auto"
 # Our W8A8 kernel's median per-GPU rate on H200 (2x H200 reference, 84 configurations,
 # 2026-11-30: 601 TFLOP/s; megamoe_ws.py's docstring).
 DEFAULT_TFLOPS = 600.0
-LINEAR1_FLOPS_PER_ROW = 4  # x H x I: gate and up
+DEFAULT_PROGRAMS = 132  # SMs of an H100 or H200 (SXM): the kernel runs one program per SM
+CANDIDATES = (0, 256, 512, 768, 1024, 1536, 2048, 4096)  # rows, multiples of block_m
+PLAN_BLOCKS = 160  # row blocks of the busiest rank the rule plays
+TIE = 1e-3  # predicted times closer than this (relative) are one time to the rule
 
 
 class LeadModelError(ValueError):
-    """The model file cannot give the path's T0, R and Q; the message names the file."""
+    """The model file cannot give the path's drain; the message names the file."""
 
 
 @dataclass(frozen=True)
 class PathDrain:
-    """A path's fitted Burst-Gap parameters, as `auto_lead_rows` uses them."""
+    """A path's fitted Burst-Gap parameters, as the playback uses them."""
 
     path: str
     source: str  # the model file, and which part of it
     t0_fixed_us: float
     issue_rate_per_producer_GBps: float
     R_GBps: float
-    Q_bytes: float
+    Q_bytes: float | None  # the fit's one shared capacity, where it has one
+    # The capacity law Q(K) = S + K q at K producers storing at once; files without it
+    # (one shared capacity) read as S = Q_bytes, q = 0.
+    S_bytes: float
+    q_bytes: float
 
     def T0_us(self, producer_bytes: float) -> float:
         """The issue law: T0 = t0_fixed + B / issue rate (per producer)."""
         rate = float(laws.gbps_to_bytes_per_us(self.issue_rate_per_producer_GBps))
         return self.t0_fixed_us + producer_bytes / rate
+
+    def capacity_bytes(self, K: float) -> float:
+        return laws.capacity(K, self.S_bytes, self.q_bytes)
+
+    def path_params(self) -> PathParams:
+        """The fluid path the playback plays tile lists through (drain.py)."""
+        return PathParams(
+            t0_fixed_us=self.t0_fixed_us,
+            issue_rate=float(laws.gbps_to_bytes_per_us(self.issue_rate_per_producer_GBps)),
+            drain=float(laws.gbps_to_bytes_per_us(self.R_GBps)),
+            capacity=self.S_bytes,
+            capacity_per_issuer=self.q_bytes,
+        )
 
     def describe(self) -> dict:
         return {
@@ -69,6 +92,8 @@ class PathDrain:
             "issue_rate_per_producer_GBps": self.issue_rate_per_producer_GBps,
             "R_GBps": self.R_GBps,
             "Q_bytes": self.Q_bytes,
+            "S_bytes": self.S_bytes,
+            "q_bytes": self.q_bytes,
         }
 
 
@@ -76,85 +101,100 @@ PARAM_KEYS = {
     "t0_fixed_us": "t0_fixed_us",
     "issue_rate_per_producer_GBps": "issue_rate_per_sm_GBps",
     "R_GBps": "R_GBps",
-    "Q_bytes": "Q_bytes",
 }
+# The capacity law; a file without it (older fits) has one shared capacity, Q_bytes.
+CAPACITY_LAW_KEYS = {"S_bytes": "S_bytes", "q_bytes": "q_bytes"}
+
+
+def _usable(value) -> bool:
+    return value is not None and math.isfinite(float(value)) and float(value) >= 0
 
 
 def read_drain(model_file: str | Path, path: str) -> PathDrain:
-    """The path's T0, R, Q from a model file (model.document.path_fit: the top-level fit
-    or the path's part of `other_paths`; files without `path` fitted the peer path). A
-    LeadModelError names the file when it cannot be read, does not fit the path, or a
-    parameter is missing or undetermined."""
-    from xstage_bench.model.document import ModelFileError, path_fit
-
-    source = str(model_file)
+    """The path's T0, R and capacity law from a model file (model.document.path_fit: the
+    top-level fit or the path's part of `other_paths`; files without `path` fitted the
+    peer path). A LeadModelError names the file when it cannot be read, does not fit the
+    path, or a parameter is missing or undetermined."""
     try:
         doc = json.loads(Path(model_file).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LeadModelError(
+            f"lead_rows 'auto' on the {path} path needs {model_file}: {e}"
+        ) from None
+    return drain_of(doc, path, str(model_file))
+
+
+def drain_of(doc: dict, path: str, source: str) -> PathDrain:
+    """read_drain of a model document already read (`source`: the file, for messages)."""
+    from xstage_bench.model.document import ModelFileError, path_fit
+
+    try:
         params = path_fit(doc, path).get("params") or {}
-    except (OSError, json.JSONDecodeError, ModelFileError) as e:
+    except ModelFileError as e:
         raise LeadModelError(f"lead_rows 'auto' on the {path} path needs {source}: {e}") from None
     where = source if path == doc.get("path", storepath.PEER) else f"{source} (other_paths.{path})"
-    values = {}
-    for name, key in PARAM_KEYS.items():
-        value = (params.get(key) or {}).get("value")
-        if value is None or not math.isfinite(float(value)) or float(value) < 0:
+
+    def value(key: str) -> float:
+        block = params.get(key) or {}
+        if not _usable(block.get("value")):
             raise LeadModelError(
                 f"lead_rows 'auto' on the {path} path: {where} has no usable '{key}' "
-                f"({(params.get(key) or {}).get('reason', 'missing')})"
+                f"({block.get('reason', 'missing')})"
             )
-        values[name] = float(value)
+        return float(block["value"])
+
+    values = {name: value(key) for name, key in PARAM_KEYS.items()}
+    shared = (params.get("Q_bytes") or {}).get("value")
+    values["Q_bytes"] = float(shared) if _usable(shared) else None
+    if any(key in params for key in CAPACITY_LAW_KEYS.values()):
+        values.update({name: value(key) for name, key in CAPACITY_LAW_KEYS.items()})
+    else:  # one shared capacity
+        values.update(S_bytes=value("Q_bytes"), q_bytes=0.0)
     if values["R_GBps"] <= 0 or values["issue_rate_per_producer_GBps"] <= 0:
         raise LeadModelError(f"lead_rows 'auto': {where} has a zero rate")
+    if values["S_bytes"] + values["q_bytes"] <= 0:
+        raise LeadModelError(f"lead_rows 'auto': {where} has no capacity (S + q = 0)")
     return PathDrain(path=path, source=where, **values)
 
 
-def burst_bytes(H: int, remote_share: float, block_m: int, block_n: int) -> tuple[float, float]:
-    """(V, B): one row block's remote Linear-2 bytes, and each of its H/block_n tiles'."""
-    return remote_share * block_m * H * 2, remote_share * block_m * block_n * 2
+@dataclass(frozen=True)
+class LeadChoice:
+    """What the rule chose for one configuration and share, and what it saw."""
+
+    rows: int
+    predicted_us: dict[int, float]  # candidate -> predicted kernel time of the played prefix
 
 
-def drain_time_us(H: int, remote_share: float, drain: PathDrain, block_m: int, block_n: int):
-    """t_drain: how long one row block's backlog beyond Q takes to drain (module doc)."""
-    V, B = burst_bytes(H, remote_share, block_m, block_n)
-    R = laws.gbps_to_bytes_per_us(drain.R_GBps)
-    backlog = laws.backlog_peak(drain.T0_us(B), V, R)
-    return float(max(backlog - drain.Q_bytes, 0.0) / R)
-
-
-def linear1_time_us(H: int, I: int, rows: int, tflops: float) -> float:  # noqa: E741
-    """t_L1: the Linear-1 time of `rows` rows at `tflops` per GPU."""
-    return LINEAR1_FLOPS_PER_ROW * H * I * rows / (tflops * 1e6)
-
-
-def auto_lead_rows(
+def choose(
+    point: dict,
+    megamoe: dict,
+    far: PathParams,
     *,
-    H: int,
-    I: int,  # noqa: E741
-    remote_share: float,
-    drain: PathDrain,
     tflops: float,
-    block_m: int = 128,
-    block_n: int = 128,
-) -> int:
-    """The smallest multiple of block_m whose Linear-1 time covers t_drain (module doc)."""
+    num_programs: int,
+    candidates: tuple[int, ...] = CANDIDATES,
+    blocks: int | None = PLAN_BLOCKS,
+) -> LeadChoice:
+    """The candidate lead with the shortest predicted kernel time (module doc): the
+    busiest rank's first `blocks` row blocks (None: all of them) played through `far`
+    with the hold, tiles lasting their FLOPs at `tflops` per GPU."""
     if not tflops > 0:
         raise ValueError(f"megamoe.lead_auto_tflops must be > 0, got {tflops}")
-    if not 0.0 <= remote_share <= 1.0:
-        raise ValueError(f"remote share must be in [0, 1], got {remote_share}")
-    need = drain_time_us(H, remote_share, drain, block_m, block_n)
-    if need <= 0.0:
-        return 0
-    return block_m * math.ceil(need / linear1_time_us(H, I, block_m, tflops) - 1e-12)
-
-
-def remote_share(point: dict) -> float:
-    """The share of a point's combine rows that cross its path: the host share on the host
-    path; on the peer path the re-homed fraction, or (P-1)/P at natural routing."""
-    f = point.get("remote_fraction")
-    if storepath.point_path(point) == storepath.HOST or f not in (None, "natural"):
-        return float(f or 0.0)
-    P = point["world_size"]
-    return (P - 1) / P
+    if not candidates or any(c < 0 for c in candidates):
+        raise ValueError(f"lead candidates must be rows >= 0, got {candidates}")
+    block_m, block_n = megamoe.get("block_m", 128), megamoe.get("block_n", 128)
+    rates = playback.Rates.at(point, block_m, block_n, tflops, num_programs)
+    works = playback.rank_works(point, megamoe)
+    work = max(works, key=lambda w: rates.lower_bound_us(w, far.drain))
+    if blocks is not None:
+        work = work.prefix(blocks)
+    predicted = {}
+    for lead in sorted(set(candidates)):
+        tiles = schedule.build(schedule.INTERLEAVED, work.grid, num_programs, {"lead_rows": lead})
+        predicted[lead] = playback.play(tiles, work, rates, far).time_us
+    fastest = min(predicted.values())
+    rows = max(lead for lead, t in predicted.items() if t <= fastest * (1 + TIE))
+    return LeadChoice(rows, predicted)
 
 
 def requested_leads(megamoe: dict) -> list:
@@ -167,20 +207,47 @@ def needs_model(megamoe: dict) -> bool:
     return AUTO in requested_leads(megamoe)
 
 
+@dataclass
 class LeadChooser:
     """Resolves requested leads (an integer, or `auto`) per point; reads each path's fit
-    once. model_file None: `auto` is an error naming what is missing."""
+    once and keeps each choice. model_file None and no `paths`: `auto` is an error naming
+    what is missing."""
 
-    def __init__(self, model_file: str | Path | None, tflops: float = DEFAULT_TFLOPS):
-        self.model_file = None if model_file is None else str(model_file)
-        self.tflops = float(tflops)
-        self._drains: dict[str, PathDrain] = {}
+    model_file: str | None
+    tflops: float = DEFAULT_TFLOPS
+    megamoe: dict = field(default_factory=dict)
+    num_programs: int = DEFAULT_PROGRAMS
+    paths: dict[str, PathParams] = field(default_factory=dict)  # a simulated profile's
+    _drains: dict[str, PathDrain] = field(default_factory=dict, init=False, repr=False)
+    _chosen: dict[tuple, LeadChoice] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def of(cls, megamoe: dict, model_file: str | Path | None) -> LeadChooser:
-        return cls(model_file, megamoe.get("lead_auto_tflops", DEFAULT_TFLOPS))
+    def of(
+        cls, megamoe: dict, model_file: str | Path | None, num_programs: int = DEFAULT_PROGRAMS
+    ) -> LeadChooser:
+        return cls(
+            None if model_file is None else str(model_file),
+            float(megamoe.get("lead_auto_tflops", DEFAULT_TFLOPS)),
+            megamoe,
+            num_programs,
+        )
 
-    def drain(self, path: str) -> PathDrain:
+    @classmethod
+    def of_paths(
+        cls, megamoe: dict, paths: dict[str, PathParams], num_programs: int
+    ) -> LeadChooser:
+        """A chooser that plays through given paths (a simulated profile's), no file."""
+        return cls(
+            None,
+            float(megamoe.get("lead_auto_tflops", DEFAULT_TFLOPS)),
+            megamoe,
+            num_programs,
+            dict(paths),
+        )
+
+    def far_path(self, path: str) -> PathParams:
+        if path in self.paths:
+            return self.paths[path]
         if path not in self._drains:
             if self.model_file is None:
                 raise LeadModelError(
@@ -189,31 +256,42 @@ class LeadChooser:
                     "model/burst_gap.json)"
                 )
             self._drains[path] = read_drain(self.model_file, path)
-        return self._drains[path]
+        return self._drains[path].path_params()
+
+    def choice(self, point: dict, tflops: float | None = None) -> LeadChoice:
+        """The rule's choice for `point` (its path, configuration and share), kept."""
+        rate = self.tflops if tflops is None else float(tflops)
+        path = storepath.point_path(point)
+        far = self.far_path(path)
+        share = point.get("remote_fraction")
+        key = (playback.config_key(point, self.megamoe), path, str(share), rate)
+        if key not in self._chosen:
+            self._chosen[key] = choose(
+                point, self.megamoe, far, tflops=rate, num_programs=self.num_programs
+            )
+        return self._chosen[key]
 
     def resolve(self, requested, point: dict, tflops: float | None = None) -> int:
-        """The integer lead for `point` (its path, shape and remote share)."""
+        """The integer lead for `point` (its path, configuration and share)."""
         if requested != AUTO:
             if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
                 raise ValueError(
                     f"config key 'megamoe.lead_rows': an integer >= 0 or 'auto', got {requested!r}"
                 )
             return requested
-        return auto_lead_rows(
-            H=point["H"],
-            I=point["I"],
-            remote_share=remote_share(point),
-            drain=self.drain(storepath.point_path(point)),
-            tflops=self.tflops if tflops is None else tflops,
-        )
+        return self.choice(point, tflops).rows
 
     def describe(self) -> dict:
-        """The raw config's `lead_auto`: the rule, the file read, the T0/R/Q used, X."""
+        """The raw config's `lead_auto`: the rule, the file read, the drains used, X."""
         return {
-            "rule": "smallest multiple of block_m with 4 H I lead / X >= [V - R T0 - Q]+ / R, "
-            "V = f block_m H 2 (one row block's remote Linear-2 bytes), T0 = t0_fixed + B / "
-            "issue rate, B = f block_m block_n 2 (src/xstage_bench/megamoe/ours/lead.py)",
+            "rule": "the candidate lead with the shortest predicted kernel time (ties within "
+            f"{TIE:g} to the longest): the busiest rank's first {PLAN_BLOCKS} row blocks' "
+            "interleaved tile list played through the path's fitted drain (T0 = t0_fixed + "
+            "B / issue rate, Q(K) = S + K q, R; a program held until its stores drain), "
+            "tiles at X (src/xstage_bench/megamoe/ours/lead.py, megamoe/playback.py)",
+            "candidates": list(CANDIDATES),
             "model_file": self.model_file,
             "tflops": self.tflops,
+            "num_programs": self.num_programs,
             "paths": {p: d.describe() for p, d in sorted(self._drains.items())},
         }

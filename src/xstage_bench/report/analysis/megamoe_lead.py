@@ -182,3 +182,38 @@ def lead_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame]:
             "arm (lead_sweep: true) with an ok expert-wave record of its configuration"
         )
     return doc, leads
+
+
+WITHIN_BEST = 0.02  # a lead "lands on the best" within 2% of the best swept lead's speedup
+
+
+def constant_leads(leads: pd.DataFrame, metric: megamoe.Metric) -> pd.Series:
+    """Each swept numeric lead's mean speedup over the points where every one of them was
+    measured: how each would do as one constant lead for the whole map."""
+    numeric = leads[leads["swept"] & ~leads["auto"] & leads["lead"].str.isdigit()]
+    if numeric.empty:
+        return pd.Series(dtype=float)
+    wide = numeric.pivot_table(
+        index=config_keys(leads), columns="lead", values=metric.column("speedup"), aggfunc="first"
+    ).dropna()
+    means = wide.mean()
+    means.index = means.index.astype(int)
+    return means.sort_index()
+
+
+def auto_score(picked: pd.Series, best: pd.Series, constants: pd.Series) -> dict:
+    """How a lead rule did over a map (per point: `picked`, its speedup; `best`, the best
+    swept lead's): the points where it lands within WITHIN_BEST of the best, and its mean
+    speedup against the best single constant lead's (constant_leads)."""
+    ok = picked.notna() & best.notna()
+    within = picked[ok] >= (1 - WITHIN_BEST) * best[ok]
+    row = {
+        "points": int(ok.sum()),
+        f"within {WITHIN_BEST:.0%} of best": int(within.sum()),
+        "mean speedup": float(picked[ok].mean()) if ok.any() else np.nan,
+    }
+    if len(constants):
+        row["best constant lead"] = int(constants.idxmax())
+        row["its mean speedup"] = float(constants.max())
+        row["mean / best constant's"] = row["mean speedup"] / float(constants.max())
+    return row

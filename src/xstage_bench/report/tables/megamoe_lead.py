@@ -110,10 +110,10 @@ def build(dataset_dir: Path) -> Table:
         + "; ".join(f"{p}: {megamoe.share_word(p)}" for p in paths)
         + " (0: the local control).",
         f"lead = the interleaved schedule's lead_rows (Linear-1 rows run ahead of Linear-2); "
-        f"swept: {', '.join(str(x) for x in swept)}; auto: the model's choice (the smallest "
-        "lead whose Linear-1 work between Linear-2 bursts covers their drain, from the path's "
-        "fitted T0, R, Q and the tile costs), its resolved rows in auto_lead_rows; a lead "
-        "column not swept is the main grid's interleaved arm.",
+        f"swept: {', '.join(str(x) for x in swept)}; auto: the model's choice as the run "
+        "resolved it (its rows in auto_lead_rows; the rule of the code that ran: today the "
+        "candidate lead whose tile list plays fastest through the path's fitted drain, "
+        "megamoe/ours/lead.py); a lead column not swept is the main grid's interleaved arm.",
         "best_lead: the swept numeric lead with the largest speedup (a point estimate: its "
         "CI beside it); auto_over_best: auto's speedup / the best's; auto_time_over_best: "
         "auto's interleaved time / the best lead's, 95% bootstrap CI (paired where the arms "
@@ -129,16 +129,27 @@ def build(dataset_dir: Path) -> Table:
         f"{int(wins.get(stats.FASTER, 0))} / {int(wins.get(stats.SLOWER, 0))} / "
         f"{int(wins.get(stats.TIE, 0))}"
     )
+    sections = [
+        ("Per path and f: the best swept lead and the model's auto", summary_per_share(best)),
+    ]
+    constants = megamoe_lead.constant_leads(leads, metric)
+    if "auto_speedup" in best.columns and len(constants):
+        score = megamoe_lead.auto_score(best["auto_speedup"], best["best_speedup"], constants)
+        sections.append(
+            (
+                f"auto against the best swept lead (within {megamoe_lead.WITHIN_BEST:.0%}) "
+                "and the best constant lead (mean speedup over the points every swept lead ran)",
+                pd.DataFrame([score]),
+            )
+        )
+    sections.append((PER_LEAD, per_lead(leads)))
     return Table(
         frame,
         f"MegaMoE lead map: interleaved vs expert-wave speedup by share f and lead "
         f"({metric.name}), {megamoe.paths_text(paths)}",
         labels.doc_label(dataset_dir, doc),
         notes,
-        [
-            ("Per path and f: the best swept lead and the model's auto", summary_per_share(best)),
-            (PER_LEAD, per_lead(leads)),
-        ],
+        sections,
         markdown_columns(frame),
     )
 

@@ -1,0 +1,315 @@
+"""Does the Burst-Gap model predict the fused kernel? (issue 52, item 4)
+
+Every ok arm of our kernel (a configuration, share f and schedule, with its lead) is played
+through its path's fitted drain (megamoe/playback.py: the kernel's own tile list, T0 =
+t0_fixed + B / issue rate, Q(K) = S + K q, drain R), with the hold (a program waits at its
+next claim until its own stores drained) and without, and the predicted kernel time is
+set against the measured one (the median of kernel_us; time_us where no record has it).
+
+Tile costs are calibrated, never fitted to the arm predicted: one scale of the FLOP-rate
+costs (X = megamoe.lead_auto_tflops) per configuration and schedule, set so that the
+playback of a calibration arm gives its measured time. The calibration arm is the same
+configuration and schedule at its smallest measured share (the same lead where one was
+measured, else any: the scale is the kernel's compute rate, the lead only reorders its
+tiles), at f = 0 the local control, whose playback has no drain and is exact. Where a
+configuration has one share only, the tiles keep the FLOP rate. The calibration arms
+themselves are reported apart (CALIBRATION), so no error counted is exact by construction.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from xstage_bench.data import layout, storepath
+from xstage_bench.data.grid import NATURAL
+from xstage_bench.megamoe import playback, schedule
+from xstage_bench.megamoe.drain import PathParams
+from xstage_bench.megamoe.ours import lead
+from xstage_bench.report.analysis import megamoe, megamoe_lead
+from xstage_bench.report.analysis.load import NoDataError, model_doc, raw_doc
+
+MAIN, LEAD_MAP = "main grid", "lead map"
+CONTROL, SHARE, FLOPS = "f = 0 control", "smallest share", "FLOP rate"
+CALIBRATION = "calibration arm"
+MODES = {"hold": True, "no_hold": False}  # column suffix -> playback's hold
+CALIBRATION_TOLERANCE = 1e-3  # a calibration stops once its arm is played within this
+CALIBRATION_STEPS = 6
+LISTS_KEPT = 64  # tile lists kept for reuse: every schedule and lead of a few configurations
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One measured run of our kernel: its point (lead resolved), where it belongs, and
+    its measured time."""
+
+    record: dict
+    point: dict
+    grid: str
+    share: float  # f as a number: (P-1)/P at natural routing on the peer path
+    measured_us: float
+
+    @property
+    def schedule(self) -> str:
+        return self.point["schedule"]
+
+    @property
+    def lead(self) -> int | None:
+        return self.point.get("lead_rows") if self.schedule == schedule.INTERLEAVED else None
+
+    @property
+    def family(self) -> tuple:
+        """Its configuration and schedule: the arms one calibration serves."""
+        fields = {k: v for k, v in megamoe.megamoe_config_key(self.point) if k != "remote_fraction"}
+        return (tuple(sorted(fields.items())), self.schedule)
+
+
+def share_of(point: dict) -> float:
+    """f as a number: the host share, the re-homed fraction, or (P-1)/P where routing
+    chose (natural)."""
+    f = point.get("remote_fraction", NATURAL)
+    if f == NATURAL or f is None:
+        return 0.0 if storepath.point_path(point) == storepath.HOST else 1 - 1 / point["world_size"]
+    return float(f)
+
+
+def measured_metric(doc: dict) -> megamoe.Metric:
+    """kernel_us where every ok arm of ours has it (what the playback times), else time_us."""
+    ours = [r for r in doc["records"] if r["status"] == "ok" and megamoe.is_ours(r["point"])]
+    if ours and all((r.get("samples") or {}).get(megamoe.KERNEL.sample) for r in ours):
+        return megamoe.KERNEL
+    return megamoe.LAYER
+
+
+def arms_of(doc: dict, metric: megamoe.Metric) -> list[Arm]:
+    """Every ok arm of our kernel under a schedule the playback knows, its lead resolved
+    (the point's, else the config's: the kernel ran with it)."""
+    moe = doc["config"].get("megamoe") or {}
+    arms = []
+    for record in doc["records"]:
+        point = record["point"]
+        samples = (record.get("samples") or {}).get(metric.sample)
+        if record["status"] != "ok" or not megamoe.is_ours(point) or not samples:
+            continue
+        if point.get("schedule") not in schedule.SCHEDULES:
+            continue
+        if point["schedule"] == schedule.INTERLEAVED and "lead_rows" not in point:
+            point = {**point, "lead_rows": int(moe.get("lead_rows", 0))}
+        grid = LEAD_MAP if point.get("lead_sweep") else MAIN
+        arms.append(Arm(record, point, grid, share_of(point), float(np.median(samples))))
+    return arms
+
+
+def calibration_arm(arm: Arm, arms: list[Arm]) -> Arm | None:
+    """The arm whose measured time sets `arm`'s tile costs (module doc), or None: its
+    configuration and schedule at their smallest share, the same lead and grid first."""
+    family = [a for a in arms if a.family == arm.family]
+    smallest = min(a.share for a in family)
+    if len({a.share for a in family}) == 1:
+        return None
+    candidates = [a for a in family if a.share == smallest]
+    return min(candidates, key=lambda a: (a.lead != arm.lead, a.grid != arm.grid))
+
+
+class RecentLists(OrderedDict):
+    """The tile lists built last (a configuration's arms are played together): a dict
+    that forgets its oldest entry past `size`, so a dataset's lists never pile up."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
+@dataclass
+class Player:
+    """Plays a dataset's arms through its path's drain, keeping tile lists and scales."""
+
+    megamoe: dict
+    far: PathParams
+    num_programs: int
+    tflops: float
+    _lists: dict = field(default_factory=lambda: RecentLists(LISTS_KEPT))
+    _scales: dict = field(default_factory=dict)
+    _plays: dict = field(default_factory=dict)
+
+    def rates(self, point: dict, scale: float = 1.0) -> playback.Rates:
+        block_m, block_n = self.megamoe.get("block_m", 128), self.megamoe.get("block_n", 128)
+        rates = playback.Rates.at(point, block_m, block_n, self.tflops, self.num_programs)
+        return rates.scaled(scale)
+
+    def time_us(self, arm: Arm, scale: float, hold: bool) -> float:
+        """The arm's kernel time played with tile costs `scale` times the FLOP rate's (kept:
+        a calibration arm's last play is its prediction)."""
+        key = (arm.record["id"], scale, hold if arm.share > 0 else None)
+        if key not in self._plays:
+            self._plays[key] = playback.play_kernel(
+                arm.point,
+                self.megamoe,
+                arm.schedule,
+                self.rates(arm.point, scale),
+                self.far,
+                hold=hold,
+                tile_lists=self._lists,
+            ).time_us
+        return self._plays[key]
+
+    def scale(self, control: Arm, hold: bool) -> float:
+        """The tile-cost scale under which `control` plays in its measured time: exact in
+        one step where nothing crosses the path (the play is linear in it: its compute
+        alone), else fixed-point steps from there until it plays within
+        CALIBRATION_TOLERANCE."""
+        key = (control.record["id"], hold if control.share > 0 else None)
+        if key not in self._scales:
+            compute = playback.play_kernel(
+                control.point,
+                self.megamoe,
+                control.schedule,
+                self.rates(control.point),
+                self.far,
+                local_control=True,
+                tile_lists=self._lists,
+            ).time_us
+            scale = control.measured_us / compute
+            if control.share > 0:
+                for _ in range(CALIBRATION_STEPS):
+                    ratio = control.measured_us / self.time_us(control, scale, hold)
+                    if abs(ratio - 1) < CALIBRATION_TOLERANCE:
+                        break
+                    scale *= ratio
+            self._scales[key] = scale
+        return self._scales[key]
+
+
+def player_of(dataset_dir: Path, doc: dict, path: str) -> Player:
+    """The dataset's player for one store path: its model's fit of it, its GPU's SM
+    count (the kernel's programs), X = megamoe.lead_auto_tflops."""
+    model_file = dataset_dir / layout.MODEL_JSON
+    try:
+        drain = lead.drain_of(model_doc(dataset_dir), path, str(model_file))
+    except lead.LeadModelError as e:
+        raise NoDataError(f"dataset '{dataset_dir.name}': {e}") from None
+    moe = doc["config"].get("megamoe") or {}
+    tflops = float(moe.get("lead_auto_tflops", lead.DEFAULT_TFLOPS))
+    return Player(moe, drain.path_params(), num_programs(doc), tflops)
+
+
+def num_programs(doc: dict) -> int:
+    """The kernel's programs: one per SM of the GPU that ran it (the simulated profile's)."""
+    env = doc.get("environment") or {}
+    gpus = env.get("gpus") or []
+    if gpus and gpus[0].get("sm_count"):
+        return int(gpus[0]["sm_count"])
+    return int((env.get("hardware_profile") or {}).get("sm_count", lead.DEFAULT_PROGRAMS))
+
+
+def predictions(dataset_dir: Path) -> tuple[dict, megamoe.Metric, pd.DataFrame]:
+    """(the MegaMoE document, the metric it is read in, one row per arm): configuration
+    columns, grid, schedule, lead, f, measured and predicted times with and without the
+    hold, their errors (predicted / measured - 1), the calibration and its scale."""
+    doc = raw_doc(dataset_dir, layout.MEGAMOE_RAW)
+    metric = measured_metric(doc)
+    arms = arms_of(doc, metric)
+    if not arms:
+        raise NoDataError(
+            f"dataset '{dataset_dir.name}': {layout.MEGAMOE_RAW} has no ok arm of our kernel"
+        )
+    players: dict[str, Player] = {}
+    rows = []
+    for arm in arms:
+        path = storepath.point_path(arm.point)
+        if path not in players:
+            players[path] = player_of(dataset_dir, doc, path)
+        rows.append(_row(arm, calibration_arm(arm, arms), players[path]))
+    return doc, metric, pd.DataFrame(rows)
+
+
+def _row(arm: Arm, control: Arm | None, player: Player) -> dict:
+    if control is None:
+        calibration = FLOPS
+    elif control is arm:
+        calibration = CALIBRATION
+    else:
+        calibration = CONTROL if control.share == 0 else SHARE
+    row = {
+        **megamoe.config_fields(arm.point),
+        "grid": arm.grid,
+        "schedule": arm.schedule,
+        "lead": megamoe_lead.lead_label(arm.point) if arm.lead is not None else "",
+        "lead_rows": arm.lead,
+        "f": arm.share,
+        "measured_us": arm.measured_us,
+        "calibration": calibration,
+        "calibrated_on": None if control is None else control.record["id"],
+        "id": arm.record["id"],
+    }
+    for suffix, hold in MODES.items():
+        scale = 1.0 if control is None else player.scale(control, hold)
+        predicted = player.time_us(arm, scale, hold)
+        row[f"tile_scale_{suffix}"] = scale
+        row[f"predicted_us_{suffix}"] = predicted
+        row[f"error_{suffix}"] = predicted / arm.measured_us - 1.0
+    return row
+
+
+def error_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Median and p90 of |error| with and without the hold: over every predicted arm,
+    per grid, per schedule and per grid and schedule; the calibration arms apart."""
+    predicted = frame[frame["calibration"] != CALIBRATION]
+    parts = [("every arm", "", predicted)]
+    parts += [(g, "", p) for g, p in predicted.groupby("grid", sort=False)]
+    parts += [("", s, p) for s, p in predicted.groupby("schedule", sort=False)]
+    parts += [(g, s, p) for (g, s), p in predicted.groupby(["grid", "schedule"], sort=False)]
+    parts.append((CALIBRATION, "", frame[frame["calibration"] == CALIBRATION]))
+    rows = []
+    for grid, sched, part in parts:
+        row = {"arms": grid, "schedule": sched, "n": len(part)}
+        for suffix in MODES:
+            errors = part[f"error_{suffix}"].abs()
+            row[f"median |error| {suffix}"] = float(errors.median()) if len(part) else np.nan
+            row[f"p90 |error| {suffix}"] = float(errors.quantile(0.9)) if len(part) else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def replay_auto(doc: dict, leads: pd.DataFrame, metric: megamoe.Metric, player: Player):
+    """The lead rule (lead.choose: causal, X and the fit, no measured time) run again at
+    every point of a measured lead map, its candidates the swept leads: per point the lead
+    it picks, that lead's measured speedup and the best swept lead's. The offline check
+    of `auto` on a map measured before the rule (issue 52, item 5)."""
+    speedup = metric.column("speedup")
+    points = {r["id"]: r["point"] for r in doc["records"]}
+    rows = []
+    for _, part in leads.groupby(megamoe_lead.config_keys(leads), sort=False, dropna=False):
+        swept = part[part["swept"] & ~part["auto"] & part["lead"].str.isdigit()]
+        if swept.empty:
+            continue
+        measured = dict(zip(swept["lead"].astype(int), swept[speedup], strict=True))
+        point = points[swept["interleaved_id"].iloc[0]]
+        choice = lead.choose(
+            point,
+            player.megamoe,
+            player.far,
+            tflops=player.tflops,
+            num_programs=player.num_programs,
+            candidates=tuple(measured),
+        )
+        best = max(measured, key=measured.get)
+        rows.append(
+            {
+                **{k: part.iloc[0][k] for k in megamoe_lead.config_keys(leads)},
+                "replayed_lead": choice.rows,
+                "replayed_speedup": measured[choice.rows],
+                "best_lead": best,
+                "best_speedup": measured[best],
+            }
+        )
+    return pd.DataFrame(rows)

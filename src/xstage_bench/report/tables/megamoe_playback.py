@@ -1,0 +1,158 @@
+"""tab-megamoe-playback: the fused kernel's time predicted by the Burst-Gap model (issue 52,
+item 4). Per arm of our kernel (configuration, share f, schedule and lead, on the main
+grid and the lead map): the measured kernel time, the time its tile list takes played
+through the path's fitted drain with the hold and without, their errors, and how its tile
+costs were calibrated. Then the error summary, with the calibration arms apart; and where
+the dataset has a lead map, the lead rule replayed on its swept leads against the best
+swept lead and the best constant lead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from xstage_bench.data import layout
+from xstage_bench.report.analysis import labels, megamoe, megamoe_lead
+from xstage_bench.report.analysis import megamoe_playback as mp
+from xstage_bench.report.analysis.load import NoDataError
+from xstage_bench.report.tables.common import Table
+from xstage_bench.report.tables.megamoe_lead import configuration
+
+SHOWN = (
+    "path",
+    "configuration",
+    "f",
+    "grid",
+    "schedule",
+    "lead",
+    "measured us",
+    "predicted us (hold)",
+    "error (hold)",
+    "error (no hold)",
+    "calibration",
+)
+
+
+def arms_frame(predicted: pd.DataFrame) -> pd.DataFrame:
+    """The per-arm rows, named for reading, in grid, configuration, f, schedule order."""
+    frame = predicted.assign(configuration=[configuration(r) for r in predicted.to_dict("records")])
+    frame = frame.rename(
+        columns={
+            "measured_us": "measured us",
+            "predicted_us_hold": "predicted us (hold)",
+            "predicted_us_no_hold": "predicted us (no hold)",
+            "error_hold": "error (hold)",
+            "error_no_hold": "error (no hold)",
+        }
+    )
+    frame = frame.sort_values(
+        ["grid", "path", "configuration", "f", "schedule", "lead_rows"], kind="stable"
+    )
+    first = list(SHOWN)
+    return frame[[*first, *(c for c in frame.columns if c not in first)]].reset_index(drop=True)
+
+
+def lead_rule_sections(
+    dataset_dir: Path, doc: dict, metric: megamoe.Metric, player: mp.Player
+) -> list[tuple[str, pd.DataFrame]]:
+    """The rule replayed on the lead map's swept leads, per point and scored, beside the
+    map's own auto arm (as measured: the rule of the run that made it)."""
+    try:
+        _, leads = megamoe_lead.lead_sweep(dataset_dir)
+    except NoDataError:
+        return []
+    leads_metric = megamoe_lead.lead_metric(leads)
+    replayed = mp.replay_auto(doc, leads, leads_metric, player)
+    if replayed.empty:
+        return []
+    constants = megamoe_lead.constant_leads(leads, leads_metric)
+    scores = [
+        {
+            "lead": "rule replayed on the swept leads",
+            **megamoe_lead.auto_score(
+                replayed["replayed_speedup"], replayed["best_speedup"], constants
+            ),
+        }
+    ]
+    best = megamoe_lead.best_and_auto(leads, leads_metric)
+    if "auto_speedup" in best.columns:
+        scores.append(
+            {
+                "lead": "auto as measured",
+                **megamoe_lead.auto_score(best["auto_speedup"], best["best_speedup"], constants),
+            }
+        )
+    per_point = replayed.assign(
+        configuration=[configuration(r) for r in replayed.to_dict("records")]
+    ).rename(columns={"remote_fraction": "f"})
+    per_point = per_point[
+        ["path", "configuration", "f", "replayed_lead", "replayed_speedup", "best_lead"]
+        + ["best_speedup"]
+    ]
+    return [
+        (
+            f"The lead rule on the lead map ({leads_metric.name} speedups): within "
+            f"{megamoe_lead.WITHIN_BEST:.0%} of the best swept lead, and against the best "
+            "constant lead",
+            pd.DataFrame(scores),
+        ),
+        ("The lead rule replayed per point (candidates: the swept leads)", per_point),
+    ]
+
+
+def summary_note(summary: pd.DataFrame) -> str:
+    every = summary[summary["arms"] == "every arm"].iloc[0]
+    apart = summary[summary["arms"] == mp.CALIBRATION].iloc[0]
+    return (
+        f"{int(every['n'])} arms predicted: median |error| {every['median |error| hold']:.1%}, "
+        f"p90 {every['p90 |error| hold']:.1%} with the hold; "
+        f"{every['median |error| no_hold']:.1%} and {every['p90 |error| no_hold']:.1%} "
+        f"without; {int(apart['n'])} calibration arms apart (their own scale; median "
+        f"|error| {apart['median |error| hold']:.1%})."
+    )
+
+
+def build(dataset_dir: Path) -> Table:
+    doc, metric, predicted = mp.predictions(dataset_dir)
+    summary = mp.error_summary(predicted)
+    paths = megamoe.ordered_paths(predicted["path"])
+    players = {p: mp.player_of(dataset_dir, doc, p) for p in paths}
+    first = players[paths[0]]
+    fits = "; ".join(
+        f"{p}: R {pl.far.drain / 1e3:.4g} GB/s, t0_fixed {pl.far.t0_fixed_us:.3g} us, issue "
+        f"{pl.far.issue_rate / 1e3:.4g} GB/s per program, Q(K) = {pl.far.capacity:.4g} + K "
+        f"{pl.far.capacity_per_issuer:.4g} bytes"
+        for p, pl in players.items()
+    )
+    counts = predicted["calibration"].value_counts()
+    notes = [
+        summary_note(summary),
+        f"measured: the median {metric.label} ({metric.sample}); predicted: the arm's own "
+        "tile list (megamoe/playback.py) through the path's fitted drain from "
+        f"{layout.MODEL_JSON} ({fits}), {first.num_programs} programs; error = predicted / "
+        "measured - 1.",
+        "hold: a program that stored waits at its next tile claim until its own stores "
+        "drained (first in, first out at R); no hold: it moves on once they are issued.",
+        f"tile costs: FLOPs at X = {first.tflops:g} TFLOP/s, scaled per configuration and "
+        "schedule so that its calibration arm (its smallest measured share, the same lead "
+        "first) plays in its measured time ('"
+        + mp.CONTROL
+        + "': exact, nothing crosses the path there; '"
+        + mp.SHARE
+        + "': no f = 0 control measured; '"
+        + mp.FLOPS
+        + "': one share only, uncalibrated). Arms by calibration: "
+        + ", ".join(f"{k} {int(v)}" for k, v in counts.items())
+        + ".",
+    ]
+    sections = [("Error summary: |predicted / measured - 1|", summary)]
+    sections += lead_rule_sections(dataset_dir, doc, metric, players[paths[0]])
+    return Table(
+        arms_frame(predicted),
+        f"MegaMoE kernel time predicted by the Burst-Gap playback, {megamoe.paths_text(paths)}",
+        labels.doc_label(dataset_dir, doc),
+        notes,
+        sections,
+        shown=SHOWN,
+    )
