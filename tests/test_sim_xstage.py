@@ -130,9 +130,9 @@ def test_the_capacity_follows_the_law_for_the_producers_of_a_run(producers):
     """Q(K) = S + K q: S = 10000 bytes shared, q = 5000 bytes per producer."""
     law = replace(profile(10_000), capacity_per_producer_bytes=5_000)
     peer = xstage.path_params(law)
-    assert peer.new_path(producers).capacity == 10_000 + producers * 5_000
-    assert peer.new_path().capacity == 10_000 + 8 * 5_000  # one producer per SM
-    assert xstage.path_params(law, "local").new_path(2).capacity == 10 * 20_000
+    assert (peer.capacity, peer.capacity_per_issuer) == (10_000, 5_000)
+    local = xstage.path_params(law, "local")
+    assert (local.capacity, local.capacity_per_issuer) == (100_000, 50_000)
     # a microbench point meets its own K's capacity: the isolated law with Q(K)
     point = {"kind": "isolated", "K": producers, "B": B, "V": producers * B, "gap_us": 0.0}
     rng = np.random.default_rng(0)

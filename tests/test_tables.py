@@ -541,11 +541,6 @@ def test_markdown_is_written_without_tabulate(tmp_path):
         "",
         "- a note",
     ]
-    # a wide frame may show some columns in Markdown; its CSV keeps them all
-    shown = Table(table, "t", "l", shown=("b",))
-    write_table(shown, tmp_path / "s.csv")
-    assert list(pd.read_csv(tmp_path / "s.csv").columns) == ["a", "b"]
-    assert "| b |" in (tmp_path / "s.md").read_text().splitlines()
 
 
 def test_claims_on_the_full_fixture(sim_dataset):

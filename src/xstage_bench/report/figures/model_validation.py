@@ -45,9 +45,9 @@ METRIC_MARKER = {
     "period_us": "s",
 }
 METRIC_NAME = {
-    "t_iss_slowest_us": "issue time t_iss_slowest (store loop)",
-    "t_vis_slowest_us": "sender-visible issue time t_vis_slowest",
-    "t_vis_derived_us": "sender-visible issue time, derived from the period",
+    "t_iss_slowest_us": "store loop",
+    "t_vis_slowest_us": "sender-visible issue time",
+    "t_vis_derived_us": "issue time from the period",
     "period_us": "period",
 }
 

@@ -85,7 +85,7 @@ def plot(dataset_dir: Path) -> Figure:
                         capsize=2,
                     )
             ax.set_xticks(range(len(OPS)))
-            ax.set_xticklabels([OP_LABELS[op] for op in OPS], fontsize=8)
+            ax.set_xticklabels([OP_LABELS[op] for op in OPS], fontsize=9)
             ax.set_title(
                 f"{storepath.far_end(path)}, G = {gap:g} us", fontsize=common.PANEL_TITLE_FONT
             )

@@ -49,8 +49,6 @@ class Table:
     sections: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     # how a wide frame is split in the Markdown copy: MAIN or a section's title -> Columns
     columns: dict[str, Columns] = field(default_factory=dict)
-    # the main frame's columns the Markdown copy shows (empty: all); the CSV keeps every one
-    shown: tuple[str, ...] = ()
 
 
 def format_cell(value: object) -> str:
@@ -167,8 +165,7 @@ def markdown(table: Table) -> str:
     if notes[:LEAD_NOTES]:
         lines += ["", *(f"- {n}" for n in notes[:LEAD_NOTES])]
     merged = False
-    main = table.frame[list(table.shown)] if table.shown else table.frame
-    for heading, frame in [(MAIN, main), *table.sections]:
+    for heading, frame in [(MAIN, table.frame), *table.sections]:
         try:
             parts = split(frame, table.columns.get(heading))
         except ValueError as e:

@@ -16,22 +16,30 @@ from xstage_bench.data import layout
 from xstage_bench.report.analysis import labels, megamoe, megamoe_lead
 from xstage_bench.report.analysis import megamoe_playback as mp
 from xstage_bench.report.analysis.load import NoDataError
-from xstage_bench.report.tables.common import Table
+from xstage_bench.report.tables.common import MAIN, MAX_COLUMNS, Columns, Table
 from xstage_bench.report.tables.megamoe_lead import configuration
 
-SHOWN = (
-    "path",
-    "configuration",
-    "f",
-    "grid",
-    "schedule",
-    "lead",
+KEYS = ("path", "configuration", "f", "grid", "schedule", "lead")  # name an arm's row
+PREDICTION = (
     "measured us",
     "predicted us (hold)",
     "error (hold)",
+    "predicted us (no hold)",
     "error (no hold)",
     "calibration",
 )
+
+
+def markdown_columns(frame: pd.DataFrame) -> dict[str, Columns]:
+    """The Markdown copy's parts: the prediction first, then the arm's other columns (its
+    point and calibration) in parts that fit a screen; the CSV keeps every column."""
+    rest = [c for c in frame.columns if c not in (*KEYS, *PREDICTION)]
+    width = MAX_COLUMNS - len(KEYS)
+    parts = [("prediction", PREDICTION)] + [
+        (f"the arm's point and calibration ({n + 1})", tuple(rest[i : i + width]))
+        for n, i in enumerate(range(0, len(rest), width))
+    ]
+    return {MAIN: Columns(KEYS, tuple(parts))}
 
 
 def arms_frame(predicted: pd.DataFrame) -> pd.DataFrame:
@@ -49,7 +57,7 @@ def arms_frame(predicted: pd.DataFrame) -> pd.DataFrame:
     frame = frame.sort_values(
         ["grid", "path", "configuration", "f", "schedule", "lead_rows"], kind="stable"
     )
-    first = list(SHOWN)
+    first = [*KEYS, *PREDICTION]
     return frame[[*first, *(c for c in frame.columns if c not in first)]].reset_index(drop=True)
 
 
@@ -148,11 +156,12 @@ def build(dataset_dir: Path) -> Table:
     ]
     sections = [("Error summary: |predicted / measured - 1|", summary)]
     sections += lead_rule_sections(dataset_dir, doc, metric, players[paths[0]])
+    frame = arms_frame(predicted)
     return Table(
-        arms_frame(predicted),
+        frame,
         f"MegaMoE kernel time predicted by the Burst-Gap playback, {megamoe.paths_text(paths)}",
         labels.doc_label(dataset_dir, doc),
         notes,
         sections,
-        shown=SHOWN,
+        markdown_columns(frame),
     )
