@@ -542,6 +542,16 @@ def test_a_sweep_grown_by_variants_or_measured_over_the_same_paths_is_no_change(
     assert provenance.measured_changes(ds, "megamoe", shrunk) == [
         "raw/megamoe.json: megamoe.tokens_per_rank: [1024, 4096] -> [4096]"
     ]
+    # a changed lead map re-measures its own arms (megamoe/refresh.py); the main lead may not
+    mapped = {**grid, "lead_rows": 1024, "lead_sweep": {"lead_rows": [0, 1024]}}
+    (ds / layout.MEGAMOE_RAW).write_text(json.dumps({"config": {"world_size": 2, "megamoe": mapped}}))
+    wider = {**mapped, "lead_sweep": {"lead_rows": [0, 512, 1024, "auto"]}}
+    assert provenance.measured_changes(ds, "megamoe", {"world_size": 2, "megamoe": wider}) == []
+    main_auto = {"world_size": 2, "megamoe": {**mapped, "lead_rows": "auto"}}
+    assert provenance.measured_changes(ds, "megamoe", main_auto) == [
+        'raw/megamoe.json: megamoe.lead_rows: 1024 -> "auto"'
+    ]
+    (ds / layout.MEGAMOE_RAW).write_text(json.dumps({"config": {"world_size": 2, "megamoe": grid}}))
     # the per-GPU run's file holds the grid megamoe.per_gpu rewrote: not held to the config's
     per_gpu = {**grid, "tokens_per_rank": [4096], "remote_fractions": [0.5]}
     (ds / layout.MEGAMOE_PER_GPU_RAW).write_text(

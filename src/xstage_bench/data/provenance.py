@@ -201,8 +201,8 @@ def simulated_change(raw: Path, name: str, section: dict) -> list[str] | None:
 
 
 def _comparable(section: dict, raw_file: str, paths: list[str] | None, world_size: Any) -> dict:
-    """A section as far as a raw file can be held to it: without the per-GPU run's own grid
-    and the variants (a sweep grows by variants in place); a microbench `dest: remote` as
+    """A section as far as a raw file can be held to it: without the per-GPU run's own grid,
+    the variants (a sweep grows by variants in place) and the lead map; a microbench `dest: remote` as
     the paths it stands for; `world_size: auto` as the size it resolved to (None: unknown,
     then not compared)."""
     out = json.loads(json.dumps(section))
@@ -220,6 +220,9 @@ def _comparable(section: dict, raw_file: str, paths: list[str] | None, world_siz
     if isinstance(moe, dict):
         for key in ("variants", *GROWABLE_AXES):  # compared as growth (_variants_dropped)
             moe.pop(key, None)
+        # a changed lead map re-measures its own arms and keeps the rest of the file
+        # (megamoe/refresh.py): the file is remade under the new config, not reused
+        moe.pop("lead_sweep", None)
     return out
 
 
