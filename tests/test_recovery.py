@@ -544,7 +544,8 @@ def test_a_sweep_grown_by_variants_or_measured_over_the_same_paths_is_no_change(
     ]
     # a changed lead map re-measures its own arms (megamoe/refresh.py); the main lead may not
     mapped = {**grid, "lead_rows": 1024, "lead_sweep": {"lead_rows": [0, 1024]}}
-    (ds / layout.MEGAMOE_RAW).write_text(json.dumps({"config": {"world_size": 2, "megamoe": mapped}}))
+    made = {"config": {"world_size": 2, "megamoe": mapped}}
+    (ds / layout.MEGAMOE_RAW).write_text(json.dumps(made))
     wider = {**mapped, "lead_sweep": {"lead_rows": [0, 512, 1024, "auto"]}}
     assert provenance.measured_changes(ds, "megamoe", {"world_size": 2, "megamoe": wider}) == []
     main_auto = {"world_size": 2, "megamoe": {**mapped, "lead_rows": "auto"}}
