@@ -203,8 +203,8 @@ def simulated_change(raw: Path, name: str, section: dict) -> list[str] | None:
 def _comparable(section: dict, raw_file: str, paths: list[str] | None, world_size: Any) -> dict:
     """A section as far as a raw file can be held to it: without the per-GPU run's own grid,
     the variants (a sweep grows by variants in place) and the lead map; a microbench
-    `dest: remote` as the paths it stands for; `world_size: auto` as the size it resolved to (None: unknown,
-    then not compared)."""
+    `dest: remote` as the paths it stands for; `world_size: auto` as the size it resolved
+    to (None: unknown, then not compared)."""
     out = json.loads(json.dumps(section))
     if world_size is None:
         out.pop("world_size", None)
