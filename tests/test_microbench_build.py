@@ -818,3 +818,25 @@ def test_a_metric_no_launch_could_give_is_left_out_and_said_so():
     assert "steady bursts" in measured.extra["metrics_without_samples"]["issue_rate_GBps"]
     kept = runner.PointMeasurer._measured(point, ({"period_us": [1.0]}, {}))
     assert "metrics_without_samples" not in kept.extra
+
+
+def test_the_scratch_buffer_serves_every_K_a_study_may_name():
+    """One scratch buffer is cached for the run: it is sized for the schema's largest K
+    (a buffer sized by the first point's K refused every larger K, seen on one H100)."""
+    import json
+
+    schema = json.loads((ROOT / "src/xstage_bench/data/schemas/config.schema.json").read_text())
+    largest = schema["$defs"]["study"]["properties"]["K"]["items"]["maximum"]
+    assert launch.MAX_PRODUCERS == largest
+    bench_source = (ROOT / "src/xstage_bench/microbench/bench.py").read_text()
+    assert "scratch_bytes(MAX_PRODUCERS)" in bench_source
+
+
+def test_a_hold_about_zero_may_be_a_tick_below_it_and_nothing_else_may():
+    """hold_us is start - last arrival - the barrier's own cost: about 0 where the gap hid
+    the drain, one timer tick either way; a negative time of any other metric is refused."""
+    base = {"status": "ok", "correct": True, "summary": {}}
+    assert results._bad_values({**base, "samples": {"hold_us": [-0.256, 0.0, 3.1]}}) is None
+    bad = results._bad_values({**base, "samples": {"gap_spent_us": [-0.256, 1.0]}})
+    assert "negative" in bad
+    assert "<= 0" in results._bad_values({**base, "samples": {"t_vis_slowest_us": [0.0]}})

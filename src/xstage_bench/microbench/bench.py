@@ -26,6 +26,7 @@ from xstage_bench.microbench.launch import (
     GAP_CALIBRATION_ITERS,
     GAP_MODES,
     KERNEL_PARAMS,
+    MAX_PRODUCERS,
     NEXT_OPS,
     STAMP_ROWS,
     SYNC_MODES,
@@ -275,7 +276,8 @@ class BurstBench:
         cp = self.cp
         dests = self.destinations(plan.dest, plan.n_dst)
         N, K = plan.n_bursts, plan.K
-        scratch = self.device_buffer(self.sender, "next_op_scratch", scratch_bytes(K))
+        # one buffer for every K (cached by role): sized for the most producers a study names
+        scratch = self.device_buffer(self.sender, "next_op_scratch", scratch_bytes(MAX_PRODUCERS))
         with cp.cuda.Device(self.sender):
             # Device and host addresses alike: pinned host memory is mapped (UVA).
             dsts = cp.asarray([dest.ptr for _, dest in dests], dtype=cp.uint64)

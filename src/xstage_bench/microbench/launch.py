@@ -44,6 +44,7 @@ def scratch_bytes(K: int) -> int:
     return K * SCRATCH_WORD_BYTES + TMA_BYTES
 
 
+MAX_PRODUCERS = 4096  # the most producers a study may name (config schema: K <= 4096)
 STAMP_ROWS = 3  # burst_train stamps: start, end, reach (the grid barrier, sync = barrier)
 
 # --- kernel arguments -------------------------------------------------------------------
