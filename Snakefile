@@ -51,10 +51,10 @@ onstart:
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
         SUMMARY,
-    default_target: True
 
 
 # Only this machine's measurements and what is rendered from them.

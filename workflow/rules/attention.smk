@@ -8,17 +8,17 @@
 rule attention_measure:
     output:
         update(str(RESULTS / "{dataset}" / layout.ATTENTION_RAW)),
+    log:
+        RESULTS / "{dataset}" / "logs" / "attention.log",
     wildcard_constraints:
         dataset=measuring("attention"),
+    conda:
+        CONDA_ENV
+    resources:
+        gpu=GPU_JOB,
     params:
         config=measure_config("attention"),
         kernels=lambda wc: kernel_stamp("attention"),
-    resources:
-        gpu=GPU_JOB,
-    conda:
-        CONDA_ENV
-    log:
-        RESULTS / "{dataset}" / "logs" / "attention.log",
     shell:
         f"{MEASURE} attention --out {{output:q}} {MEASURE_ARGS}"
 
@@ -29,13 +29,13 @@ rule attention_simulate:
         stamp=lambda wc: config_stamp(wc.dataset, "attention"),
     output:
         RESULTS / "{dataset}" / layout.ATTENTION_RAW,
-    wildcard_constraints:
-        dataset=r"sim-[A-Za-z0-9._-]+",
-    params:
-        experiment="attention",
-    conda:
-        CONDA_ENV
     log:
         RESULTS / "{dataset}" / "logs" / "attention.log",
+    wildcard_constraints:
+        dataset=r"sim-[A-Za-z0-9._-]+",
+    conda:
+        CONDA_ENV
+    params:
+        experiment="attention",
     script:
         "../scripts/simulate.py"

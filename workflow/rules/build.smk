@@ -13,10 +13,10 @@ rule build_cubin:
         "kernels/microbench/{name}.cu",
     output:
         "build/kernels/sm_90/{name}.cubin",
-    conda:
-        CONDA_ENV
     log:
         "build/kernels/sm_90/{name}.log",
+    conda:
+        CONDA_ENV
     params:
         nvcc=lambda wildcards, input, output: shlex.join(nvcc_command(input[0], output[0])),
     shell:

@@ -27,7 +27,6 @@ from xstage_bench.run.stale_lock import clear_stale_locks
 from snakemake.exceptions import WorkflowError
 from snakemake.io import IOFile
 
-
 try:
     # `extends` is relative to the config file that names it (config.resolve_extends).
     _source = extends_source(workflow.overwrite_configfiles or ["config.yaml"])
@@ -57,16 +56,23 @@ if workflow.is_main_process and not DRY_RUN:
 if workflow.is_main_process:
     _orphans = orphans.orphans()
     if _orphans and DRY_RUN:
-        print(f"[xstage] {len(_orphans)} job(s) of a killed run still run (pids "
-              f"{', '.join(str(j.pid) for j in _orphans)}); the next run ends them",
-              file=sys.stderr)
+        print(
+            f"[xstage] {len(_orphans)} job(s) of a killed run still run (pids "
+            f"{', '.join(str(j.pid) for j in _orphans)}); the next run ends them",
+            file=sys.stderr,
+        )
     elif _orphans:
-        print(f"[xstage] ending {len(_orphans)} job(s) a killed run left running: "
-              + "; ".join(f"pid {j.pid} ({j.argv[:80]})" for j in _orphans), file=sys.stderr)
+        print(
+            f"[xstage] ending {len(_orphans)} job(s) a killed run left running: "
+            + "; ".join(f"pid {j.pid} ({j.argv[:80]})" for j in _orphans),
+            file=sys.stderr,
+        )
         orphans.end(_orphans)
     if clear_stale_locks():
-        print("[xstage] removed the lock of a Snakemake run that is no longer running",
-              file=sys.stderr)
+        print(
+            "[xstage] removed the lock of a Snakemake run that is no longer running",
+            file=sys.stderr,
+        )
 
 RESULTS = Path("results")
 STUDIES = list(config["microbench"]["studies"])
@@ -144,6 +150,8 @@ MEASURE_ARGS = (
 def measure_config(experiment):
     """The config a measuring job is given, as a param, so that a change reruns it."""
     return json.dumps(experiment_config(config, experiment), sort_keys=True)
+
+
 SIMULATED = config["datasets"]["simulated"]
 CONDA_ENV = "../../envs/xstage.yaml"
 REFERENCE = config["datasets"]["reference"]
@@ -172,16 +180,24 @@ if workflow.is_main_process:
             CHANGED_READS.update(str(RESULTS / _dataset / rel) for rel in _changed)
             if any(str(Path(rel).parent) == layout.MICROBENCH_DIR for rel in _changed):
                 CHANGED_READS.add(str(RESULTS / _dataset / layout.MODEL_JSON))
-            _what = (f"{', '.join(_changed)} changed since its raw files were checked"
-                     if (RESULTS / _dataset / REFERENCE_CHECK).exists() else
-                     f"{REFERENCE_CHECK} is missing, so no raw file is known to be checked")
-            print(f"[xstage] {RESULTS / _dataset}: {_what}: checking them again and making "
-                  "what reads them again", file=sys.stderr)
+            _what = (
+                f"{', '.join(_changed)} changed since its raw files were checked"
+                if (RESULTS / _dataset / REFERENCE_CHECK).exists()
+                else f"{REFERENCE_CHECK} is missing, so no raw file is known to be checked"
+            )
+            print(
+                f"[xstage] {RESULTS / _dataset}: {_what}: checking them again and making "
+                "what reads them again",
+                file=sys.stderr,
+            )
 # Outputs an earlier run found made from a changed raw file and no run has remade since.
 STALE_OUTPUTS = stale_products.pending() if workflow.is_main_process else set()
 if STALE_OUTPUTS:
-    print(f"[xstage] {len(STALE_OUTPUTS)} output(s) made from raw files that changed since are "
-          "not remade yet: a run whose targets need one remakes it", file=sys.stderr)
+    print(
+        f"[xstage] {len(STALE_OUTPUTS)} output(s) made from raw files that changed since are "
+        "not remade yet: a run whose targets need one remakes it",
+        file=sys.stderr,
+    )
 
 
 def reference_stamp(dataset):
@@ -232,9 +248,11 @@ def print_remade_simulations():
         if raw in remade and provenance.unreadable_change(changed):
             print(f"[xstage] {raw}: {changed[0]}", file=sys.stderr)
         elif raw in remade:
-            print(f"[xstage] {raw}: made from another config than this run's "
-                  f"({'; '.join(changed) or 'its config_sha256 differs'}); remaking it",
-                  file=sys.stderr)
+            print(
+                f"[xstage] {raw}: made from another config than this run's "
+                f"({'; '.join(changed) or 'its config_sha256 differs'}); remaking it",
+                file=sys.stderr,
+            )
 
 
 def refuse_changed_measurements(dataset):
@@ -248,9 +266,11 @@ def refuse_changed_measurements(dataset):
             RESULTS / dataset, name, section, config["store_paths"], WORLD_SIZE
         )
         if changed:
-            sys.exit(f"Refusing to go on: dataset '{dataset}' holds raw files measured with "
-                     f"another config ({'; '.join(changed)}). Measure into a new dataset "
-                     f"(datasets.measured) or move the old files away.")
+            sys.exit(
+                f"Refusing to go on: dataset '{dataset}' holds raw files measured with "
+                f"another config ({'; '.join(changed)}). Measure into a new dataset "
+                f"(datasets.measured) or move the old files away."
+            )
 
 
 if MEASURED and workflow.is_main_process:
@@ -284,14 +304,20 @@ def measurement_verdict():
     if config["measure"] == "submit":
         return f"Measuring dataset '{MEASURED}' on {WORLD_SIZE} GPUs per job, through the executor."
     if CPU_TEST:
-        return f"Testing the measuring rules on the CPU (gloo, Triton interpreter) into " \
-               f"'{MEASURED}': a test of the harness, not a measurement."
+        return (
+            f"Testing the measuring rules on the CPU (gloo, Triton interpreter) into "
+            f"'{MEASURED}': a test of the harness, not a measurement."
+        )
     if not MEASURING:
-        return f"No measurement was made on this machine: {GPUS.reason}. Rendering the " \
-               f"reference and simulated datasets only."
-    return f"Measuring dataset '{MEASURED}' on {WORLD_SIZE} x {GPUS.names[GPU_IDS[0]]}, store " \
-           f"paths {', '.join(config['store_paths'])} " \
-           f"(experiments: {', '.join(config['measured_experiments'])})."
+        return (
+            f"No measurement was made on this machine: {GPUS.reason}. Rendering the "
+            f"reference and simulated datasets only."
+        )
+    return (
+        f"Measuring dataset '{MEASURED}' on {WORLD_SIZE} x {GPUS.names[GPU_IDS[0]]}, store "
+        f"paths {', '.join(config['store_paths'])} "
+        f"(experiments: {', '.join(config['measured_experiments'])})."
+    )
 
 
 def print_measurement_verdict():
@@ -372,8 +398,9 @@ def dataset_products(dataset):
 def dataset_targets(dataset):
     """What a run makes of a dataset: all its products, or, for a reference, the missing."""
     if dataset in REFERENCE and not (RESULTS / dataset).is_dir():
-        print(f"[xstage] reference dataset '{dataset}' is not in {RESULTS}/: skipped",
-              file=sys.stderr)
+        print(
+            f"[xstage] reference dataset '{dataset}' is not in {RESULTS}/: skipped", file=sys.stderr
+        )
         return []
     targets = dataset_products(dataset)
     if dataset in CHANGED_REFERENCES:
@@ -393,8 +420,9 @@ def simulated_profile(wildcards):
     """The hardware profile a simulated dataset is made from (datasets.simulated)."""
     dataset = wildcards.dataset
     if dataset not in SIMULATED:
-        makers = [p.name for p in sorted(Path("config").glob("*.yaml"))
-                  if f"{dataset}:" in p.read_text()]
+        makers = [
+            p.name for p in sorted(Path("config").glob("*.yaml")) if f"{dataset}:" in p.read_text()
+        ]
         hint = f" (--configfile config/{makers[0]} makes it)" if makers else ""
         raise WorkflowError(
             f"dataset '{dataset}' is not in config key 'datasets.simulated' of this run's "
@@ -415,13 +443,17 @@ def cubin_path(source):
 
 def built_kernels():
     if NVCC is None:
-        print("[xstage] nvcc not found: the CUDA kernels were not built (measuring needs them; "
-              "rendering does not)", file=sys.stderr)
+        print(
+            "[xstage] nvcc not found: the CUDA kernels were not built (measuring needs them; "
+            "rendering does not)",
+            file=sys.stderr,
+        )
         return []
     return [cubin_path(s) for s in CUDA_SOURCES]
 
 
 # --- model ---
+
 
 def megamoe_model(experiment):
     """The dataset's fitted Burst-Gap model, an input of a MegaMoE measuring rule when one of
@@ -461,6 +493,7 @@ def model_checked(wildcards):
 
 # --- figures and tables ---
 
+
 def as_read(dataset, paths):
     """A reference dataset is committed as rendered: its files count as old, so a fresh
     clone's checkout times never remake (and rewrite) them; a missing one is still made
@@ -481,6 +514,7 @@ def product_reads(dataset, product):
 
 def product_inputs(product):
     """A figure's or table's inputs: exactly its reads, and its reference's check."""
+
     def inputs(wildcards):
         dataset = wildcards.dataset
         files = product_reads(dataset, product)

@@ -28,11 +28,11 @@ for _product in products.PRODUCTS.values():
         output:
             main=update(_main if _product.is_figure else in_report(_main, _product)),
             companion=update(in_report(_second, _product) if _product.is_figure else _second),
-        params:
-            product=_product.name,
-        conda:
-            CONDA_ENV
         log:
             str(RESULTS / "{dataset}" / "logs" / f"{_product.name}.log"),
+        conda:
+            CONDA_ENV
+        params:
+            product=_product.name,
         script:
             "../scripts/render.py"

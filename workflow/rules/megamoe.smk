@@ -10,18 +10,18 @@ rule megamoe_measure:
     output:
         sweep=update(str(RESULTS / "{dataset}" / layout.MEGAMOE_RAW)),
         trace=update(str(RESULTS / "{dataset}" / layout.MEGAMOE_TRACE_RAW)),
+    log:
+        RESULTS / "{dataset}" / "logs" / "megamoe.log",
     wildcard_constraints:
         dataset=measuring("megamoe"),
+    conda:
+        CONDA_ENV
+    resources:
+        gpu=GPU_JOB,
     params:
         config=measure_config("megamoe"),
         kernels=lambda wc: kernel_stamp("megamoe"),
         model=megamoe_model_arg("megamoe"),
-    resources:
-        gpu=GPU_JOB,
-    conda:
-        CONDA_ENV
-    log:
-        RESULTS / "{dataset}" / "logs" / "megamoe.log",
     shell:
         f"{MEASURE} megamoe --out {{output.sweep:q}} --trace-out {{output.trace:q}} "
         f"{{params.model}} {MEASURE_ARGS}"
@@ -34,18 +34,18 @@ rule megamoe_measure_per_gpu:
         model=megamoe_model("megamoe_per_gpu"),
     output:
         update(str(RESULTS / "{dataset}" / layout.MEGAMOE_PER_GPU_RAW)),
+    log:
+        RESULTS / "{dataset}" / "logs" / "megamoe_per_gpu.log",
     wildcard_constraints:
         dataset=measuring("megamoe_per_gpu"),
+    conda:
+        CONDA_ENV
+    resources:
+        gpu=GPU_JOB,
     params:
         config=measure_config("megamoe_per_gpu"),
         kernels=lambda wc: kernel_stamp("megamoe_per_gpu"),
         model=megamoe_model_arg("megamoe_per_gpu"),
-    resources:
-        gpu=GPU_JOB,
-    conda:
-        CONDA_ENV
-    log:
-        RESULTS / "{dataset}" / "logs" / "megamoe_per_gpu.log",
     shell:
         f"{MEASURE} megamoe_per_gpu --out {{output:q}} {{params.model}} {MEASURE_ARGS}"
 
@@ -58,17 +58,17 @@ rule megamoe_measure_emulated:
         model=megamoe_model("megamoe_emulated"),
     output:
         update(str(RESULTS / "{dataset}" / layout.MEGAMOE_EMULATED_RAW)),
+    log:
+        RESULTS / "{dataset}" / "logs" / "megamoe_emulated.log",
     wildcard_constraints:
         dataset=measuring("megamoe_emulated"),
+    conda:
+        CONDA_ENV
+    resources:
+        gpu=GPU_JOB,
     params:
         config=measure_config("megamoe_emulated"),
         model=megamoe_model_arg("megamoe_emulated"),
-    resources:
-        gpu=GPU_JOB,
-    conda:
-        CONDA_ENV
-    log:
-        RESULTS / "{dataset}" / "logs" / "megamoe_emulated.log",
     shell:
         f"{MEASURE} megamoe_emulated --out {{output:q}} {{params.model}} {MEASURE_ARGS}"
 
@@ -79,12 +79,12 @@ rule megamoe_simulate:
         stamp=lambda wc: config_stamp(wc.dataset, "megamoe"),
     output:
         RESULTS / "{dataset}" / "raw" / "{experiment}.json",
+    log:
+        RESULTS / "{dataset}" / "logs" / "{experiment}.log",
     wildcard_constraints:
         dataset=r"sim-[A-Za-z0-9._-]+",
         experiment="megamoe|megamoe_trace",
     conda:
         CONDA_ENV
-    log:
-        RESULTS / "{dataset}" / "logs" / "{experiment}.log",
     script:
         "../scripts/simulate.py"

@@ -9,16 +9,16 @@ rule microbench_measure:
         cubin=[] if CPU_TEST else "build/kernels/sm_90/burst.cubin",
     output:
         update(str(RESULTS / "{dataset}" / layout.microbench_raw("{study}"))),
-    wildcard_constraints:
-        dataset=measuring("microbench"),
-    params:
-        config=measure_config("microbench"),
-    resources:
-        gpu=GPU_JOB,
-    conda:
-        CONDA_ENV
     log:
         RESULTS / "{dataset}" / "logs" / "microbench-{study}.log",
+    wildcard_constraints:
+        dataset=measuring("microbench"),
+    conda:
+        CONDA_ENV
+    resources:
+        gpu=GPU_JOB,
+    params:
+        config=measure_config("microbench"),
     shell:
         f"{MEASURE} microbench --study {{wildcards.study}} --out {{output:q}} {MEASURE_ARGS}"
         + ("" if CPU_TEST else " --cubin {input.cubin:q}")
@@ -30,11 +30,11 @@ rule microbench_simulate:
         stamp=lambda wc: config_stamp(wc.dataset, f"microbench-{wc.study}"),
     output:
         RESULTS / "{dataset}" / layout.microbench_raw("{study}"),
+    log:
+        RESULTS / "{dataset}" / "logs" / "microbench-{study}.log",
     wildcard_constraints:
         dataset=r"sim-[A-Za-z0-9._-]+",
     conda:
         CONDA_ENV
-    log:
-        RESULTS / "{dataset}" / "logs" / "microbench-{study}.log",
     script:
         "../scripts/simulate.py"

@@ -10,11 +10,11 @@ rule fit_burst_gap:
     output:
         model=update(RESULTS / "{dataset}" / layout.MODEL_JSON),
         profile=update(RESULTS / "{dataset}" / layout.MODEL_PROFILE),
-    params:
-        base_profile=lambda wc: SIMULATED.get(wc.dataset, "config/hardware/h200.yaml"),
-    conda:
-        CONDA_ENV
     log:
         RESULTS / "{dataset}" / "logs" / "fit_burst_gap.log",
+    conda:
+        CONDA_ENV
+    params:
+        base_profile=lambda wc: SIMULATED.get(wc.dataset, "config/hardware/h200.yaml"),
     script:
         "../scripts/fit_model.py"

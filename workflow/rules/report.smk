@@ -12,12 +12,12 @@ rule report_summary:
             caption="../report/summary.rst",
             category="Summary",
         ),
-    params:
-        datasets=lambda wc: [(str(RESULTS / d), SIMULATED.get(d)) for d in datasets()],
-    conda:
-        CONDA_ENV
     log:
         str(RESULTS / "report" / "summary.log"),
+    conda:
+        CONDA_ENV
+    params:
+        datasets=lambda wc: [(str(RESULTS / d), SIMULATED.get(d)) for d in datasets()],
     script:
         "../scripts/report_summary.py"
 
@@ -34,11 +34,11 @@ rule check_reference:
         stamp=lambda wc: reference_stamp(wc.dataset),
     output:
         update(str(RESULTS / "{dataset}" / REFERENCE_CHECK)),
+    log:
+        str(RESULTS / "{dataset}" / "logs" / "check_reference.log"),
     wildcard_constraints:
         dataset="|".join(REFERENCE) if REFERENCE else "no-reference-dataset",
     conda:
         CONDA_ENV
-    log:
-        str(RESULTS / "{dataset}" / "logs" / "check_reference.log"),
     script:
         "../scripts/check_reference.py"
