@@ -795,9 +795,11 @@ def make_dataset(
     attention: bool = True,
     model: bool = True,
     paths: tuple[str, ...] = ("peer",),
+    playback: bool = False,
 ) -> Path:
     """A complete synthetic dataset (every product renders from it), its microbenchmarks
-    on each store path of `paths`; the gap_sweep's last point is a failed (timeout) record."""
+    on each store path of `paths`; the gap_sweep's last point is a failed (timeout) record.
+    playback: also the rule play_megamoe's file (2 s), which the playback's products read."""
     ds = root / name
     for study in MICROBENCH["studies"]:
         write_microbench(ds, study, fail_last=study == "gap_sweep", paths=paths)
@@ -808,6 +810,10 @@ def make_dataset(
         write_megamoe_trace(ds)
     if attention:
         write_attention(ds)
+    if playback:
+        from xstage_bench.report.analysis.megamoe_playback import write_playback
+
+        write_playback(ds)
     return ds
 
 

@@ -48,6 +48,8 @@ def test_full_config_dry_run_lists_every_stage(workdir):
     assert counts["megamoe_simulate"] == n_sim * 2  # sweep + mechanism trace
     assert counts["attention_simulate"] == n_sim
     assert counts["fit_burst_gap"] == n_sim
+    # played once per simulated dataset (the references' committed playback is not remade)
+    assert counts["play_megamoe"] == n_sim
     simulated = products.Holding.of(layout.SIMULATED_EXPERIMENTS, config["microbench"]["studies"])
     for name, product in products.PRODUCTS.items():
         # the process-model comparison and the emulated sweep are made only on GPUs

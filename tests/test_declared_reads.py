@@ -35,7 +35,7 @@ def files_opened(render) -> set[Path]:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    ds = make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture")
+    ds = make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture", playback=True)
     write_megamoe_emulated(ds)  # measured only, but every product must be audited
     (ds / layout.MODEL_PROFILE).write_text((ROOT / "config" / "hardware" / "h200.yaml").read_text())
     return ds.resolve()

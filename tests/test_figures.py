@@ -37,7 +37,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def sim_dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture")
+    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture", playback=True)
 
 
 @pytest.fixture(scope="module")

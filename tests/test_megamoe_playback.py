@@ -72,6 +72,7 @@ def write_dataset(ds, path: str, points: list[dict]) -> None:
         records=records,
     )
     write_raw(ds / layout.MEGAMOE_RAW, doc)
+    mp.write_playback(ds)  # the rule play_megamoe's job
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +152,35 @@ def test_a_model_without_the_path_says_so(tmp_path):
     model["path"] = "peer"
     (ds / layout.MODEL_JSON).write_text(json.dumps(model))
     with pytest.raises(mp.NoDataError, match="no fit for store path 'host'"):
+        mp.write_playback(ds)
+
+
+def test_the_playback_is_a_labelled_prediction_of_the_files_it_was_made_from(tmp_path):
+    ds = tmp_path / "h200x1"
+    write_dataset(ds, "host", [arm(config("host", 1), 0.5, "expert_wave")])
+    played_doc = json.loads((ds / layout.MEGAMOE_PLAYBACK).read_text())
+    assert "no GPU ran it" in played_doc["simulated"]
+    assert set(played_doc["made_from"]) == {layout.MEGAMOE_RAW, layout.MODEL_JSON}
+    assert played_doc["paths"]["host"]["num_programs"] == 132
+    assert len(played_doc["arms"]) == 1 and played_doc["lead_rule"] == []
+
+
+@pytest.mark.parametrize("changed", [layout.MEGAMOE_RAW, layout.MODEL_JSON])
+def test_a_playback_of_other_files_is_refused_with_the_command_that_remakes_it(tmp_path, changed):
+    ds = tmp_path / "h200x1"
+    write_dataset(ds, "host", [arm(config("host", 1), 0.5, "expert_wave")])
+    mp.predictions(ds)  # as made: read
+    with open(ds / changed, "a") as f:
+        f.write("\n")  # any other bytes: another run's file
+    with pytest.raises(mp.NoDataError, match=f"made from another {changed} .*snakemake --cores"):
+        mp.predictions(ds)
+
+
+def test_a_missing_playback_names_its_file_and_the_command(tmp_path):
+    ds = tmp_path / "h200x1"
+    write_dataset(ds, "host", [arm(config("host", 1), 0.5, "expert_wave")])
+    (ds / layout.MEGAMOE_PLAYBACK).unlink()
+    with pytest.raises(mp.NoDataError, match="megamoe_playback.json does not exist.*snakemake"):
         mp.predictions(ds)
 
 

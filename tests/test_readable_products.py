@@ -85,7 +85,7 @@ def test_every_committed_figure_has_labelled_axes_and_short_titles(dataset):
 
 @pytest.fixture(scope="module")
 def sim_dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture")
+    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture", playback=True)
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
@@ -129,7 +129,7 @@ def table_datasets(tmp_path_factory) -> list[Path]:
     sweep and a per-GPU run, and a host-path one with the lead map. (Tables are checked
     on synthetic data: rendered from the references they take minutes; the column limit
     is a property of the columns, which these datasets all have.)"""
-    every = make_dataset(tmp_path_factory.mktemp("data"), "sim-every-table")
+    every = make_dataset(tmp_path_factory.mktemp("data"), "sim-every-table", playback=True)
     write_megamoe_emulated(every)
     write_megamoe_per_gpu(every)
     host = tmp_path_factory.mktemp("data") / "h200x1-host"

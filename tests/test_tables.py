@@ -46,7 +46,7 @@ from xstage_bench.report.tables.common import Table, to_markdown, write_table
 
 @pytest.fixture(scope="module")
 def sim_dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture")
+    return make_dataset(tmp_path_factory.mktemp("data"), "sim-fixture", playback=True)
 
 
 # Every table a simulated dataset has (the process-model comparison needs two GPU runs,

@@ -180,6 +180,10 @@ if workflow.is_main_process:
             CHANGED_READS.update(str(RESULTS / _dataset / rel) for rel in _changed)
             if any(str(Path(rel).parent) == layout.MICROBENCH_DIR for rel in _changed):
                 CHANGED_READS.add(str(RESULTS / _dataset / layout.MODEL_JSON))
+            if CHANGED_READS.intersection(
+                str(RESULTS / _dataset / rel) for rel in (layout.MEGAMOE_RAW, layout.MODEL_JSON)
+            ):  # the playback is made from both
+                CHANGED_READS.add(str(RESULTS / _dataset / layout.MEGAMOE_PLAYBACK))
             _what = (
                 f"{', '.join(_changed)} changed since its raw files were checked"
                 if (RESULTS / _dataset / REFERENCE_CHECK).exists()
@@ -484,6 +488,14 @@ def model_inputs(wildcards):
     return as_read_by(RESULTS / dataset / layout.MODEL_JSON, dataset, model_raw(dataset))
 
 
+def playback_inputs(wildcards):
+    """The MegaMoE playback's reads: the kernel's arms and the model they are played through."""
+    dataset = wildcards.dataset
+    files = [str(RESULTS / dataset / rel) for rel in (layout.MEGAMOE_RAW, layout.MODEL_JSON)]
+    output = RESULTS / dataset / layout.MEGAMOE_PLAYBACK
+    return as_read_by(output, dataset, files + reference_checked(dataset), reads=files)
+
+
 def model_checked(wildcards):
     """The fit's wait for a reference's check (reference_checked)."""
     dataset = wildcards.dataset
@@ -533,6 +545,8 @@ def outputs_made_from_changed_raw():
     for dataset in CHANGED_REFERENCES:
         if str(RESULTS / dataset / layout.MODEL_JSON) in CHANGED_READS:
             outputs += [RESULTS / dataset / f for f in (layout.MODEL_JSON, layout.MODEL_PROFILE)]
+        if str(RESULTS / dataset / layout.MEGAMOE_PLAYBACK) in CHANGED_READS:
+            outputs.append(RESULTS / dataset / layout.MEGAMOE_PLAYBACK)
     for dataset in datasets():
         for product in products.PRODUCTS.values():
             if holding(dataset).gives(product) and CHANGED_READS.intersection(

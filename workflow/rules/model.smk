@@ -18,3 +18,20 @@ rule fit_burst_gap:
         base_profile=lambda wc: SIMULATED.get(wc.dataset, "config/hardware/h200.yaml"),
     script:
         "../scripts/fit_model.py"
+
+
+# The fused kernel's arms played through the fitted drain (issue 52, item 4): minutes of CPU
+# on a reference, so made once here and read by fig- and tab-megamoe-playback.
+
+
+rule play_megamoe:
+    input:
+        playback_inputs,
+    output:
+        playback=update(RESULTS / "{dataset}" / layout.MEGAMOE_PLAYBACK),
+    log:
+        RESULTS / "{dataset}" / "logs" / "play_megamoe.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/play_megamoe.py"

@@ -9,6 +9,9 @@ from pathlib import Path
 
 MODEL_JSON = "model/burst_gap.json"
 MODEL_PROFILE = "model/profile.yaml"
+# The fused kernel's arms played through the fitted drain (report/analysis/megamoe_playback):
+# made once per dataset from raw/megamoe.json and the model, read by its figure and table.
+MEGAMOE_PLAYBACK = "model/megamoe_playback.json"
 
 
 MICROBENCH_DIR = "raw/microbench"

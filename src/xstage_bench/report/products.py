@@ -1,7 +1,8 @@
 """Every figure and table, declared once: its name and what it reads.
 
 A product reads raw microbench studies ("microbench:<study>"), raw experiment files
-(layout.EXPERIMENT_FILES), the fitted model (layout.MODEL_JSON, MODEL_PROFILE), every
+(layout.EXPERIMENT_FILES), the fitted model (layout.MODEL_JSON, MODEL_PROFILE), the MegaMoE
+arms played through it (layout.MEGAMOE_PLAYBACK, rule play_megamoe), every
 raw file of the dataset (layout.ALL_RAW), and, for tab-claims, files of the datasets shown
 beside this one (`counterpart_reads`). From this one declaration come the Snakemake rules
 and their inputs (figures.smk, common.smk), which products a dataset gets (`Holding`),
@@ -28,6 +29,7 @@ from xstage_bench.data.layout import (
     ATTENTION_RAW,
     MEGAMOE_EMULATED_RAW,
     MEGAMOE_PER_GPU_RAW,
+    MEGAMOE_PLAYBACK,
     MEGAMOE_RAW,
     MEGAMOE_TRACE_RAW,
     MODEL_JSON,
@@ -123,7 +125,7 @@ FIGURES = (
         optional=(MODEL_JSON,),
     ),
     Product("fig-megamoe-lead", (MEGAMOE_RAW,), needs=(LEAD_SWEEP,)),
-    Product("fig-megamoe-playback", (MEGAMOE_RAW, MODEL_JSON)),
+    Product("fig-megamoe-playback", (MEGAMOE_RAW, MODEL_JSON, MEGAMOE_PLAYBACK)),
 )
 
 _CLAIMS_READS = (MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, MEGAMOE_EMULATED_RAW, ATTENTION_RAW)
@@ -147,16 +149,19 @@ TABLES = (
     ),
     Product("tab-noise", (ALL_RAW,)),
     Product("tab-megamoe-lead", (MEGAMOE_RAW,), needs=(LEAD_SWEEP,)),
-    Product("tab-megamoe-playback", (MEGAMOE_RAW, MODEL_JSON)),
+    Product("tab-megamoe-playback", (MEGAMOE_RAW, MODEL_JSON, MEGAMOE_PLAYBACK)),
 )
 
 PRODUCTS = {p.name: p for p in FIGURES + TABLES}
 
 
 def made_from(read: str) -> str:
-    """The experiment whose raw files make a read (the model is fitted from microbench)."""
+    """The experiment whose raw files make a read (the model is fitted from microbench; the
+    playback is of megamoe's arms, through that model: `Holding.has` asks for both)."""
     if read.startswith("microbench:") or read in MODEL_FILES:
         return MICROBENCH
+    if read == MEGAMOE_PLAYBACK:
+        return "megamoe"
     for experiment, files in layout.EXPERIMENT_FILES.items():
         if read in files:
             return experiment
@@ -230,6 +235,8 @@ class Holding:
             return bool(self.experiments)
         if read.startswith("microbench:"):
             return read.split(":", 1)[1] in self.studies
+        if read == MEGAMOE_PLAYBACK:
+            return {MICROBENCH, made_from(read)} <= self.experiments
         return made_from(read) in self.experiments
 
     def all_raw(self) -> list[str]:

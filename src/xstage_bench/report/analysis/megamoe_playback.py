@@ -18,6 +18,8 @@ themselves are reported apart (CALIBRATION), so no error counted is exact by con
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ import pandas as pd
 
 from xstage_bench.data import layout, storepath
 from xstage_bench.data.grid import NATURAL
+from xstage_bench.data.results import atomic_write_text
 from xstage_bench.megamoe import playback, schedule
 from xstage_bench.megamoe.drain import PathParams
 from xstage_bench.megamoe.ours import lead
@@ -39,6 +42,7 @@ CALIBRATION = "calibration arm"
 MODES = {"hold": True, "no_hold": False}  # column suffix -> playback's hold
 CALIBRATION_TOLERANCE = 1e-3  # a calibration stops once its arm is played within this
 CALIBRATION_STEPS = 6
+PLAYBACK_KIND = "megamoe_playback"
 LISTS_KEPT = 64  # tile lists kept for reuse: every schedule and lead of a few configurations
 
 
@@ -211,10 +215,11 @@ def num_programs(doc: dict) -> int:
     return int((env.get("hardware_profile") or {}).get("sm_count", lead.DEFAULT_PROGRAMS))
 
 
-def predictions(dataset_dir: Path) -> tuple[dict, megamoe.Metric, pd.DataFrame]:
-    """(the MegaMoE document, the metric it is read in, one row per arm): configuration
-    columns, grid, schedule, lead, f, measured and predicted times with and without the
-    hold, their errors (predicted / measured - 1), the calibration and its scale."""
+def play_arms(dataset_dir: Path) -> tuple[dict, megamoe.Metric, pd.DataFrame, dict]:
+    """(the MegaMoE document, the metric it is read in, one row per arm, the player of each
+    path): configuration columns, grid, schedule, lead, f, measured and predicted times with
+    and without the hold, their errors (predicted / measured - 1), the calibration and its
+    scale. Minutes of CPU on a reference: the rule play_megamoe runs it once per dataset."""
     doc = raw_doc(dataset_dir, layout.MEGAMOE_RAW)
     metric = measured_metric(doc)
     arms = arms_of(doc, metric)
@@ -229,7 +234,123 @@ def predictions(dataset_dir: Path) -> tuple[dict, megamoe.Metric, pd.DataFrame]:
         if path not in players:
             players[path] = player_of(dataset_dir, doc, path)
         rows.append(_row(arm, calibration_arm(arm, arms), players[path]))
-    return doc, metric, pd.DataFrame(rows)
+    return doc, metric, pd.DataFrame(rows), players
+
+
+def _digests(dataset_dir: Path) -> dict[str, str]:
+    """What the playback is made from, each file's sha256."""
+    return {
+        rel: hashlib.sha256((dataset_dir / rel).read_bytes()).hexdigest()
+        for rel in (layout.MEGAMOE_RAW, layout.MODEL_JSON)
+    }
+
+
+def _player_fields(player: Player) -> dict:
+    far = player.far
+    return {
+        "drain_bytes_per_us": far.drain,
+        "t0_fixed_us": far.t0_fixed_us,
+        "issue_bytes_per_us": far.issue_rate,
+        "capacity_bytes": far.capacity,
+        "capacity_per_issuer_bytes": far.capacity_per_issuer,
+        "num_programs": player.num_programs,
+        "tflops": player.tflops,
+    }
+
+
+def play_dataset(dataset_dir: Path) -> dict:
+    """The playback document (layout.MEGAMOE_PLAYBACK): every arm's prediction, each path's
+    drain and programs, and the lead rule replayed on the lead map where there is one. A
+    model's prediction, computed on the CPU: nothing in it was measured."""
+    dataset_dir = Path(dataset_dir)
+    doc, metric, predicted, players = play_arms(dataset_dir)
+    paths = megamoe.ordered_paths(predicted["path"])
+    try:
+        _, leads = megamoe_lead.lead_sweep(dataset_dir)
+    except NoDataError:
+        leads = None
+    replayed = pd.DataFrame()
+    if leads is not None:
+        replayed = replay_auto(doc, leads, megamoe_lead.lead_metric(leads), players[paths[0]])
+    return {
+        "kind": PLAYBACK_KIND,
+        "simulated": "a Burst-Gap model prediction played on the CPU: no GPU ran it",
+        "made_from": _digests(dataset_dir),
+        "metric": metric.sample,
+        "paths": {path: _player_fields(players[path]) for path in paths},
+        "arms": _records(predicted),
+        "lead_rule": _records(replayed),
+    }
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    """A frame's rows as JSON values at full precision (NaN as null)."""
+
+    def value(v):
+        v = v.item() if isinstance(v, np.generic) else v
+        return None if isinstance(v, float) and np.isnan(v) else v
+
+    return [{k: value(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def write_playback(dataset_dir: Path, out: Path | None = None) -> Path:
+    """Play the dataset's arms and write the document atomically (the rule's job)."""
+    dataset_dir = Path(dataset_dir)
+    out = Path(out) if out is not None else dataset_dir / layout.MEGAMOE_PLAYBACK
+    atomic_write_text(out, json.dumps(play_dataset(dataset_dir), indent=1) + "\n")
+    return out
+
+
+def read_playback(dataset_dir: Path) -> dict:
+    """The dataset's playback document, refused where it was made from another raw file or
+    model than the dataset's own (its figure and table would show another run's numbers)."""
+    dataset_dir = Path(dataset_dir)
+    path = dataset_dir / layout.MEGAMOE_PLAYBACK
+    remake = f"remake it: snakemake --cores all {path}"
+    if not path.exists():
+        raise NoDataError(
+            f"dataset '{dataset_dir.name}': no playback: {layout.MEGAMOE_PLAYBACK} does not "
+            f"exist ({remake})"
+        )
+    try:
+        played = json.loads(path.read_text())
+    except ValueError as e:
+        raise NoDataError(f"{path}: not JSON ({e}); {remake}") from None
+    if not isinstance(played, dict) or played.get("kind") != PLAYBACK_KIND:
+        raise NoDataError(f"{path}: not a playback document (kind != {PLAYBACK_KIND!r}); {remake}")
+    changed = [
+        rel
+        for rel, digest in _digests(dataset_dir).items()
+        if (played.get("made_from") or {}).get(rel) != digest
+    ]
+    if changed:
+        raise NoDataError(
+            f"{path} was made from another {' and '.join(changed)} than the dataset's: {remake}"
+        )
+    return played
+
+
+def predictions(dataset_dir: Path) -> tuple[dict, megamoe.Metric, pd.DataFrame]:
+    """(the MegaMoE document, the metric it is read in, one row per arm) as played by the
+    rule play_megamoe (read_playback)."""
+    played = read_playback(dataset_dir)
+    doc = raw_doc(dataset_dir, layout.MEGAMOE_RAW)
+    metric = {m.sample: m for m in megamoe.METRICS}[played["metric"]]
+    return doc, metric, pd.DataFrame(played["arms"])
+
+
+def far_paths(played: dict) -> dict[str, PathParams]:
+    """Each path's drain as played."""
+    return {
+        path: PathParams(
+            p["t0_fixed_us"],
+            p["issue_bytes_per_us"],
+            p["drain_bytes_per_us"],
+            p["capacity_bytes"],
+            p["capacity_per_issuer_bytes"],
+        )
+        for path, p in played["paths"].items()
+    }
 
 
 def _row(arm: Arm, control: Arm | None, player: Player) -> dict:

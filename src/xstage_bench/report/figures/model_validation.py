@@ -95,7 +95,7 @@ def _scatter(ax, val: pd.DataFrame, far: str) -> None:
     common.plain_log_ticks(ax.yaxis)
     ax.set_xlabel("measured (us)")
     ax.set_ylabel("predicted (us)")
-    ax.set_title(f"{far}\npredicted vs measured (band: +-10%)", fontsize=common.PANEL_TITLE_FONT)
+    ax.set_title(f"{far}\npredicted vs measured", fontsize=common.PANEL_TITLE_FONT)
 
 
 def _residuals(ax, val: pd.DataFrame, metric: str, far: str) -> None:
@@ -142,7 +142,7 @@ def _residuals(ax, val: pd.DataFrame, metric: str, far: str) -> None:
     for label in ax.get_xticklabels():
         label.set(rotation=40, ha="right", rotation_mode="anchor")
     ax.set_title(
-        f"{far}: {METRIC_NAME.get(metric, metric)}\nerror per study (green: within {TARGET:.0%})",
+        f"{far}\n{METRIC_NAME.get(metric, metric)}",
         fontsize=common.PANEL_TITLE_FONT,
     )
 
@@ -220,7 +220,11 @@ def plot(dataset_dir: Path) -> Figure:
         for m, marker in METRIC_MARKER.items()
         if m in metrics
     ]
-    notes = []
+    # The bands are explained once here: a panel title has room for two short lines only.
+    notes = [
+        "grey band: within 10% of measured; green band: the held-out target, "
+        f"within {TARGET:.0%}; a dot is one validated record"
+    ]
     for path in paths:
         prefix = f"{storepath.far_end(path)}: " if len(paths) > 1 else ""
         notes += _path_notes(fits[path], prefix)

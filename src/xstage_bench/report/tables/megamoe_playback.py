@@ -15,7 +15,6 @@ import pandas as pd
 from xstage_bench.data import layout
 from xstage_bench.report.analysis import labels, megamoe, megamoe_lead
 from xstage_bench.report.analysis import megamoe_playback as mp
-from xstage_bench.report.analysis.load import NoDataError
 from xstage_bench.report.tables.common import MAIN, MAX_COLUMNS, Columns, Table
 from xstage_bench.report.tables.megamoe_lead import configuration
 
@@ -61,19 +60,13 @@ def arms_frame(predicted: pd.DataFrame) -> pd.DataFrame:
     return frame[[*first, *(c for c in frame.columns if c not in first)]].reset_index(drop=True)
 
 
-def lead_rule_sections(
-    dataset_dir: Path, doc: dict, metric: megamoe.Metric, player: mp.Player
-) -> list[tuple[str, pd.DataFrame]]:
-    """The rule replayed on the lead map's swept leads, per point and scored, beside the
-    map's own auto arm (as measured: the rule of the run that made it)."""
-    try:
-        _, leads = megamoe_lead.lead_sweep(dataset_dir)
-    except NoDataError:
-        return []
-    leads_metric = megamoe_lead.lead_metric(leads)
-    replayed = mp.replay_auto(doc, leads, leads_metric, player)
+def lead_rule_sections(dataset_dir: Path, replayed: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The rule replayed on the lead map's swept leads (by play_megamoe), per point and
+    scored, beside the map's own auto arm (as measured: the rule of the run that made it)."""
     if replayed.empty:
         return []
+    _, leads = megamoe_lead.lead_sweep(dataset_dir)
+    leads_metric = megamoe_lead.lead_metric(leads)
     constants = megamoe_lead.constant_leads(leads, leads_metric)
     scores = [
         {
@@ -123,26 +116,27 @@ def summary_note(summary: pd.DataFrame) -> str:
 
 def build(dataset_dir: Path) -> Table:
     doc, metric, predicted = mp.predictions(dataset_dir)
+    played = mp.read_playback(dataset_dir)
     summary = mp.error_summary(predicted)
     paths = megamoe.ordered_paths(predicted["path"])
-    players = {p: mp.player_of(dataset_dir, doc, p) for p in paths}
-    first = players[paths[0]]
+    first = played["paths"][paths[0]]
     fits = "; ".join(
-        f"{p}: R {pl.far.drain / 1e3:.4g} GB/s, t0_fixed {pl.far.t0_fixed_us:.3g} us, issue "
-        f"{pl.far.issue_rate / 1e3:.4g} GB/s per program, Q(K) = {pl.far.capacity:.4g} + K "
-        f"{pl.far.capacity_per_issuer:.4g} bytes"
-        for p, pl in players.items()
+        f"{path}: R {far.drain / 1e3:.4g} GB/s, t0_fixed {far.t0_fixed_us:.3g} us, issue "
+        f"{far.issue_rate / 1e3:.4g} GB/s per program, Q(K) = {far.capacity:.4g} + K "
+        f"{far.capacity_per_issuer:.4g} bytes"
+        for path, far in mp.far_paths(played).items()
     )
     counts = predicted["calibration"].value_counts()
     notes = [
         summary_note(summary),
         f"measured: the median {metric.label} ({metric.sample}); predicted: the arm's own "
         "tile list (megamoe/playback.py) through the path's fitted drain from "
-        f"{layout.MODEL_JSON} ({fits}), {first.num_programs} programs; error = predicted / "
-        "measured - 1.",
+        f"{layout.MODEL_JSON} ({fits}), {first['num_programs']} programs; error = predicted / "
+        "measured - 1; played once per dataset by the rule play_megamoe into "
+        f"{layout.MEGAMOE_PLAYBACK} (a prediction, computed on the CPU).",
         "hold: a program that stored waits at its next tile claim until its own stores "
         "drained (first in, first out at R); no hold: it moves on once they are issued.",
-        f"tile costs: FLOPs at X = {first.tflops:g} TFLOP/s, scaled per configuration and "
+        f"tile costs: FLOPs at X = {first['tflops']:g} TFLOP/s, scaled per configuration and "
         "schedule so that its calibration arm (its smallest measured share, the same lead "
         "first) plays in its measured time ('"
         + mp.CONTROL
@@ -155,7 +149,7 @@ def build(dataset_dir: Path) -> Table:
         + ".",
     ]
     sections = [("Error summary: |predicted / measured - 1|", summary)]
-    sections += lead_rule_sections(dataset_dir, doc, metric, players[paths[0]])
+    sections += lead_rule_sections(dataset_dir, pd.DataFrame(played["lead_rule"]))
     frame = arms_frame(predicted)
     return Table(
         frame,
