@@ -174,8 +174,8 @@ for job in ids:
     assert got == want and fields["TimeLimit"] != "UNLIMITED", (job, got, fields["TimeLimit"])
 
 # Outputs: the same files; tables and models byte for byte, raw results but for their
-# environment block (host, times); figures and the report summary that inlines them only
-# present (fig-ulysses differs from run to run).
+# environment block (host, times), the playback but for the digests of those; figures and
+# the report summary that inlines them only present (fig-ulysses differs from run to run).
 # Only the datasets the Slurm run made: the local tree may hold others (CI's dry run of the
 # full config stamps the full-size simulated datasets).
 DATASETS = sorted(d.name for d in (slurm_run / "results").iterdir() if d.is_dir())
@@ -193,6 +193,8 @@ for rel in sorted(made):
     x, y = (local_run / rel).read_bytes(), (slurm_run / rel).read_bytes()
     if "raw" in rel.parts and rel.suffix == ".json":
         x, y = ({k: v for k, v in json.loads(d).items() if k != "environment"} for d in (x, y))
+    elif rel.name == "megamoe_playback.json":  # made_from: the raw file's sha256, host and all
+        x, y = ({k: v for k, v in json.loads(d).items() if k != "made_from"} for d in (x, y))
     assert x == y, f"{rel} differs between the local and the Slurm run"
 print(f"{len(ids)} jobs through Slurm, all COMPLETED in account {account}, partition "
       f"{partition}; {local.total()} local; {len(made)} outputs match the local run's")
