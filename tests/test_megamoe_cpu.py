@@ -1284,7 +1284,8 @@ def test_one_gpu_sweep_pairs_every_arm_of_a_configuration_on_the_host_path(
             "flush_l2": False,
         }
     }
-    model = _model_file(tmp_path, path="host", R=1.0, Q=0.0)
+    # a small capacity: a model without one is refused (lead.LeadModelError)
+    model = _model_file(tmp_path, path="host", R=1.0, Q=4096.0)
     out = tmp_path / "megamoe.json"
     try:
         run_megamoe(
