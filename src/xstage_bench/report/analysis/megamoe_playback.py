@@ -330,10 +330,12 @@ def read_playback(dataset_dir: Path) -> dict:
     return played
 
 
-def predictions(dataset_dir: Path) -> tuple[dict, megamoe.Metric, pd.DataFrame]:
+def predictions(
+    dataset_dir: Path, played: dict | None = None
+) -> tuple[dict, megamoe.Metric, pd.DataFrame]:
     """(the MegaMoE document, the metric it is read in, one row per arm) as played by the
-    rule play_megamoe (read_playback)."""
-    played = read_playback(dataset_dir)
+    rule play_megamoe: `played`, the document read_playback gave, else read here."""
+    played = read_playback(dataset_dir) if played is None else played
     doc = raw_doc(dataset_dir, layout.MEGAMOE_RAW)
     metric = {m.sample: m for m in megamoe.METRICS}[played["metric"]]
     return doc, metric, pd.DataFrame(played["arms"])

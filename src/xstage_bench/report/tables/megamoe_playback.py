@@ -115,8 +115,8 @@ def summary_note(summary: pd.DataFrame) -> str:
 
 
 def build(dataset_dir: Path) -> Table:
-    doc, metric, predicted = mp.predictions(dataset_dir)
-    played = mp.read_playback(dataset_dir)
+    played = mp.read_playback(dataset_dir)  # read and its sources hashed once
+    doc, metric, predicted = mp.predictions(dataset_dir, played)
     summary = mp.error_summary(predicted)
     paths = megamoe.ordered_paths(predicted["path"])
     first = played["paths"][paths[0]]
