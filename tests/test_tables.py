@@ -1057,3 +1057,23 @@ def test_a_precision_ratio_across_runs_is_said_to_be_one():
     assert "W8A8 from 2026-12-03 13:00" in note
     doc["records"][2]["clocks"]["before"]["time"] = "2026-12-03T13:07:00+00:00"
     assert megamoe.precision_runs_note(doc) == []
+
+
+def test_a_lead_map_of_nine_leads_shows_in_parts_of_a_screen():
+    """Issue 52's lead map sweeps eight leads and auto: the Markdown copy splits them, each
+    part at most MAX_COLUMNS wide, and every column is still shown once per part."""
+    from xstage_bench.report.tables.common import MAX_COLUMNS
+
+    leads = ["0", "256", "512", "768", "1024", "1536", "2048", "4096", "auto"]
+    frame = pd.DataFrame(columns=["path", "configuration", "f", "best_lead", "best_speedup"])
+    frame = frame.assign(**{f"speedup lead={lead}": [] for lead in leads})
+    main = megamoe_lead_table.markdown_columns(frame)[megamoe_lead_table.MAIN]
+    lead_parts = [cols for title, cols in main.parts if title.startswith("speedup per lead")]
+    assert len(lead_parts) == 2
+    assert all(len(main.keys) + len(cols) <= MAX_COLUMNS for _, cols in main.parts)
+    shown = [c for cols in lead_parts for c in cols]
+    assert shown == [f"speedup lead={lead}" for lead in leads] + ["best_lead", "best_speedup"]
+    # five leads and the best fit one part, as every lead map before
+    few = frame.drop(columns=[f"speedup lead={lead}" for lead in leads[5:]])
+    titles = [t for t, _ in megamoe_lead_table.markdown_columns(few)[megamoe_lead_table.MAIN].parts]
+    assert titles == ["speedup per lead", "the model's auto lead"]
