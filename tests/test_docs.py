@@ -94,9 +94,31 @@ def test_the_readme_shows_the_headline_claims_and_the_nodes():
             assert f"<!-- BEGIN {block.name}:" in README, block.name
     claims = README.split("<!-- BEGIN claims:")[1].split("<!-- END claims -->")[0]
     assert claims.count("\n|") == len(generated_docs.HEADLINE_CLAIMS) + 2  # header, rule
+    model = README.split("<!-- BEGIN model:")[1].split("<!-- END model -->")[0]
+    assert model.count("\n|") == len(generated_docs.MODEL_VERDICTS) + 2
     nodes = README.split("<!-- BEGIN nodes:")[1].split("<!-- END nodes -->")[0]
     assert "| 1 |" in nodes and "| 2 |" in nodes and "| 8 |" in nodes
     assert "--configfile config/h200x8.yaml" in nodes
+
+
+def test_the_models_verdicts_are_each_references_tab_claims_rows_under_a_bar_not_the_paper():
+    """Issue 52: the README states the model's verdicts from tab-claims (generated, not
+    typed), every bar of paper.MODEL_CLAIMS, its column saying whose number it is."""
+    block = generated_docs.model_verdicts(ROOT, ROOT / "results")
+    header = block.splitlines()[1]
+    assert "bar (issue 52)" in header and "paper" not in header
+    assert {"model.checks", "model.heldout_median", "model.heldout_p90"} <= set(
+        generated_docs.MODEL_VERDICTS
+    )
+    assert {"model.playback_median", "model.playback_p90", "model.lead_auto_within"} <= set(
+        generated_docs.MODEL_VERDICTS
+    )
+    for name in generated_docs.CLAIM_REFERENCES:
+        frame = generated_docs._claims(ROOT / "results" / name)
+        for claim_id in generated_docs.MODEL_VERDICTS:
+            row = frame.loc[claim_id].str.replace("|", "\\|")  # as Markdown escapes it
+            assert f"| {row['statement']} | {row['paper']} {row['unit']} |" in block
+            assert f"| {row['ours']} | {row['verdict']} |" in block, (name, claim_id)
 
 
 def test_every_schema_key_has_a_line_in_the_configuration_reference():

@@ -87,6 +87,7 @@ def test_reads_resolve_to_what_the_dataset_has():
     assert has.reads(PRODUCTS["tab-claims"].counterpart_reads) == [
         *has.all_raw(),
         layout.MODEL_JSON,
+        layout.MEGAMOE_PLAYBACK,  # the model's verdict on the fused kernel
     ]
 
 

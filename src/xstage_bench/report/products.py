@@ -129,6 +129,7 @@ FIGURES = (
 )
 
 _CLAIMS_READS = (MODEL_JSON, MEGAMOE_RAW, MEGAMOE_TRACE_RAW, MEGAMOE_EMULATED_RAW, ATTENTION_RAW)
+_CLAIMS_READS += (MEGAMOE_PLAYBACK,)  # the model's verdict on the fused kernel (issue 52)
 
 TABLES = (
     Product("tab-burst-gap-params", (MODEL_JSON,)),
@@ -145,7 +146,7 @@ TABLES = (
         "tab-claims",
         _CLAIMS_READS,
         optional=_CLAIMS_READS,  # each claim is answered from what the dataset has
-        counterpart_reads=(ALL_RAW, MODEL_JSON),
+        counterpart_reads=(ALL_RAW, MODEL_JSON, MEGAMOE_PLAYBACK),
     ),
     Product("tab-noise", (ALL_RAW,)),
     Product("tab-megamoe-lead", (MEGAMOE_RAW,), needs=(LEAD_SWEEP,)),

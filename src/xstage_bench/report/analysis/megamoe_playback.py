@@ -338,7 +338,12 @@ def predictions(
     played = read_playback(dataset_dir) if played is None else played
     doc = raw_doc(dataset_dir, layout.MEGAMOE_RAW)
     metric = {m.sample: m for m in megamoe.METRICS}[played["metric"]]
-    return doc, metric, pd.DataFrame(played["arms"])
+    return doc, metric, played_arms(played)
+
+
+def played_arms(played: dict) -> pd.DataFrame:
+    """One row per arm of a playback document (read_playback's), as play_arms made it."""
+    return pd.DataFrame(played["arms"])
 
 
 def far_paths(played: dict) -> dict[str, PathParams]:

@@ -11,6 +11,10 @@ tables.megamoe.speedup_summary (speedup_ci.headline_ci), ratios over the unfused
 by the same bootstrap, Ulysses rows by analysis.attention, T0, R and Q from the model
 document as tab-burst-gap-params reads them. A value without a CI says why (`no_ci`); a
 simulated source's values carry none (the simulator's spread is no measurement's noise).
+
+The model's verdicts (paper.MODEL_CLAIMS, bars of issue 52) read the model's checks and
+held-out records, the MegaMoE playback (model/megamoe_playback.json) and the lead map's
+measured auto arms; their error quantiles carry a percentile bootstrap CI over the records.
 """
 
 from __future__ import annotations
@@ -22,15 +26,25 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from xstage_bench.data import layout, storepath
+from xstage_bench.data import layout, stats, storepath
 from xstage_bench.data.grid import LOCAL_CONTROL
 from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
 from xstage_bench.report import paper
-from xstage_bench.report.analysis import attention, fitted, labels, megamoe
-from xstage_bench.report.analysis.speedup_ci import RatioSamples, headline_ci
+from xstage_bench.report.analysis import (
+    attention,
+    fitted,
+    labels,
+    megamoe,
+    megamoe_lead,
+    megamoe_playback,
+)
+from xstage_bench.report.analysis.load import NoDataError
+from xstage_bench.report.analysis.megamoe_playback import CALIBRATION
+from xstage_bench.report.analysis.speedup_ci import CONFIDENCE, RatioSamples, headline_ci
 from xstage_bench.report.claims.claim_sources import Sources
 from xstage_bench.report.tables.burst_gap_params import _pooled_t0 as pooled_t0
 from xstage_bench.report.tables.megamoe import speedup_summary
+from xstage_bench.report.tables.model_checks import CHECK_RESULT
 
 CI = tuple[float, float]
 SIMULATED_NO_CI = "simulated: the simulator's spread is no measurement's noise"
@@ -495,6 +509,247 @@ def uly_at(seq_len: int, *backends: str) -> AnswerFn:
     return answer
 
 
+# ---------------------------------------------------------------- the model's verdicts
+#
+# The bars of issue 52 (paper.MODEL_CLAIMS): the same numbers as tab-model-checks,
+# tab-megamoe-playback and tab-megamoe-lead, read from the same files the same way.
+
+CHECKS_NO_CI = "a count of the model's checks, each passed or not by its own criterion"
+LEAD_NO_CI = "no point of the lead map has auto and every swept lead, which its CI resamples"
+BOOTSTRAP_SEED = 0  # a render is reproducible to the byte
+PERCENT = 100.0  # error quantiles and shares of points are shown in percent
+
+
+def model_checks(src: Sources) -> Found:
+    """The model's checks that pass, 'k of n' (tab-model-checks' check rows): one the data
+    could not answer (not evaluated) is no pass."""
+    if (missing := _no_model(src)) is not None:
+        return missing
+    checks = src.model.get("checks") or {}
+    if not checks:
+        return NotMeasured(f"{layout.MODEL_JSON} holds no check")
+    passed = sum(1 for c in checks.values() if c["passed"])
+    text = f"{passed} of {len(checks)}"
+    return Answer((passed / len(checks),), text, _checks_note(checks), no_ci=CHECKS_NO_CI)
+
+
+def _checks_note(checks: dict) -> str:
+    """'FAILED: a, b; not evaluated: c', or that every check passed."""
+    parts = []
+    for result in (CHECK_RESULT[False], CHECK_RESULT[None]):
+        names = [n for n, c in checks.items() if CHECK_RESULT[c["passed"]] == result]
+        if names:
+            parts.append(f"{result}: {', '.join(names)}")
+    return "; ".join(parts) or "every check passed"
+
+
+def quantile_with_ci(errors: np.ndarray, q: float) -> tuple[float, float, float]:
+    """The q-quantile of `errors` with its 95% percentile-bootstrap CI over the records
+    (resampled with replacement, stats.BOOTSTRAP_RESAMPLES times, a fixed seed)."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    draws = rng.integers(0, errors.size, size=(stats.BOOTSTRAP_RESAMPLES, errors.size))
+    replicates = np.quantile(errors[draws], q, axis=1)
+    low, high = np.quantile(replicates, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return float(np.quantile(errors, q)), float(low), float(high)
+
+
+def _error_answer(src: Sources, errors: np.ndarray, q: float, note: str) -> Answer:
+    """An |error| quantile in percent with its bootstrap CI."""
+    value, low, high = (PERCENT * v for v in quantile_with_ci(errors, q))
+    return answer_of(src, (value,), ((low, high),), ".1f", note)
+
+
+def heldout_errors(model: dict) -> np.ndarray:
+    """|relative error| of the fit set's held-out records under the chosen capacity law:
+    the records of validation_summary (tab-model-checks' 'fit set, held out' row)."""
+    return np.abs(
+        [
+            r["rel_error"]
+            for r in model.get("validation") or []
+            if r["held_out"] and r["in_fit_set"] and r["rel_error"] is not None
+        ]
+    )
+
+
+def heldout_error(q: float) -> AnswerFn:
+    """The held-out |relative error|'s q-quantile, with its bootstrap CI over the records."""
+
+    def answer(src: Sources) -> Found:
+        if (missing := _no_model(src)) is not None:
+            return missing
+        errors = heldout_errors(src.model)
+        if not errors.size:
+            return NotMeasured(f"{layout.MODEL_JSON} holds no held-out record of the fit set")
+        law = (fitted.capacity_law(src.model) or {}).get("chosen", "shared Q")
+        note = f"{errors.size} held-out records of the fit set, capacity law {law}"
+        free = src.model.get("validation_summary_free") or {}
+        if free.get("n"):
+            note += (
+                f"; the free-running records (never fitted): median "
+                f"{free['median_abs_rel_error']:.1%}, p90 {free['p90_abs_rel_error']:.1%} "
+                f"(n={free['n']})"
+            )
+        return _error_answer(src, errors, q, note)
+
+    return answer
+
+
+def playback_errors(src: Sources) -> np.ndarray | NotMeasured:
+    """|predicted / measured - 1| with the hold of every predicted arm on the path (the
+    calibration arms apart), as tab-megamoe-playback's 'every arm' row."""
+    if not (src.dataset_dir / layout.MEGAMOE_PLAYBACK).exists():
+        return _missing(f"MegaMoE playback ({layout.MEGAMOE_PLAYBACK})")
+    try:
+        played = megamoe_playback.read_playback(src.dataset_dir)
+    except NoDataError as e:  # made from another raw file or model: it says how to remake it
+        return NotMeasured(str(e))
+    arms = megamoe_playback.played_arms(played)
+    predicted = arms[(arms["path"] == src.path) & (arms["calibration"] != CALIBRATION)]
+    if predicted.empty:
+        return NotMeasured(f"{layout.MEGAMOE_PLAYBACK} predicts no arm on the {src.path} path")
+    return predicted["error_hold"].abs().to_numpy(dtype=float)
+
+
+def playback_error(q: float) -> AnswerFn:
+    """The playback's |error| q-quantile, with its bootstrap CI over the arms."""
+
+    def answer(src: Sources) -> Found:
+        errors = playback_errors(src)
+        if isinstance(errors, NotMeasured):
+            return errors
+        note = f"{errors.size} arms predicted with the hold, the calibration arms apart"
+        return _error_answer(src, errors, q, note)
+
+    return answer
+
+
+@dataclass(frozen=True)
+class LeadScore:
+    """megamoe_lead.auto_score of the measured auto arms over the lead map, the metric its
+    speedups are in, and the CIs of the share within the best and of auto's mean over the
+    best constant lead's (None where no point has auto and every swept lead)."""
+
+    score: dict
+    metric: megamoe.Metric
+    resolved: str  # what auto resolved to in the run: 'resolved to 0 rows at 18 points'
+    share_ci: CI | None
+    versus_ci: CI | None
+
+
+def lead_score(src: Sources) -> LeadScore | NotMeasured:
+    """auto as the run resolved it against the best swept lead and the best constant lead
+    (tab-megamoe-lead's score section), over the lead map on the path."""
+    if src.lead_map is None:
+        return _missing(layout.MEGAMOE_RAW)
+    leads = megamoe_lead.lead_speedups(src.lead_map)
+    if leads.empty:
+        return NotMeasured(
+            f"{layout.MEGAMOE_RAW} has no lead map on the {src.path} path (no lead_sweep arm "
+            "beside an ok expert-wave record)"
+        )
+    metric = megamoe_lead.lead_metric(leads)
+    best = megamoe_lead.best_and_auto(leads, metric)
+    for column, what in (
+        ("auto_speedup", "auto arm (lead_rows: auto)"),
+        ("best_speedup", "swept numeric lead"),
+    ):
+        if column not in best.columns:
+            return NotMeasured(f"the lead map has no ok {what}")
+    constants = megamoe_lead.constant_leads(leads, metric)
+    score = megamoe_lead.auto_score(best["auto_speedup"], best["best_speedup"], constants)
+    if not score["points"]:
+        return NotMeasured("no point of the lead map has both auto and a swept lead ok")
+    share_ci, versus_ci = _lead_cis(leads, metric)
+    return LeadScore(score, metric, _resolved(best["auto_lead_rows"]), share_ci, versus_ci)
+
+
+def _resolved(rows: pd.Series) -> str:
+    """'resolved to 0 rows at 17 points, 1024 rows at 1 points': the rows auto ran with."""
+    counts = Counter(int(r) for r in rows.dropna()).most_common()
+    if not counts:
+        return "the rows it resolved to not recorded"
+    return "resolved to " + ", ".join(f"{lead} rows at {n} points" for lead, n in counts)
+
+
+def _lead_cis(leads: pd.DataFrame, metric: megamoe.Metric) -> tuple[CI | None, CI | None]:
+    """95% CIs of the share of points where auto is within WITHIN_BEST of the best swept
+    lead and of auto's mean speedup over the best constant lead's, by the headlines'
+    two-level bootstrap (speedup_ci.headline_ci): the points where auto and every swept
+    lead ran resampled with replacement, each arm's speedup there one of its own
+    replicates. (None, None) where no point has them all."""
+    arms = _arms_per_point(leads, metric)
+    if not arms:
+        return None, None
+    auto = np.stack([a[megamoe_lead.AUTO].boot for a in arms], axis=1)  # replicate x point
+    swept = [lead for lead in arms[0] if lead != megamoe_lead.AUTO]
+    constant = np.stack([np.stack([a[lead].boot for a in arms], axis=1) for lead in swept])
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    chosen = rng.integers(0, len(arms), size=auto.shape)
+    replicate = np.arange(auto.shape[0])[:, None]
+    auto, constant = auto[replicate, chosen], constant[:, replicate, chosen]
+    within = auto >= (1 - megamoe_lead.WITHIN_BEST) * constant.max(axis=0)
+    versus = auto.mean(axis=1) / constant.mean(axis=2).max(axis=0)
+    return _percentile_ci(PERCENT * within.mean(axis=1)), _percentile_ci(versus)
+
+
+def _arms_per_point(leads: pd.DataFrame, metric: megamoe.Metric) -> list[dict]:
+    """Per point of the lead map where auto and every swept numeric lead ran: lead label ->
+    its speedup's RatioSamples, the swept leads in one order."""
+    numeric = leads["swept"] & ~leads["auto"] & leads["lead"].str.isdigit()
+    swept = sorted(set(leads.loc[numeric, "lead"]), key=int)
+    wanted = [megamoe_lead.AUTO, *swept]
+    points = []
+    for _, part in leads.groupby(megamoe_lead.config_keys(leads), sort=False, dropna=False):
+        samples = dict(zip(part["lead"], part[metric.column("samples")], strict=True))
+        if swept and all(isinstance(samples.get(lead), RatioSamples) for lead in wanted):
+            points.append({lead: samples[lead] for lead in wanted})
+    return points
+
+
+def _percentile_ci(replicates: np.ndarray) -> CI:
+    low, high = np.quantile(replicates, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return float(low), float(high)
+
+
+def lead_auto_within(src: Sources) -> Found:
+    found = lead_score(src)
+    if isinstance(found, NotMeasured):
+        return found
+    n = found.score["points"]
+    k = found.score[f"within {megamoe_lead.WITHIN_BEST:.0%} of best"]
+    note = f"measured auto arms ({found.resolved}), {found.metric.name} speedups"
+    cis = () if found.share_ci is None else (found.share_ci,)
+    answer = answer_of(src, (PERCENT * k / n,), cis, ".1f", note, LEAD_NO_CI)
+    return replace(answer, text=f"{answer.text}: {k} of {n} points")
+
+
+def lead_auto_vs_constant(src: Sources) -> Found:
+    found = lead_score(src)
+    if isinstance(found, NotMeasured):
+        return found
+    score = found.score
+    if "best constant lead" not in score:
+        return NotMeasured("no swept lead was measured at every point of the lead map")
+    note = (
+        f"measured auto arms: mean {found.metric.name} speedup {score['mean speedup']:.3f} over "
+        f"{score['points']} points vs lead {score['best constant lead']}'s "
+        f"{score['its mean speedup']:.3f}, the best constant lead"
+    )
+    cis = () if found.versus_ci is None else (found.versus_ci,)
+    return answer_of(src, (score["mean / best constant's"],), cis, ".3f", note, LEAD_NO_CI)
+
+
+MODEL_ANSWERS: Mapping[str, AnswerFn] = {
+    "model.checks": model_checks,
+    "model.heldout_median": heldout_error(0.5),
+    "model.heldout_p90": heldout_error(0.9),
+    "model.playback_median": playback_error(0.5),
+    "model.playback_p90": playback_error(0.9),
+    "model.lead_auto_within": lead_auto_within,
+    "model.lead_auto_vs_constant": lead_auto_vs_constant,
+}
+
+
 def _answers(*attention_backends: str) -> dict[str, AnswerFn]:
     return {
         "bg.T0": t0,
@@ -514,6 +769,7 @@ def _answers(*attention_backends: str) -> dict[str, AnswerFn]:
         "uly.fa3_max": uly_max(*attention_backends),
         "uly.fa4_max": uly_max("fa4"),
         **{f"uly.fa3_S={s}": uly_at(s, *attention_backends) for s in paper.FA3_ULYSSES_SPEEDUP},
+        **MODEL_ANSWERS,
     }
 
 

@@ -32,6 +32,9 @@ class Sources:
     # MegaMoE records where the baselines run (claims_baseline_records): what the claims
     # on a baseline (over unfused, the completion-coupled ceiling) pair ours with.
     baselines: dict | None = None
+    # Every MegaMoE record on the path, the lead map's with the main grid's (its arms are
+    # compared with the main grid's expert waves): what the lead rule's verdicts read.
+    lead_map: dict | None = None
 
     @classmethod
     def load(cls, dataset_dir: Path, path: str | None = None) -> Sources:
@@ -69,6 +72,7 @@ class Sources:
         settings: dict = {}
         megamoe_doc = _with_records(self.megamoe, claims_moe_records, path, settings)
         baselines = _with_records(self.megamoe, claims_baseline_records, path, settings)
+        lead_map = _with_records(self.megamoe, _on, path, {})
         trace = _with_records(self.trace, _on, path, {})
         attention_doc = _with_records(self.attention, claims_attention_records, path, settings)
         return replace(
@@ -76,6 +80,7 @@ class Sources:
             model=model,
             megamoe=megamoe_doc,
             baselines=baselines,
+            lead_map=lead_map,
             trace=trace,
             attention=attention_doc,
             path=path,

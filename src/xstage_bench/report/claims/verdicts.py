@@ -1,12 +1,13 @@
 """A verdict per claim, computed from the data: reproduced, differs, tie or not measured.
 
-A criterion (a tolerance band around the paper's value, a bound, a range overlap) is
-applied to each value's 95% CI where the value has one, to the value itself where not:
-`reproduced` when the whole CI meets it, `differs` when a whole CI misses it, `tie` when a
-CI straddles the criterion's threshold (an edge of the band, the bound), so the data can
-tell the claim neither reproduced nor contradicted. `differs` comes with the measured
-reason: what differs between our setting and the paper's (link, GPU count, whether the
-combine backpressures at all), each fact read from the dataset's files.
+A criterion (a tolerance band around the paper's value, a bound, a range overlap, a bar
+the project set where the paper gives no number) is applied to each value's 95% CI where
+the value has one, to the value itself where not: `reproduced` when the whole CI meets it,
+`differs` when a whole CI misses it, `tie` when a CI straddles the criterion's threshold
+(an edge of the band, the bound), so the data can tell the claim neither reproduced nor
+contradicted. `differs` comes with the measured reason: what differs between our setting
+and the paper's (link, GPU count, whether the combine backpressures at all), each fact
+read from the dataset's files; for a bar, what missed it (the answer's own note).
 """
 
 from __future__ import annotations
@@ -111,6 +112,21 @@ AT_MOST = Criterion(
     "at most the paper's bound, the whole 95% CI where there is one",
     lambda c, a: _inside(a, -math.inf, c.value, ("", f"the paper's bound {c.paper_text()}")),
 )
+
+
+def _bar_edge(claim: Claim) -> str:
+    return f"{claim.value:g}, the bar of {claim.bar}"
+
+
+# A bar the project set where the paper gives no number (Claim.bar): a bound either way.
+BAR_AT_MOST = Criterion(
+    "at most the bar, the whole 95% CI where there is one",
+    lambda c, a: _inside(a, -math.inf, c.value, ("", _bar_edge(c))),
+)
+BAR_AT_LEAST = Criterion(
+    "at least the bar, the whole 95% CI where there is one",
+    lambda c, a: _inside(a, c.value, math.inf, (_bar_edge(c), "")),
+)
 EXACT = Criterion(
     "equal",
     lambda c, a: Outcome(REPRODUCED if all(v == c.value for v in a.values) else DIFFERS),
@@ -118,6 +134,8 @@ EXACT = Criterion(
 
 
 def criterion(claim: Claim) -> Criterion:
+    if claim.bar:
+        return BAR_AT_LEAST if claim.at_least else BAR_AT_MOST
     if claim.at_most:
         return AT_MOST
     if claim.upper is not None:
@@ -358,6 +376,8 @@ def judge(claim: Claim, found: Found, setting: Setting) -> Verdict:
             "the fitter, it reproduces nothing",
             rule.text,
         )
+    if claim.bar:
+        return _judge_bar(claim, found, setting, rule, head)
     outcome = rule.test(claim, found)
     if outcome.verdict == REPRODUCED:
         return Verdict(REPRODUCED, f"{head}: {rule.text}", rule.text)
@@ -368,3 +388,29 @@ def judge(claim: Claim, found: Found, setting: Setting) -> Verdict:
         )
         return Verdict(TIE, why, rule.text)
     return Verdict(DIFFERS, reason(claim, found, setting), rule.text)
+
+
+def _judge_bar(
+    claim: Claim, found: Answer, setting: Setting, rule: Criterion, head: str
+) -> Verdict:
+    """A bar the project set (Claim.bar): met, missed or straddled, why in the answer's own
+    terms (which checks failed, which records), not the hardware's. On a simulated profile
+    nothing is a result: its data come from the Burst-Gap laws the model fits."""
+    if setting.simulated_profile is not None:
+        return Verdict(
+            NOT_A_RESULT,
+            f"{head}: the simulated profile '{setting.simulated_profile}' makes its data with "
+            "the Burst-Gap laws, so the model meeting a bar there checks the simulator and the "
+            "fitter; it reproduces nothing",
+            rule.text,
+        )
+    outcome = rule.test(claim, found)
+    if outcome.verdict == REPRODUCED:
+        return Verdict(REPRODUCED, f"{head}: {rule.text} ({claim.bar})", rule.text)
+    if outcome.verdict == TIE:
+        why = (
+            f"{head}: our 95% CI straddles {outcome.straddled}, so the data neither meet nor "
+            f"miss the bar; {found.note}"
+        )
+        return Verdict(TIE, why, rule.text)
+    return Verdict(DIFFERS, f"{head}: misses the bar of {claim.bar}; {found.note}", rule.text)
