@@ -660,3 +660,64 @@ def test_an_ok_record_with_no_samples_at_all_is_refused(tmp_path, capsys):
     path = write_as_is(tmp_path, doc([rec]))
     assert main(["check", str(path)]) == 2
     assert "record 'a': status 'ok' with no samples" in capsys.readouterr().err
+
+
+def _schema_mutations(d: dict):
+    """Documents that each break the raw schema in one way."""
+    rec = d["records"][0]
+    yield {**d, "schema": 2}
+    yield {k: v for k, v in d.items() if k != "environment"}
+    yield {**d, "extra": 1}
+    for edit in (
+        {"status": "bogus"},
+        {"status": "failed"},  # no error text
+        {"summary": None},
+        {"samples": {"t_us": "many"}},
+        {"id": 7},
+        {"point": []},
+    ):
+        yield {**d, "records": [{**rec, **edit}, *d["records"][1:]]}
+    yield {**d, "records": [{k: v for k, v in rec.items() if k != "samples"}]}
+
+
+def test_the_fast_schema_check_agrees_with_jsonschema():
+    """read_raw decides validity with the schema compiled by fastjsonschema (draft-07, $defs
+    renamed) and asks jsonschema (2020-12) only for a refused document: the two must agree on
+    valid documents, on each mutation, and on the committed references' files, and the
+    schema must use no keyword whose meaning differs between the drafts."""
+    import jsonschema
+
+    from xstage_bench.data import results
+
+    schema = results.raw_schema()
+    slow = jsonschema.Draft202012Validator(schema)
+    fast = results._schema_accepts()
+
+    def fast_ok(document) -> bool:
+        try:
+            fast(document)
+            return True
+        except Exception:
+            return False
+
+    valid = doc([ok_record("a", POINT, {"t_us": [1.0, 2.0]}), failed_record("b", POINT, "x")])
+    documents = [valid, *_schema_mutations(valid)]
+    committed = sorted((ROOT / "results").glob("ref-*/raw/microbench/*.json"))[:4]
+    documents += [json.loads(p.read_text()) for p in committed]
+    verdicts = [(fast_ok(d), slow.is_valid(d)) for d in documents]
+    assert all(f == s for f, s in verdicts), verdicts
+    assert sum(s for _, s in verdicts) == 1 + len(committed)  # each mutation is refused
+    assert results.schema_errors(valid) == []
+    assert results.schema_errors(documents[1])  # jsonschema's errors, which name the field
+
+    def keywords(node):
+        if isinstance(node, dict):
+            yield from node
+            for value in node.values():
+                yield from keywords(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from keywords(value)
+
+    differ = {"prefixItems", "dependentSchemas", "unevaluatedProperties", "$dynamicRef"}
+    assert not differ & set(keywords(schema))

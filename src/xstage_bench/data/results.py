@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import fastjsonschema
 import jsonschema
 import numpy as np
 
@@ -57,6 +58,28 @@ def raw_schema() -> dict:
     return json.loads(text)
 
 
+@cache
+def _schema_accepts():
+    """The raw schema compiled to Python code (fastjsonschema), to say quickly whether a
+    document is valid: 10 to 30 times faster than jsonschema on the committed files (ref-h200x2's
+    trace: 3.0 s against 0.1 s), and every render reads them. It reads draft-07, so the schema's
+    $defs are renamed for it (the schema uses nothing else draft-07 lacks: tests/test_results).
+    A document it refuses goes to jsonschema, which names the problem and has the last word."""
+    text = json.dumps(raw_schema()).replace('"$defs"', '"definitions"')
+    schema = json.loads(text.replace("#/$defs/", "#/definitions/"))
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    return fastjsonschema.compile(schema)
+
+
+def schema_errors(doc: Any) -> list[jsonschema.ValidationError]:
+    """Every way `doc` breaks the raw schema (none for a valid one)."""
+    try:
+        _schema_accepts()(doc)
+        return []
+    except fastjsonschema.JsonSchemaException:
+        return list(jsonschema.Draft202012Validator(raw_schema()).iter_errors(doc))
+
+
 def _json_path(error: jsonschema.ValidationError) -> str:
     return "/".join(str(p) for p in error.absolute_path) or "(top level)"
 
@@ -80,8 +103,7 @@ def validate_raw(doc: Any, source: str, reference: str | None = None) -> None:
     no empty samples in an ok record, ids against points, one record per point, physical
     bounds from the environment). `reference`: the name of the reference dataset the file
     belongs to, whose files must say they were measured on GPUs (rawchecks.measured_claims)."""
-    validator = jsonschema.Draft202012Validator(raw_schema())
-    errors = list(validator.iter_errors(doc))
+    errors = schema_errors(doc)
     if errors:
         first = _most_relevant(errors)
         raise RawResultError(f"{source}: field '{_json_path(first)}': {first.message}")
