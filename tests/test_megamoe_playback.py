@@ -246,3 +246,17 @@ def test_the_player_forgets_its_oldest_tile_lists():
     for key in "abc":
         kept[key] = key
     assert list(kept) == ["b", "c"]
+
+
+def test_a_simulated_kernel_plays_at_its_profiles_matrix_rate():
+    """The simulator runs every tile at its profile's matrix rate (fp8 for W8A8 and W4A8):
+    the FLOP-rate tiles take that rate, not the lead_auto_tflops a GPU's auto assumes (with
+    it, sim-b200's arms were predicted 6x too slow, sim-h200's 2.5x)."""
+    moe = {"precisions": ["w4a8", "w8a8"], "lead_auto_tflops": 600}
+    profile = {"matrix_tflops": {"bf16": 2250.0, "fp8": 4500.0}}
+    simulated = {"config": {"megamoe": moe}, "environment": {"hardware_profile": profile}}
+    assert mp.compute_tflops(simulated) == 4500.0
+    measured = {"config": {"megamoe": moe}, "environment": {"gpus": [{"sm_count": 132}]}}
+    assert mp.compute_tflops(measured) == 600.0
+    mixed = {**simulated, "config": {"megamoe": {**moe, "precisions": ["w8a8", "bf16"]}}}
+    assert mp.compute_tflops(mixed) == 600.0  # two rates: no one X, the configured one

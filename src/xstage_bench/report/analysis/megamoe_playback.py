@@ -35,6 +35,7 @@ from xstage_bench.megamoe.drain import PathParams
 from xstage_bench.megamoe.ours import lead
 from xstage_bench.report.analysis import megamoe, megamoe_lead
 from xstage_bench.report.analysis.load import NoDataError, model_doc, raw_doc
+from xstage_bench.sim.megamoe import PRECISION_RATE
 
 MAIN, LEAD_MAP = "main grid", "lead map"
 CONTROL, SHARE, FLOPS = "f = 0 control", "smallest share", "FLOP rate"
@@ -202,8 +203,21 @@ def player_of(dataset_dir: Path, doc: dict, path: str) -> Player:
     except lead.LeadModelError as e:
         raise NoDataError(f"dataset '{dataset_dir.name}': {e}") from None
     moe = doc["config"].get("megamoe") or {}
-    tflops = float(moe.get("lead_auto_tflops", lead.DEFAULT_TFLOPS))
-    return Player(moe, drain.path_params(), num_programs(doc), tflops)
+    return Player(moe, drain.path_params(), num_programs(doc), compute_tflops(doc))
+
+
+def compute_tflops(doc: dict) -> float:
+    """X, the rate the tile costs start from where no calibration arm scales them: a
+    simulated kernel's own, its profile's matrix rate for its precisions (the simulator runs
+    every tile at it; with lead_auto_tflops, sim-b200's arms were predicted 6x too slow),
+    else megamoe.lead_auto_tflops, the rate `auto` assumes on a GPU."""
+    moe = doc["config"].get("megamoe") or {}
+    profile = (doc.get("environment") or {}).get("hardware_profile") or {}
+    kinds = {PRECISION_RATE.get(p) for p in moe.get("precisions") or []}
+    rates = {(profile.get("matrix_tflops") or {}).get(kind) for kind in kinds}
+    if len(rates) == 1 and (rate := rates.pop()):
+        return float(rate)
+    return float(moe.get("lead_auto_tflops", lead.DEFAULT_TFLOPS))
 
 
 def num_programs(doc: dict) -> int:
