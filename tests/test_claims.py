@@ -25,11 +25,13 @@ SIM_COLUMN = counterparts.SIM_B200.column
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """A measured dataset (with the unfused baseline) beside a simulated 'sim-b200'."""
+    """A measured dataset (with the unfused baseline) beside simulated 'sim-b200' and
+    'sim-h200'."""
     root = tmp_path_factory.mktemp("results")
     measured = make_dataset(root, "h200x2-fixture")
     write_megamoe(measured, baselines=True)
     make_dataset(root, "sim-b200")
+    make_dataset(root, "sim-h200", attention=False)
     return root
 
 
@@ -85,7 +87,7 @@ def test_ceiling_without_a_baseline_says_why(root):
 
 
 def test_the_simulated_counterpart_sits_in_its_own_column(root):
-    frame = frame_of(root / "h200x2-fixture")
+    frame = frame_of(root / "sim-h200")
     assert float(frame.loc["bg.R", SIM_COLUMN]) == pytest.approx(TRUTH["R_GBps"])
     # The simulator writes no unfused baseline: n/a, and the note says why.
     assert frame.loc["moe.over_unfused", SIM_COLUMN] == claims.NOT_ANSWERED
@@ -98,9 +100,23 @@ def test_a_dataset_is_not_its_own_counterpart(root):
 
 
 def test_counterpart_column_without_its_dataset(tmp_path):
-    frame = frame_of(make_dataset(tmp_path, "h200x2-alone", megamoe=False, attention=False))
+    frame = frame_of(make_dataset(tmp_path, "sim-h200", megamoe=False, attention=False))
     assert (frame[SIM_COLUMN] == claims.NOT_ANSWERED).all()
     assert (frame[f"{SIM_COLUMN} note"] == "source not present").all()
+
+
+def test_a_measured_dataset_shows_measured_counterparts_only(root):
+    """Issue 55: a committed reference's tab-claims must be what the committed files give,
+    and the simulated datasets are made by a run, never committed: beside a measured
+    dataset no simulated column is shown, nor read by the DAG, sim-b200 present or not."""
+    assert (root / "sim-b200" / "raw").is_dir()
+    frame = frame_of(root / "h200x2-fixture")
+    assert SIM_COLUMN not in frame.columns and f"{SIM_COLUMN} note" not in frame.columns
+    notes = claims.build(root / "h200x2-fixture").notes
+    assert not any(SIM_COLUMN in n for n in notes)
+    assert "sim-b200" not in counterparts.datasets_read("ref-h200x2", simulated=False)
+    assert "sim-b200" in counterparts.datasets_read("sim-h200", simulated=True)
+    assert "ref-h200x1" in counterparts.datasets_read("ref-h200x2", simulated=False)
 
 
 def test_a_new_counterpart_is_one_more_column(root, monkeypatch):
@@ -302,9 +318,9 @@ def test_simulated_values_carry_no_ci_and_the_notes_say_so(root):
     answered = table.frame[table.frame["ours_kind"] == "simulated"]
     assert len(answered) and not answered["ours"].str.contains("–").any()
     assert any("simulated values" in n and "ours" in n for n in table.notes)
-    measured = claims.build(root / "h200x2-fixture")
-    assert not measured.frame[SIM_COLUMN].str.contains("–").any()
-    assert any(f"'{SIM_COLUMN}'" in n for n in measured.notes if n.startswith("simulated"))
+    beside = claims.build(root / "sim-h200")
+    assert not beside.frame[SIM_COLUMN].str.contains("–").any()
+    assert any(f"'{SIM_COLUMN}'" in n for n in beside.notes if n.startswith("simulated"))
 
 
 def judged(claim_id: str, value: float, ci: tuple[float, float], root) -> verdicts.Verdict:

@@ -518,7 +518,7 @@ def product_reads(dataset, product):
     datasets shown beside it."""
     files = dataset_paths(dataset, product.reads)
     if product.counterpart_reads:
-        for other in products.counterpart_datasets(dataset):
+        for other in products.counterpart_datasets(dataset, dataset in SIMULATED):
             if other in datasets():
                 files += dataset_paths(other, product.counterpart_reads)
     return files

@@ -268,8 +268,9 @@ class Holding:
         )
 
 
-def counterpart_datasets(dataset: str) -> list[str]:
-    """The datasets tab-claims shows beside `dataset` (tables.counterparts)."""
+def counterpart_datasets(dataset: str, simulated: bool) -> list[str]:
+    """The datasets tab-claims shows beside `dataset`, a simulated one or not
+    (tables.counterparts)."""
     from xstage_bench.report.claims import counterparts  # pandas: only a rendering run needs it
 
-    return [d for d in counterparts.datasets_read(dataset) if d != dataset]
+    return [d for d in counterparts.datasets_read(dataset, simulated) if d != dataset]

@@ -36,6 +36,10 @@ class Counterpart:
     sources: Callable[[Path], Sources | None]  # this dataset's dir -> its sources, or None
     answers: Mapping[str, AnswerFn]
     dataset: str | None = None  # the sibling dataset it reads, if any (for the DAG)
+    # False: shown beside simulated datasets only. A measured dataset's tab-claims holds
+    # measured files alone, so a committed reference's is what its committed data give
+    # (issue 55), whatever a run simulates.
+    beside_measured: bool = True
 
 
 SMOKE = "-smoke"  # the suffix of a smoke run's datasets (config/smoke.yaml)
@@ -183,6 +187,7 @@ SIM_B200 = Counterpart(
     sources=sibling_dataset("sim-b200"),
     answers=claim_answers.SIMULATED,
     dataset="sim-b200",
+    beside_measured=False,
 )
 
 # A dataset measured on both paths: its host path's answers beside its peer path's.
@@ -213,7 +218,14 @@ REF_HOST = Counterpart(
 COUNTERPARTS: tuple[Counterpart, ...] = (REHOMED, EMULATED, HOST_PATH, REF_PEER, REF_HOST, SIM_B200)
 
 
-def datasets_read(dataset: str) -> list[str]:
+def shown_beside(
+    simulated: bool, among: tuple[Counterpart, ...] = COUNTERPARTS
+) -> tuple[Counterpart, ...]:
+    """The counterparts a dataset's tab-claims shows: beside a measured one, measured ones."""
+    return tuple(c for c in among if simulated or c.beside_measured)
+
+
+def datasets_read(dataset: str, simulated: bool) -> list[str]:
     """Sibling datasets some counterpart reads for `dataset` (the DAG adds their files to
     its tab-claims)."""
-    return [sibling_name(c.dataset, dataset) for c in COUNTERPARTS if c.dataset]
+    return [sibling_name(c.dataset, dataset) for c in shown_beside(simulated) if c.dataset]

@@ -21,7 +21,7 @@ from xstage_bench.report.analysis import labels
 from xstage_bench.report.claims import claim_answers, verdicts
 from xstage_bench.report.claims.claim_answers import Answer, Found, NotMeasured
 from xstage_bench.report.claims.claim_sources import Sources
-from xstage_bench.report.claims.counterparts import COUNTERPARTS, Counterpart
+from xstage_bench.report.claims.counterparts import COUNTERPARTS, Counterpart, shown_beside
 from xstage_bench.report.tables.common import MAIN, Columns, Table
 
 NOT_MEASURED = verdicts.NOT_MEASURED
@@ -99,7 +99,7 @@ def rows(dataset_dir: Path) -> tuple[Sources, pd.DataFrame, Shown]:
     answers = claim_answers.answers_for(src)
     setting = verdicts.Setting.of(src)
     kind = "simulated" if src.simulated else "measured"
-    others = [(c, c.sources(dataset_dir)) for c in COUNTERPARTS]
+    others = [(c, c.sources(dataset_dir)) for c in shown_beside(src.simulated, COUNTERPARTS)]
     shown = Shown()
     out = []
     for claim in paper.CLAIMS:
@@ -171,7 +171,7 @@ def build(dataset_dir: Path) -> Table:
     notes += [
         f"'{c.column}': the same claims answered by {c.kind} data, beside ours; "
         f"{NOT_ANSWERED} where that source has no number (its note says why)."
-        for c in COUNTERPARTS
+        for c in shown_beside(src.simulated, COUNTERPARTS)
     ]
     return Table(
         frame,
