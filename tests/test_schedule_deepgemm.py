@@ -154,3 +154,24 @@ def test_tab_megamoe_shows_the_third_schedules_ratio_only_where_the_data_has_it(
     assert ratio.iloc[:3].tolist() == pytest.approx([100 / 80, 100 / 125, 1.0])
     assert ratio.iloc[3:].isna().all()  # configurations without the third schedule
     assert any(f"'{label} speedup' (per configuration, 3 of 8)" in n for n in three.notes)
+
+
+def test_the_array_check_and_the_walk_judge_every_list_alike():
+    """check_dependencies decides on whole arrays and walks the list only to name what is
+    wrong: on every schedule's lists, and on each of them broken in one way (a tile moved
+    before its Linear-1 tiles, one dropped, one repeated, one out of the grid), the arrays
+    accept what the walk accepts and refuse what it refuses."""
+    rng = np.random.default_rng(7)
+    grid = _grid([300, 0, 129, 700], l1=3, l2=4)
+
+    for name in schedule.SCHEDULES:
+        tiles = schedule.build(name, grid, 8, {"lead_rows": 256})
+        assert schedule._holds_every_dependency(tiles, grid)
+        first_l2 = int(np.flatnonzero(tiles[:, 0] == schedule.L2)[0])
+        early = np.insert(np.delete(tiles, first_l2, axis=0), 0, tiles[first_l2], axis=0)
+        outside = tiles.copy()
+        outside[rng.integers(len(tiles)), 3] = 99
+        for broken in (early, tiles[1:], np.vstack([tiles, tiles[-1:]]), outside):
+            assert not schedule._holds_every_dependency(broken, grid)
+            with pytest.raises(schedule.ScheduleError, match=r"^(tile \d+|the list has)"):
+                schedule.check_dependencies(broken, grid)  # the walk names where

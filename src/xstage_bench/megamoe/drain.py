@@ -101,7 +101,8 @@ class StorePath:
         drains down to): bytes beyond the capacity (an issuer left a full path) drain first,
         admitting nothing, down to the capacity; otherwise the path drains to empty."""
         n, q = self.n, self.q
-        cap = laws.capacity(n, self.shared_capacity, self.capacity_per_issuer)
+        # laws.capacity in plain floats: this runs at every event of a playback
+        cap = self.shared_capacity + n * self.capacity_per_issuer
         if n == 0:
             return 0.0, (-self.drain if q > 0 else 0.0), cap, 0.0
         if q > cap + _EPS_BYTES:

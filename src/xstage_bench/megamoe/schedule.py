@@ -299,6 +299,9 @@ def check_dependencies(tiles: np.ndarray, grid: TileGrid) -> None:
     row block; a ScheduleError names the first offending list position otherwise."""
     if tiles.ndim != 2 or tiles.shape[1] != len(COLUMNS):
         raise ScheduleError(f"a tile list is (n, {len(COLUMNS)}) {COLUMNS}, got {tiles.shape}")
+    if _holds_every_dependency(tiles, grid):
+        return
+    # Something is wrong: the walk below names the first offending position.
     l1_seen = np.zeros(grid.blocks, dtype=np.int64)
     seen: set[tuple[int, int, int]] = set()
     for i, (kind, expert, block, n) in enumerate(tiles.tolist()):
@@ -319,6 +322,28 @@ def check_dependencies(tiles: np.ndarray, grid: TileGrid) -> None:
             )
     if len(seen) != grid.tiles:
         raise ScheduleError(f"the list has {len(seen)} distinct tiles, the grid {grid.tiles}")
+    raise ScheduleError("the list breaks a dependency the walk did not name")  # never
+
+
+def _holds_every_dependency(tiles: np.ndarray, grid: TileGrid) -> bool:
+    """check_dependencies' conditions on whole arrays (a playback builds thousands of lists:
+    the walk took a fifth of a render): each tile in the grid, once, every L2 tile of a
+    block after its last L1 tile, and as many tiles as the grid."""
+    if len(tiles) != grid.tiles:
+        return False
+    kind, expert, block, n = (tiles[:, i].astype(np.int64) for i in range(len(COLUMNS)))
+    if not (np.isin(kind, (L1, L2)).all() and (block >= 0).all() and (block < grid.blocks).all()):
+        return False
+    width = np.where(kind == L1, grid.l1_per_block, grid.l2_per_block)
+    if not ((n >= 0) & (n < width)).all() or not (expert == grid.block_expert[block]).all():
+        return False
+    widest = max(grid.l1_per_block, grid.l2_per_block)
+    if len(np.unique((kind * grid.blocks + block) * widest + n)) != len(tiles):
+        return False
+    position = np.arange(len(tiles))
+    last_l1 = np.full(grid.blocks, -1)
+    np.maximum.at(last_l1, block[kind == L1], position[kind == L1])
+    return bool((position[kind == L2] > last_l1[block[kind == L2]]).all())
 
 
 def _ceil_div(a: int, b: int) -> int:
