@@ -721,3 +721,22 @@ def test_the_fast_schema_check_agrees_with_jsonschema():
 
     differ = {"prefixItems", "dependentSchemas", "unevaluatedProperties", "$dynamicRef"}
     assert not differ & set(keywords(schema))
+
+
+def test_a_file_read_once_is_checked_again_when_its_bytes_change(tmp_path):
+    """read_raw skips the checks of a content it already passed in this process: an edit,
+    even one that keeps the size, is a new content, checked again and refused; and a pass
+    as a plain file is no pass as a reference's (which must hold GPU runs)."""
+    path = tmp_path / "once.json"
+    d = doc([ok_record("a", POINT, {"t_us": [1.0, 2.0]})])
+    path.write_text(json.dumps(d))
+    size = path.stat().st_size
+    assert read_raw(path) == read_raw(path)
+    path.write_text(json.dumps(d).replace('"status": "ok"', '"status": "no"'))
+    assert path.stat().st_size == size
+    with pytest.raises(RawResultError, match="status"):
+        read_raw(path)
+    path.write_text(json.dumps(d))
+    read_raw(path)
+    with pytest.raises(RawResultError, match="ref-x"):
+        read_raw(path, reference="ref-x")
