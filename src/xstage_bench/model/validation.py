@@ -152,8 +152,7 @@ def summaries(rows: list[dict], key: str = "rel_error") -> dict:
     validation_by_group: per "study/sync:metric", over held-out rows, with "all" (fitted
     rows too, so in-sample) beside it to show where the laws miss systematically.
     """
-    held = [r for r in rows if r["held_out"]]
-    fit_held = [r for r in held if r["in_fit_set"]]
+    fit_held = fit_held_out(rows, key)
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(f"{r['study']}/{r['sync']}:{r['metric']}", []).append(r)
@@ -176,9 +175,15 @@ def summaries(rows: list[dict], key: str = "rel_error") -> dict:
     }
 
 
+def fit_held_out(rows: list[dict], key: str = "rel_error") -> list[dict]:
+    """The held-out rows of the fit set that have an error (what validation_summary and
+    the held-out check judge)."""
+    return [r for r in rows if r["held_out"] and r["in_fit_set"] and r[key] is not None]
+
+
 def worst_rows(rows: list[dict], n: int = WORST_ROWS) -> list[dict]:
     """The n held-out rows of the fit set with the largest |rel_error|, worst first."""
-    held = [r for r in rows if r["held_out"] and r["in_fit_set"] and r["rel_error"] is not None]
+    held = fit_held_out(rows)
     held.sort(key=lambda r: -abs(r["rel_error"]))
     keys = ("id", "metric", "K", "V", "gap_us", "measured_us", "predicted_us", "rel_error")
     return [{k: r[k] for k in keys} for r in held[:n]]

@@ -18,6 +18,7 @@ import pandas as pd
 
 from xstage_bench.data import layout, stats
 from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
+from xstage_bench.report import paper
 from xstage_bench.report.analysis import megamoe
 from xstage_bench.report.analysis.load import NoDataError, raw_doc
 from xstage_bench.report.analysis.speedup_ci import RatioSamples
@@ -184,7 +185,7 @@ def lead_sweep(dataset_dir: Path) -> tuple[dict, pd.DataFrame]:
     return doc, leads
 
 
-WITHIN_BEST = 0.02  # a lead "lands on the best" within 2% of the best swept lead's speedup
+WITHIN_BEST = paper.LEAD_WITHIN_BEST  # a lead "lands on the best" within this of the best's
 
 
 def constant_leads(leads: pd.DataFrame, metric: megamoe.Metric) -> pd.Series:

@@ -29,6 +29,7 @@ import pandas as pd
 from xstage_bench.data import layout, stats, storepath
 from xstage_bench.data.grid import LOCAL_CONTROL
 from xstage_bench.megamoe.schedule import INTERLEAVED, WAVE
+from xstage_bench.model.validation import fit_held_out
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import (
     attention,
@@ -548,9 +549,8 @@ def quantile_with_ci(errors: np.ndarray, q: float) -> tuple[float, float, float]
     (resampled with replacement, stats.BOOTSTRAP_RESAMPLES times, a fixed seed)."""
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     draws = rng.integers(0, errors.size, size=(stats.BOOTSTRAP_RESAMPLES, errors.size))
-    replicates = np.quantile(errors[draws], q, axis=1)
-    low, high = np.quantile(replicates, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-    return float(np.quantile(errors, q)), float(low), float(high)
+    low, high = _percentile_ci(np.quantile(errors[draws], q, axis=1))
+    return float(np.quantile(errors, q)), low, high
 
 
 def _error_answer(src: Sources, errors: np.ndarray, q: float, note: str) -> Answer:
@@ -562,13 +562,7 @@ def _error_answer(src: Sources, errors: np.ndarray, q: float, note: str) -> Answ
 def heldout_errors(model: dict) -> np.ndarray:
     """|relative error| of the fit set's held-out records under the chosen capacity law:
     the records of validation_summary (tab-model-checks' 'fit set, held out' row)."""
-    return np.abs(
-        [
-            r["rel_error"]
-            for r in model.get("validation") or []
-            if r["held_out"] and r["in_fit_set"] and r["rel_error"] is not None
-        ]
-    )
+    return np.abs([r["rel_error"] for r in fit_held_out(model.get("validation") or [])])
 
 
 def heldout_error(q: float) -> AnswerFn:
