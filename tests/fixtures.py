@@ -7,11 +7,15 @@ parameters (TRUTH) and a little seeded noise, the environment says host
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from xstage_bench.data import grid, layout
 from xstage_bench.data.results import failed_record, ok_record, raw_document, write_raw
@@ -827,3 +831,43 @@ def copy_workflow(dest: Path, names: tuple[str, ...] = WORKFLOW_FILES) -> Path:
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
     return dest
+
+
+HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
+
+
+@pytest.fixture
+def interpreted_kernel(monkeypatch):
+    """The MoE kernel module decorated under TRITON_INTERPRET=1, restored afterwards (a test
+    module imports this fixture by name).
+
+    triton.jit reads the variable when it decorates, triton's own library functions too,
+    so triton must first be imported with it set (the kernel test modules import no triton
+    at collection; the attention tests' fixture sets it the same way).
+    """
+    if not HAVE_TORCH_TRITON:
+        pytest.skip("torch and triton not installed")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(tl.zeros, InterpretedFunction):
+        pytest.skip("triton was imported before TRITON_INTERPRET was set in this process")
+    fresh = "xstage_kernels.megamoe" not in sys.modules
+    kernel = importlib.import_module("xstage_kernels.megamoe")
+    if not fresh:
+        importlib.reload(kernel)
+    yield kernel
+    monkeypatch.delenv("TRITON_INTERPRET")
+    importlib.reload(kernel)
+
+
+def interpreted_forward(prob, name: str) -> None:
+    """prob.forward(name) under the Triton interpreter, skipping the test where it cannot
+    run: it passes scalars as 1-element arrays, which numpy >= 2.4 refuses as a loop bound."""
+    try:
+        prob.forward(name)
+    except Exception as e:  # triton.runtime.errors.InterpreterError
+        if "0-dimensional" in str(e):
+            pytest.skip(f"the Triton interpreter cannot run with this numpy: {e}")
+        raise

@@ -76,14 +76,21 @@ def test_megamoe_both_process_models_check_and_time_every_point(cpu_run):
     for name, paths in (("megamoe.json", {"peer", "host"}), ("megamoe_per_gpu.json", {"peer"})):
         doc = read_raw(raw / name)
         assert set(statuses(doc).values()) == {"ok"}, name
-        # 2 schedules x (natural, 0.875), on every path this run measures (2 ranks: both)
-        assert len(doc["records"]) == 4 * len(paths), name
+        # (2 schedules decided on the device + interleaved's host list) x (natural, 0.875), on
+        # every path this run measures (2 ranks: both)
+        assert len(doc["records"]) == 6 * len(paths), name
         assert {r["point"]["path"] for r in doc["records"]} == paths, name
+        oracles = [r for r in doc["records"] if r["id"].endswith("/interleaved/oracle")]
+        assert len(oracles) == 2 * len(paths), name
+        assert all(r["point"]["decided_on"] == "list" for r in oracles), name
+        others = [r for r in doc["records"] if r not in oracles]
+        assert all(r["point"]["decided_on"] == "device" for r in others), name
     single = read_raw(raw / "megamoe.json")["records"]
     inter = [r for r in single if r["point"]["schedule"] == "interleaved"]
-    assert all(r["extra"]["bitwise_equal_to_expert_wave"] for r in inter)
-    # each configuration's two schedules were timed in the same rounds
-    assert all(len(r["extra"]["paired"]["arms"]) == 2 for r in single)
+    # the device-decided interleaved arm and its oracle compute the same rows
+    assert len(inter) == 8 and all(r["extra"]["bitwise_equal_to_expert_wave"] for r in inter)
+    # each configuration's arms were timed in the same rounds
+    assert all(len(r["extra"]["paired"]["arms"]) == 3 for r in single)
     peer = [r for r in single if r["point"]["path"] == "peer"]
     # the re-homed configuration sends 7/8 of the combine rows to the other rank
     natural, rehomed = (

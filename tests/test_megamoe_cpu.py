@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import fixtures
 import numpy as np
 import pytest
 
@@ -29,6 +30,8 @@ from xstage_bench.megamoe.points import (
     select,
     trace_points,
 )
+
+interpreted_kernel = fixtures.interpreted_kernel  # the fixture, taken by name
 
 HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
 needs_torch = pytest.mark.skipif(not HAVE_TORCH_TRITON, reason="torch and triton not installed")
@@ -519,34 +522,6 @@ def test_trace_summary_turns_stamps_into_spans_and_a_timeline():
 # ---- the kernel under the interpreter ------------------------------------------------
 
 
-@pytest.fixture
-def interpreted_kernel(monkeypatch):
-    """The kernel module decorated under TRITON_INTERPRET=1, restored afterwards.
-
-    triton.jit reads the variable when it decorates, triton's own library functions too,
-    so triton must first be imported with it set (this module imports no triton at
-    collection; the attention tests' fixture sets it the same way).
-    """
-    if not HAVE_TORCH_TRITON:
-        pytest.skip("torch and triton not installed")
-    import importlib
-    import sys
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if not isinstance(tl.zeros, InterpretedFunction):
-        pytest.skip("triton was imported before TRITON_INTERPRET was set in this process")
-    fresh = "xstage_kernels.megamoe" not in sys.modules
-    kernel = importlib.import_module("xstage_kernels.megamoe")
-    if not fresh:
-        importlib.reload(kernel)
-    yield kernel
-    monkeypatch.delenv("TRITON_INTERPRET")
-    importlib.reload(kernel)
-
-
 # Not bf16: the Triton 3.6 interpreter computes tl.dot of bf16 operands wrongly (a 16x16 bf16
 # dot is off by about 1e10 while the loads are exact), so the bf16 path is checked on GPUs only.
 @pytest.mark.parametrize("precision,routing_", [("w8a8", "skewed"), ("w4a8", "balanced")])
@@ -568,14 +543,7 @@ def test_kernel_matches_the_reference_and_both_schedules_agree_bitwise(
     outs = {}
     for name in moe["schedules"]:
         prob.poison()
-        try:
-            prob.forward(name)
-        except Exception as e:  # triton.runtime.errors.InterpreterError
-            # The interpreter passes scalars as 1-element arrays, which numpy >= 2.4
-            # refuses as a loop bound: say so instead of failing obscurely.
-            if "0-dimensional" in str(e):
-                pytest.skip(f"the Triton interpreter cannot run with this numpy: {e}")
-            raise
+        fixtures.interpreted_forward(prob, name)
         assert prob.error_flags() == [0, 0]
         outs[name] = [o.clone() for o in prob.outputs()]
     tokens = [np.arange(48)] * 2

@@ -41,6 +41,21 @@ when the tile was taken, when its inputs were ready, when its MMA finished, and 
 and end of its epilogue stores (the end after a CTA barrier, so it marks the last warp's
 last store issued). The sync buffer is [tile counter, error flag, one counter per row
 block] and must be zeroed before every launch.
+
+Device mode (a `layout` given: schedule.device_layout): no tile list is read. A program
+claims a list position with the same fetch-add as list mode and finds the tile there
+(`decided_tile`), which it writes at that position in `tiles` (the realized order).
+expert_wave and interleaved run in units, all L1 or all L2 tiles of one row block: the
+program that claims a unit's first position opens it, deciding its kind by the schedule's
+rule (`_open_unit`, schedule.next_unit) from the units before it, and publishes it in the
+unit table; the others read the table, UNIT_WINDOW entries a load, from the unit of their
+last position on, and wait (a bounded spin, raising the error flag) while theirs is not
+published. So a claim costs one fetch-add, and one relaxed exchange (the publication)
+once per unit. An entry is one word (`unit_entry`) that holds all a reader needs, so it is
+published and read relaxed: nothing else is handed over with it. deepgemm_interleaved needs
+no table: its positions follow from the layout (`_deepgemm_tile`). The sync buffer is
+[position counter, error flag, row-block counters, unit table of 2 * blocks entries]
+(`sync_size`), so one zeroing still readies a launch; list mode reads its first 2 + blocks.
 """
 
 from __future__ import annotations
@@ -73,6 +88,12 @@ NUM_STAGES = {"bf16": 4, "w8a8": 4, "w4a8": 3}
 PAD_DST = -(2**62)  # row_dst of a padding row: nothing is stored
 MAX_SPIN = 4_000_000  # polls of a row-block counter (about a microsecond each) before giving up
 SYNC_HEADER = 2  # tile counter, error flag
+# Device mode: the rules' ids (schedule.RULE_*, a Schedule's device_rule) and the layout
+# they read (schedule.device_layout): a header, then LAYOUT_ROWS rows over the blocks.
+CLAIM_RULES = ("expert_wave", "interleaved", "deepgemm_interleaved")
+LAYOUT_HEADER = 3  # rule, lead_rows, blocks
+LAYOUT_ROWS = 5  # expert, row_start, row_end, wave_end, l2_start
+UNIT_WINDOW = 32  # unit-table entries (or deepgemm blocks) a program reads with one load
 FP8_KERNEL_ENV = "XSTAGE_MOE_FP8_KERNEL"
 FP8_KERNELS = ("ws", "tl")
 FP8_PRECISIONS = ("w8a8", "w4a8")
@@ -82,6 +103,14 @@ _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _SCALE_BLOCK = tl.constexpr(SCALE_BLOCK)
 _TRACE_WIDTH = tl.constexpr(len(TRACE_FIELDS))
+_SYNC_HEADER = tl.constexpr(SYNC_HEADER)
+_LAYOUT_HEADER = tl.constexpr(LAYOUT_HEADER)
+_UNIT_WINDOW = tl.constexpr(UNIT_WINDOW)
+_RULE_WAVE = tl.constexpr(CLAIM_RULES.index("expert_wave"))
+_RULE_DEEPGEMM = tl.constexpr(CLAIM_RULES.index("deepgemm_interleaved"))
+_RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # header
+_ROW_START, _ROW_END, _WAVE_END, _L2_START = (tl.constexpr(i) for i in range(1, 5))  # rows
+_NO_START = tl.constexpr(2**31 - 1)  # past every list position
 
 
 @triton.jit
@@ -192,11 +221,189 @@ def _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, store_end):
     tl.store(base + 5, store_end)
 
 
+@triton.jit
+def _unit_of(entry, unit, n1, n2):
+    """A unit-table entry's (kind, L1 units up to and including it, its first position,
+    its end) for unit index `unit` (unit_entry's encoding; an entry is self-contained)."""
+    kind = (entry - 1) & 1
+    l1_units = (entry - 1) >> 1
+    end = l1_units * n1 + (unit + 1 - l1_units) * n2
+    return kind, l1_units, end - tl.where(kind == 0, n1, n2), end
+
+
+@triton.jit
+def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening):
+    """The kind (0: L1, 1: L2) of the unit opened after u1 L1 and u2 L2 units
+    (schedule.next_unit, which this mirrors); reads nothing unless `opening`. ready_at: the
+    count at which a row-block counter says its block is released."""
+    rows = layout_ptr + _LAYOUT_HEADER
+    both = opening & (u1 < blocks) & (u2 < blocks)
+    wave_end = tl.load(rows + _WAVE_END * blocks + u2, mask=both, other=0)
+    row_start = tl.load(rows + _ROW_START * blocks + u1, mask=both, other=0)
+    row_end = tl.load(rows + _ROW_END * blocks + u2, mask=both, other=0)
+    # Released now: a relaxed read, as the L2 tiles acquire the block before reading it.
+    reads_counter = both & (rule != _RULE_WAVE)
+    done = tl.load(counters_ptr + u2, mask=reads_counter, other=0, volatile=True)
+    lead = tl.load(layout_ptr + _LEAD_ROWS)
+    released = (done >= ready_at) & (row_start - row_end >= lead)
+    due = tl.where(rule == _RULE_WAVE, u1 >= wave_end, released)
+    return ((u1 >= blocks) | ((u2 < blocks) & due)).to(tl.int32)
+
+
+@triton.jit
+def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes):
+    """One load of the unit table's UNIT_WINDOW entries from unit `base` (base_l1: the L1
+    units before it): (whether a published unit holds position p, that unit, its entry, the
+    first unit not seen published, the L1 units before that one)."""
+    unit = base + lanes
+    entry = tl.load(units_ptr + unit, mask=unit < 2 * blocks, other=0, volatile=True)
+    _, _, starts, ends = _unit_of(entry, unit, n1, n2)
+    hit = (entry != 0) & (starts <= p) & (p < ends)
+    holds = tl.max(hit.to(tl.int32)) > 0
+    hit_unit = base + tl.min(tl.where(hit, lanes, _UNIT_WINDOW))
+    hit_entry = tl.sum(tl.where(hit, entry, 0))
+    # Entries are published in order, but one load may see a later one first: only the
+    # leading published entries say where the first unpublished unit starts.
+    seen = tl.min(tl.where(entry != 0, _UNIT_WINDOW, lanes))
+    last_seen = tl.sum(tl.where(lanes == seen - 1, entry, 0))
+    return (
+        holds,
+        hit_unit,
+        hit_entry,
+        base + seen,
+        tl.where(seen > 0, (last_seen - 1) >> 1, base_l1),
+    )
+
+
+@triton.jit
+def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, base, base_l1, lanes):
+    """expert_wave's and interleaved's tile at position p from the unit table; (p, or
+    n_tiles if its unit was not published within max_spin polls, kind, block, n block, and
+    the walk after: `base`, a unit whose predecessors are all published and that starts at
+    or before the program's next position, and `base_l1`, the L1 units before it)."""
+    # Deadlock-free: positions are claimed in order and each is resolved right after its
+    # claim, so unit k's opener waits only on unit k - 1's publication and unit 0's on
+    # nothing. An L2 unit is opened only once its block is released or every L1 unit is
+    # opened (interleaved), or its wave's L1 units are (expert_wave), and each program
+    # runs its positions in claim order: the smallest unfinished position waits on no later.
+    rule = tl.load(layout_ptr + _RULE)
+    blocks = tl.load(layout_ptr + _BLOCKS)
+    units_ptr = sync_ptr + _SYNC_HEADER + blocks
+    kind = 0
+    blk = 0
+    nb = 0
+    spins = 0
+    found = p >= n_tiles
+    while not found:
+        holds, at, entry, next_unit, next_l1 = _read_units(
+            units_ptr, blocks, base, base_l1, p, n1, n2, lanes
+        )
+        # The program holding a unit's first position opens it; no other writes its entry.
+        opener = (not holds) & (p == next_l1 * n1 + (next_unit - next_l1) * n2)
+        opened = _open_unit(
+            rule,
+            layout_ptr,
+            sync_ptr + _SYNC_HEADER,
+            blocks,
+            next_l1,
+            next_unit - next_l1,
+            ready_at,
+            opener,
+        )
+        opened_entry = _unit_entry(opened, next_l1 + 1 - opened)
+        tl.atomic_xchg(units_ptr + next_unit, opened_entry, mask=opener, sem="relaxed")
+        found = holds | opener
+        at = tl.where(holds, at, next_unit)
+        kind, through_l1, start, _ = _unit_of(tl.where(holds, entry, opened_entry), at, n1, n2)
+        blk = tl.where(kind == 0, through_l1 - 1, at - through_l1)
+        nb = p - start
+        # Not found in a window seen whole: walk on; else its unit is not published yet.
+        spins += ((not found) & (next_unit < base + _UNIT_WINDOW)).to(tl.int32)
+        base = tl.where(found, at, next_unit)
+        base_l1 = tl.where(found, through_l1 - 1 + kind, next_l1)
+        timed_out = spins > max_spin
+        tl.atomic_xchg(sync_ptr + 1, 1, mask=timed_out)
+        p = tl.where(timed_out, n_tiles, p)
+        found = found | timed_out
+    return p, kind, blk, nb, base, base_l1
+
+
+@triton.jit
+def _l2_listed(into, l1_left, n2):
+    """schedule._l2_listed: a block's L2 tiles among the `into` positions from its first."""
+    return tl.minimum(n2, tl.maximum((into + 1) // 2, into - l1_left))
+
+
+@triton.jit
+def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes):
+    """deepgemm_interleaved's tile at position p (schedule.deepgemm_tile_at, which this
+    mirrors); (kind, block, n block, and the walk's `base` after: the last block whose first
+    L2 tile is at or before p, a window of UNIT_WINDOW blocks a load from the last one)."""
+    blocks = tl.load(layout_ptr + _BLOCKS)
+    starts_ptr = layout_ptr + _LAYOUT_HEADER + _L2_START * blocks
+    at_or_before = _UNIT_WINDOW
+    while at_or_before == _UNIT_WINDOW:
+        block = base + lanes
+        starts = tl.load(starts_ptr + block, mask=block < blocks, other=_NO_START)
+        at_or_before = tl.sum((starts <= p).to(tl.int32))
+        base += tl.where(at_or_before == _UNIT_WINDOW, _UNIT_WINDOW, 0)
+    b = base + at_or_before - 1  # -1: before the first L2 tile
+    start = tl.load(starts_ptr + b, mask=(b >= 0) & (p < n_tiles), other=0)
+    into = p - start
+    l1_left = blocks * n1 - (start - b * n2)
+    l2_before = _l2_listed(into, l1_left, n2)
+    l2 = (b >= 0) & (_l2_listed(into + 1, l1_left, n2) > l2_before)
+    l1_before = p - tl.where(b >= 0, b * n2 + l2_before, 0)
+    blk = tl.where(l2, b, l1_before // n1)
+    nb = tl.where(l2, l2_before, l1_before % n1)
+    return l2.to(tl.int32), blk, nb, tl.maximum(b, 0)
+
+
+@triton.jit
+def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, walk, lanes):
+    """Device mode: the tile at list position p, claimed with the list's fetch-add; (p, or
+    n_tiles if the wait for it timed out, kind, local expert, row block, n block, walk).
+    n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
+    walk: where the program's last claim left its walk, (0, 0) at its first (its positions
+    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout."""
+    base, base_l1 = walk
+    if tl.load(layout_ptr + _RULE) == _RULE_DEEPGEMM:
+        kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes)
+    else:
+        p, kind, blk, nb, base, base_l1 = _unit_tile(
+            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, base, base_l1, lanes
+        )
+    e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
+    return p, kind, e, blk, nb, (base, base_l1)
+
+
+@triton.jit
+def _unit_entry(kind, l1_units):
+    """unit_entry on the device."""
+    return 1 + kind + 2 * l1_units
+
+
+@triton.jit
+def _take_decided(idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, max_spin, walk, lanes):
+    """Device mode: the tile at claimed position idx (a block's n1 L1 tiles release it),
+    written at that position, the realized order; (position, kind, expert as int64, block,
+    n block, walk)."""
+    idx, kind, e, blk, nb, walk = decided_tile(
+        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, max_spin, walk, lanes
+    )
+    claimed = idx < n_tiles
+    tl.store(tiles_ptr + idx * 4, kind, mask=claimed)
+    tl.store(tiles_ptr + idx * 4 + 1, e, mask=claimed)
+    tl.store(tiles_ptr + idx * 4 + 2, blk, mask=claimed)
+    tl.store(tiles_ptr + idx * 4 + 3, nb, mask=claimed)
+    return idx, kind, e.to(tl.int64), blk, nb, walk
+
+
 @triton.jit(do_not_specialize=["n_tiles", "max_spin", "l1_ns", "l2_ns"])
 def _fused_moe(
-    tiles_ptr,  # int32 [n_tiles, 4]: kind, local expert, row block, n block
+    tiles_ptr,  # int32 [n_tiles, 4]: kind, local expert, row block, n block (DEVICE: written)
     n_tiles,
-    sync_ptr,  # int32 [2 + blocks], zeroed before the launch
+    sync_ptr,  # int32 [2 + blocks] (DEVICE: sync_size(blocks)), zeroed before the launch
     x_ptr,  # dispatched activations [rows, H] (fp8 or bf16)
     xs_ptr,  # their scales [rows, H/128] (fp8 precisions)
     w1_ptr,  # [E_local, 2I, H] gate rows then up rows (fp8, bf16, or packed int4 [.., H/2])
@@ -208,6 +415,7 @@ def _fused_moe(
     out_ptr,  # this rank's output base (bf16); row_dst offsets are relative to it
     row_dst_ptr,  # int64 [rows]: element offset of each row's destination, or PAD_DST
     trace_ptr,  # int64 [n_tiles, len(TRACE_FIELDS)] when TRACE
+    layout_ptr,  # int32 schedule.device_layout when DEVICE, else None
     x_desc,  # TMA descriptors (TMA only): x, w1 as (E_local * 2I, H), h, w2 as (E_local * H, I)
     w1_desc,
     h_desc,
@@ -225,18 +433,29 @@ def _fused_moe(
     EMULATE: tl.constexpr,
     TMA: tl.constexpr,
     PROXY_FENCE: tl.constexpr,  # TMA on a GPU (the interpreter has no proxies to order)
+    DEVICE: tl.constexpr,  # each claimed position's tile decided (decided_tile), no list read
 ):
     pid = tl.program_id(0)
     PACK: tl.constexpr = 2 if PRECISION == 2 else 1  # channels per stored weight element
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
+    if DEVICE:
+        n1 = I // BLOCK_N  # L1 tiles a block, and the count that releases it
+        n2 = H // BLOCK_N
+        lanes = tl.arange(0, _UNIT_WINDOW)
+        walk = (0, 0)
     idx = tl.atomic_add(sync_ptr, 1)
+    if DEVICE:
+        idx, kind, e, blk, nb, walk = _take_decided(
+            idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, max_spin, walk, lanes
+        )
     while idx < n_tiles:
         taken = _now() if TRACE else 0
-        kind = tl.load(tiles_ptr + idx * 4)
-        e = tl.load(tiles_ptr + idx * 4 + 1).to(tl.int64)
-        blk = tl.load(tiles_ptr + idx * 4 + 2)
-        nb = tl.load(tiles_ptr + idx * 4 + 3)
+        if not DEVICE:
+            kind = tl.load(tiles_ptr + idx * 4)
+            e = tl.load(tiles_ptr + idx * 4 + 1).to(tl.int64)
+            blk = tl.load(tiles_ptr + idx * 4 + 2)
+            nb = tl.load(tiles_ptr + idx * 4 + 3)
         rows = blk.to(tl.int64) * BLOCK_M + offs_m
         cols = nb * BLOCK_N + offs_n
         if kind == 0:
@@ -370,6 +589,10 @@ def _fused_moe(
                 tl.debug_barrier()
                 _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, _now())
         idx = tl.atomic_add(sync_ptr, 1)
+        if DEVICE:
+            idx, kind, e, blk, nb, walk = _take_decided(
+                idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, max_spin, walk, lanes
+            )
 
 
 def launch(
@@ -394,17 +617,23 @@ def launch(
     max_spin: int = MAX_SPIN,
     emulate_ns: tuple[int, int] | None = None,
     xs_steps=None,
+    layout=None,
 ) -> None:
     """Enqueue one fused launch on the current device and stream (tensors on that device,
     except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand.
     emulate_ns: (Linear-1, Linear-2) waits per tile that replace the MMAs (EMULATE).
     xs_steps: xs step-major (formats.step_major), which the warp-specialized kernel
-    reads; made here when not given (a copy each launch: callers that time keep one)."""
+    reads; made here when not given (a copy each launch: callers that time keep one).
+    layout: device mode (see the module doc): schedule.device_layout's int32 array on the
+    device; `tiles` is then the (blocks (H + I) / 128, 4) int32 buffer the kernel writes
+    the realized order into, and `sync` holds sync_size(blocks) int32."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
         raise ValueError(f"H={H} and I={I} must be multiples of {BLOCK_N}")
     if tiles.ndim != 2 or tiles.shape[1] != 4:
         raise ValueError(f"tiles must be (n, 4) int32, got {tuple(tiles.shape)}")
+    if layout is not None:
+        check_device_mode(layout, tiles, sync, H, I)
     if out.element_size() != 2 or out.data_ptr() % 16:
         raise ValueError("out must be a 16-byte aligned bf16 buffer")
     on_gpu = x.device.type == "cuda"
@@ -431,6 +660,7 @@ def launch(
             I=I,
             max_spin=max_spin,
             R=x.shape[0],
+            layout=layout,
         )
         return
     tma = precision == "w8a8" and emulate_ns is None and tma_available(x)
@@ -450,6 +680,7 @@ def launch(
         out,
         row_dst,
         trace if trace is not None else row_dst,
+        layout,
         *descs,
         H,
         I,
@@ -463,9 +694,42 @@ def launch(
         EMULATE=emulate_ns is not None,
         TMA=tma,
         PROXY_FENCE=tma and on_gpu,
+        DEVICE=layout is not None,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES[precision],
     )
+
+
+def unit_table_at(blocks: int) -> int:
+    """Device mode: the int32 index of the unit table in the sync buffer, after the header
+    and the row-block counters; it holds at most 2 * blocks units."""
+    return SYNC_HEADER + blocks
+
+
+def sync_size(blocks: int) -> int:
+    """int32 words of a sync buffer for `blocks` row blocks that serves both modes (list
+    mode reads the first SYNC_HEADER + blocks)."""
+    return unit_table_at(blocks) + 2 * blocks
+
+
+def unit_entry(kind: int, l1_units: int) -> int:
+    """A published unit-table entry (`_unit_entry` on the device): the unit's kind and the L1
+    units up to and including it, never 0 (unpublished); its index gives the L2 units."""
+    return 1 + kind + 2 * l1_units
+
+
+def check_device_mode(layout, tiles, sync, H: int, I: int) -> None:  # noqa: E741
+    """A device-mode launch's buffers agree: the layout's block count (from its size, so
+    no copy from the device) with the tile buffer's rows and the sync buffer's size."""
+    if layout.ndim != 1 or layout.element_size() != 4 or layout.is_floating_point():
+        raise ValueError(f"layout must be 1-D int32, got {layout.dtype} {tuple(layout.shape)}")
+    blocks, rest = divmod(layout.numel() - LAYOUT_HEADER, LAYOUT_ROWS)
+    if blocks < 0 or rest:
+        raise ValueError(f"a layout holds {LAYOUT_HEADER} + {LAYOUT_ROWS} * blocks int32")
+    if tiles.shape[0] != blocks * (H + I) // BLOCK_N:
+        raise ValueError(f"tiles must have {blocks * (H + I) // BLOCK_N} rows for {blocks} blocks")
+    if sync.numel() < sync_size(blocks):
+        raise ValueError(f"device mode needs a sync buffer of {sync_size(blocks)} int32")
 
 
 def fp8_kernel() -> str:

@@ -132,6 +132,12 @@ compiler facts any such change must respect: an MMA left in flight across a loop
 edge makes ptxas serialize every MMA of the kernel (C7514, checked by the tests), and a
 promotion that is not an operand of the next MMA wait may be moved below it.
 
+Device mode (DEVICE, a `layout` given: megamoe.py's module doc): the producer claims a
+position with the list's fetch-add, finds its tile (megamoe.decided_tile: the unit table,
+read a warp's UNIT_WINDOW entries at once; a row block is released at 2 I / 128 here) and
+writes it at that position in `tiles`, still ahead of the math warpgroups (tile slots);
+these and the converters take every field from the producer's record, never from `tiles`.
+
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
 later of the two (atomic max into a zeroed buffer) and store_start from warpgroup 0.
@@ -158,6 +164,7 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
+from xstage_kernels.megamoe import UNIT_WINDOW, decided_tile
 from xstage_kernels.ptx_edits import (
     ARRIVE_PER_WARP_MARK,
     DROP_MATH_WAIT_BARRIERS_MARK,
@@ -341,6 +348,7 @@ _HALF = gl.constexpr(HALF)
 _QUARTER = gl.constexpr(BLOCK // 4)
 _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _RECORD = gl.constexpr(RECORD)
+_UNIT_WINDOW = gl.constexpr(UNIT_WINDOW)  # one entry a lane of the producer warp
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
@@ -390,6 +398,7 @@ class Shared:
     out_ptr: gl.tensor
     row_dst_ptr: gl.tensor
     trace_ptr: gl.tensor
+    layout_ptr: gl.tensor | gl.constexpr  # DEVICE: schedule.device_layout; else None
     n_tiles: gl.tensor
     H: gl.tensor
     I: gl.tensor  # noqa: E741
@@ -408,10 +417,12 @@ class Shared:
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
     TURNS: gl.constexpr
+    DEVICE: gl.constexpr
+    TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
     @gluon.constexpr_function
-    def __init__(self, descs, rings, tile_ring, ptrs, sizes, TRACE, W4, STAGES, options):
+    def __init__(self, descs, rings, tile_ring, ptrs, layout, sizes, TRACE, W4, STAGES, options):
         self.x_desc, self.w1_desc, self.h_desc, self.w2_desc = descs[:4]
         self.x64_desc, self.x32_desc, self.h64_desc, self.h32_desc = descs[4:8]
         self.xs_desc, self.hs_desc = descs[8:]
@@ -430,6 +441,7 @@ class Shared:
             self.row_dst_ptr,
             self.trace_ptr,
         ) = ptrs
+        self.layout_ptr = gl.constexpr(None) if layout is None else layout
         self.n_tiles, self.H, self.I, self.max_spin, self.R = sizes
         self.TRACE = gl.constexpr(TRACE)
         self.W4 = gl.constexpr(W4)
@@ -446,7 +458,11 @@ class Shared:
             TANH,
             SCALES_TMA,
             TURNS,
+            DEVICE,
         ) = options
+        self.DEVICE = gl.constexpr(DEVICE)
+        # In device mode `tiles` is what the producer writes, so only its record holds a tile.
+        self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
         self.TURNS = gl.constexpr(TURNS)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
@@ -563,11 +579,31 @@ def _field(rec, i: gl.constexpr, layout: gl.constexpr):
 @gluon.jit
 def _tile_record(p, idx, running, layout: gl.constexpr):
     """Tile idx's record: [idx, kind, expert, row block, column block, whether rows 0, 64
-    and 32 of the block hold a row] (zeros past the last tile). An expert's rows fill its
-    blocks from the start (routing.dispatch_plan), so row r holds one when r rows do."""
+    and 32 of the block hold a row] (zeros past the last tile), its tile read from the list."""
     pos = gl.arange(0, _RECORD, layout=layout)
     in_list = running & (pos >= 1) & (pos <= 4)
     fields = gl.load(p.tiles_ptr + idx * 4 + pos - 1, mask=in_list, other=0)
+    return _with_rows(p, idx, fields, running, layout)
+
+
+@gluon.jit
+def _claimed_record(p, idx, kind, e, blk, nb, running, layout: gl.constexpr):
+    """Device mode: _tile_record of the tile just claimed, which is also written at its
+    list position in `tiles` (the realized order)."""
+    pos = gl.arange(0, _RECORD, layout=layout)
+    in_list = running & (pos >= 1) & (pos <= 4)
+    tile = gl.where(pos == 1, kind, gl.where(pos == 2, e, gl.where(pos == 3, blk, nb)))
+    fields = gl.where(in_list, tile, 0)
+    gl.store(p.tiles_ptr + idx * 4 + pos - 1, fields, mask=in_list)
+    return _with_rows(p, idx, fields, running, layout)
+
+
+@gluon.jit
+def _with_rows(p, idx, fields, running, layout: gl.constexpr):
+    """A record's fields 1-4 (`fields`, zeros elsewhere) with its index and row flags. An
+    expert's rows fill its blocks from the start (routing.dispatch_plan), so row r holds
+    one when r rows do."""
+    pos = gl.arange(0, _RECORD, layout=layout)
     blk = _field(fields, 3, layout)
     rows = running & (pos >= 5)
     row = gl.where(pos == 7, _QUARTER, (pos - 5) * _HALF)
@@ -592,15 +628,36 @@ def _producer(p, WG: gl.constexpr):
     pid = gl.program_id(0)
     it = 0
     j = 0
+    if p.DEVICE:
+        lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)
+        n1 = p.I // _BLOCK
+        walk = (0, 0)
     running = True
     while running:
         if p.CLAIM_RELAXED:
             idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
         else:
             idx = gl.atomic_add(p.sync_ptr, 1)
+        if p.DEVICE:
+            # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
+            idx, kind, e, blk, nb, walk = decided_tile(
+                idx,
+                p.sync_ptr,
+                p.layout_ptr,
+                p.n_tiles,
+                n1,
+                p.H // _BLOCK,
+                2 * n1,
+                p.max_spin,
+                walk,
+                lanes,
+            )
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
-        rec = _tile_record(p, idx, running, one_warp)
+        if p.DEVICE:
+            rec = _claimed_record(p, idx, kind, e, blk, nb, running, one_warp)
+        else:
+            rec = _tile_record(p, idx, running, one_warp)
         slot = j % _TILE_SLOTS
         mbarrier.wait(p.tile_empty.index(slot), ((j // _TILE_SLOTS) & 1) ^ 1)
         p.tile_ids.index(slot).store(rec)
@@ -797,7 +854,7 @@ def _converter(p, C: gl.constexpr):
         j += 1
         running = idx < p.n_tiles
         if running:
-            if p.PREFETCH:
+            if p.TILE_FROM_RECORD:
                 kind = _field(rec, 1, one_wg)
             else:
                 kind = gl.load(p.tiles_ptr + idx * 4)
@@ -851,7 +908,7 @@ def _math(p, WG: gl.constexpr):
         j += 1
         running = idx < p.n_tiles
         if running:
-            if p.PREFETCH:
+            if p.TILE_FROM_RECORD:
                 kind = _field(rec, 1, one_wg)
                 e = _field(rec, 2, one_wg).to(gl.int64)
                 blk = _field(rec, 3, one_wg)
@@ -996,6 +1053,7 @@ def _fused_moe_ws(
     out_ptr,
     row_dst_ptr,
     trace_ptr,
+    layout_ptr,
     x_desc,
     w1_desc,
     h_desc,
@@ -1025,6 +1083,7 @@ def _fused_moe_ws(
     DROP_WAIT_BARRIERS: gl.constexpr,
     ARRIVE_PER_WARP: gl.constexpr,
     MMA_TURNS: gl.constexpr,
+    DEVICE: gl.constexpr,
 ):
     # The marks that ask ptx_edits to edit this build's PTX.
     if DROP_WAIT_BARRIERS and W4:  # its converters keep theirs
@@ -1100,6 +1159,7 @@ def _fused_moe_ws(
             row_dst_ptr,
             trace_ptr,
         ),
+        layout_ptr,
         (n_tiles, H, I, max_spin, R),
         TRACE,
         W4,
@@ -1116,6 +1176,7 @@ def _fused_moe_ws(
             SWIGLU_TANH,
             SCALES_TMA,
             MMA_TURNS,
+            DEVICE,
         ),
     )
     if W4:
@@ -1232,8 +1293,9 @@ def _is_w4(precision: str) -> bool:
     return precision == "w4a8"
 
 
-def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, max_spin, R):  # noqa: E741
-    """The kernel's positional arguments, in its signature's order."""
+def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, max_spin, R, layout):  # noqa: E741
+    """The kernel's positional arguments, in its signature's order (layout None: list
+    mode, where it is a constexpr and no argument of the compiled kernel)."""
     return (
         tiles,
         tiles.shape[0],
@@ -1246,6 +1308,7 @@ def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, ma
         out,
         row_dst,
         trace,
+        layout,
         *descs,
         H,
         I,
@@ -1254,20 +1317,20 @@ def args(*, tiles, sync, xs, s1, s2, h, hs, out, row_dst, trace, descs, H, I, ma
     )
 
 
-def launch(*, precision: str = "w8a8", num_programs: int, trace=None, **kw) -> None:
+def launch(*, precision: str = "w8a8", num_programs: int, trace=None, layout=None, **kw) -> None:
     """Enqueue one launch (megamoe.launch checks the inputs and picks this kernel); a
-    `trace` buffer builds the TRACE variant."""
+    `trace` buffer builds the TRACE variant, a `layout` the device mode (megamoe.launch)."""
     _fused_moe_ws[(num_programs,)](
-        *args(trace=trace if trace is not None else kw["row_dst"], **kw),
-        **launch_constexprs(precision, trace=trace is not None),
+        *args(trace=trace if trace is not None else kw["row_dst"], layout=layout, **kw),
+        **launch_constexprs(precision, trace=trace is not None, device=layout is not None),
         num_warps=NUM_WARPS,
         maxnreg=max_regs(precision),
     )
 
 
-def launch_constexprs(precision: str, trace: bool = False) -> dict:
+def launch_constexprs(precision: str, trace: bool = False, device: bool = False) -> dict:
     """The kernel's constexpr arguments as a launch passes them now (the launch constants
-    in force)."""
+    in force); device: the device mode's build."""
     return {
         "TRACE": trace,
         "W4": _is_w4(precision),
@@ -1284,6 +1347,7 @@ def launch_constexprs(precision: str, trace: bool = False) -> dict:
         "DROP_WAIT_BARRIERS": drops_wait_barriers(precision),
         "ARRIVE_PER_WARP": arrives_per_warp(precision),
         "MMA_TURNS": bool(MMA_TURNS),
+        "DEVICE": device,
     }
 
 
@@ -1359,9 +1423,9 @@ def stages(precision: str) -> int:
     return W4_STAGES if _is_w4(precision) else STAGES
 
 
-def launched_build(precision: str):
+def launched_build(precision: str, device: bool = False):
     """The build a launch runs now (launch_constexprs), compiled for sm_90 without a GPU."""
-    return _compile_sm90(precision, launch_constexprs(precision))
+    return _compile_sm90(precision, launch_constexprs(precision, device=device))
 
 
 def compile_for_sm90(
@@ -1380,6 +1444,7 @@ def compile_for_sm90(
     drop_wait_barriers: bool = False,
     arrive_per_warp: bool = False,
     mma_turns: bool = False,
+    device: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1399,6 +1464,7 @@ def compile_for_sm90(
         "DROP_WAIT_BARRIERS": drop_wait_barriers,
         "ARRIVE_PER_WARP": arrive_per_warp and not w4,
         "MMA_TURNS": mma_turns,
+        "DEVICE": device,
     }
     return _compile_sm90(precision, constexprs)
 
@@ -1439,11 +1505,13 @@ def _compile_sm90(precision: str, constexprs: dict):
         I=BLOCK,
         max_spin=2,
         R=BLOCK,
+        layout=i32 if constexprs["DEVICE"] else None,
     )
     names = list(_fused_moe_ws.arg_names)
     # The values stop before the trailing constexprs.
     signature = {name: mangle_type(v) for name, v in zip(names, values, strict=False)}
-    constants = {(names.index(name),): value for name, value in constexprs.items()}
+    constants = {(i,): None for i, v in enumerate(values) if v is None}  # list mode's layout
+    constants.update({(names.index(name),): value for name, value in constexprs.items()})
     for name in constexprs:
         signature[name] = "constexpr"
     # What a launch specializes on: 16-byte aligned pointers and sizes divisible by 16.

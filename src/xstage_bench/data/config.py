@@ -162,6 +162,7 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
             "config key 'megamoe.lead_sweep.custom_shapes': names must be unique and none "
             f"in megamoe.shapes (got {custom})"
         )
+    _check_oracle_arms(config["megamoe"])
     for key, shape in _shapes(config["megamoe"]):
         if shape["topk"] > shape["E"]:
             raise ConfigError(
@@ -182,6 +183,23 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     except workload.WorkloadError as e:
         raise ConfigError(str(e)) from None
     return config
+
+
+def _check_oracle_arms(megamoe: dict) -> None:
+    """An oracle arm runs a schedule from the host list beside its device-decided arm: it
+    needs schedule_on 'device' and the schedule among megamoe.schedules."""
+    oracles = megamoe.get("oracle_arms", [])
+    if oracles and megamoe.get("schedule_on", "list") != "device":
+        raise ConfigError(
+            "config key 'megamoe.oracle_arms': needs megamoe.schedule_on 'device' (with "
+            "'list' every arm already runs from the host-built list)"
+        )
+    missing = sorted(set(oracles) - set(megamoe["schedules"]))
+    if missing:
+        raise ConfigError(
+            f"config key 'megamoe.oracle_arms': {missing} not in megamoe.schedules "
+            f"{megamoe['schedules']}"
+        )
 
 
 def _shapes(megamoe: dict) -> list[tuple[str, dict]]:

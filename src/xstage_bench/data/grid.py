@@ -41,6 +41,22 @@ def fraction_label(fraction) -> str:
 # trace record names beside its schedule, and a series of the trace figures and tables.
 LOCAL_CONTROL = "local_control"
 
+# Where our kernel's schedule is decided (megamoe.schedule_on), and the id suffix of an arm
+# run from the host-built list beside a device-decided one (megamoe.oracle_arms).
+DEVICE, LIST = "device", "list"
+ORACLE = "oracle"
+
+
+def side_arm(point: dict) -> bool:
+    """An arm of ours the main grid's tables leave out: a lead-map arm or an oracle arm
+    (each has its own table)."""
+    return bool(point.get("lead_sweep") or point.get("oracle"))
+
+
+def decided_on(point: dict) -> str:
+    """Where a point's schedule was decided: records before device schedules, the list."""
+    return point.get("decided_on", LIST)
+
 
 def is_local_control(fraction) -> bool:
     """Remote fraction 0 of the emulated sweep: not rows re-homed, but the local-store

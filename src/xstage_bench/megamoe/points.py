@@ -10,6 +10,11 @@ by lead.py). `megamoe.lead_sweep` adds, for its configurations, one interleaved 
 lead, id '<config id>/interleaved/lead=<n|auto>' with `lead_sweep: True`; their
 expert-wave counterpart is the configuration's '<config id>/expert_wave' point (added,
 with `lead_sweep: True`, for a configuration the main grid does not hold).
+
+Where the schedule is decided (`megamoe.schedule_on`): with 'device' every arm carries
+`decided_on: device` (the kernel's programs pick each next tile when they claim it), and
+`megamoe.oracle_arms` adds per named schedule the same arm run from the host-built list,
+id '<arm id>/oracle' with `oracle: True`: the side arm that says what the causal rule costs.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xstage_bench.data import grid, storepath
-from xstage_bench.data.grid import LOCAL_CONTROL
+from xstage_bench.data.grid import DEVICE, LIST, LOCAL_CONTROL, ORACLE
 from xstage_bench.measurement.protocol import PointFailed
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.baselines import VARIANTS
@@ -37,11 +42,13 @@ def expand_schedules(
     leads: LeadChooser | None = None,
 ) -> list[dict]:
     """One point per (configuration, schedule); id '<config id>/<schedule>'. With `megamoe`,
-    interleaved points carry their lead (`with_lead`)."""
+    interleaved points carry their lead (`with_lead`), every point where its schedule is
+    decided (`decided_where`), and the oracle arms follow (`oracle_arms`)."""
     out = [{**p, "schedule": s, "id": f"{p['id']}/{s}"} for p in points for s in schedules]
     if megamoe is None:
         return out
-    return [with_lead(p, megamoe.get("lead_rows", 0), leads) for p in out]
+    arms = [decided_where(with_lead(p, megamoe.get("lead_rows", 0), leads), megamoe) for p in out]
+    return arms + oracle_arms(arms, megamoe)
 
 
 def with_lead(point: dict, requested, leads: LeadChooser | None, tflops: float | None = None):
@@ -135,8 +142,8 @@ def our_arms(
     if main:
         arms = expand_schedules([config], megamoe["schedules"], megamoe, leads)
     else:
-        arms = [{**config, "schedule": schedule.WAVE, "id": f"{config['id']}/{schedule.WAVE}"}]
-        arms[0]["lead_sweep"] = True
+        wave = {**config, "schedule": schedule.WAVE, "id": f"{config['id']}/{schedule.WAVE}"}
+        arms = [decided_where({**wave, "lead_sweep": True}, megamoe)]
     for requested in sweep_leads:
         arm = {
             **config,
@@ -144,8 +151,28 @@ def our_arms(
             "id": f"{config['id']}/{schedule.INTERLEAVED}/lead={lead_label(requested)}",
             "lead_sweep": True,
         }
-        arms.append(with_lead(arm, requested, leads))
+        arms.append(decided_where(with_lead(arm, requested, leads), megamoe))
     return arms
+
+
+def decided_where(arm: dict, megamoe: dict) -> dict:
+    """The arm with `decided_on: device` when megamoe.schedule_on is 'device' (its kernel's
+    programs decide each next tile); a list-decided arm carries no field, as every record
+    before device schedules."""
+    if megamoe.get("schedule_on", LIST) == DEVICE:
+        return {**arm, "decided_on": DEVICE}
+    return arm
+
+
+def oracle_arms(arms: list[dict], megamoe: dict) -> list[dict]:
+    """Per main-grid arm whose schedule megamoe.oracle_arms names, the same arm run from the
+    host-built list (same lead), id '<arm id>/oracle', `oracle: True`."""
+    wanted = megamoe.get("oracle_arms", [])
+    return [
+        {**a, "decided_on": LIST, "oracle": True, "id": f"{a['id']}/{ORACLE}"}
+        for a in arms
+        if a["schedule"] in wanted and not a.get("lead_sweep")
+    ]
 
 
 def expand_points(
@@ -259,6 +286,7 @@ def trace_points(
                 traced = {**p, "schedule": sched, "variant": variant, "id": f"{p['id']}/{variant}"}
                 if megamoe is not None:
                     traced = with_lead(traced, megamoe.get("lead_rows", 0), leads)
+                    traced = decided_where(traced, megamoe)
                 out.append(traced)
     return out
 
@@ -273,10 +301,11 @@ def sampled_tokens(T: int, check_tokens: int, world_size: int, seed: int) -> lis
 def config_id(point: dict) -> str:
     """The grid id of a point's configuration (its id less the variant and schedule:
     '<config>/<schedule>', '<config>/deepgemm/<schedule>', '<config>/flashinfer',
-    '<config>/interleaved/lead=<n|auto>')."""
-    parts = point["id"].rsplit("/", 2)
+    '<config>/interleaved/lead=<n|auto>', '<config>/<schedule>/oracle')."""
+    ident = point["id"].removesuffix(f"/{ORACLE}") if point.get("oracle") else point["id"]
+    parts = ident.rsplit("/", 2)
     two = point.get("variant") == "deepgemm" or parts[-1].startswith("lead=")
-    return point["id"].rsplit("/", 2 if two else 1)[0]
+    return ident.rsplit("/", 2 if two else 1)[0]
 
 
 def trace_first_configs(points: list[dict]) -> set[str]:

@@ -42,6 +42,20 @@ deepgemm_interleaved
              L2 tile comes when its block's L1 tiles are all listed, else an L1 tile;
              after B waves it always is. No knob: upstream has none.
 
+The same orders decided on the GPU (the kernel's device mode): no list is read. A program
+claims a list position with one fetch-add, as in list mode, and learns which tile sits there.
+expert_wave and interleaved are sequences of units, a unit being all L1 tiles or all L2
+tiles of one row block (the granularity of their lists). The program that claims a unit's
+first position opens it: it decides the unit by the schedule's rule (`next_unit`) from the
+L1 and L2 units opened before it, and publishes it in a unit table that the programs
+claiming the unit's other positions read; so a decision is made once per unit, not per tile.
+interleaved reads the row-block counters there: its L2 unit is due when the block is
+released at the opening, as the list's clock decides it when its first tile is taken, so
+`claim_order` (the units played on that clock) is the host list. deepgemm_interleaved
+alternates single tiles, but by counts only: a position's tile follows from where each
+block's first L2 tile sits (`deepgemm_tile_at`), with no table. The rules read a per-block
+`device_layout`.
+
 Every schedule is registered once, in SCHEDULES, with its own knobs (keys of the config's
 megamoe section, with their defaults): the config schema's schedule names, the simulator,
 the figures and the tables take the names from here. A speedup is always the time under
@@ -52,13 +66,16 @@ WAVE over the time under another schedule; COMPARED is the pair the headlines co
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 L1, L2 = 0, 1
 COLUMNS = ("kind", "expert", "block", "n_block")
+
+
+DEVICE_SUFFIX = "@device"  # an arm key whose programs decide their tiles (layer/rank.arm_key)
 
 
 class ScheduleError(ValueError):
@@ -97,20 +114,27 @@ def _l2_tiles(grid: TileGrid, block: int) -> list[tuple[int, int, int, int]]:
     return [(L2, e, block, n) for n in range(grid.l2_per_block)]
 
 
-def expert_wave(grid: TileGrid, num_programs: int) -> np.ndarray:
-    """Expert waves (see module doc); no knob."""
-    tiles: list[tuple[int, int, int, int]] = []
+def _waves(grid: TileGrid, num_programs: int) -> Iterator[list[int]]:
+    """expert_wave's groups of row blocks: the fewest consecutive experts whose L1 tiles
+    give every program one (the last group: whatever is left)."""
     wave: list[int] = []
     for b in range(grid.blocks):
         wave.append(b)
         last = b + 1 == grid.blocks
         closes_expert = last or grid.block_expert[b + 1] != grid.block_expert[b]
         if closes_expert and (last or len(wave) * grid.l1_per_block >= num_programs):
-            for w in wave:
-                tiles += _l1_tiles(grid, w)
-            for w in wave:
-                tiles += _l2_tiles(grid, w)
+            yield wave
             wave = []
+
+
+def expert_wave(grid: TileGrid, num_programs: int) -> np.ndarray:
+    """Expert waves (see module doc); no knob."""
+    tiles: list[tuple[int, int, int, int]] = []
+    for wave in _waves(grid, num_programs):
+        for w in wave:
+            tiles += _l1_tiles(grid, w)
+        for w in wave:
+            tiles += _l2_tiles(grid, w)
     return _as_array(tiles)
 
 
@@ -245,17 +269,20 @@ class Schedule:
     name: str
     label: str
     make: Callable[..., np.ndarray]  # (grid, num_programs, **knobs) -> tile list
+    device_rule: int  # the kernel's claim rule for it (device mode): one of RULE_*
     knobs: Mapping[str, int] = field(default_factory=dict)
 
 
+# The kernel's ids of the claim rules (xstage_kernels.megamoe.CLAIM_RULES holds the same).
+RULE_WAVE, RULE_INTERLEAVED, RULE_DEEPGEMM = 0, 1, 2
 WAVE, INTERLEAVED = "expert_wave", "interleaved"  # the baseline and the paper's order
 DEEPGEMM_INTERLEAVED = "deepgemm_interleaved"  # DeepGEMM's own interleaving (SM100)
 SCHEDULES = {
     s.name: s
     for s in (
-        Schedule(WAVE, "expert waves", expert_wave),
-        Schedule(INTERLEAVED, "interleaved", interleaved, {"lead_rows": 0}),
-        Schedule(DEEPGEMM_INTERLEAVED, "DeepGEMM interleaved", deepgemm_interleaved),
+        Schedule(WAVE, "expert waves", expert_wave, RULE_WAVE),
+        Schedule(INTERLEAVED, "interleaved", interleaved, RULE_INTERLEAVED, {"lead_rows": 0}),
+        Schedule(DEEPGEMM_INTERLEAVED, "DeepGEMM interleaved", deepgemm_interleaved, RULE_DEEPGEMM),
     )
 }
 COMPARED = (WAVE, INTERLEAVED)  # the headline pair: time under WAVE / time under INTERLEAVED
@@ -281,6 +308,16 @@ def build(
 ) -> np.ndarray:
     """The tile list of schedule `name` with its knobs from `config` (the megamoe section;
     other keys are ignored), checked before any kernel sees it."""
+    chosen = _checked_knobs(name, num_programs, config)
+    tiles = SCHEDULES[name].make(grid, num_programs, **chosen)
+    check_dependencies(tiles, grid)
+    return tiles
+
+
+def _checked_knobs(
+    name: str, num_programs: int, config: Mapping[str, object] | None
+) -> dict[str, int]:
+    """Schedule `name`'s knobs from `config`, with the name and every value checked."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
     if num_programs < 1:
@@ -289,9 +326,7 @@ def build(
     for knob, value in chosen.items():
         if value < 0:
             raise ValueError(f"{knob} must be >= 0, got {value}")
-    tiles = SCHEDULES[name].make(grid, num_programs, **chosen)
-    check_dependencies(tiles, grid)
-    return tiles
+    return chosen
 
 
 def check_dependencies(tiles: np.ndarray, grid: TileGrid) -> None:
@@ -344,6 +379,150 @@ def _holds_every_dependency(tiles: np.ndarray, grid: TileGrid) -> bool:
     last_l1 = np.full(grid.blocks, -1)
     np.maximum.at(last_l1, block[kind == L1], position[kind == L1])
     return bool((position[kind == L2] > last_l1[block[kind == L2]]).all())
+
+
+# ---- the device-side rules (the kernel's device mode) -----------------------------------
+
+# A layout (device_layout) is int32: these header fields, then each row over the blocks.
+LAYOUT_HEADER = ("rule", "lead_rows", "blocks")
+LAYOUT_ROWS = ("expert", "row_start", "row_end", "wave_end", "l2_start")
+_INT32_MAX = 2**31 - 1
+
+
+def device_layout(
+    name: str, grid: TileGrid, num_programs: int, config: Mapping[str, object] | None = None
+) -> np.ndarray:
+    """What schedule `name`'s device rule reads, in O(blocks): its rule id, its lead
+    (interleaved), the block count, and per block its expert, first and last row (prefix
+    sums of valid rows), the block count at which its expert wave ends and the list position
+    of its first L2 tile under deepgemm_interleaved. Knobs from `config` as `build` takes them."""
+    chosen = _checked_knobs(name, num_programs, config)
+    wave_end = np.zeros(grid.blocks, dtype=np.int64)
+    for wave in _waves(grid, num_programs):
+        wave_end[wave] = wave[-1] + 1
+    row_end = grid.row_end()
+    header = [SCHEDULES[name].device_rule, chosen.get("lead_rows", 0), grid.blocks]
+    rows = [
+        grid.block_expert,
+        row_end - grid.block_rows,
+        row_end,
+        wave_end,
+        _deepgemm_l2_starts(grid, num_programs),
+    ]
+    layout = np.concatenate([np.asarray(header, dtype=np.int64), *rows]).astype(np.int64)
+    if layout.size and layout.max() > _INT32_MAX:
+        raise ValueError(f"a device layout is int32; {name} on this grid needs {layout.max()}")
+    return layout.astype(np.int32)
+
+
+def _deepgemm_l2_starts(grid: TileGrid, num_programs: int) -> np.ndarray:
+    """Where deepgemm_interleaved lists each block's first L2 tile. Its L1 tiles listed by
+    then: the warm-up, then two a turn while the block is not ready, then one after each L2
+    tile, all of them at most."""
+    n1, n2, l1_total = grid.l1_per_block, grid.l2_per_block, grid.blocks * grid.l1_per_block
+    listed = min(deepgemm_warmup_waves(grid, num_programs) * num_programs, l1_total)
+    starts = np.zeros(grid.blocks, dtype=np.int64)
+    for b in range(grid.blocks):
+        behind = (b + 1) * n1 - listed  # L1 tiles the block still needs
+        if behind > 0:
+            listed = min(listed + 2 * _ceil_div(behind, 2), l1_total)
+        starts[b] = b * n2 + listed
+        listed = min(listed + n2, l1_total)
+    return starts
+
+
+def layout_fields(layout: np.ndarray) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """A device layout's header fields and its per-block rows, by name."""
+    header = dict(zip(LAYOUT_HEADER, (int(v) for v in layout[: len(LAYOUT_HEADER)]), strict=True))
+    rows = layout[len(LAYOUT_HEADER) :].reshape(len(LAYOUT_ROWS), header["blocks"])
+    return header, dict(zip(LAYOUT_ROWS, rows, strict=True))
+
+
+def next_unit(layout: np.ndarray, opened: tuple[int, int], ready: Callable[[int], bool]) -> int:
+    """The kind of unit (L1 or L2) that expert_wave's or interleaved's rule opens after
+    `opened` = (L1 units, L2 units), as the kernel decides it (xstage_kernels.megamoe.
+    _open_unit): the next L2 block's unit when it is due, else the next L1 block's.
+    ready(b): block b's row-block counter says every L1 tile released it (interleaved)."""
+    header, rows = layout_fields(layout)
+    if header["rule"] not in (RULE_WAVE, RULE_INTERLEAVED):
+        raise ValueError(f"rule {header['rule']} decides single tiles, not units")
+    u1, u2 = opened
+    if u2 == header["blocks"]:
+        return L1
+    if u1 == header["blocks"]:
+        return L2
+    if header["rule"] == RULE_WAVE:
+        due = u1 >= rows["wave_end"][u2]
+    else:
+        lead = int(rows["row_start"][u1]) - int(rows["row_end"][u2])
+        due = ready(u2) and lead >= header["lead_rows"]
+    return L2 if due else L1
+
+
+def deepgemm_tile_at(
+    layout: np.ndarray, position: int, tiles_per_block: tuple[int, int]
+) -> tuple[int, int, int]:
+    """(kind, block, n block) at `position` of deepgemm_interleaved's list, from the layout
+    alone (xstage_kernels.megamoe._deepgemm_tile): the last block whose first L2 tile is at
+    or before it, then its L2 tiles' places from there (`_l2_listed`); L1 tiles fill the
+    rest in block order."""
+    header, rows = layout_fields(layout)
+    (n1, n2), starts = tiles_per_block, rows["l2_start"]
+    block = int(np.searchsorted(starts, position, side="right")) - 1
+    if block < 0:
+        return L1, position // n1, position % n1
+    into = position - int(starts[block])
+    l1_left = header["blocks"] * n1 - (int(starts[block]) - block * n2)
+    l2_before = _l2_listed(into, l1_left, n2)
+    if _l2_listed(into + 1, l1_left, n2) > l2_before:
+        return L2, block, l2_before
+    l1_before = position - (block * n2 + l2_before)
+    return L1, l1_before // n1, l1_before % n1
+
+
+def _l2_listed(into: int, l1_left: int, n2: int) -> int:
+    """A block's L2 tiles among the `into` positions from its first one: every other
+    position while L1 tiles are left (l1_left of them), then every position, n2 at most."""
+    return min(n2, max((into + 1) // 2, into - l1_left))
+
+
+def claim_order(
+    name: str,
+    grid: TileGrid,
+    num_programs: int,
+    lead_rows: int = 0,
+    costs: tuple[float, float] | None = None,
+) -> np.ndarray:
+    """The tile list the kernel realizes in device mode when num_programs programs each
+    claim the next position as they finish their last tile and tiles last `costs` (L1, L2;
+    `tile_costs` by default): each unit opened by `next_unit` when its first tile is taken,
+    an interleaved block ready once its last L1 tile has ended by then (ListClock);
+    deepgemm_interleaved's positions by `deepgemm_tile_at`. expert_wave's and
+    deepgemm_interleaved's rules read no time: their order is `build`'s list."""
+    layout = device_layout(name, grid, num_programs, {"lead_rows": lead_rows})
+    tiles_per_block = grid.l1_per_block, grid.l2_per_block
+    if SCHEDULES[name].device_rule == RULE_DEEPGEMM:
+        at = (deepgemm_tile_at(layout, p, tiles_per_block) for p in range(grid.tiles))
+        return _as_array([(k, int(grid.block_expert[b]), b, n) for k, b, n in at])
+    l1_cost, l2_cost = costs or tile_costs(grid)
+    clock = ListClock(num_programs)
+    released = np.full(grid.blocks, np.inf)  # when each block's last L1 tile ends
+    opened = [0, 0]  # L1 units, L2 units
+    tiles: list[tuple[int, int, int, int]] = []
+    while sum(opened) < 2 * grid.blocks:
+        kind = next_unit(layout, (opened[0], opened[1]), lambda b: released[b] <= clock.now())
+        block = opened[kind]
+        if kind == L1:
+            released[block] = max(clock.take(l1_cost) for _ in range(grid.l1_per_block))
+            tiles += _l1_tiles(grid, block)
+        else:
+            # Taken once released or once every L1 unit is opened; the units left are then
+            # fixed, so a wait of its own would change no opening.
+            for _ in range(grid.l2_per_block):
+                clock.take(l2_cost)
+            tiles += _l2_tiles(grid, block)
+        opened[kind] += 1
+    return _as_array(tiles)
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from xstage_bench.data import layout, stats, storepath
+from xstage_bench.data.grid import side_arm
 from xstage_bench.megamoe import schedule
 from xstage_bench.model.document import fitted_paths, path_fit
 from xstage_bench.report.analysis import attention, load, megamoe, megamoe_baselines, runs
@@ -330,7 +331,7 @@ def _runs_apart(doc: dict, variant: str) -> dict:
     run_of = runs.run_of(doc)
     ours: dict[tuple, list[dict]] = {}
     baseline: dict[tuple, dict] = {}
-    done = [r for r in doc["records"] if r["status"] == "ok" and not r["point"].get("lead_sweep")]
+    done = [r for r in doc["records"] if r["status"] == "ok" and not side_arm(r["point"])]
     fields = pd.DataFrame([megamoe.config_fields(r["point"]) for r in done])
     for at in megamoe.at_baseline_setting(fields).index:  # as baseline_lines
         record, point = done[at], done[at]["point"]

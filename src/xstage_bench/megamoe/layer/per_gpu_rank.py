@@ -42,6 +42,7 @@ from xstage_bench.megamoe.layer.rank import (
     launch_rank,
     poison_rank,
     rank_buffers,
+    realized_order_error,
     tiles_for,
 )
 from xstage_bench.megamoe.layer.reduction import combine_rank
@@ -263,6 +264,7 @@ class MoERank(Lockstep):
                 self.reference(tokens),
             ),
             "checked_tokens": len(tokens[fabric.rank]),
+            "order_error": realized_order_error(rb, key, point, self.moe, self.num_programs),
         }
         self._outputs[point["schedule"]] = rb.out.clone()
         if self.dump_dir is not None:

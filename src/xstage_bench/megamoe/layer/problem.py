@@ -48,6 +48,7 @@ from xstage_bench.megamoe.layer.rank import (
     launch_rank,
     poison_rank,
     rank_buffers,
+    realized_order_error,
     tiles_for,
 )
 from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision
@@ -189,6 +190,15 @@ class MoEProblem:
         if graphed and self.cuda:
             self._rank_graphs(key)
         return key
+
+    def realized_order_error(self, key: str, point: dict) -> str | None:
+        """After a checked run: why a device-decided arm's claimed order is wrong on some
+        rank (rank.realized_order_error), or None."""
+        for q, rb in enumerate(self.ranks):
+            error = realized_order_error(rb, key, point, self.moe, self.num_programs)
+            if error:
+                return f"rank {q}: {error}"
+        return None
 
     def launch_mode(self) -> str:
         """How `forward` enqueues the layer as timed (no trace, not emulated, not the

@@ -10,10 +10,11 @@ The home rank's top-k reduction of its combine buffer is reduction.py's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from xstage_bench.data.grid import DEVICE, decided_on
 from xstage_bench.megamoe import routing, schedule
 from xstage_bench.megamoe.quant import SCALE_BLOCK
 from xstage_bench.megamoe.reference import ExpertWeights
@@ -36,8 +37,10 @@ class RankBuffers:
     out: object  # (T, H) bf16 MoE output of this rank's tokens
     combine_weights: object  # (T, 1, topk) bf16
     row_dst: object  # int64 (padded_rows,): offsets from comb to each row's destination
-    sync: object  # int32 (2 + blocks,)
+    sync: object  # int32 (kernel.sync_size(blocks),): list mode reads its first 2 + blocks
     tiles: dict  # arm key (arm_key) -> int32 (n, 4) tile list on the device, built on demand
+    # (a device-decided arm's: the order its programs claimed, written by each launch)
+    layouts: dict = field(default_factory=dict)  # device-decided arm key -> its device layout
     sink: object = None  # local-control destination (P * T * topk, H) bf16, on demand
     row_dst_local: object = None
 
@@ -108,17 +111,23 @@ def rank_buffers(
         out=torch.empty(T, H, dtype=torch.bfloat16, device=device),
         combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
         row_dst=torch.as_tensor(row_dst, device=device),
-        sync=torch.zeros(kernel.SYNC_HEADER + plan.blocks, dtype=torch.int32, device=device),
+        sync=torch.zeros(kernel.sync_size(plan.blocks), dtype=torch.int32, device=device),
         tiles={},
     )
 
 
 def arm_key(point: dict) -> str:
-    """Which tile list a point runs: its schedule, and the lead of an interleaved point
-    that names one ('interleaved/lead=1024'); a point without lead_rows uses the config's."""
+    """Which tile list a point runs: its schedule, the lead of an interleaved point that
+    names one ('interleaved/lead=1024'; a point without lead_rows uses the config's), and
+    '@device' where its programs decide the order (grid.decided_on)."""
+    key = point["schedule"]
     if point["schedule"] == schedule.INTERLEAVED and "lead_rows" in point:
-        return f"{schedule.INTERLEAVED}/lead={int(point['lead_rows'])}"
-    return point["schedule"]
+        key = f"{schedule.INTERLEAVED}/lead={int(point['lead_rows'])}"
+    return key + schedule.DEVICE_SUFFIX if decided_on(point) == DEVICE else key
+
+
+def is_device_key(key: str) -> bool:
+    return key.endswith(schedule.DEVICE_SUFFIX)
 
 
 def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) -> str:
@@ -129,9 +138,37 @@ def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) ->
     key = arm_key(point)
     if key not in rb.tiles:
         knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
-        tiles = schedule.build(point["schedule"], rb.grid, num_programs, knobs)
-        rb.tiles[key] = torch.as_tensor(tiles, device=rb.x.device)
+        if is_device_key(key):
+            layout = schedule.device_layout(point["schedule"], rb.grid, num_programs, knobs)
+            rb.layouts[key] = torch.as_tensor(layout, device=rb.x.device)
+            rb.tiles[key] = torch.full(
+                (rb.grid.tiles, 4), -1, dtype=torch.int32, device=rb.x.device
+            )
+        else:
+            tiles = schedule.build(point["schedule"], rb.grid, num_programs, knobs)
+            rb.tiles[key] = torch.as_tensor(tiles, device=rb.x.device)
     return key
+
+
+def realized_order_error(rb: RankBuffers, key: str, point: dict, megamoe: dict, num_programs: int):
+    """After a device-decided launch: why the order its programs claimed is wrong, or None.
+    It must list every tile once, each Linear-2 tile after its block's Linear-1 tiles; the
+    rules that read no clock (expert waves, DeepGEMM's) must give their host list exactly."""
+    if not is_device_key(key):
+        return None
+    realized = rb.tiles[key].cpu().numpy()
+    try:
+        schedule.check_dependencies(realized, rb.grid)
+    except schedule.ScheduleError as e:
+        return f"the order the device claimed breaks the schedule: {e}"
+    if point["schedule"] == schedule.INTERLEAVED:
+        return None
+    knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
+    listed = schedule.build(point["schedule"], rb.grid, num_programs, knobs)
+    if not np.array_equal(realized, listed):
+        first = int(np.flatnonzero((realized != listed).any(axis=1))[0])
+        return f"the order the device claimed differs from the {point['schedule']} list at {first}"
+    return None
 
 
 def poison_rank(torch, rb: RankBuffers) -> None:
@@ -182,4 +219,5 @@ def launch_rank(
         trace=trace,
         emulate_ns=emulate_ns,
         xs_steps=rb.xs_steps,
+        layout=rb.layouts.get(name),
     )

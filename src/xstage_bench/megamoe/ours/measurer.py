@@ -59,6 +59,8 @@ WORKER_WEIGHT_COPIES = 5
 WORKER_HEADROOM_BYTES = 16 << 30  # its tokens, buffers, NVSHMEM heap and CUDA context
 TRACE_NEEDS_GPU = "the traced build reads %globaltimer, which the Triton interpreter cannot run"
 
+# Expert waves' arm key when the device decides: its output is compared bitwise like the list's.
+WAVE_ON_DEVICE = schedule.WAVE + schedule.DEVICE_SUFFIX
 _log = log.get(__name__)
 
 
@@ -215,8 +217,10 @@ class MoEMeasurer:
                 if torch.isnan(rb.sink[valid_local_slots(rb, prob)]).any()
             ]
             return verdict.flagged(flags) or verdict.local_unwritten(missing), facts
-        error = verdict.flagged(flags) or verdict.unwritten(
-            prob.host_unwritten(), rows="host combine rows"
+        error = (
+            verdict.flagged(flags)
+            or verdict.unwritten(prob.host_unwritten(), rows="host combine rows")
+            or prob.realized_order_error(key, point)
         )
         if error:
             return error, facts
@@ -235,8 +239,9 @@ class MoEMeasurer:
         error = verdict.wrong(errors=errors, tolerance=self.tolerance)
         if error is None and trace is None:
             self._outputs[key] = [o.clone() for o in outs]
-            first = self._outputs.get(schedule.WAVE)
-            if point["schedule"] != schedule.WAVE and first is not None:
+            waves = (schedule.WAVE, WAVE_ON_DEVICE)  # an expert-wave output, not this arm's
+            first = next((self._outputs[k] for k in waves if k != key and k in self._outputs), None)
+            if first is not None:
                 same = all(torch.equal(a, b) for a, b in zip(first, outs, strict=True))
                 facts["bitwise_equal_to_expert_wave"] = same
                 error = verdict.wrong(bitwise_equal=same)

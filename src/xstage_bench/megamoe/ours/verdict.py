@@ -63,12 +63,18 @@ def wrong(
 
 def of_ranks(facts: list[dict], tolerance: float = TOLERANCE) -> tuple[str | None, dict]:
     """(error or None, the record's check facts) from every rank's check facts (one
-    process per GPU: flag, nan, rel_error, checked_tokens, bitwise_equal if compared)."""
+    process per GPU: flag, nan, rel_error, checked_tokens, order_error of a device-decided
+    arm's claimed order, bitwise_equal if compared)."""
     errors = [f["rel_error"] for f in facts]
     extra: dict = {"rel_error": errors, "checked_tokens_per_rank": facts[0]["checked_tokens"]}
     same = [f["bitwise_equal"] for f in facts if "bitwise_equal" in f]
     if same:
         extra["bitwise_equal_to_expert_wave"] = all(same)
+    disorder = next(
+        (f"rank {q}: {f['order_error']}" for q, f in enumerate(facts) if f.get("order_error")), None
+    )
+    if disorder:
+        return disorder, extra
     error = wrong(
         flags=[f["flag"] for f in facts],
         nan=[q for q, f in enumerate(facts) if f["nan"]],

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from xstage_bench.data import layout, storepath
-from xstage_bench.data.grid import LOCAL_CONTROL, NATURAL, fraction_label
+from xstage_bench.data.grid import LOCAL_CONTROL, NATURAL, fraction_label, side_arm
 from xstage_bench.megamoe.schedule import COMPARED, INTERLEAVED, WAVE
 from xstage_bench.report.analysis.load import NoDataError, raw_doc
 from xstage_bench.report.analysis.speedup_ci import RatioSamples
@@ -61,7 +61,16 @@ MEGAMOE_CONFIG_COLUMNS = (
 )
 MEGAMOE_GROUPS = ("shape", "precision", "routing", "remote_fraction")
 # Point fields that are no part of a configuration: which run of it a record is.
-RUN_FIELDS = ("id", "schedule", "variant", "lead_rows", "lead_rows_requested", "lead_sweep")
+RUN_FIELDS = (
+    "id",
+    "schedule",
+    "variant",
+    "lead_rows",
+    "lead_rows_requested",
+    "lead_sweep",
+    "decided_on",
+    "oracle",
+)
 
 
 def megamoe_config_key(point: dict) -> tuple:
@@ -145,10 +154,12 @@ def with_paths(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def main_grid(df: pd.DataFrame) -> pd.DataFrame:
-    """A records frame without the lead sweep's extra interleaved arms."""
-    if df.empty or "lead_sweep" not in df.columns:
+    """A records frame without the side arms: the lead sweep's extra interleaved arms and
+    the oracle arms (grid.side_arm)."""
+    side = [c for c in ("lead_sweep", "oracle") if c in df.columns]
+    if df.empty or not side:
         return df
-    return df[~df["lead_sweep"].eq(True)]
+    return df[~df[side].eq(True).any(axis=1)]
 
 
 def remote_fraction_labels(df: pd.DataFrame) -> pd.DataFrame:
@@ -276,7 +287,7 @@ def megamoe_speedups(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     fields: dict[tuple, dict] = {}
     for record in doc["records"]:
         point = record["point"]
-        if not is_ours(point) or point.get("lead_sweep") or point.get("schedule") not in COMPARED:
+        if not is_ours(point) or side_arm(point) or point.get("schedule") not in COMPARED:
             continue
         key = megamoe_config_key(point)
         fields.setdefault(key, config_fields(point))

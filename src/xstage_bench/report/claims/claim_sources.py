@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from xstage_bench.data import layout, storepath
+from xstage_bench.data.grid import side_arm
 from xstage_bench.model.document import fitted_paths, path_fit
 from xstage_bench.model.document import primary_path as primary_fit_path
 from xstage_bench.report.analysis import labels, load
@@ -127,7 +128,7 @@ def claims_host_share(records: list[dict]) -> float | None:
     shares = {
         float(r["point"]["remote_fraction"])
         for r in records
-        if not r["point"].get("lead_sweep") and "remote_fraction" in r["point"]
+        if not side_arm(r["point"]) and "remote_fraction" in r["point"]
     }
     shares.discard(0.0)
     return min(shares) if shares else None
@@ -146,7 +147,7 @@ def claims_moe_records(records: list[dict], path: str, settings: dict) -> list[d
     """The MegaMoE records the claims read on `path`, the lead map left out. On the host
     path: the records at `claims_host_share`, presented as the natural-routing sweep the
     claims read (their share goes into `settings`)."""
-    mine = [r for r in _on(records, path, settings) if not r["point"].get("lead_sweep")]
+    mine = [r for r in _on(records, path, settings) if not side_arm(r["point"])]
     if path != storepath.HOST:
         return mine
     share = claims_host_share(mine)
@@ -160,7 +161,7 @@ def claims_baseline_records(records: list[dict], path: str, settings: dict) -> l
     """The MegaMoE records where the baselines run (megamoe.points): on the peer path the
     claims' own records; on the host path its f = 0 control (nothing goes to the host
     there, the problem a baseline computes), presented as natural routing."""
-    mine = [r for r in _on(records, path, settings) if not r["point"].get("lead_sweep")]
+    mine = [r for r in _on(records, path, settings) if not side_arm(r["point"])]
     if path != storepath.HOST:
         return mine
     return as_natural(r for r in mine if float(r["point"].get("remote_fraction", -1)) == 0.0)

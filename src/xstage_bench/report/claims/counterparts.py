@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from xstage_bench.data import layout, storepath
+from xstage_bench.data.grid import side_arm
 from xstage_bench.report.analysis import load, megamoe_emulated
 from xstage_bench.report.analysis.speedup_ci import headline_ci
 from xstage_bench.report.claims import claim_answers
@@ -108,7 +109,7 @@ def rehomed(fraction: float) -> Callable[[Path], Sources | None]:
             for r in doc["records"]
             if r["point"].get("remote_fraction") == fraction
             and storepath.point_path(r["point"]) == storepath.PEER
-            and not r["point"].get("lead_sweep")
+            and not side_arm(r["point"])
         )
         if not records:
             return None

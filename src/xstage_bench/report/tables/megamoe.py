@@ -19,12 +19,13 @@ from typing import NamedTuple
 import pandas as pd
 
 from xstage_bench.data import stats, storepath
+from xstage_bench.data.grid import side_arm
 from xstage_bench.data.stats import NOISY_HALF_WIDTH
 from xstage_bench.megamoe import schedule
 from xstage_bench.report import paper
 from xstage_bench.report.analysis import frames, labels, megamoe, megamoe_baselines, runs
 from xstage_bench.report.analysis.speedup_ci import headline_ci
-from xstage_bench.report.tables import megamoe_host
+from xstage_bench.report.tables import megamoe_host, megamoe_oracle
 from xstage_bench.report.tables.common import MAIN, Columns, Table
 
 PAPER = {
@@ -145,6 +146,19 @@ def other_schedule_rows(speedups: pd.DataFrame, others: dict[str, ScheduleRatios
     return rows
 
 
+def oracle_rows(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per path, share, schedule and metric: the device-decided arms' speedup over their
+    oracle arms (megamoe_oracle.oracle_pairs), summarised as every speedup here."""
+    rows = []
+    for (path, share, name), part in pairs.groupby(
+        ["path", "remote_fraction", "schedule"], sort=True
+    ):
+        for metric in megamoe.metrics_of(part):
+            head = {"path": path, "share": share, "schedule": name, "metric": metric.label}
+            rows.append({**head, **speedup_summary(part, metric)})
+    return pd.DataFrame(rows)
+
+
 def group_rows(speedups: pd.DataFrame) -> list[dict]:
     """Per path, metric and group (shape, precision, routing, f): the same summary."""
     rows = []
@@ -189,7 +203,7 @@ def other_schedule_ratios(doc: dict, speedups: pd.DataFrame) -> dict[str, Schedu
         if (
             point.get("schedule") in OTHER_SCHEDULES
             and megamoe.is_ours(point)
-            and not point.get("lead_sweep")
+            and not side_arm(point)
             and record["status"] == "ok"
             and (record.get("samples") or {}).get(megamoe.LAYER.sample)
         ):
@@ -432,6 +446,10 @@ def build(dataset_dir: Path) -> Table:
             "over their times (dispatch and combine inside). Natural routing."
         )
         notes += precision_runs_note(doc)
+    pairs = megamoe_oracle.oracle_pairs(doc)
+    if not pairs.empty:
+        sections.append((ORACLE_SECTION, oracle_rows(pairs)))
+        notes.append(megamoe_oracle.oracle_note())
     host = megamoe_host.host_side(doc)
     if not host.empty:
         sections.append(("How each variant's calls were enqueued", host))
@@ -456,6 +474,7 @@ SUMMARY_COLUMNS = Columns(
     ),
 )
 PER_CONFIGURATION = "Per configuration: speedups with CIs and verdicts"
+ORACLE_SECTION = "The device-decided schedules against the host list (oracle)"
 BASELINES_PER_CONFIGURATION = "Our best schedule against the baselines, per configuration"
 
 
@@ -621,7 +640,7 @@ def precision_runs_note(doc: dict) -> list[str]:
     timed_in: dict[str, set] = {}
     for record in doc["records"]:
         point = record["point"]
-        if record["status"] == "ok" and megamoe.is_ours(point) and not point.get("lead_sweep"):
+        if record["status"] == "ok" and megamoe.is_ours(point) and not side_arm(point):
             timed_in.setdefault(point["precision"], set()).add(run_of(record))
     w4, w8 = timed_in.get("w4a8", set()), timed_in.get("w8a8", set())
     if not w4 or not w8 or w4 == w8 or None in w4 | w8:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from xstage_bench.data import layout, storepath
 from xstage_bench.data.compare import Comparison, compare_docs
+from xstage_bench.data.grid import side_arm
 from xstage_bench.report.analysis import labels, load, megamoe
 from xstage_bench.report.analysis.speedup_ci import RatioSamples
 from xstage_bench.report.tables.common import Table
@@ -64,7 +65,7 @@ def build(dataset_dir: Path) -> Table:
             r
             for r in single["records"]
             if not r["point"].get("variant")
-            and not r["point"].get("lead_sweep")
+            and not side_arm(r["point"])
             and storepath.point_path(r["point"]) == storepath.PEER
         ],
     }
