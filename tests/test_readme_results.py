@@ -21,21 +21,27 @@ from xstage_bench.report.tables import model_checks
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_results_block_is_what_the_committed_files_give():
+@pytest.fixture(scope="module")
+def committed_block() -> str:
+    """The results block of the committed references, made once (seconds) for the tests
+    that read it: it is a pure function of the files under results/."""
+    return readme_results.section(ROOT / "results")
+
+
+def test_the_results_block_is_what_the_committed_files_give(committed_block):
     page = (ROOT / "docs" / "results.md").read_text()
-    generated = readme_results.section(ROOT / "results")
-    assert generated in page, (
+    assert committed_block in page, (
         "docs/results.md's results block differs from the committed files: run "
         "`xstage readme --write` (and re-render the references first if a renderer changed)"
     )
 
 
-def test_every_number_of_the_block_comes_from_a_file_not_from_the_readme(tmp_path):
+def test_every_number_of_the_block_comes_from_a_file_not_from_the_readme(committed_block):
     # A number typed into the block by hand is overwritten by the next generation.
     readme = (ROOT / "docs" / "results.md").read_text()
     tampered = readme.replace("geomean 1.", "geomean 9.", 1)
     assert tampered != readme
-    block = readme_results.section(ROOT / "results")
+    block = committed_block
     assert block in readme_results.replace_in(tampered, block)
     with pytest.raises(ValueError, match="no generated results block"):
         readme_results.replace_in("no markers here", block)
@@ -169,7 +175,7 @@ def test_a_baseline_line_says_which_side_a_later_run_timed():
     assert "in different runs in 36 of 36 configurations" in line and "h before ours" in line
 
 
-def test_the_block_says_how_each_ratio_was_timed_and_marks_noisy_extremes():
+def test_the_block_says_how_each_ratio_was_timed_and_marks_noisy_extremes(committed_block):
     """An audit recomputed the block from the raw files: the numbers held, but the text
     hid what the project's standard asks a reader to know. ref-h200x2's schedules and
     attention backends were timed unpaired (triton alone in another run than FA3), its
@@ -177,7 +183,7 @@ def test_the_block_says_how_each_ratio_was_timed_and_marks_noisy_extremes():
     emulated speedup named no metric, and the one-point lead map of ref-h200x1-flashinfer
     read '1 points' and gave the main grid's arm (lead 1024) as its best swept lead, where
     it swept lead 0 only."""
-    block = readme_results.section(ROOT / "results")
+    block = committed_block
     x2 = block[block.index("**ref-h200x2**") :]
     peer = next(line for line in x2.splitlines() if "peer path, natural routing" in line)
     assert "84 configurations, unpaired" in peer and "min 0.895 (noisy: CI beyond +-3%)" in peer
@@ -194,11 +200,11 @@ def test_the_block_says_how_each_ratio_was_timed_and_marks_noisy_extremes():
     ) in block
 
 
-def test_the_fit_line_gives_every_prediction_error_and_the_failed_checks():
+def test_the_fit_line_gives_every_prediction_error_and_the_failed_checks(committed_block):
     """The held-out error of the fit set alone (a median over its 37 rows) read as the
     model's accuracy; its p90, the free-running records the fit never saw and the model's
     own failed checks belong beside it (each as the committed model file gives it)."""
-    block = readme_results.section(ROOT / "results")
+    block = committed_block
     for name in ("ref-h200x1", "ref-h200x2"):
         model = json.loads((ROOT / "results" / name / layout.MODEL_JSON).read_text())
         free = model["validation_summary_free"]
@@ -231,7 +237,7 @@ def test_the_fit_line_gives_the_capacity_law_and_its_choice(tmp_path):
     ) in line, line
 
 
-def test_a_host_lead_line_counts_the_calls_the_gpu_may_have_waited_in():
+def test_a_host_lead_line_counts_the_calls_the_gpu_may_have_waited_in(committed_block):
     """'each call enqueued while the GPU was still busy' is the method; a few calls still
     found the GPU idle (ref-h200x1: 15 of the unfused pipeline's), and the line says how
     many of ours and of the baseline's, as tab-megamoe's host-side section counts them."""
@@ -244,7 +250,7 @@ def test_a_host_lead_line_counts_the_calls_the_gpu_may_have_waited_in():
 
     (ours_calls, ours_waited), (its_calls, its_waited) = counted("ours"), counted("unfused")
     assert int(its_waited) > 0  # the case the line exists for
-    block = readme_results.section(ROOT / "results")
+    block = committed_block
     x1 = block[block.index("**ref-h200x1**") : block.index("**ref-h200x2**")]
     unfused = next(line for line in x1.splitlines() if "unfused torch pipeline" in line)
     expected = (

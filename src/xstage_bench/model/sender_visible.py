@@ -25,7 +25,6 @@ the producer could issue its next operation, not its store loop. Per record, bes
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import theilslopes
 
 MEASURED = "t_vis_slowest_us"
 DERIVED = "t_vis_derived_us"
@@ -45,6 +44,10 @@ def _line(G: np.ndarray, cost: np.ndarray) -> tuple[float, float]:
     """(cost at G = 0 in us, us per us of gap), a robust line never below zero."""
     if len(np.unique(G)) < 2:
         return max(float(np.median(cost)), 0.0), 0.0
+    # Imported here, not at the top: scipy.stats takes ~1 s to load, and every Snakemake run
+    # imports this module while it builds the DAG (claims.counterparts -> paper -> model.checks).
+    from scipy.stats import theilslopes
+
     slope, intercept, _, _ = theilslopes(cost, G)
     return max(float(intercept), 0.0), max(float(slope), 0.0)
 
