@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from xstage_bench.data import workload
+from xstage_bench.data import grid, workload
 
 
 class ConfigError(ValueError):
@@ -189,7 +189,7 @@ def _check_oracle_arms(megamoe: dict) -> None:
     """An oracle arm runs a schedule from the host list beside its device-decided arm: it
     needs schedule_on 'device' and the schedule among megamoe.schedules."""
     oracles = megamoe.get("oracle_arms", [])
-    if oracles and megamoe.get("schedule_on", "list") != "device":
+    if oracles and megamoe.get("schedule_on", grid.LIST) != grid.DEVICE:
         raise ConfigError(
             "config key 'megamoe.oracle_arms': needs megamoe.schedule_on 'device' (with "
             "'list' every arm already runs from the host-built list)"

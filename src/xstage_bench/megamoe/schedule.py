@@ -183,7 +183,25 @@ def interleaved(grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray
     once the list's own clock says its L1 tiles have ended (see module doc)."""
     row_end = grid.row_end()
     row_start = row_end - grid.block_rows
-    l1_cost, l2_cost = tile_costs(grid)
+
+    def due(l1_block: int, l2_block: int, released: bool) -> bool:
+        return released and row_start[l1_block] - row_end[l2_block] >= lead_rows
+
+    return _play_units(grid, num_programs, due, tile_costs(grid))
+
+
+def _play_units(
+    grid: TileGrid,
+    num_programs: int,
+    due: Callable[[int, int, bool], bool],
+    costs: tuple[float, float],
+) -> np.ndarray:
+    """Whole row blocks' L1 or L2 tiles in turn, as num_programs programs take them on the
+    list's clock (tiles lasting `costs`): the next L2 block's when every L1 block is listed
+    or due(next L1 block, next L2 block, whether its last L1 tile has ended by now), else
+    the next L1 block's. interleaved's host list and the device rule's played order
+    (claim_order) are this one play."""
+    l1_cost, l2_cost = costs
     clock = ListClock(num_programs)
     l1_end = np.full(grid.blocks, np.inf)  # when each block's last L1 tile ends
     tiles: list[tuple[int, int, int, int]] = []
@@ -191,11 +209,7 @@ def interleaved(grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray
     while l1_block < grid.blocks or l2_block < grid.blocks:
         l1_done = l1_block == grid.blocks
         take_l2 = l2_block < grid.blocks and (
-            l1_done
-            or (
-                l1_end[l2_block] <= clock.now()
-                and row_start[l1_block] - row_end[l2_block] >= lead_rows
-            )
+            l1_done or due(l1_block, l2_block, l1_end[l2_block] <= clock.now())
         )
         if take_l2:
             tiles += _l2_tiles(grid, l2_block)
@@ -504,25 +518,11 @@ def claim_order(
     if SCHEDULES[name].device_rule == RULE_DEEPGEMM:
         at = (deepgemm_tile_at(layout, p, tiles_per_block) for p in range(grid.tiles))
         return _as_array([(k, int(grid.block_expert[b]), b, n) for k, b, n in at])
-    l1_cost, l2_cost = costs or tile_costs(grid)
-    clock = ListClock(num_programs)
-    released = np.full(grid.blocks, np.inf)  # when each block's last L1 tile ends
-    opened = [0, 0]  # L1 units, L2 units
-    tiles: list[tuple[int, int, int, int]] = []
-    while sum(opened) < 2 * grid.blocks:
-        kind = next_unit(layout, (opened[0], opened[1]), lambda b: released[b] <= clock.now())
-        block = opened[kind]
-        if kind == L1:
-            released[block] = max(clock.take(l1_cost) for _ in range(grid.l1_per_block))
-            tiles += _l1_tiles(grid, block)
-        else:
-            # Taken once released or once every L1 unit is opened; the units left are then
-            # fixed, so a wait of its own would change no opening.
-            for _ in range(grid.l2_per_block):
-                clock.take(l2_cost)
-            tiles += _l2_tiles(grid, block)
-        opened[kind] += 1
-    return _as_array(tiles)
+
+    def due(l1_units: int, l2_units: int, released: bool) -> bool:
+        return next_unit(layout, (l1_units, l2_units), lambda _: released) == L2
+
+    return _play_units(grid, num_programs, due, costs or tile_costs(grid))
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -130,6 +130,11 @@ def is_device_key(key: str) -> bool:
     return key.endswith(schedule.DEVICE_SUFFIX)
 
 
+def arm_knobs(point: dict, megamoe: dict) -> dict:
+    """The schedule knobs an arm runs with: the point's lead_rows, else the config's."""
+    return {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
+
+
 def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) -> str:
     """The point's tile list on this rank, built (and checked) once: its key in rb.tiles.
     Knobs come from the point (lead_rows) or else the megamoe config."""
@@ -137,7 +142,7 @@ def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) ->
 
     key = arm_key(point)
     if key not in rb.tiles:
-        knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
+        knobs = arm_knobs(point, megamoe)
         if is_device_key(key):
             layout = schedule.device_layout(point["schedule"], rb.grid, num_programs, knobs)
             rb.layouts[key] = torch.as_tensor(layout, device=rb.x.device)
@@ -163,8 +168,7 @@ def realized_order_error(rb: RankBuffers, key: str, point: dict, megamoe: dict, 
         return f"the order the device claimed breaks the schedule: {e}"
     if point["schedule"] == schedule.INTERLEAVED:
         return None
-    knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
-    listed = schedule.build(point["schedule"], rb.grid, num_programs, knobs)
+    listed = schedule.build(point["schedule"], rb.grid, num_programs, arm_knobs(point, megamoe))
     if not np.array_equal(realized, listed):
         first = int(np.flatnonzero((realized != listed).any(axis=1))[0])
         return f"the order the device claimed differs from the {point['schedule']} list at {first}"

@@ -21,7 +21,8 @@ DEVICE_OVER_ORACLE = "device rule over the host list (oracle time / device time)
 
 
 def _ok_timed(record: dict) -> bool:
-    return record["status"] == "ok" and bool((record.get("samples") or {}).get("time_us"))
+    samples = record.get("samples") or {}
+    return record["status"] == "ok" and bool(samples.get(megamoe.LAYER.sample))
 
 
 def oracle_pairs(doc: dict) -> pd.DataFrame:
