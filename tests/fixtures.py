@@ -124,6 +124,8 @@ ATTENTION = {
 WORLD_SIZE = 2
 
 # Our MegaMoE kernel's keys for the tiny configurations run under the Triton interpreter.
+# A tiny MoE configuration's fixed part; a test adds its routing, tokens and ranks.
+TINY_POINT = {"shape": "tiny", "H": 256, "I": 256, "E": 4, "topk": 2, "precision": "w8a8"}
 TINY_MOE = {
     "skew_zipf": 1.2,
     "block_m": 128,
@@ -836,10 +838,28 @@ def copy_workflow(dest: Path, names: tuple[str, ...] = WORKFLOW_FILES) -> Path:
 HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
 
 
-@pytest.fixture
-def interpreted_kernel(monkeypatch):
-    """The MoE kernel module decorated under TRITON_INTERPRET=1, restored afterwards (a test
-    module imports this fixture by name).
+def random_routing(seed: int, name: str, most_experts_per_rank: int) -> tuple[dict, list]:
+    """A random routing's point (one, two or four ranks, balanced or skewed) and every home
+    rank's expert ids (routing.route), seeded."""
+    from xstage_bench.megamoe import routing
+
+    rng = np.random.default_rng(seed)
+    ranks = int(rng.choice([1, 2, 4]))
+    E = ranks * int(rng.integers(1, most_experts_per_rank + 1))
+    point = {
+        "shape": f"{name}-{seed}",
+        "E": E,
+        "topk": int(rng.integers(1, min(E, 4) + 1)),
+        "tokens_per_rank": int(rng.integers(1, 1500)),
+        "world_size": ranks,
+        "routing": str(rng.choice(["balanced", "skewed"])),
+    }
+    return point, [routing.route(point, 1.2, r, seed=seed)[0] for r in range(ranks)]
+
+
+def interpreted_modules(monkeypatch, *names: str):
+    """Yield the kernel modules `names` decorated under TRITON_INTERPRET=1, restored
+    afterwards (a fixture's body: `yield from interpreted_modules(...)`).
 
     triton.jit reads the variable when it decorates, triton's own library functions too,
     so triton must first be imported with it set (the kernel test modules import no triton
@@ -853,13 +873,24 @@ def interpreted_kernel(monkeypatch):
 
     if not isinstance(tl.zeros, InterpretedFunction):
         pytest.skip("triton was imported before TRITON_INTERPRET was set in this process")
-    fresh = "xstage_kernels.megamoe" not in sys.modules
-    kernel = importlib.import_module("xstage_kernels.megamoe")
-    if not fresh:
-        importlib.reload(kernel)
-    yield kernel
+    modules = []
+    for name in names:
+        fresh = name not in sys.modules
+        modules.append(importlib.import_module(name))
+        if not fresh:
+            importlib.reload(modules[-1])
+    yield modules
     monkeypatch.delenv("TRITON_INTERPRET")
-    importlib.reload(kernel)
+    for module in modules:
+        importlib.reload(module)
+
+
+@pytest.fixture
+def interpreted_kernel(monkeypatch):
+    """The MoE kernel module decorated under TRITON_INTERPRET=1, restored afterwards (a test
+    module imports this fixture by name)."""
+    for (kernel,) in interpreted_modules(monkeypatch, "xstage_kernels.megamoe"):
+        yield kernel
 
 
 def interpreted_forward(prob, name: str) -> None:

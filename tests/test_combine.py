@@ -191,19 +191,14 @@ def test_the_layer_check_reads_the_triton_reduction_and_fails_a_wrong_one(interp
     """The host path at f=0.5 on two CPU ranks, the problem switched to the Triton
     reduction (a GPU's): the check passes on its output, device rows and host rows alike;
     a reduction that leaves its output unwritten, or sums the wrong rows, fails it."""
-    from fixtures import tiny_cpu_measurer
+    from fixtures import TINY_POINT, tiny_cpu_measurer
 
     from xstage_bench.megamoe import reference
     from xstage_bench.megamoe.layer import reduction
 
     m = tiny_cpu_measurer(2)
     point = {
-        "shape": "tiny",
-        "H": 256,
-        "I": 256,
-        "E": 4,
-        "topk": 2,
-        "precision": "w8a8",
+        **TINY_POINT,
         "routing": "balanced",
         "tokens_per_rank": 24,
         "world_size": 2,

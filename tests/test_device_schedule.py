@@ -33,20 +33,10 @@ EXACT = (schedule.WAVE, schedule.DEEPGEMM_INTERLEAVED)  # rules that read no tim
 def _routed_grids(seed: int, l1: int | None = None) -> list[schedule.TileGrid]:
     """Every rank's grid of a random routing (balanced or skewed) through dispatch_plan,
     with random L1 and L2 tiles a block (l1: this many L1 tiles a block instead)."""
-    rng = np.random.default_rng(seed)
-    ranks = int(rng.choice([1, 2, 4]))
-    E = ranks * int(rng.integers(1, 9))
-    point = {
-        "shape": f"random-{seed}",
-        "E": E,
-        "topk": int(rng.integers(1, min(E, 4) + 1)),
-        "tokens_per_rank": int(rng.integers(1, 1500)),
-        "world_size": ranks,
-        "routing": str(rng.choice(["balanced", "skewed"])),
-    }
-    ids = [routing.route(point, 1.2, r, seed=seed)[0] for r in range(ranks)]
+    point, ids = fixtures.random_routing(seed, "random", 8)
+    rng = np.random.default_rng([seed, 1])
     n1, n2 = l1 or int(rng.integers(1, 24)), int(rng.integers(1, 24))
-    plans = routing.dispatch_plan(ids, E, 128)
+    plans = routing.dispatch_plan(ids, point["E"], 128)
     return [schedule.TileGrid(p.block_expert, p.block_rows, n1, n2) for p in plans]
 
 
@@ -342,12 +332,7 @@ def test_device_mode_computes_what_list_mode_and_the_reference_do(interpreted_ke
 
     moe = {**TINY_MOE, "schedules": list(schedule.SCHEDULES), "lead_rows": 128}
     point = {
-        "shape": "tiny",
-        "H": 256,
-        "I": 256,
-        "E": 4,
-        "topk": 2,
-        "precision": "w8a8",
+        **fixtures.TINY_POINT,
         "routing": "skewed",
         "tokens_per_rank": 48,
         "world_size": 2,

@@ -81,6 +81,29 @@ def test_each_baseline_with_ok_times_has_a_line_per_reference():
         assert all(("GPU was still busy" in line) == lead for line in lines), name
 
 
+def test_a_baseline_line_says_what_our_time_covers_and_never_mixes_coverages(tmp_path):
+    """Ours timed from expert rows (the dispatch outside) or from home tokens (inside, as
+    the baselines'), said on each line; a dataset holding both gets no ratio at all."""
+    import shutil
+
+    ds = tmp_path / "ref"
+    shutil.copytree(ROOT / "results" / "ref-h200x1-flashinfer" / "raw", ds / "raw")
+    raw = ds / layout.MEGAMOE_RAW
+    doc = json.loads(raw.read_text())
+    (line,) = readme_results.baseline_lines(ds)
+    assert "ours without (dispatched once beforehand)" in line
+    ours = [r for r in doc["records"] if r["point"].get("variant") is None and r["extra"]]
+    for r in ours:
+        r["extra"]["layer_from"] = "home_tokens"
+    raw.write_text(json.dumps(doc))
+    (line,) = readme_results.baseline_lines(ds)
+    assert "both times with their dispatch inside" in line and "1024 tokens" in line
+    ours[0]["extra"]["layer_from"] = "expert_rows"
+    raw.write_text(json.dumps(doc))
+    (line,) = readme_results.baseline_lines(ds)
+    assert "not compared" in line and "tokens" not in line
+
+
 def test_the_geomean_ci_over_configurations_brackets_the_geomean():
     ratios = [0.8, 0.9, 1.0, 1.1, 1.2]
     low, high = readme_results.geomean_ci_over_configurations(ratios)

@@ -9,6 +9,8 @@ flash_ws       the same attention warp-specialized (Gluon)
 tma            whether a device can load by TMA (both kernels ask), and run the
                warp-specialized kernels (Hopper only)
 combine        the home rank's top-k weighted reduction of its combine buffer
+dispatch       the dispatch on the GPU: each expert's rows counted, gathered expert-major
+layout         the device schedule's layout built on the GPU from the experts' row counts
 formats        the number formats and trace layout the harness shares with the kernels
 
 The CUDA C microbenchmark kernels are in kernels/microbench/ (built by nvcc in the

@@ -92,6 +92,7 @@ SYNC_HEADER = 2  # tile counter, error flag
 # they read (schedule.device_layout): a header, then LAYOUT_ROWS rows over the blocks.
 CLAIM_RULES = ("expert_wave", "interleaved", "deepgemm_interleaved")
 LAYOUT_HEADER = 3  # rule, lead_rows, blocks
+LAYOUT_BLOCKS = 2  # the header's block count: the rows after it are that long
 LAYOUT_ROWS = 5  # expert, row_start, row_end, wave_end, l2_start
 UNIT_WINDOW = 32  # unit-table entries (or deepgemm blocks) a program reads with one load
 FP8_KERNEL_ENV = "XSTAGE_MOE_FP8_KERNEL"
@@ -108,7 +109,7 @@ _LAYOUT_HEADER = tl.constexpr(LAYOUT_HEADER)
 _UNIT_WINDOW = tl.constexpr(UNIT_WINDOW)
 _RULE_WAVE = tl.constexpr(CLAIM_RULES.index("expert_wave"))
 _RULE_DEEPGEMM = tl.constexpr(CLAIM_RULES.index("deepgemm_interleaved"))
-_RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # header
+_RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(LAYOUT_BLOCKS)
 _ROW_START, _ROW_END, _WAVE_END, _L2_START = (tl.constexpr(i) for i in range(1, 5))  # rows
 _NO_START = tl.constexpr(2**31 - 1)  # past every list position
 
@@ -444,6 +445,8 @@ def _fused_moe(
         n2 = H // BLOCK_N
         lanes = tl.arange(0, _UNIT_WINDOW)
         walk = (0, 0)
+        # The layout's block count, written on the device: one graph serves any routing.
+        n_tiles = tl.load(layout_ptr + _BLOCKS) * (n1 + n2)
     idx = tl.atomic_add(sync_ptr, 1)
     if DEVICE:
         idx, kind, e, blk, nb, walk = _take_decided(
@@ -719,17 +722,21 @@ def unit_entry(kind: int, l1_units: int) -> int:
 
 
 def check_device_mode(layout, tiles, sync, H: int, I: int) -> None:  # noqa: E741
-    """A device-mode launch's buffers agree: the layout's block count (from its size, so
-    no copy from the device) with the tile buffer's rows and the sync buffer's size."""
+    """A device-mode launch's buffers agree, for the most blocks the layout has room for
+    (from its size, so no copy from the device): the tile buffer's rows and the sync
+    buffer's size. The kernel reads the block count from the layout's header, which a
+    layout built on the device (xstage_kernels.layout) fills in at run time."""
     if layout.ndim != 1 or layout.element_size() != 4 or layout.is_floating_point():
         raise ValueError(f"layout must be 1-D int32, got {layout.dtype} {tuple(layout.shape)}")
-    blocks, rest = divmod(layout.numel() - LAYOUT_HEADER, LAYOUT_ROWS)
-    if blocks < 0 or rest:
+    capacity, rest = divmod(layout.numel() - LAYOUT_HEADER, LAYOUT_ROWS)
+    if capacity < 0 or rest:
         raise ValueError(f"a layout holds {LAYOUT_HEADER} + {LAYOUT_ROWS} * blocks int32")
-    if tiles.shape[0] != blocks * (H + I) // BLOCK_N:
-        raise ValueError(f"tiles must have {blocks * (H + I) // BLOCK_N} rows for {blocks} blocks")
-    if sync.numel() < sync_size(blocks):
-        raise ValueError(f"device mode needs a sync buffer of {sync_size(blocks)} int32")
+    if tiles.shape[0] < capacity * (H + I) // BLOCK_N:
+        raise ValueError(
+            f"tiles must have {capacity * (H + I) // BLOCK_N} rows for {capacity} blocks"
+        )
+    if sync.numel() < sync_size(capacity):
+        raise ValueError(f"device mode needs a sync buffer of {sync_size(capacity)} int32")
 
 
 def fp8_kernel() -> str:

@@ -164,7 +164,7 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
-from xstage_kernels.megamoe import UNIT_WINDOW, decided_tile
+from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile
 from xstage_kernels.ptx_edits import (
     ARRIVE_PER_WARP_MARK,
     DROP_MATH_WAIT_BARRIERS_MARK,
@@ -349,6 +349,7 @@ _QUARTER = gl.constexpr(BLOCK // 4)
 _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _RECORD = gl.constexpr(RECORD)
 _UNIT_WINDOW = gl.constexpr(UNIT_WINDOW)  # one entry a lane of the producer warp
+_LAYOUT_BLOCKS = gl.constexpr(LAYOUT_BLOCKS)  # the header's block count
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
@@ -1085,6 +1086,8 @@ def _fused_moe_ws(
     MMA_TURNS: gl.constexpr,
     DEVICE: gl.constexpr,
 ):
+    if DEVICE:  # the layout's block count, written on the device: one graph, any routing
+        n_tiles = gl.load(layout_ptr + _LAYOUT_BLOCKS) * ((H + I) // _BLOCK)
     # The marks that ask ptx_edits to edit this build's PTX.
     if DROP_WAIT_BARRIERS and W4:  # its converters keep theirs
         n_tiles = _marked(n_tiles, _DROP_MATH_WAIT_BARRIERS_ASM)

@@ -46,6 +46,16 @@ LOCAL_CONTROL = "local_control"
 DEVICE, LIST = "device", "list"
 ORACLE = "oracle"
 
+# Where our timed layer starts (megamoe.layer_from): from rows dispatched once when the
+# problem is built, or from home tokens, the dispatch on the GPU inside the time
+# (megamoe/layer/token_dispatch.py). A record before the key started from expert rows.
+EXPERT_ROWS, HOME_TOKENS = "expert_rows", "home_tokens"
+
+
+def layer_from(megamoe_or_extra: dict) -> str:
+    """Where a config's (or a record extra's) timed layer starts."""
+    return megamoe_or_extra.get("layer_from", EXPERT_ROWS)
+
 
 def side_arm(point: dict) -> bool:
     """An arm of ours the main grid's tables leave out: a lead-map arm or an oracle arm

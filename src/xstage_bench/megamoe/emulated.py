@@ -220,8 +220,8 @@ class EmulatedMeasurer:
         ]
         prob.forward(sched, local=local, emulate_ns=ns, trace=bufs)
         prob.synchronize()
-        stamps = [b.cpu().numpy() for b in bufs]
-        tiles = [rb.tiles[sched].cpu().numpy() for rb in prob.ranks]
+        tiles = [rb.claimed(sched).cpu().numpy() for rb in prob.ranks]
+        stamps = [b[: len(t)].cpu().numpy() for b, t in zip(bufs, tiles, strict=True)]
         spans, _ = trace_summary(stamps, tiles, keep_timeline=False)
         return linear2_waits(stamps, tiles), spans
 

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from xstage_bench.data import grid, storepath
+from xstage_bench.data.grid import EXPERT_ROWS, HOME_TOKENS, layer_from
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement import log
 from xstage_bench.measurement.environment import capture_measured
@@ -169,9 +170,19 @@ HOST_SHARE_RULE = (
 )
 
 
-def definitions(paths: Sequence[str], combine: str) -> dict:
+def definitions(paths: Sequence[str], combine: str, starts_from: str = EXPERT_ROWS) -> dict:
     """What every metric of our kernel's records means, per store path; `combine` names
-    the top-k reduction that ran (reduction.py, the raw config's `combine`)."""
+    the top-k reduction that ran (reduction.py, the raw config's `combine`); `starts_from`
+    where the timed layer starts (megamoe.layer_from: token_dispatch.py)."""
+    around = "GPU 0 events around: "
+    excluded = "dispatch excluded, done once"
+    if starts_from == HOME_TOKENS:
+        around += (
+            "the dispatch on the GPU (each expert's rows counted, the schedule layout built, "
+            "the FP8 rows, scales and destinations gathered into padded expert-major buffers: "
+            "token_dispatch.py), "
+        )
+        excluded = "dispatch and layout included"
     common = {
         "kernel_us": "max over ranks of the fused kernel alone (events on its stream; on the "
         "CPU test backend host clocks around each launch)",
@@ -190,9 +201,9 @@ def definitions(paths: Sequence[str], combine: str) -> dict:
     }
     per_path = {
         storepath.PEER: {
-            "time_us": "GPU 0 events around: every rank's fused kernel, the cross-GPU "
+            "time_us": f"{around}every rank's fused kernel, the cross-GPU "
             f"barrier and every home rank's top-k weighted reduction, by {combine} "
-            "(`combine`; dispatch excluded, done once)",
+            f"(`combine`; {excluded})",
             "remote_fraction": "share of the combine rows that cross NVLink: absent at "
             "natural routing (about (P-1)/P), else rows re-homed (routing.py)",
             "remote_bytes": "bf16 output bytes the combine epilogues store into peers, all "
@@ -200,11 +211,10 @@ def definitions(paths: Sequence[str], combine: str) -> dict:
             "nvlink_bytes": "bf16 output bytes the combine epilogues store into peers, all ranks",
         },
         storepath.HOST: {
-            "time_us": "GPU 0 events around: every rank's fused kernel, the cross-GPU "
+            "time_us": f"{around}every rank's fused kernel, the cross-GPU "
             f"barrier and every home rank's top-k weighted reduction, by {combine} (`combine`), "
             "over its whole device combine buffer (a fixed cost at every f); the host-homed "
-            "tokens' reduction belongs to the far end and is not timed (dispatch excluded, "
-            "done once)",
+            f"tokens' reduction belongs to the far end and is not timed ({excluded})",
             "remote_fraction": "the host share f (host_share)",
             "remote_bytes": "bf16 output bytes the combine epilogues store into host "
             "memory, all ranks (= host_bytes)",
@@ -266,7 +276,7 @@ def raw_config(
             "tolerance_rel_l2": reference.tolerance(device_type),
         },
         "combine": reduction.describe(combine),
-        "definitions": definitions(paths, combine),
+        "definitions": definitions(paths, combine, layer_from(moe)),
         "variants": moe.get("variants", list(VARIANTS)),
         "baselines": {
             "unfused": {

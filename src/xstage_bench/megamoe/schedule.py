@@ -410,12 +410,12 @@ def device_layout(
     (interleaved), the block count, and per block its expert, first and last row (prefix
     sums of valid rows), the block count at which its expert wave ends and the list position
     of its first L2 tile under deepgemm_interleaved. Knobs from `config` as `build` takes them."""
-    chosen = _checked_knobs(name, num_programs, config)
+    rule, lead_rows = layout_header(name, num_programs, config)
     wave_end = np.zeros(grid.blocks, dtype=np.int64)
     for wave in _waves(grid, num_programs):
         wave_end[wave] = wave[-1] + 1
     row_end = grid.row_end()
-    header = [SCHEDULES[name].device_rule, chosen.get("lead_rows", 0), grid.blocks]
+    header = [rule, lead_rows, grid.blocks]
     rows = [
         grid.block_expert,
         row_end - grid.block_rows,
@@ -427,6 +427,15 @@ def device_layout(
     if layout.size and layout.max() > _INT32_MAX:
         raise ValueError(f"a device layout is int32; {name} on this grid needs {layout.max()}")
     return layout.astype(np.int32)
+
+
+def layout_header(
+    name: str, num_programs: int, config: Mapping[str, object] | None = None
+) -> tuple[int, int]:
+    """A device layout's first two header fields, its rule id and lead: what a layout built
+    on the device (xstage_kernels.layout) is told; the block count it finds itself."""
+    chosen = _checked_knobs(name, num_programs, config)
+    return SCHEDULES[name].device_rule, chosen.get("lead_rows", 0)
 
 
 def _deepgemm_l2_starts(grid: TileGrid, num_programs: int) -> np.ndarray:

@@ -258,6 +258,8 @@ def baseline_lines(ds: Path) -> list[str]:
     setting the baselines run (analysis.megamoe.at_baseline_setting), per tokens per rank."""
     doc = load.raw_doc(ds, layout.MEGAMOE_RAW)
     frame = megamoe.at_baseline_setting(megamoe_baselines.megamoe_baselines(doc))
+    if len(megamoe_baselines.ours_layer_from(doc)) > 1:  # no line mixes what times cover
+        return [f"- MegaMoE baselines: not compared, {megamoe_baselines.dispatch_coverage(doc)}."]
     lines = []
     for column, name in BASELINE_RATIOS:
         have = frame[frame[column].notna()]  # megamoe_baselines always has every column
@@ -275,7 +277,7 @@ def baseline_lines(ds: Path) -> list[str]:
             f"- MegaMoE, ours against {name}, our best schedule's layer time over its time "
             "(geomean over configurations, CI over configurations; "
             f"{_runs(doc, column)}{_timed_as(doc, BASELINE_OF[column])}, "
-            "its time with its dispatch inside): " + "; ".join(parts) + "."
+            f"{megamoe_baselines.dispatch_coverage(doc)}): " + "; ".join(parts) + "."
         )
     return lines
 

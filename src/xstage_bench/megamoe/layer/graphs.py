@@ -5,7 +5,8 @@ four TMA descriptors, zeroing the sync buffer, launching the combine, the events
 the GPU waited for most of that inside the timed region; replaying the captured graphs
 takes 26-36 us (one H200, kernels/ab/2026-12-02-enqueue-profile-1024.txt). Per rank there
 are two graphs: the sync buffer's zero with the fused kernel (kernel_us is timed around
-it), and the top-k combine (which runs after the cross-rank barrier).
+it), and the top-k combine (which runs after the cross-rank barrier); a third before them
+where the layer starts from home tokens: the dispatch (token_dispatch.py).
 
 A rank's pair is captured once per tile list, per fused kernel in force and per value of
 megamoe_ws's launch options (kernel_ab changes those between launches), after one eager
@@ -29,6 +30,7 @@ class RankGraphs:
 
     kernel: object  # torch.cuda.CUDAGraph: zero the sync buffer, the fused kernel
     combine: object  # torch.cuda.CUDAGraph: the top-k reduction of the combine buffer
+    dispatch: object = None  # torch.cuda.CUDAGraph: the dispatch (token_dispatch), if timed
 
 
 def graph_key(arm: str) -> tuple:

@@ -3,8 +3,10 @@
 Each rank holds E/P experts (expert parallelism) and T tokens of its own (its home
 tokens). Dispatch happens once, when the problem is built (torch copies between the
 GPUs; it is not part of the timed kernel): every rank receives the FP8 (or bf16) rows of
-the tokens routed to its experts, in the padded expert-major layout of routing.py. The
-inputs are inputs.py's, each rank's buffers and launch rank.py's.
+the tokens routed to its experts, in the padded expert-major layout of routing.py; or,
+where the layer starts from home tokens (megamoe.layer_from, one GPU), in every forward on
+the GPU before the kernel, inside the timed layer (token_dispatch.py). The inputs are
+inputs.py's, each rank's buffers and launch rank.py's.
 
 `forward` is what is timed: on every rank, zero the sync buffer and launch the fused
 kernel, whose Linear-2 epilogue stores each output row into its home rank's combine
@@ -40,7 +42,7 @@ import numpy as np
 from xstage_bench.data import storepath
 from xstage_bench.measurement import hostmem
 from xstage_bench.megamoe import routing, schedule
-from xstage_bench.megamoe.layer import accounting, graphs, reduction
+from xstage_bench.megamoe.layer import accounting, graphs, reduction, token_dispatch
 from xstage_bench.megamoe.layer.inputs import host_share, make_home_tokens
 from xstage_bench.megamoe.layer.rank import (
     act_dtype,
@@ -50,6 +52,7 @@ from xstage_bench.megamoe.layer.rank import (
     rank_buffers,
     realized_order_error,
     tiles_for,
+    token_rank_buffers,
 )
 from xstage_bench.megamoe.quant import SCALE_BLOCK, check_precision
 from xstage_bench.megamoe.reference import ExpertWeights
@@ -132,6 +135,8 @@ class MoEProblem:
         self.path = storepath.point_path(point)
         H = point["H"]
         check_tiles(megamoe)
+        token_dispatch.check_supported(point, megamoe)
+        self.from_tokens = token_dispatch.layer_from(megamoe) == token_dispatch.HOME_TOKENS
         T, topk = point["tokens_per_rank"], point["topk"]
         self.homes = [
             make_home_tokens(self.point, self.precision, r, d, seed) for r, d in enumerate(devices)
@@ -162,6 +167,9 @@ class MoEProblem:
             host_offsets = None
             if self.host_homed is not None:
                 host_offsets = np.array([(int(p) - base) // 2 for p in host_ptrs], dtype=np.int64)
+            if self.from_tokens:  # one GPU (check_supported): its own tokens, every expert
+                self.ranks.append(self._token_rank(q, plan, comb[q], host_offsets))
+                continue
             self.ranks.append(
                 rank_buffers(
                     self.point,
@@ -216,6 +224,8 @@ class MoEProblem:
                         torch, d, lambda q=q: self._launch(q, name, local=False, trace=None)
                     ),
                     combine=graphs.capture(torch, d, lambda q=q: self._combine(q)),
+                    dispatch=self.ranks[q].dispatch
+                    and graphs.capture(torch, d, lambda q=q: self._dispatch_tokens(q, name)),
                 )
                 for q, d in enumerate(self.devices)
             ]
@@ -231,6 +241,29 @@ class MoEProblem:
         return name
 
     # ---- construction helpers --------------------------------------------------------
+
+    def _token_rank(self, q: int, plan: routing.RankRows, comb, host_offsets):
+        """Rank q's buffers around a dispatch on its GPU from its home tokens."""
+        home = self.homes[q]
+        token_offsets = np.zeros(self.point["tokens_per_rank"], dtype=np.int64)
+        if host_offsets is not None:  # the host-homed tokens' rows go to the host buffer
+            token_offsets[self.host_homed[q]] = host_offsets[q]
+        step_major = kernel.uses_ws_kernel(self.precision, home.xq)
+        if step_major:
+            from xstage_kernels import megamoe_ws
+
+            step_major = megamoe_ws.SCALES_TMA  # what the warp-specialized kernel reads
+        dispatch = token_dispatch.token_dispatch(
+            self.point,
+            home,
+            self.devices[q],
+            token_offsets=token_offsets,
+            num_programs=self.num_programs,
+            step_major_scales=step_major,
+        )
+        return token_rank_buffers(
+            self.point, plan, dispatch, comb=comb, combine_weights=home.weights
+        )
 
     def _dispatch(self, q: int, plan: routing.RankRows, field: str, width: int):
         """Rank q's received rows of one home-token field (xq or xs), gathered from every
@@ -263,8 +296,10 @@ class MoEProblem:
                 continue
             plan = rb.plan
             rb.sink = torch.empty(P * T * topk, H, dtype=torch.bfloat16, device=self.devices[q])
-            local = np.where(plan.home >= 0, (plan.home * T * topk + plan.slot) * H, kernel.PAD_DST)
-            rb.row_dst_local = torch.as_tensor(local.astype(np.int64), device=self.devices[q])
+            local = np.full(rb.x.shape[0], kernel.PAD_DST, dtype=np.int64)  # any capacity
+            rows = np.flatnonzero(plan.home >= 0)
+            local[rows] = (plan.home[rows] * T * topk + plan.slot[rows]) * H
+            rb.row_dst_local = torch.as_tensor(local, device=self.devices[q])
 
     # ---- what the measurement reads -------------------------------------------------
 
@@ -369,6 +404,13 @@ class MoEProblem:
             emulate_ns=emulate_ns,
         )
 
+    def _dispatch_tokens(self, q: int, name: str) -> None:
+        """Enqueue rank q's dispatch from its home tokens, for arm `name` (token_dispatch);
+        nothing where its rows were dispatched when the problem was built."""
+        rb = self.ranks[q]
+        if rb.dispatch is not None:
+            rb.dispatch.enqueue(rb.layouts.get(name), name)
+
     def _combine(self, q: int) -> None:
         reduction.combine_rank(self.ranks[q], self.point, self.reduction)
 
@@ -398,6 +440,7 @@ class MoEProblem:
         if not self.cuda:
             stamps = []
             for q in range(len(self.devices)):
+                self._dispatch_tokens(q, name)
                 start = HostStamp()
                 self._launch(q, name, local=local, trace=trace, emulate_ns=emulate_ns)
                 stamps.append((start, HostStamp()))
@@ -419,6 +462,10 @@ class MoEProblem:
             with torch.cuda.device(d):
                 if q:
                     streams[q].wait_event(go)
+                if replayed and replayed[q].dispatch:
+                    replayed[q].dispatch.replay()
+                elif not replayed:
+                    self._dispatch_tokens(q, name)
                 pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 pair[0].record(streams[q])
                 if replayed:

@@ -43,6 +43,14 @@ class RankBuffers:
     layouts: dict = field(default_factory=dict)  # device-decided arm key -> its device layout
     sink: object = None  # local-control destination (P * T * topk, H) bf16, on demand
     row_dst_local: object = None
+    # token_dispatch.TokenDispatch when the layer starts from home tokens (its buffers are
+    # x, xs and row_dst, sized for any routing), else None: rows dispatched once at build
+    dispatch: object = None
+
+    def claimed(self, key: str):
+        """Arm `key`'s tile list as it ran: a device-decided arm's buffer may have room for
+        more blocks than this routing made (token_dispatch), which no launch writes."""
+        return self.tiles[key][: self.grid.tiles]
 
 
 def act_dtype(torch, precision: str):
@@ -116,6 +124,49 @@ def rank_buffers(
     )
 
 
+def token_rank_buffers(
+    point: dict,
+    plan: routing.RankRows,
+    dispatch,
+    *,
+    comb,
+    combine_weights: np.ndarray,
+) -> RankBuffers:
+    """One rank's buffers around the GPU's dispatch (token_dispatch.TokenDispatch): the
+    rows, scales and destinations it gathers, the intermediate and sync buffer sized for
+    its capacity. plan: the host's view of the same rows, for the checks and the counts."""
+    import torch
+
+    H, I, T, topk = point["H"], point["I"], point["tokens_per_rank"], point["topk"]  # noqa: E741
+    device = dispatch.x.device
+    precision = point["precision"]
+    rows = dispatch.capacity_rows
+    weights = torch.as_tensor(combine_weights, device=device)
+    xs = dispatch.xs if dispatch.xs is not None else scale_buffer(torch, precision, 0, H, device)
+    return RankBuffers(
+        plan=plan,
+        grid=schedule.TileGrid(
+            plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
+        ),
+        x=dispatch.x,
+        xs=xs,
+        # The gather writes the scales step-major where the kernel reads them so
+        # (token_dispatch); else a launch that needs them so makes them (megamoe.launch).
+        xs_steps=xs.t() if not xs.is_contiguous() else (None if xs.ndim == 2 else xs),
+        h=torch.empty(rows, I, dtype=act_dtype(torch, precision), device=device),
+        hs=scale_buffer(torch, precision, rows, I, device),
+        comb=comb,
+        out=torch.empty(T, H, dtype=torch.bfloat16, device=device),
+        combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
+        row_dst=dispatch.row_dst,
+        sync=torch.zeros(
+            kernel.sync_size(dispatch.capacity_blocks), dtype=torch.int32, device=device
+        ),
+        tiles={},
+        dispatch=dispatch,
+    )
+
+
 def arm_key(point: dict) -> str:
     """Which tile list a point runs: its schedule, the lead of an interleaved point that
     names one ('interleaved/lead=1024'; a point without lead_rows uses the config's), and
@@ -143,7 +194,14 @@ def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) ->
     key = arm_key(point)
     if key not in rb.tiles:
         knobs = arm_knobs(point, megamoe)
-        if is_device_key(key):
+        if is_device_key(key) and rb.dispatch is not None:
+            # built on the GPU by each forward's dispatch, for any routing
+            header = schedule.layout_header(point["schedule"], num_programs, knobs)
+            rb.dispatch.headers[key] = header
+            rb.layouts[key] = rb.dispatch.new_layout()
+            tiles = rb.dispatch.capacity_blocks * (rb.grid.l1_per_block + rb.grid.l2_per_block)
+            rb.tiles[key] = torch.full((tiles, 4), -1, dtype=torch.int32, device=rb.x.device)
+        elif is_device_key(key):
             layout = schedule.device_layout(point["schedule"], rb.grid, num_programs, knobs)
             rb.layouts[key] = torch.as_tensor(layout, device=rb.x.device)
             rb.tiles[key] = torch.full(
@@ -161,7 +219,7 @@ def realized_order_error(rb: RankBuffers, key: str, point: dict, megamoe: dict, 
     rules that read no clock (expert waves, DeepGEMM's) must give their host list exactly."""
     if not is_device_key(key):
         return None
-    realized = rb.tiles[key].cpu().numpy()
+    realized = rb.claimed(key).cpu().numpy()
     try:
         schedule.check_dependencies(realized, rb.grid)
     except schedule.ScheduleError as e:
@@ -186,6 +244,10 @@ def poison_rank(torch, rb: RankBuffers) -> None:
         rb.h.fill_(float("nan"))
     if rb.sink is not None:
         rb.sink.fill_(float("nan"))
+    if rb.dispatch is not None:  # what the dispatch writes too
+        rb.dispatch.poison(torch)
+        for layout in rb.layouts.values():
+            layout.zero_()
 
 
 def launch_rank(

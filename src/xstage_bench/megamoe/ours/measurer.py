@@ -40,6 +40,7 @@ from xstage_bench.megamoe.baselines.measure import (
     GemmCeiling,
     UnfusedBaseline,
 )
+from xstage_bench.megamoe.layer import token_dispatch
 from xstage_bench.megamoe.ours import verdict
 from xstage_bench.megamoe.ours.paired import compared_ratios, measure_arms
 from xstage_bench.megamoe.ours.summary import linear2_waits, trace_summary
@@ -360,9 +361,10 @@ class MoEMeasurer:
                 "nvlink_bytes": int(sum(nvlink)),
                 "nvlink_bytes_per_rank": nvlink,
                 "padded_rows_per_rank": prob.padded_rows(),
-                "tiles_per_rank": [int(rb.tiles[keys[i]].shape[0]) for rb in prob.ranks],
+                "tiles_per_rank": [int(rb.claimed(keys[i]).shape[0]) for rb in prob.ranks],
                 "stop_reason": t.stop_reason,
                 "launch": prob.launch_mode(),
+                "layer_from": token_dispatch.layer_from(self.moe),  # what time_us covers
                 **timing.lead_facts(leads[i]),
             }
             if prob.path == storepath.HOST:
@@ -407,8 +409,9 @@ class MoEMeasurer:
             key = prob.arm(point)
             prob.forward(key, local=local, trace=bufs)
             prob.synchronize()
-            stamps = [b.cpu().numpy() for b in bufs]
-            tiles = [rb.tiles[key].cpu().numpy() for rb in prob.ranks]
+            # a buffer with room for any routing's tiles holds this one's first (claimed)
+            tiles = [rb.claimed(key).cpu().numpy() for rb in prob.ranks]
+            stamps = [b[: len(t)].cpu().numpy() for b, t in zip(bufs, tiles, strict=True)]
             spans, extra = trace_summary(stamps, tiles, keep_timeline)
             waits = linear2_waits(stamps, tiles)
             line = (

@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
+from xstage_bench.data import grid
 from xstage_bench.megamoe.baselines import BASELINES
 from xstage_bench.megamoe.schedule import COMPARED, INTERLEAVED, WAVE
 from xstage_bench.report.analysis.frames import is_scalar, records_frame
@@ -85,6 +86,27 @@ def megamoe_baselines(doc: dict) -> pd.DataFrame:
     out["deepgemm_lag_speedup"] = wide["deepgemm_wave_us"] / wide["deepgemm_lag_us"]
     out = out[out["ours_best_us"].notna()]
     return out.reset_index()[[*keys, *BASELINE_COLUMNS]]
+
+
+def ours_layer_from(doc: dict) -> set[str]:
+    """Where our ok records' timed layer starts (grid.layer_from): {EXPERT_ROWS} (the
+    dispatch done once, outside the time), {HOME_TOKENS} (inside it, as the baselines'),
+    both where a dataset mixes them, or none."""
+    return {
+        grid.layer_from(r.get("extra") or {})
+        for r in doc["records"]
+        if r["point"].get("variant") is None and r["status"] == "ok"
+    }
+
+
+def dispatch_coverage(doc: dict) -> str:
+    """What our time and a baseline's cover, as a README line or a table note says it."""
+    starts = ours_layer_from(doc)
+    if starts == {grid.HOME_TOKENS}:
+        return "both times with their dispatch inside (ours: dispatch and layout on the GPU)"
+    if starts == {grid.EXPERT_ROWS}:
+        return "its time with its dispatch inside, ours without (dispatched once beforehand)"
+    return "ours timed with and without its dispatch inside (a mixed dataset)"
 
 
 def has_records(doc: dict, variant: str) -> bool:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from xstage_bench.data import stats, storepath
+from xstage_bench.data import grid, stats, storepath
 from xstage_bench.data.grid import side_arm
 from xstage_bench.data.stats import NOISY_HALF_WIDTH
 from xstage_bench.megamoe import schedule
@@ -587,7 +587,12 @@ def flashinfer_note(doc: dict) -> str:
         "configuration (its own schedule) of either token routing, at the natural remote "
         "fraction only (its own dispatch places the rows); its time (compute_staged, FP8 "
         "inputs staged beforehand) includes its dispatch and combine; ours includes the "
-        "combine (kernel, barrier, top-k reduction) and leaves the dispatch out."
+        "combine (kernel, barrier, top-k reduction)"
+        + (
+            " and its dispatch and layout on the GPU, from the FP8 home tokens and top-k ids."
+            if megamoe_baselines.ours_layer_from(doc) == {grid.HOME_TOKENS}
+            else " and leaves the dispatch out."
+        )
     )
 
 

@@ -1,0 +1,131 @@
+"""The layer from its home tokens (megamoe.layer_from 'home_tokens', issue 53 item 2): the
+dispatch and the layout on the device inside every forward, under the Triton interpreter.
+
+One CPU rank on the host path (a quarter of its tokens host-homed): with the rows, scales,
+destinations and layout poisoned before each forward, the layer gives the same outputs,
+bit for bit, as the layer whose rows the host dispatched once, for every schedule decided
+on the device and from a host list (an oracle arm), and the rows the device gathered are
+the host's, byte for byte. The buffers are sized for any routing: a second routing's ids
+copied into the same buffers give that routing's rows. A point on two GPUs is recorded
+unsupported. How long the dispatch takes on a GPU, a GPU run must show.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import fixtures
+import numpy as np
+import pytest
+
+from xstage_bench.measurement.protocol import PointFailed
+from xstage_bench.megamoe import reference, routing, schedule
+from xstage_bench.megamoe.layer import token_dispatch
+
+HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
+# xstage_kernels.megamoe.PAD_DST: imported here, Triton would load before the interpreter
+PAD_DST = -(2**62)
+KERNELS = ("xstage_kernels.megamoe", "xstage_kernels.dispatch", "xstage_kernels.layout")
+POINT = {
+    **fixtures.TINY_POINT,
+    "routing": "skewed",
+    "tokens_per_rank": 80,
+    "world_size": 1,
+    "path": "host",
+    "remote_fraction": 0.25,
+}
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """The fused kernel's, the dispatch's and the layout's modules decorated under
+    TRITON_INTERPRET=1, restored afterwards."""
+    yield from fixtures.interpreted_modules(monkeypatch, *KERNELS)
+
+
+def _problem(layer_from: str, point: dict = POINT):
+    import torch
+    from fixtures import TINY_MOE
+
+    from xstage_bench.megamoe.layer.inputs import make_expert_weights
+    from xstage_bench.megamoe.layer.problem import MoEProblem
+
+    moe = {
+        **TINY_MOE,
+        "schedules": list(schedule.SCHEDULES),
+        "lead_rows": 128,
+        "layer_from": layer_from,
+    }
+    devices = [torch.device("cpu")] * point["world_size"]
+    weights = [make_expert_weights(point, "w8a8", q, d) for q, d in enumerate(devices)]
+    return MoEProblem(point, moe, devices, weights, num_programs=3), moe
+
+
+def _outputs(prob, key: str) -> list:
+    prob.poison()
+    fixtures.interpreted_forward(prob, key)
+    assert prob.error_flags() == [0]
+    assert not prob.host_unwritten() and not prob.combine_unwritten()
+    return [o.clone() for o in prob.checked_outputs()]
+
+
+def test_the_layer_from_tokens_computes_what_the_hosts_dispatch_gives(interpreted):
+    import torch
+
+    once, moe = _problem(token_dispatch.EXPERT_ROWS)
+    timed, _ = _problem(token_dispatch.HOME_TOKENS)
+    (rb,) = timed.ranks
+    assert rb.dispatch is not None and rb.x.shape[0] > rb.plan.padded_rows  # any routing
+    tokens = [np.arange(POINT["tokens_per_rank"])]
+    ref = reference.reference_outputs(timed.homes, timed.experts, tokens, "w8a8")
+    for name in schedule.SCHEDULES:
+        for decided in ("device", "list"):
+            arm = {"schedule": name, "decided_on": decided}
+            want = _outputs(once, once.arm(arm))
+            got = _outputs(timed, timed.arm(arm))
+            assert torch.equal(got[0], want[0]), (name, decided)
+            assert reference.relative_error(got[0], ref[0]) < reference.INTERPRETER_TOLERANCE
+            assert timed.realized_order_error(timed.arm(arm), arm) is None
+    # the rows the device gathered are the host's, byte for byte, padding included
+    (host,) = once.ranks
+    rows = rb.plan.padded_rows
+    assert torch.equal(rb.x[:rows].view(torch.uint8), host.x.view(torch.uint8))
+    assert torch.equal(rb.xs[:rows], host.xs)
+    host_offset = (timed.host_comb[0].data_ptr() - rb.comb.data_ptr()) // 2
+    want = routing.row_destinations(
+        rb.plan, np.zeros(1), POINT["H"], np.array([host_offset]), timed.host_homed, pad=PAD_DST
+    )
+    assert timed.host_homed.any() and torch.equal(rb.row_dst[:rows], torch.as_tensor(want))
+
+
+def test_one_set_of_buffers_serves_another_routing(interpreted):
+    """New ids copied into the same buffers: the next dispatch lays out their plan."""
+    import torch
+
+    timed, _ = _problem(token_dispatch.HOME_TOKENS)
+    (rb,) = timed.ranks
+    d = rb.dispatch
+    from xstage_bench.megamoe.layer.inputs import routing_point
+
+    ids, _ = routing.route(routing_point({**POINT, "routing": "balanced"}), 1.2, 0)
+    plan = routing.dispatch_plan([ids], POINT["E"], 128)[0]
+    assert plan.blocks != rb.plan.blocks or not np.array_equal(plan.token, rb.plan.token)
+    d.expert_ids.copy_(torch.as_tensor(ids.reshape(-1).astype(np.int32)))
+    d.poison(torch)
+    d.enqueue()
+    np.testing.assert_array_equal(d.counts.numpy(), plan.expert_rows)
+    assert int(d.scratch_layout[2]) == plan.blocks
+    routed = np.flatnonzero(plan.home >= 0)
+    home = timed.homes[0].xq.view(torch.uint8)
+    assert torch.equal(d.x.view(torch.uint8)[routed], home[torch.as_tensor(plan.token[routed])])
+    slots = torch.as_tensor(plan.slot[routed]) * POINT["H"]
+    dst = d.row_dst[routed] - d.token_dst[torch.as_tensor(plan.token[routed])]
+    assert torch.equal(dst, slots)
+
+
+def test_a_point_on_two_gpus_is_unsupported_not_faked():
+    with pytest.raises(PointFailed, match="one GPU") as failed:
+        token_dispatch.check_supported({**POINT, "world_size": 2}, {"layer_from": "home_tokens"})
+    assert failed.value.status == "unsupported"
+    token_dispatch.check_supported({**POINT, "world_size": 2}, {})  # rows dispatched once
