@@ -129,3 +129,63 @@ def test_a_point_on_two_gpus_is_unsupported_not_faked():
         token_dispatch.check_supported({**POINT, "world_size": 2}, {"layer_from": "home_tokens"})
     assert failed.value.status == "unsupported"
     token_dispatch.check_supported({**POINT, "world_size": 2}, {})  # rows dispatched once
+
+
+# ---- on a GPU (skipped elsewhere): the layer as timed, replayed from its graphs ------------
+
+GPU_POINT = {**POINT, "H": 2048, "I": 1024, "E": 16, "topk": 4, "tokens_per_rank": 1024}
+
+
+def _cuda_problem(layer_from: str, point: dict):
+    import torch
+    from fixtures import TINY_MOE
+
+    from xstage_bench.megamoe.layer.inputs import make_expert_weights
+    from xstage_bench.megamoe.layer.problem import MoEProblem
+
+    moe = {**TINY_MOE, "lead_rows": 256, "layer_from": layer_from}
+    device = torch.device("cuda:0")
+    weights = [make_expert_weights(point, "w8a8", 0, device)]
+    programs = torch.cuda.get_device_properties(device).multi_processor_count
+    return MoEProblem(point, moe, [device], weights, num_programs=programs)
+
+
+def _gpu_outputs(prob, arm: dict):
+    key = prob.arm(arm, graphed=True)  # the forward below replays the captured graphs
+    prob.poison()
+    prob.forward(key)
+    prob.synchronize()
+    assert prob.error_flags() == [0] and not prob.combine_unwritten()
+    assert not prob.host_unwritten()
+    return prob.checked_outputs()[0].clone(), key
+
+
+@pytest.mark.skipif(
+    not HAVE_TORCH_TRITON or not __import__("torch").cuda.is_available(), reason="needs a GPU"
+)
+def test_on_a_gpu_one_graph_serves_every_routing():
+    """Every schedule, device-decided and from the list, replayed from its graphs with the
+    dispatch inside: the outputs of the layer whose rows the host dispatched, bit for bit;
+    then another routing's ids copied into the same buffers and the same graphs replayed
+    give that routing's outputs."""
+    import torch
+
+    timed = _cuda_problem(token_dispatch.HOME_TOKENS, GPU_POINT)
+    once = _cuda_problem(token_dispatch.EXPERT_ROWS, GPU_POINT)
+    other = {**GPU_POINT, "routing": "balanced"}
+    once_other = _cuda_problem(token_dispatch.EXPERT_ROWS, other)
+    for name in schedule.SCHEDULES:
+        for decided in ("device", "list"):
+            arm = {"schedule": name, "decided_on": decided}
+            want, _ = _gpu_outputs(once, arm)
+            got, key = _gpu_outputs(timed, arm)
+            assert torch.equal(got, want), (name, decided)
+            assert timed.realized_order_error(key, arm) is None, (name, decided)
+    (rb,) = timed.ranks
+    ids = torch.as_tensor(once_other.homes[0].ids.reshape(-1).astype(np.int32), device="cuda")
+    rb.dispatch.expert_ids.copy_(ids)
+    for name in schedule.SCHEDULES:
+        arm = {"schedule": name, "decided_on": "device"}
+        want, _ = _gpu_outputs(once_other, arm)
+        got, _ = _gpu_outputs(timed, arm)  # the graphs captured for the first routing
+        assert torch.equal(got, want), name
