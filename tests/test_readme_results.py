@@ -16,6 +16,7 @@ from xstage_bench.cli import main
 from xstage_bench.data import layout
 from xstage_bench.megamoe import schedule
 from xstage_bench.report import generated_docs, readme_results
+from xstage_bench.report.tables import megamoe as megamoe_table
 from xstage_bench.report.tables import model_checks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +99,8 @@ def test_a_baseline_line_says_what_our_time_covers_and_never_mixes_coverages(tmp
     raw.write_text(json.dumps(doc))
     (line,) = readme_results.baseline_lines(ds)
     assert "both times with their dispatch inside" in line and "1024 tokens" in line
+    notes = " ".join(megamoe_table.build(ds).notes)  # tab-megamoe says it too
+    assert "so does ours" in notes and "also covers our dispatch" in notes
     ours[0]["extra"]["layer_from"] = "expert_rows"
     raw.write_text(json.dumps(doc))
     (line,) = readme_results.baseline_lines(ds)
