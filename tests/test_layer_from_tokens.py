@@ -189,3 +189,20 @@ def test_on_a_gpu_one_graph_serves_every_routing():
         want, _ = _gpu_outputs(once_other, arm)
         got, _ = _gpu_outputs(timed, arm)  # the graphs captured for the first routing
         assert torch.equal(got, want), name
+
+
+def test_a_config_that_names_more_gpus_is_refused_before_anything_runs():
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    from xstage_bench.data.config import ConfigError, validate_config
+
+    root = Path(__file__).resolve().parents[1]
+    config = copy.deepcopy(yaml.safe_load((root / "config.yaml").read_text()))
+    config["megamoe"]["layer_from"] = "home_tokens"
+    validate_config({**config, "world_size": 1})
+    validate_config(config)  # 'auto': a point on more GPUs is recorded unsupported
+    with pytest.raises(ConfigError, match="'megamoe.layer_from': 'home_tokens' runs on one GPU"):
+        validate_config({**config, "world_size": 2})

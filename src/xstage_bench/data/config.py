@@ -178,6 +178,7 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
             )
     if config["world_size"] != "auto":
         check_world_size(config, config["world_size"])
+        _check_layer_from(config["megamoe"], config["world_size"])
     try:
         workload.check(config)  # what the values ask of memory and time together
     except workload.WorkloadError as e:
@@ -199,6 +200,18 @@ def _check_oracle_arms(megamoe: dict) -> None:
         raise ConfigError(
             f"config key 'megamoe.oracle_arms': {missing} not in megamoe.schedules "
             f"{megamoe['schedules']}"
+        )
+
+
+def _check_layer_from(megamoe: dict, world_size: int) -> None:
+    """The layer from home tokens dispatches on one GPU only (megamoe/layer/
+    token_dispatch.py): a config that names more GPUs is told so before anything runs
+    (with world_size 'auto' such points are recorded unsupported, with that reason)."""
+    if grid.layer_from(megamoe) == grid.HOME_TOKENS and world_size > 1:
+        raise ConfigError(
+            f"config key 'megamoe.layer_from': 'home_tokens' runs on one GPU (the dispatch "
+            f"across GPUs is not built); world_size is {world_size}: use 'expert_rows' or "
+            "world_size 1"
         )
 
 
