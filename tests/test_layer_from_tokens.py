@@ -124,6 +124,23 @@ def test_one_set_of_buffers_serves_another_routing(interpreted):
     assert torch.equal(dst, slots)
 
 
+def test_a_record_times_the_dispatch_in_the_same_calls(interpreted):
+    """Measured as the sweep measures (host clocks on the CPU, never a GPU number): the
+    record says where its layer starts, and holds the dispatch's time per timed call."""
+    from fixtures import tiny_cpu_measurer
+
+    m = tiny_cpu_measurer(1)
+    m.moe = {**m.moe, "layer_from": "home_tokens", "schedule_on": "device"}
+    point = {**POINT, "tokens_per_rank": 32, "schedule": "expert_wave", "decided_on": "device"}
+    point["id"] = "tiny/w8a8/skewed/T=32/P=1/path=host/f=0.25/expert_wave"
+    record = m(point)
+    assert record["status"] == "ok", record.get("error")
+    assert record["extra"]["layer_from"] == "home_tokens"
+    samples = record["samples"]
+    assert len(samples["dispatch_us"]) == len(samples["time_us"]) == len(samples["kernel_us"])
+    assert all(d > 0 for d in samples["dispatch_us"])
+
+
 def test_a_point_on_two_gpus_is_unsupported_not_faked():
     with pytest.raises(PointFailed, match="one GPU") as failed:
         token_dispatch.check_supported({**POINT, "world_size": 2}, {"layer_from": "home_tokens"})

@@ -1157,7 +1157,9 @@ def test_a_worker_baseline_is_given_room_for_its_weight_copies():
 
 
 @needs_torch
-def test_forgetting_the_configuration_drops_our_weights_and_rebuilds_the_same_problem():
+def test_forgetting_the_configuration_drops_our_weights_and_rebuilds_the_same_problem(
+    interpreted_kernel,  # a problem imports the kernel: Triton, under the interpreter
+):
     # before a worker baseline on a full GPU, the measurer drops what it holds of the
     # configuration; the next point of it gets the same weights back from the seed
     import torch
@@ -1363,7 +1365,7 @@ def test_the_megamoe_policy_takes_host_lead_from_the_megamoe_section():
 
 
 @needs_torch
-def test_captured_launches_are_keyed_by_what_they_baked_in(monkeypatch):
+def test_captured_launches_are_keyed_by_what_they_baked_in(interpreted_kernel, monkeypatch):
     from xstage_bench.megamoe.layer import graphs
     from xstage_kernels import megamoe_ws
 
@@ -1411,7 +1413,7 @@ def test_a_capture_runs_the_launches_once_eagerly_then_records_them(monkeypatch)
 
 @needs_torch
 def test_the_reference_rounds_gate_where_our_build_does_and_follows_the_build_in_force(
-    monkeypatch,
+    interpreted_kernel, monkeypatch
 ):
     """Our W4A8 build rounds gate (not up) to bf16 before SwiGLU (megamoe_ws.GATE_BF16): the
     reference does the same for it, so the check's tolerance still measures the kernel.

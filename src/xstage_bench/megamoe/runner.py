@@ -183,7 +183,15 @@ def definitions(paths: Sequence[str], combine: str, starts_from: str = EXPERT_RO
             "token_dispatch.py), "
         )
         excluded = "dispatch and layout included"
-    common = {
+    common = (
+        {}
+        if starts_from != HOME_TOKENS
+        else {
+            "dispatch_us": "max over ranks of the dispatch alone (count, layout, gather: events on "
+            "its stream, in the same timed calls as time_us)"
+        }
+    )
+    common |= {
         "kernel_us": "max over ranks of the fused kernel alone (events on its stream; on the "
         "CPU test backend host clocks around each launch)",
         "tflops": "useful FLOPs (6 H I per routed row, no padding) per GPU / median time_us",

@@ -424,6 +424,7 @@ class MoEProblem:
         flushers: dict | None = None,
         emulate_ns: tuple[int, int] | None = None,
         eager: bool = False,
+        dispatch_events: list | None = None,
     ) -> None:
         """Enqueue one MoE layer on every rank (see the module doc) with tile list `name`
         (a schedule name, or the key MoEProblem.arm gave). local: the local-store
@@ -433,19 +434,25 @@ class MoEProblem:
         the timer flushes rank 0 before its start event). emulate_ns: the compute-emulated
         build's per-tile waits (kernel.emulated_tile_ns). On a GPU the layer as timed (no
         trace, not emulated, not local) replays `arm`'s graphs, captured here if it did not;
-        eager: launch from Python all the same (kernels/ab compares the two)."""
+        eager: launch from Python all the same (kernels/ab compares the two).
+        dispatch_events: where the layer starts from home tokens, a list to which [(start,
+        end) per rank] around each rank's dispatch is appended."""
         if local:
             self.ensure_local_sink()
         name = self._key(name)
         if not self.cuda:
-            stamps = []
+            stamps, dispatched = [], []
             for q in range(len(self.devices)):
+                before = HostStamp()
                 self._dispatch_tokens(q, name)
+                dispatched.append((before, HostStamp()))
                 start = HostStamp()
                 self._launch(q, name, local=local, trace=trace, emulate_ns=emulate_ns)
                 stamps.append((start, HostStamp()))
             if kernel_events is not None:
                 kernel_events.append(stamps)
+            if dispatch_events is not None and self.from_tokens:
+                dispatch_events.append(dispatched)
             if not local:
                 for q in range(len(self.devices)):
                     self._combine(q)
@@ -457,15 +464,22 @@ class MoEProblem:
         streams = [torch.cuda.current_stream(d) for d in self.devices]
         go = torch.cuda.Event()
         go.record(streams[0])
-        done, events = [], []
+        done, events, dispatched = [], [], []
         for q, d in enumerate(self.devices):
             with torch.cuda.device(d):
                 if q:
                     streams[q].wait_event(go)
+                around = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                around[0].record(streams[q])
                 if replayed and replayed[q].dispatch:
                     replayed[q].dispatch.replay()
                 elif not replayed:
                     self._dispatch_tokens(q, name)
+                around[1].record(streams[q])
+                dispatched.append(around)
                 pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 pair[0].record(streams[q])
                 if replayed:
@@ -478,6 +492,8 @@ class MoEProblem:
                 done[q].record(streams[q])
         if kernel_events is not None:
             kernel_events.append(events)
+        if dispatch_events is not None and self.from_tokens:
+            dispatch_events.append(dispatched)
         for q, d in enumerate(self.devices):
             with torch.cuda.device(d):
                 for r, event in enumerate(done):

@@ -319,12 +319,18 @@ class MoEMeasurer:
         per arm time_us and kernel_us of every round, and the record's facts."""
         prob = self.problem(arms[0])
         events: dict[str, list] = {a["id"]: [] for a in arms}
+        dispatches: dict[str, list] = {a["id"]: [] for a in arms}  # layer from home tokens
         keys = {a["id"]: prob.arm(a) for a in arms}
         leads = {a["id"]: timing.host_lead(self.policy) for a in arms}
 
         def timer(arm_id: str):
             def fn():
-                prob.forward(keys[arm_id], kernel_events=events[arm_id], flushers=self.flushers)
+                prob.forward(
+                    keys[arm_id],
+                    kernel_events=events[arm_id],
+                    flushers=self.flushers,
+                    dispatch_events=dispatches[arm_id],
+                )
 
             if self.cuda:
                 return timing.cuda_event_timer(
@@ -375,9 +381,13 @@ class MoEMeasurer:
                 f"  {i}: time_us={median:.1f} kernel_us={statistics.median(kernel_us):.1f} "
                 f"tflops={extra['tflops']:.0f} err={max(facts[i]['rel_error']):.2e}"
             )
-            out[i] = Measured(
-                {"time_us": list(t), "kernel_us": kernel_us}, extra, correct=True, line=line
-            )
+            samples = {"time_us": list(t), "kernel_us": kernel_us}
+            if dispatches[i]:  # the same rounds' dispatches, the slowest rank's
+                samples["dispatch_us"] = [
+                    max(start.elapsed_time(end) * 1000.0 for start, end in ranks)
+                    for ranks in dispatches[i][-len(t) :]
+                ]
+            out[i] = Measured(samples, extra, correct=True, line=line)
         return out
 
     def close(self) -> None:
