@@ -466,3 +466,12 @@ def cuda_event_timer(
         return start.elapsed_time(end) * 1000.0
 
     return run_once
+
+
+def slowest_rank_us(events: list, rounds: int) -> list[float]:
+    """Per timed call of the last `rounds` (the warm-up calls are recorded first), the
+    slowest rank's microseconds between its (start, end) pair: CUDA events, or anything with
+    their elapsed_time in ms (host stamps on the CPU)."""
+    return [
+        max(start.elapsed_time(end) * 1000.0 for start, end in ranks) for ranks in events[-rounds:]
+    ]

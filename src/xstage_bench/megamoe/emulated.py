@@ -172,9 +172,7 @@ class EmulatedMeasurer:
                 flush_l2=False,  # the emulated tiles read no weights: nothing to flush
             )
             times = timing.measure(run_once, self.policy)
-            kernel_us = [
-                max(a.elapsed_time(b) * 1000.0 for a, b in ranks) for ranks in events[-len(times) :]
-            ]
+            kernel_us = timing.slowest_rank_us(events, len(times))
             waits, spans = self._traced(prob, sched, local, ns)
             remote_bytes = 0 if local else int(sum(prob.remote_bytes()))
             rows = sum(rb.plan.rows for rb in prob.ranks)

@@ -160,10 +160,7 @@ def compare(
             samples = timing.measure_paired({v: timer(v) for v in passed}, measurer.policy)
     arms = {}
     for v in passed:
-        kernel_us = [
-            max(start.elapsed_time(end) * 1000.0 for start, end in ranks)
-            for ranks in events[v][-len(samples[v]) :]
-        ]
+        kernel_us = timing.slowest_rank_us(events[v], len(samples[v]))
         arms[v] = {"time_us": list(samples[v]), "kernel_us": kernel_us}
         if leads[v] is not None:
             arms[v]["host_lead"] = leads[v].as_extra()

@@ -469,17 +469,20 @@ class MoEProblem:
             with torch.cuda.device(d):
                 if q:
                     streams[q].wait_event(go)
-                around = (
-                    torch.cuda.Event(enable_timing=True),
-                    torch.cuda.Event(enable_timing=True),
-                )
-                around[0].record(streams[q])
+                timed = dispatch_events is not None and self.from_tokens
+                if timed:  # events only where asked: they are enqueued inside time_us
+                    around = (
+                        torch.cuda.Event(enable_timing=True),
+                        torch.cuda.Event(enable_timing=True),
+                    )
+                    around[0].record(streams[q])
                 if replayed and replayed[q].dispatch:
                     replayed[q].dispatch.replay()
                 elif not replayed:
                     self._dispatch_tokens(q, name)
-                around[1].record(streams[q])
-                dispatched.append(around)
+                if timed:
+                    around[1].record(streams[q])
+                    dispatched.append(around)
                 pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 pair[0].record(streams[q])
                 if replayed:
@@ -492,7 +495,7 @@ class MoEProblem:
                 done[q].record(streams[q])
         if kernel_events is not None:
             kernel_events.append(events)
-        if dispatch_events is not None and self.from_tokens:
+        if dispatched:
             dispatch_events.append(dispatched)
         for q, d in enumerate(self.devices):
             with torch.cuda.device(d):

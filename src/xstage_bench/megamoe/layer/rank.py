@@ -98,29 +98,64 @@ def rank_buffers(
     """
     import torch
 
-    H, I, T, topk = point["H"], point["I"], point["tokens_per_rank"], point["topk"]  # noqa: E741
-    precision = point["precision"]
-    grid = schedule.TileGrid(
-        plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
-    )
     row_dst = routing.row_destinations(
-        plan, comb_offsets, H, host_offsets, host_homed, pad=kernel.PAD_DST
+        plan, comb_offsets, point["H"], host_offsets, host_homed, pad=kernel.PAD_DST
     )
-    weights = torch.as_tensor(combine_weights, device=device)
-    return RankBuffers(
-        plan=plan,
-        grid=grid,
+    return _rank_around(
+        point,
+        plan,
+        device=device,
         x=x,
         xs=xs,
         xs_steps=step_major(xs) if xs.ndim == 2 else xs,
-        h=torch.empty(plan.padded_rows, I, dtype=act_dtype(torch, precision), device=device),
-        hs=scale_buffer(torch, precision, plan.padded_rows, I, device),
+        row_dst=torch.as_tensor(row_dst, device=device),
+        comb=comb,
+        combine_weights=combine_weights,
+        rows=plan.padded_rows,
+        blocks=plan.blocks,
+    )
+
+
+def _rank_around(
+    point: dict,
+    plan: routing.RankRows,
+    *,
+    device,
+    x,
+    xs,
+    xs_steps,
+    row_dst,
+    comb,
+    combine_weights: np.ndarray,
+    rows: int,
+    blocks: int,
+    dispatch=None,
+) -> RankBuffers:
+    """A rank's buffers around its rows `x` (room for `rows`) and destinations `row_dst`:
+    the intermediate for as many rows, a sync buffer for `blocks` row blocks, its output
+    and combine weights; the tile grid from the host's `plan`."""
+    import torch
+
+    H, I, T, topk = point["H"], point["I"], point["tokens_per_rank"], point["topk"]  # noqa: E741
+    precision = point["precision"]
+    weights = torch.as_tensor(combine_weights, device=device)
+    return RankBuffers(
+        plan=plan,
+        grid=schedule.TileGrid(
+            plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
+        ),
+        x=x,
+        xs=xs,
+        xs_steps=xs_steps,
+        h=torch.empty(rows, I, dtype=act_dtype(torch, precision), device=device),
+        hs=scale_buffer(torch, precision, rows, I, device),
         comb=comb,
         out=torch.empty(T, H, dtype=torch.bfloat16, device=device),
         combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
-        row_dst=torch.as_tensor(row_dst, device=device),
-        sync=torch.zeros(kernel.sync_size(plan.blocks), dtype=torch.int32, device=device),
+        row_dst=row_dst,
+        sync=torch.zeros(kernel.sync_size(blocks), dtype=torch.int32, device=device),
         tiles={},
+        dispatch=dispatch,
     )
 
 
@@ -137,32 +172,24 @@ def token_rank_buffers(
     its capacity. plan: the host's view of the same rows, for the checks and the counts."""
     import torch
 
-    H, I, T, topk = point["H"], point["I"], point["tokens_per_rank"], point["topk"]  # noqa: E741
     device = dispatch.x.device
-    precision = point["precision"]
-    rows = dispatch.capacity_rows
-    weights = torch.as_tensor(combine_weights, device=device)
-    xs = dispatch.xs if dispatch.xs is not None else scale_buffer(torch, precision, 0, H, device)
-    return RankBuffers(
-        plan=plan,
-        grid=schedule.TileGrid(
-            plan.block_expert, plan.block_rows, I // kernel.BLOCK_N, H // kernel.BLOCK_N
-        ),
+    xs = dispatch.xs
+    if xs is None:  # bf16: the kernel's 1-element dummy
+        xs = scale_buffer(torch, point["precision"], 0, point["H"], device)
+    return _rank_around(
+        point,
+        plan,
+        device=device,
         x=dispatch.x,
         xs=xs,
         # The gather writes the scales step-major where the kernel reads them so
         # (token_dispatch); else a launch that needs them so makes them (megamoe.launch).
         xs_steps=xs.t() if not xs.is_contiguous() else (None if xs.ndim == 2 else xs),
-        h=torch.empty(rows, I, dtype=act_dtype(torch, precision), device=device),
-        hs=scale_buffer(torch, precision, rows, I, device),
-        comb=comb,
-        out=torch.empty(T, H, dtype=torch.bfloat16, device=device),
-        combine_weights=weights.to(torch.bfloat16).reshape(T, 1, topk),
         row_dst=dispatch.row_dst,
-        sync=torch.zeros(
-            kernel.sync_size(dispatch.capacity_blocks), dtype=torch.int32, device=device
-        ),
-        tiles={},
+        comb=comb,
+        combine_weights=combine_weights,
+        rows=dispatch.capacity_rows,
+        blocks=dispatch.capacity_blocks,
         dispatch=dispatch,
     )
 
@@ -194,19 +221,18 @@ def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) ->
     key = arm_key(point)
     if key not in rb.tiles:
         knobs = arm_knobs(point, megamoe)
-        if is_device_key(key) and rb.dispatch is not None:
-            # built on the GPU by each forward's dispatch, for any routing
-            header = schedule.layout_header(point["schedule"], num_programs, knobs)
-            rb.dispatch.headers[key] = header
-            rb.layouts[key] = rb.dispatch.new_layout()
-            tiles = rb.dispatch.capacity_blocks * (rb.grid.l1_per_block + rb.grid.l2_per_block)
+        if is_device_key(key):
+            blocks = rb.grid.blocks
+            if rb.dispatch is not None:  # built on the GPU by each forward, for any routing
+                header = schedule.layout_header(point["schedule"], num_programs, knobs)
+                rb.dispatch.headers[key] = header
+                rb.layouts[key] = rb.dispatch.new_layout()
+                blocks = rb.dispatch.capacity_blocks
+            else:
+                layout = schedule.device_layout(point["schedule"], rb.grid, num_programs, knobs)
+                rb.layouts[key] = torch.as_tensor(layout, device=rb.x.device)
+            tiles = blocks * (rb.grid.l1_per_block + rb.grid.l2_per_block)  # the realized order
             rb.tiles[key] = torch.full((tiles, 4), -1, dtype=torch.int32, device=rb.x.device)
-        elif is_device_key(key):
-            layout = schedule.device_layout(point["schedule"], rb.grid, num_programs, knobs)
-            rb.layouts[key] = torch.as_tensor(layout, device=rb.x.device)
-            rb.tiles[key] = torch.full(
-                (rb.grid.tiles, 4), -1, dtype=torch.int32, device=rb.x.device
-            )
         else:
             tiles = schedule.build(point["schedule"], rb.grid, num_programs, knobs)
             rb.tiles[key] = torch.as_tensor(tiles, device=rb.x.device)

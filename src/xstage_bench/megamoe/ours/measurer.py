@@ -30,6 +30,7 @@ import statistics
 import numpy as np
 
 from xstage_bench.data import storepath
+from xstage_bench.data.grid import layer_from
 from xstage_bench.measurement import log, timing
 from xstage_bench.measurement.clocks import ClockSampler
 from xstage_bench.measurement.protocol import Measured, PointFailed, measure_point, wrong
@@ -40,7 +41,6 @@ from xstage_bench.megamoe.baselines.measure import (
     GemmCeiling,
     UnfusedBaseline,
 )
-from xstage_bench.megamoe.layer import token_dispatch
 from xstage_bench.megamoe.ours import verdict
 from xstage_bench.megamoe.ours.paired import compared_ratios, measure_arms
 from xstage_bench.megamoe.ours.summary import linear2_waits, trace_summary
@@ -352,10 +352,7 @@ class MoEMeasurer:
         for arm in arms:
             i = arm["id"]
             t = times[i]
-            kernel_us = [
-                max(start.elapsed_time(end) * 1000.0 for start, end in ranks)
-                for ranks in events[i][-len(t) :]
-            ]
+            kernel_us = timing.slowest_rank_us(events[i], len(t))
             median = statistics.median(t)
             extra = {
                 **facts[i],
@@ -370,7 +367,7 @@ class MoEMeasurer:
                 "tiles_per_rank": [int(rb.claimed(keys[i]).shape[0]) for rb in prob.ranks],
                 "stop_reason": t.stop_reason,
                 "launch": prob.launch_mode(),
-                "layer_from": token_dispatch.layer_from(self.moe),  # what time_us covers
+                "layer_from": layer_from(self.moe),  # what time_us covers
                 **timing.lead_facts(leads[i]),
             }
             if prob.path == storepath.HOST:
@@ -382,11 +379,8 @@ class MoEMeasurer:
                 f"tflops={extra['tflops']:.0f} err={max(facts[i]['rel_error']):.2e}"
             )
             samples = {"time_us": list(t), "kernel_us": kernel_us}
-            if dispatches[i]:  # the same rounds' dispatches, the slowest rank's
-                samples["dispatch_us"] = [
-                    max(start.elapsed_time(end) * 1000.0 for start, end in ranks)
-                    for ranks in dispatches[i][-len(t) :]
-                ]
+            if dispatches[i]:  # the same rounds' dispatches
+                samples["dispatch_us"] = timing.slowest_rank_us(dispatches[i], len(t))
             out[i] = Measured(samples, extra, correct=True, line=line)
         return out
 
