@@ -50,7 +50,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xstage_kernels.layout import capacity_blocks
 from xstage_kernels.megamoe import BLOCK_M, LAYOUT_HEADER, LAYOUT_ROWS, PAD_DST
+from xstage_kernels.tensor_args import check_tensor, same_device
 
 BLOCK_COUNT = 128  # pairs per count_rows program (a BLOCK_COUNT^2 comparison, in registers)
 SCAN_BLOCKS, SCAN_EXPERTS = 64, 32  # the prefix sum's tile: blocks down, experts across
@@ -190,12 +192,9 @@ def _gather_rows(
 
 
 def capacity_rows(pairs: int, experts: int) -> int:
-    """Padded rows `pairs` routed rows over `experts` experts can need, at most: a multiple
-    of BLOCK_M, (cdiv(pairs, BLOCK_M) + experts) * BLOCK_M (each expert pads fewer than
-    BLOCK_M rows)."""
-    if pairs < 0 or experts < 0:
-        raise ValueError(f"pairs and experts must be >= 0, got {pairs} and {experts}")
-    return (triton.cdiv(pairs, BLOCK_M) + experts) * BLOCK_M
+    """Padded rows `pairs` routed rows over `experts` experts can need, at most: the layout's
+    most row blocks (layout.capacity_blocks), each BLOCK_M rows."""
+    return capacity_blocks(pairs, experts) * BLOCK_M
 
 
 def count_scratch(pairs: int, experts: int) -> tuple[int, int]:
@@ -215,12 +214,12 @@ def count_rows(expert_ids, counts, rank, held) -> None:
     """
     import torch
 
-    _check(expert_ids, "expert_ids", (torch.int32, torch.int64), ndim=1)
-    _check(counts, "counts", (torch.int32,), ndim=1)
-    _check(rank, "rank", (torch.int32,), shape=tuple(expert_ids.shape))
+    check_tensor(expert_ids, "expert_ids", (torch.int32, torch.int64), ndim=1)
+    check_tensor(counts, "counts", (torch.int32,), ndim=1)
+    check_tensor(rank, "rank", (torch.int32,), shape=tuple(expert_ids.shape))
     N, E = expert_ids.numel(), counts.numel()
-    _check(held, "held", (torch.int32,), shape=count_scratch(N, E))
-    _same_device(expert_ids, counts=counts, rank=rank, held=held)
+    check_tensor(held, "held", (torch.int32,), shape=count_scratch(N, E))
+    same_device(expert_ids, counts=counts, rank=rank, held=held)
     blocks = held.shape[0]
     if N == 0 or E == 0:
         counts.zero_()
@@ -282,35 +281,35 @@ def gather_rows(
 
     if topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
-    _check(x_home, "x_home", (torch.float8_e4m3fn, torch.bfloat16), ndim=2)
+    check_tensor(x_home, "x_home", (torch.float8_e4m3fn, torch.bfloat16), ndim=2)
     T, H = x_home.shape
     if H % 128:
         raise ValueError(f"x_home's H must be a multiple of 128, got {H}")
     N = T * topk
-    _check(expert_ids, "expert_ids", (torch.int32, torch.int64), shape=(N,))
-    _check(rank, "rank", (torch.int32,), shape=(N,))
-    _check(expert_row0, "expert_row0", (torch.int32,), ndim=1)
-    _check(layout, "layout", (torch.int32,), ndim=1)
+    check_tensor(expert_ids, "expert_ids", (torch.int32, torch.int64), shape=(N,))
+    check_tensor(rank, "rank", (torch.int32,), shape=(N,))
+    check_tensor(expert_row0, "expert_row0", (torch.int32,), ndim=1)
+    check_tensor(layout, "layout", (torch.int32,), ndim=1)
     if layout.numel() < LAYOUT_HEADER or (layout.numel() - LAYOUT_HEADER) % LAYOUT_ROWS:
         raise ValueError(f"layout must hold {LAYOUT_HEADER} + {LAYOUT_ROWS} * blocks int32")
     E = expert_row0.numel()
     rows = capacity_rows(N, E)
-    _check(x, "x", (x_home.dtype,), ndim=2)
+    check_tensor(x, "x", (x_home.dtype,), ndim=2)
     if x.shape[1] != H or x.shape[0] < rows:
         raise ValueError(f"x must be (>= {rows}, {H}) for N={N}, E={E}, got {tuple(x.shape)}")
-    _check(row_dst, "row_dst", (torch.int64,), shape=(x.shape[0],))
-    _check(token_dst, "token_dst", (torch.int64,), shape=(T,))
+    check_tensor(row_dst, "row_dst", (torch.int64,), shape=(x.shape[0],))
+    check_tensor(token_dst, "token_dst", (torch.int64,), shape=(T,))
     if (xs_home is None) != (xs is None):
         raise ValueError("xs_home and xs must both be tensors or both None")
     S = H // 128
     if xs is not None:
-        _check(xs_home, "xs_home", (torch.float32,), shape=(T, S))
-        _check(xs, "xs", (torch.float32,), shape=(x.shape[0], S), step_major=True)
+        check_tensor(xs_home, "xs_home", (torch.float32,), shape=(T, S))
+        check_tensor(xs, "xs", (torch.float32,), shape=(x.shape[0], S), step_major=True)
     tensors = {"expert_ids": expert_ids, "rank": rank, "expert_row0": expert_row0}
     tensors.update(layout=layout, x=x, row_dst=row_dst, token_dst=token_dst)
     if xs is not None:
         tensors.update(xs_home=xs_home, xs=xs)
-    _same_device(x_home, **tensors)
+    same_device(x_home, **tensors)
     if rows == 0:
         return
     words = H * x_home.element_size() // 4
@@ -346,32 +345,6 @@ def gather_rows(
         HAS_XS=xs is not None,
         num_warps=NUM_WARPS,
     )
-
-
-def _check(
-    t, name: str, dtypes: tuple, *, ndim: int | None = None, shape=None, step_major=False
-) -> None:
-    """ValueError naming `name` unless t is a contiguous tensor of one of `dtypes` with
-    this shape (or number of dimensions); step_major: or the transpose of one."""
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must be {tuple(shape)}, got {tuple(t.shape)}")
-    if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got {tuple(t.shape)}")
-    if not (t.is_contiguous() or (step_major and t.t().is_contiguous())):
-        what = "contiguous or the transpose of a contiguous tensor" if step_major else "contiguous"
-        raise ValueError(f"{name} must be {what}")
-
-
-def _same_device(ref, **tensors) -> None:
-    for name, t in tensors.items():
-        if t.device != ref.device:
-            raise ValueError(f"{name} is on {t.device}, not {ref.device}")
 
 
 def compile_for_sm90(kernel: str = "gather", dtype: str = "fp8", H: int = 7168, topk: int = 8):

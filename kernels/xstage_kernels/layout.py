@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from xstage_kernels.megamoe import BLOCK_M, CLAIM_RULES, LAYOUT_HEADER, LAYOUT_ROWS
+from xstage_kernels.tensor_args import check_tensor, same_device
 
 CHUNK = 1024  # blocks written per step of the block loop
 NUM_WARPS = 8
@@ -192,12 +193,8 @@ def _checked(counts, layout, expert_row0, rule, lead_rows, num_programs, n1, n2)
     import torch
 
     for name, t in (("counts", counts), ("layout", layout), ("expert_row0", expert_row0)):
-        if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
-            raise ValueError(
-                f"{name} must be a contiguous 1-D int32 tensor, got {t.dtype} {t.shape}"
-            )
-        if t.device != counts.device:
-            raise ValueError(f"{name} is on {t.device}, counts on {counts.device}")
+        check_tensor(t, name, (torch.int32,), ndim=1)
+    same_device(counts, layout=layout, expert_row0=expert_row0)
     if expert_row0.numel() != counts.numel():
         raise ValueError(
             f"expert_row0 holds {expert_row0.numel()} experts, counts {counts.numel()}"
