@@ -183,8 +183,8 @@ def _gpu_outputs(prob, arm: dict):
 def test_on_a_gpu_one_graph_serves_every_routing():
     """Every schedule, device-decided and from the list, replayed from its graphs with the
     dispatch inside: the outputs of the layer whose rows the host dispatched, bit for bit;
-    then another routing's ids copied into the same buffers and the same graphs replayed
-    give that routing's outputs."""
+    then another routing's ids and combine weights copied into the same buffers and the
+    same graphs replayed give that routing's outputs."""
     import torch
 
     timed = _cuda_problem(token_dispatch.HOME_TOKENS, GPU_POINT)
@@ -198,9 +198,11 @@ def test_on_a_gpu_one_graph_serves_every_routing():
             got, key = _gpu_outputs(timed, arm)
             assert torch.equal(got, want), (name, decided)
             assert timed.realized_order_error(key, arm) is None, (name, decided)
+    # A routing is its ids and its combine weights: both are the layer's inputs.
     (rb,) = timed.ranks
     ids = torch.as_tensor(once_other.homes[0].ids.reshape(-1).astype(np.int32), device="cuda")
     rb.dispatch.expert_ids.copy_(ids)
+    rb.combine_weights.copy_(once_other.ranks[0].combine_weights)
     for name in schedule.SCHEDULES:
         arm = {"schedule": name, "decided_on": "device"}
         want, _ = _gpu_outputs(once_other, arm)
