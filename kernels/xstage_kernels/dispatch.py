@@ -9,7 +9,12 @@ on the host (layer/problem.py `_dispatch`, routing.dispatch_plan).
 
 The layout is routing.dispatch_plan's: the rows (token t, choice k) of local expert e are
 expert-major, each expert's rows padded to a multiple of BLOCK_M, so a row block belongs to
-one expert; a padding row has zero activations, zero scales and destination PAD_DST.
+one expert; a padding row has destination PAD_DST, so whatever its activations and scales
+hold is never stored: the GEMMs are row-local (row r of each product reads row r of its
+input only), and the host plan's zeros there are not rewritten on every forward. At 1024
+tokens over many experts the padding outnumbers the routed rows several times (Qwen3.5,
+512 experts: about 20 rows an expert, 108 of padding a block); zeroing it took most of
+the gather's time on an H100 (117 of 133 us of the whole dispatch).
 
 count_rows, then the layout kernel (xstage_kernels.layout), then gather_rows, in stream
 order:
@@ -26,7 +31,7 @@ count_rows   three launches, no atomics, so the same routing always gives the sa
 gather_rows  one launch, two kinds of program. A pair program copies BLOCK_P routed rows
              (activations, scales) from their home tokens to row expert_row0[e] + rank and
              writes their destinations; a padding program takes one BLOCK_M row block and
-             zeroes its rows past the block's valid count (their destinations PAD_DST).
+             writes PAD_DST as the destination of its rows past the block's valid count.
              The two write disjoint rows, so they need no order between them. Blocks at or
              past the layout's block count are left alone (nothing reads them).
 
@@ -42,7 +47,7 @@ along the row) and moves as 16-byte vectors (Triton specializes on 16-byte align
 pointers and a row stride divisible by 16). Row offsets are int64: T * topk * H passes
 2^31. A token's topk rows are neighbouring pairs, so one program reads each home token
 topk times in a row and all but the first hit L2: HBM sees about T * H bytes read and
-pairs * H written (FP8), plus the padding's zeros.
+pairs * H written (FP8).
 """
 
 from __future__ import annotations
@@ -177,18 +182,6 @@ def _gather_rows(
             lane = tl.arange(0, _BLOCK_M)
             pad = lane >= valid
             tl.store(dst_ptr + first + lane, tl.zeros([_BLOCK_M], tl.int64) + pad_dst, mask=pad)
-            if HAS_XS:
-                rows = (first + lane)[:, None] * xs_row + scales[None, :] * xs_col
-                zeros_s = tl.zeros([_BLOCK_M, BLOCK_S], dtype=tl.int32)
-                tl.store(xs_ptr + rows, zeros_s, mask=pad[:, None] & (scales[None, :] < S))
-            zeros = tl.zeros([BLOCK_P, BLOCK_W], dtype=tl.int32)
-            # From the chunk holding the first padding row: valid rows are the pairs'.
-            for r0 in range(valid // BLOCK_P * BLOCK_P, _BLOCK_M, BLOCK_P):
-                r = r0 + tl.arange(0, BLOCK_P)
-                dst = x_ptr + (first + r)[:, None] * W + words[None, :]
-                off = (r >= valid)[:, None]
-                for w0 in range(0, W, BLOCK_W):
-                    tl.store(dst + w0, zeros, mask=off)
 
 
 def capacity_rows(pairs: int, experts: int) -> int:
@@ -263,14 +256,14 @@ def gather_rows(
     topk: int,
     pad_dst: int,
 ) -> None:
-    """Enqueue the dispatched rows' copy and the padding's zeros (see the module doc).
+    """Enqueue the dispatched rows' copy and the padding's destinations (module doc).
 
     For every routed pair i (e = expert_ids[i] in [0, E)): row r = expert_row0[e] + rank[i]
     gets x[r] = x_home[i // topk], xs[r] = xs_home[i // topk] and row_dst[r] =
     token_dst[i // topk] + i * H. Every padding row r < blocks * BLOCK_M (blocks from the
     layout's header on the device; a block's padding rows are those past its row_end -
-    row_start valid rows) gets x[r] = 0, xs[r] = 0, row_dst[r] = pad_dst. Rows at or past
-    blocks * BLOCK_M are not touched.
+    row_start valid rows) gets row_dst[r] = pad_dst; its x and xs are left as they are.
+    Rows at or past blocks * BLOCK_M are not touched.
 
     x_home: (T, H) fp8 e4m3 or bf16, H % 128 == 0; xs_home: (T, H / 128) float32, or None
     (then xs is None too); x: (rows, H) x_home's dtype, rows >= capacity_rows(N, E); xs:

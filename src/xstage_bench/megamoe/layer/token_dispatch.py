@@ -7,7 +7,8 @@ count each expert's routed rows and each row's place among them (xstage_kernels.
 in the host plan's order: token, then choice), build the schedule layout from those counts
 (xstage_kernels.layout: the block count, the rows the device rule reads, each expert's
 first padded row), and gather every routed row's activations, scales and destination into
-the padded expert-major buffers the kernel reads, padding rows zeroed. Nothing is read
+the padded expert-major buffers the kernel reads (padding rows get destination PAD_DST
+only: their contents are never stored, dispatch.py says why). Nothing is read
 back to the host: every buffer is sized for the most rows and blocks the tokens can need
 (capacity), the kernel reads the block count from the layout, so one captured graph
 serves every routing of a shape.
