@@ -32,6 +32,9 @@ HEADLINE_CLAIMS += ("uly.fa3_max",)
 MODEL_VERDICTS = tuple(c.id for c in paper.MODEL_CLAIMS)
 # The references whose claims the README shows beside the paper's, one column pair each.
 CLAIM_REFERENCES = ("ref-h200x1", "ref-h200x2")
+# The model's verdicts also beside a second card's: the model earns trust where it was not
+# tuned (issue 52).
+MODEL_REFERENCES = (*CLAIM_REFERENCES, "ref-h100x1")
 # What a node of n GPUs runs: (GPUs, config); None takes the config's own world_size.
 NODES = ((1, "config.yaml"), (2, "config.yaml"), (None, "config/h200x8.yaml"))
 CAPTIONS = Path("workflow/report")  # each product's report caption, <name>.rst
@@ -66,7 +69,8 @@ class Block:
 def headline_claims(root: Path, results: Path) -> str:
     """The paper's headline claims beside each reference's answer and verdict, from their
     tab-claims.csv."""
-    body = _beside_references(results, HEADLINE_CLAIMS, ("the paper's claim", "paper"))
+    columns = ("the paper's claim", "paper")
+    body = _beside_references(results, HEADLINE_CLAIMS, columns, CLAIM_REFERENCES)
     return marked("claims", "results/ref-*/tables/tab-claims.csv", body)
 
 
@@ -74,16 +78,18 @@ def model_verdicts(root: Path, results: Path) -> str:
     """The Burst-Gap model against the bars the project set where the paper gives no
     number (paper.MODEL_CLAIMS), each reference's answer and verdict from its tab-claims.csv."""
     columns = ("the Burst-Gap model's verdict", f"bar ({paper.MODEL_BAR})")
-    body = _beside_references(results, MODEL_VERDICTS, columns)
+    body = _beside_references(results, MODEL_VERDICTS, columns, MODEL_REFERENCES)
     return marked("model", "results/ref-*/tables/tab-claims.csv", body)
 
 
-def _beside_references(results: Path, claims: tuple[str, ...], columns: tuple[str, str]) -> str:
+def _beside_references(
+    results: Path, claims: tuple[str, ...], columns: tuple[str, str], references: tuple[str, ...]
+) -> str:
     """A Markdown table of `claims` (tab-claims ids): the statement and the paper's number
-    (or bar) under `columns`, then each reference's answer and verdict."""
-    frames = {name: _claims(results / name) for name in CLAIM_REFERENCES}
-    first = frames[CLAIM_REFERENCES[0]]
-    headers = {name: _reference_header(results / name) for name in CLAIM_REFERENCES}
+    (or bar) under `columns`, then each of `references`' answer and verdict."""
+    frames = {name: _claims(results / name) for name in references}
+    first = frames[references[0]]
+    headers = {name: _reference_header(results / name) for name in references}
     rows = []
     for claim in claims:
         paper_row = first.loc[claim]
