@@ -290,7 +290,7 @@ def test_a_host_lead_line_counts_the_calls_the_gpu_may_have_waited_in(committed_
 
 def test_readme_refuses_a_results_directory_without_the_references(tmp_path, capsys):
     """`xstage readme --write --results <wrong dir>` exited 0 and wrote an empty block; one
-    reference of three gave a block without the other two."""
+    reference of four gave a block without the other three."""
     readme = tmp_path / "README.md"
     readme.write_text((ROOT / "README.md").read_text())
     before = readme.read_bytes()
@@ -299,7 +299,11 @@ def test_readme_refuses_a_results_directory_without_the_references(tmp_path, cap
     (partial / "ref-h200x2").symlink_to(ROOT / "results" / "ref-h200x2")
     for results, problem in (
         (tmp_path / "nowhere", "no such results directory"),
-        (partial, "no raw/ folder of the reference dataset(s) ref-h200x1-flashinfer, ref-h200x1;"),
+        (
+            partial,
+            "no raw/ folder of the reference dataset(s) ref-h100x1, ref-h200x1-flashinfer, "
+            "ref-h200x1;",
+        ),
     ):
         argv = ["readme", "--write", "--readme", str(readme), "--results", str(results)]
         assert main(argv) == 2
