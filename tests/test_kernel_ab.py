@@ -69,9 +69,17 @@ def test_holding_the_compared_option_is_refused_before_any_device_is_touched(cap
 
 
 @needs_triton
-def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
+@pytest.mark.parametrize(
+    ("decided_on", "option"),
+    [(None, "SKIP_PADDING_HALVES"), ("device", "DEVICE_CLAIM_SHORT")],
+)
+def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on, option):
+    """Without --decided-on the expert waves run from the host's lists, as before the flag;
+    with --decided-on device every point is decided by the kernel's programs (device mode,
+    its realized order checked with the outputs)."""
     out = tmp_path / "ab.json"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
+    where = ["--decided-on", decided_on] if decided_on else []
     run = subprocess.run(
         [
             sys.executable,
@@ -83,8 +91,9 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
             "ab-test",
             "--device",
             "cpu",
+            *where,
             "--option",
-            "SKIP_PADDING_HALVES=0,1",
+            f"{option}=0,1",
             "--set",
             "TILE_MAJOR_WEIGHTS=0",
             "--min-reps",
@@ -107,6 +116,10 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path):
     assert [r["point"]["path"] for r in doc["results"]] == ["peer", "host"]
     for result in doc["results"]:
         assert result["point"]["schedule"] == "expert_wave"
+        if decided_on:
+            assert result["point"]["decided_on"] == decided_on
+        else:
+            assert "decided_on" not in result["point"]
         assert result["point"].get("remote_fraction", 0.0) == 0.0
         # 32 tokens x top-2 over 8 experts and 2 ranks: 16 rows an expert, half a block
         assert result["padding_halves"] == 1.0

@@ -233,10 +233,11 @@ def _unit_of(entry, unit, n1, n2):
 
 
 @triton.jit
-def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening):
+def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening, lead=None):
     """The kind (0: L1, 1: L2) of the unit opened after u1 L1 and u2 L2 units
     (schedule.next_unit, which this mirrors); reads nothing unless `opening`. ready_at: the
-    count at which a row-block counter says its block is released."""
+    count at which a row-block counter says its block is released. lead: the layout's
+    lead_rows if the caller holds it (layout_header), else read here."""
     rows = layout_ptr + _LAYOUT_HEADER
     both = opening & (u1 < blocks) & (u2 < blocks)
     wave_end = tl.load(rows + _WAVE_END * blocks + u2, mask=both, other=0)
@@ -245,7 +246,8 @@ def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening
     # Released now: a relaxed read, as the L2 tiles acquire the block before reading it.
     reads_counter = both & (rule != _RULE_WAVE)
     done = tl.load(counters_ptr + u2, mask=reads_counter, other=0, volatile=True)
-    lead = tl.load(layout_ptr + _LEAD_ROWS)
+    if lead is None:
+        lead = tl.load(layout_ptr + _LEAD_ROWS)
     released = (done >= ready_at) & (row_start - row_end >= lead)
     due = tl.where(rule == _RULE_WAVE, u1 >= wave_end, released)
     return ((u1 >= blocks) | ((u2 < blocks) & due)).to(tl.int32)
@@ -277,18 +279,25 @@ def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes):
 
 
 @triton.jit
-def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, base, base_l1, lanes):
+def _unit_tile(
+    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, base, base_l1, lanes, header=None
+):
     """expert_wave's and interleaved's tile at position p from the unit table; (p, or
     n_tiles if its unit was not published within max_spin polls, kind, block, n block, and
     the walk after: `base`, a unit whose predecessors are all published and that starts at
-    or before the program's next position, and `base_l1`, the L1 units before it)."""
+    or before the program's next position, and `base_l1`, the L1 units before it).
+    header: layout_header's values if the caller holds them, else the header is read here."""
     # Deadlock-free: positions are claimed in order and each is resolved right after its
     # claim, so unit k's opener waits only on unit k - 1's publication and unit 0's on
     # nothing. An L2 unit is opened only once its block is released or every L1 unit is
     # opened (interleaved), or its wave's L1 units are (expert_wave), and each program
     # runs its positions in claim order: the smallest unfinished position waits on no later.
-    rule = tl.load(layout_ptr + _RULE)
-    blocks = tl.load(layout_ptr + _BLOCKS)
+    if header is None:
+        rule = tl.load(layout_ptr + _RULE)
+        blocks = tl.load(layout_ptr + _BLOCKS)
+        lead = None
+    else:
+        rule, blocks, lead = header
     units_ptr = sync_ptr + _SYNC_HEADER + blocks
     kind = 0
     blk = 0
@@ -310,6 +319,7 @@ def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, bas
             next_unit - next_l1,
             ready_at,
             opener,
+            lead,
         )
         opened_entry = _unit_entry(opened, next_l1 + 1 - opened)
         tl.atomic_xchg(units_ptr + next_unit, opened_entry, mask=opener, sem="relaxed")
@@ -336,11 +346,13 @@ def _l2_listed(into, l1_left, n2):
 
 
 @triton.jit
-def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes):
+def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks=None):
     """deepgemm_interleaved's tile at position p (schedule.deepgemm_tile_at, which this
     mirrors); (kind, block, n block, and the walk's `base` after: the last block whose first
-    L2 tile is at or before p, a window of UNIT_WINDOW blocks a load from the last one)."""
-    blocks = tl.load(layout_ptr + _BLOCKS)
+    L2 tile is at or before p, a window of UNIT_WINDOW blocks a load from the last one).
+    blocks: the layout's block count if the caller holds it, else read here."""
+    if blocks is None:
+        blocks = tl.load(layout_ptr + _BLOCKS)
     starts_ptr = layout_ptr + _LAYOUT_HEADER + _L2_START * blocks
     at_or_before = _UNIT_WINDOW
     while at_or_before == _UNIT_WINDOW:
@@ -361,21 +373,59 @@ def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes):
 
 
 @triton.jit
-def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, walk, lanes):
+def decided_tile(
+    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, walk, lanes, header=None
+):
     """Device mode: the tile at list position p, claimed with the list's fetch-add; (p, or
     n_tiles if the wait for it timed out, kind, local expert, row block, n block, walk).
     n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
     walk: where the program's last claim left its walk, (0, 0) at its first (its positions
-    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout."""
+    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout. header: the layout's
+    header as layout_header read it once for the launch (it never changes during one), so
+    that a claim's first dependent load is the unit table's, not the header's (megamoe_ws's
+    DEVICE_CLAIM_SHORT); None: each claim reads it again, after the fetch-add."""
     base, base_l1 = walk
-    if tl.load(layout_ptr + _RULE) == _RULE_DEEPGEMM:
-        kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes)
+    if header is None:
+        if tl.load(layout_ptr + _RULE) == _RULE_DEEPGEMM:
+            kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes)
+        else:
+            p, kind, blk, nb, base, base_l1 = _unit_tile(
+                p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, base, base_l1, lanes
+            )
     else:
-        p, kind, blk, nb, base, base_l1 = _unit_tile(
-            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, base, base_l1, lanes
-        )
+        rule, blocks, _ = header
+        if rule == _RULE_DEEPGEMM:
+            kind, blk, nb, base = _deepgemm_tile(
+                p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks
+            )
+        else:
+            p, kind, blk, nb, base, base_l1 = _unit_tile(
+                p,
+                sync_ptr,
+                layout_ptr,
+                n_tiles,
+                n1,
+                n2,
+                ready_at,
+                max_spin,
+                base,
+                base_l1,
+                lanes,
+                header,
+            )
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
     return p, kind, e, blk, nb, (base, base_l1)
+
+
+@triton.jit
+def layout_header(layout_ptr):
+    """The layout's header as decided_tile's `header` takes it: (rule, blocks, lead_rows).
+    Written before the launch (or by the dispatch before it), so one read serves a launch."""
+    return (
+        tl.load(layout_ptr + _RULE),
+        tl.load(layout_ptr + _BLOCKS),
+        tl.load(layout_ptr + _LEAD_ROWS),
+    )
 
 
 @triton.jit

@@ -137,6 +137,8 @@ position with the list's fetch-add, finds its tile (megamoe.decided_tile: the un
 read a warp's UNIT_WINDOW entries at once; a row block is released at 2 I / 128 here) and
 writes it at that position in `tiles`, still ahead of the math warpgroups (tile slots);
 these and the converters take every field from the producer's record, never from `tiles`.
+A claim's loads depend on one another, and after the producer's row-block poll (an acquire)
+each goes to L2: DEVICE_CLAIM_SHORT (below) takes the layout's header out of that chain.
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -164,7 +166,7 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
-from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile
+from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile, layout_header
 from xstage_kernels.ptx_edits import (
     ARRIVE_PER_WARP_MARK,
     DROP_MATH_WAIT_BARRIERS_MARK,
@@ -317,6 +319,18 @@ ARRIVE_PER_WARP = False
 # kernels/ab/*-mma-turns-again-w4a8-w8a8.json); the code goes with the next kernel change
 # (taking it out now would change the kernel record that every ref-h200x1 point names).
 MMA_TURNS = False
+# Device mode: the producer reads the layout's header (rule, blocks, lead_rows) once before
+# its loop instead of at every claim, and loads a claimed tile's row destinations from the
+# row block decided_tile found, before the tile's store to `tiles` and without waiting for its
+# expert's load (DEVICE_CLAIM_SHORT). A claim's loads each wait for the one before, and after
+# the producer's row-block poll (acquire) they all go to L2: in the sm_90 SASS a claim waited
+# on 7 dependent loads (fetch-add, rule, rule and blocks again, the unit table, lead_rows, the
+# expert, the row destinations) against list mode's 3 (fetch-add, the list, the row
+# destinations); with the option 3 (4 for an opener of deepgemm's). On an H100 device mode
+# took 0.6-1.9 us more a tile than list mode. Costs spill (ptxas -v, the launched device
+# builds): W8A8 56 bytes stored, 60 loaded (24, 24 without), W4A8 540, 432 (532, 428). List
+# builds are unchanged. Off until a GPU A/B (kernel_ab --decided-on device) says it pays.
+DEVICE_CLAIM_SHORT = False
 # Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
 # 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
 TURN_BARRIER = 8
@@ -335,6 +349,7 @@ LAUNCH_OPTIONS = (
     "W4_DROP_WAIT_BARRIERS",
     "ARRIVE_PER_WARP",
     "MMA_TURNS",
+    "DEVICE_CLAIM_SHORT",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -419,6 +434,7 @@ class Shared:
     SCALES_TMA: gl.constexpr
     TURNS: gl.constexpr
     DEVICE: gl.constexpr
+    CLAIM_SHORT: gl.constexpr  # DEVICE_CLAIM_SHORT (device mode only)
     TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
@@ -460,8 +476,10 @@ class Shared:
             SCALES_TMA,
             TURNS,
             DEVICE,
+            CLAIM_SHORT,
         ) = options
         self.DEVICE = gl.constexpr(DEVICE)
+        self.CLAIM_SHORT = gl.constexpr(bool(DEVICE) and bool(CLAIM_SHORT))
         # In device mode `tiles` is what the producer writes, so only its record holds a tile.
         self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
@@ -595,17 +613,26 @@ def _claimed_record(p, idx, kind, e, blk, nb, running, layout: gl.constexpr):
     in_list = running & (pos >= 1) & (pos <= 4)
     tile = gl.where(pos == 1, kind, gl.where(pos == 2, e, gl.where(pos == 3, blk, nb)))
     fields = gl.where(in_list, tile, 0)
-    gl.store(p.tiles_ptr + idx * 4 + pos - 1, fields, mask=in_list)
-    return _with_rows(p, idx, fields, running, layout)
+    if p.CLAIM_SHORT:
+        # The row destinations' load from blk itself, issued before anything waits for e's.
+        rec = _with_rows(p, idx, fields, running, layout, blk)
+        gl.store(p.tiles_ptr + idx * 4 + pos - 1, fields, mask=in_list)
+    else:
+        gl.store(p.tiles_ptr + idx * 4 + pos - 1, fields, mask=in_list)
+        rec = _with_rows(p, idx, fields, running, layout)
+    return rec
 
 
 @gluon.jit
-def _with_rows(p, idx, fields, running, layout: gl.constexpr):
+def _with_rows(p, idx, fields, running, layout: gl.constexpr, known_blk=None):
     """A record's fields 1-4 (`fields`, zeros elsewhere) with its index and row flags. An
     expert's rows fill its blocks from the start (routing.dispatch_plan), so row r holds
-    one when r rows do."""
+    one when r rows do. known_blk: the row block, if the caller holds it (else field 3)."""
     pos = gl.arange(0, _RECORD, layout=layout)
-    blk = _field(fields, 3, layout)
+    if known_blk is None:
+        blk = _field(fields, 3, layout)
+    else:
+        blk = known_blk
     rows = running & (pos >= 5)
     row = gl.where(pos == 7, _QUARTER, (pos - 5) * _HALF)
     dst = gl.load(p.row_dst_ptr + blk.to(gl.int64) * _BLOCK + row, mask=rows, other=_PAD_DST)
@@ -633,6 +660,9 @@ def _producer(p, WG: gl.constexpr):
         lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)
         n1 = p.I // _BLOCK
         walk = (0, 0)
+        header = None
+        if p.CLAIM_SHORT:  # the layout's header, read once: it holds for the whole launch
+            header = layout_header(p.layout_ptr)
     running = True
     while running:
         if p.CLAIM_RELAXED:
@@ -652,6 +682,7 @@ def _producer(p, WG: gl.constexpr):
                 p.max_spin,
                 walk,
                 lanes,
+                header,
             )
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
@@ -1085,6 +1116,7 @@ def _fused_moe_ws(
     ARRIVE_PER_WARP: gl.constexpr,
     MMA_TURNS: gl.constexpr,
     DEVICE: gl.constexpr,
+    DEVICE_CLAIM_SHORT: gl.constexpr,
 ):
     if DEVICE:  # the layout's block count, written on the device: one graph, any routing
         n_tiles = gl.load(layout_ptr + _LAYOUT_BLOCKS) * ((H + I) // _BLOCK)
@@ -1180,6 +1212,7 @@ def _fused_moe_ws(
             SCALES_TMA,
             MMA_TURNS,
             DEVICE,
+            DEVICE_CLAIM_SHORT,
         ),
     )
     if W4:
@@ -1351,6 +1384,7 @@ def launch_constexprs(precision: str, trace: bool = False, device: bool = False)
         "ARRIVE_PER_WARP": arrives_per_warp(precision),
         "MMA_TURNS": bool(MMA_TURNS),
         "DEVICE": device,
+        "DEVICE_CLAIM_SHORT": device and bool(DEVICE_CLAIM_SHORT),
     }
 
 
@@ -1408,6 +1442,8 @@ def launch_options(precision: str) -> dict:
         options["slot_release"] = "one arrival per warp (ptx_edits)"
     if MMA_TURNS:  # absent: both math warpgroups issue as soon as their slot is full
         options["mma_issue"] = "in turn (named barriers)"
+    if DEVICE_CLAIM_SHORT:  # absent: each device-mode claim reads the header again
+        options["device_claim"] = "layout header read once, row destinations before the store"
     return options
 
 
@@ -1448,6 +1484,7 @@ def compile_for_sm90(
     arrive_per_warp: bool = False,
     mma_turns: bool = False,
     device: bool = False,
+    device_claim_short: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1468,6 +1505,7 @@ def compile_for_sm90(
         "ARRIVE_PER_WARP": arrive_per_warp and not w4,
         "MMA_TURNS": mma_turns,
         "DEVICE": device,
+        "DEVICE_CLAIM_SHORT": device and device_claim_short,
     }
     return _compile_sm90(precision, constexprs)
 

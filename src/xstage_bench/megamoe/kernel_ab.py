@@ -19,8 +19,11 @@ asks for at least N paired rounds (the config's timing block stops at its own mi
 the spread is small: reference-h200x1 gives 5), for a close call.
 
 An option is one of the launch constants of xstage_kernels.megamoe_ws (LAUNCH_OPTIONS),
-set before each launch. The JSON written is a kernel's development record, not a raw
-file of a dataset: it carries the environment block and every sample.
+set before each launch. `--decided-on device` runs the expert waves decided by the kernel's
+programs (points.decided_where: device mode, a `layout` instead of a tile list), for an
+option of device mode's claim (DEVICE_CLAIM_SHORT); the default, `list`, the host's lists.
+The JSON written is a kernel's development record, not a raw file of a dataset: it carries
+the environment block and every sample.
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xstage_bench.data import grid, stats
+from xstage_bench.data.grid import DEVICE, LIST
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement import launch_option, timing
 from xstage_bench.measurement.environment import capture_measured
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
+from xstage_bench.megamoe.points import decided_where
 from xstage_bench.megamoe.runner import default_devices, measured_paths
 
 # Seconds a build's check (its compile, capture and poisoned run) or a point's paired
@@ -93,10 +98,14 @@ def fixed_options(text: str) -> dict[str, int]:
     return dict(launch_option.fixed(item, megamoe_ws) for item in text.split(",") if item)
 
 
-def local_configs(moe: dict, world_size: int, paths: Sequence[str]) -> list[dict]:
-    """The grid's configurations with every combine row local, as expert-wave points."""
+def local_configs(
+    moe: dict, world_size: int, paths: Sequence[str], decided_on: str = LIST
+) -> list[dict]:
+    """The grid's configurations with every combine row local, as expert-wave points;
+    decided_on 'device': decided by the kernel's programs (`decided_on: device`)."""
     configs = grid.megamoe_points({**moe, "remote_fractions": [grid.NATURAL]}, world_size, paths)
-    return [{**c, "schedule": schedule.WAVE, "id": f"{c['id']}/{schedule.WAVE}"} for c in configs]
+    waves = [{**c, "schedule": schedule.WAVE, "id": f"{c['id']}/{schedule.WAVE}"} for c in configs]
+    return [decided_where(w, {**moe, "schedule_on": decided_on}) for w in waves]
 
 
 def padding_halves(prob) -> float:
@@ -208,6 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--set", default="", help="other launch options for every arm, e.g. SPLIT_CONVERTED=1"
     )
+    parser.add_argument(
+        "--decided-on",
+        choices=(LIST, DEVICE),
+        default=LIST,
+        help="where the expert waves' order is decided: the host's tile lists (list), or the "
+        "kernel's programs as they claim (device: device mode, e.g. for DEVICE_CLAIM_SHORT)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="JSON to write")
     parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
     parser.add_argument(
@@ -263,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "environment": capture_measured(device_type),
         "results": [],
     }
-    points = local_configs(moe, len(devices), measured_paths(config, len(devices)))
+    paths = measured_paths(config, len(devices))
+    points = local_configs(moe, len(devices), paths, args.decided_on)
 
     def write(result: dict) -> None:
         doc["results"].append(result)
