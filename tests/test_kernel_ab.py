@@ -148,9 +148,9 @@ def test_the_staged_script_compares_real_options_that_are_still_off():
     script = (ROOT / "kernels" / "ab" / "staged.sh").read_text()
     assert re.search(r"^ab\(\) \{", script, flags=re.M), "staged.sh lost its ab function"
     calls = re.findall(r"^ab .*$", script, flags=re.M)
-    staged = re.findall(r"^ab \S+ (\S+) (\w+)=(\S+)$", script, flags=re.M)
-    assert len(staged) == len(calls), f"not of the form ab NAME PRECISION X=0,1: {calls}"
-    for precision, name, values in staged:
+    staged = re.findall(r"^ab \S+ (\S+) (\w+)=(\S+)(?: (list|device))?$", script, flags=re.M)
+    assert len(staged) == len(calls), f"not of the form ab NAME PRECISION X=0,1 [device]: {calls}"
+    for precision, name, values, _decided_on in staged:
         assert precision in megamoe_ws.PRECISIONS, precision
         assert name in megamoe_ws.LAUNCH_OPTIONS, name
         assert values == "0,1", f"{name}={values}"

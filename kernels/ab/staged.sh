@@ -28,12 +28,16 @@ run() {  # run NAME COMMAND...: one record, its output kept in $out/NAME.log
     fi
 }
 
-ab() {  # ab NAME PRECISION OPTION=0,1
+ab() {  # ab NAME PRECISION OPTION=0,1 [device]: device, expert waves decided on the GPU
     run "$1" python3 -m xstage_bench.megamoe.kernel_ab --config config/reference-h200x1.yaml \
         --dataset ab --routings balanced --tokens 16384,4096,1024 --min-reps 5 \
-        --precisions "$2" --option "$3" --step-timeout 120 --out "$out/$1.json"
+        --precisions "$2" --option "$3" --decided-on "${4:-list}" --step-timeout 120 \
+        --out "$out/$1.json"
 }
 
-# Nothing is staged: every option written so far has been timed (kernels/ab/README.md).
-# A new one goes here as `ab NAME PRECISION OPTION=0,1`.
+# Device mode's claim on 3 dependent loads instead of 7 (issue 53: on an H100 device mode
+# took 0.6-1.9 us more a tile than list mode with the same tile order). A new option goes
+# here as `ab NAME PRECISION OPTION=0,1 [device]`.
+ab device-claim-short-w8a8 w8a8 DEVICE_CLAIM_SHORT=0,1 device
+ab device-claim-short-w4a8 w4a8 DEVICE_CLAIM_SHORT=0,1 device
 exit $failed
