@@ -388,9 +388,10 @@ def test_isolated_metrics_have_no_period_and_bad_warmup_is_refused():
         stamp_metrics.train_metrics(start, end, warmup=6, kind="isolated", producer_bytes=1000)
 
 
-def barrier_stamps(hold_ns=(0, 0, 0, 0, 0, 0), base=400, gap=3_000, loop=2_000, K=4):
-    """An aligned train: producer k stores for loop + 10k ns, spends the gap, reaches the
-    barrier; the barrier opens `base` ns after the last arrival, plus the drain's hold."""
+def barrier_stamps(hold_ns=(0, 0, 0, 0, 0, 0), base=400, gap=3_000, loop=2_000, K=4, gap_spread=0):
+    """An aligned train: producer k stores for loop + 10k ns, spends the gap (plus
+    k * gap_spread ns: gaps spun in cycles differ between SMs), reaches the barrier; the
+    barrier opens `base` ns after the last arrival, plus the drain's hold."""
     n_bursts = len(hold_ns)
     start = np.zeros((n_bursts, K), dtype=np.int64)
     end, reach = np.zeros_like(start), np.zeros_like(start)
@@ -399,7 +400,7 @@ def barrier_stamps(hold_ns=(0, 0, 0, 0, 0, 0), base=400, gap=3_000, loop=2_000, 
         start[n] = reach[n].max() + base + (hold_ns[n - 1] if n else 0)
         end[n] = start[n] + loop + 10 * np.arange(K)
         if n + 1 < n_bursts:
-            reach[n + 1] = end[n] + gap
+            reach[n + 1] = end[n] + gap + gap_spread * np.arange(K)
     return start, end, reach
 
 
@@ -418,6 +419,30 @@ def test_barrier_metrics_move_the_hold_out_of_the_store_loop():
     assert m["t_iss_slowest_us"] == pytest.approx([2.03] * 4)  # the store loop never saw it
     free = stamp_metrics.train_metrics(start, end, 2, "periodic", 1000)
     assert "t_vis_slowest_us" not in free and "hold_us" not in free
+
+
+def test_a_spread_of_gaps_is_not_charged_to_the_issue_time():
+    """Producers whose gaps differ (the last one's 1.5 us longer here) and no hold: the
+    barrier opens on the longest gap, and the sender-visible time stays the store loop (it
+    was period - median gap - base, which counted 0.75 us of that spread as issue time)."""
+    start, end, reach = barrier_stamps(gap_spread=500)
+    m = stamp_metrics.train_metrics(start, end, 2, "periodic", 1000, reach)
+    assert m["hold_us"] == pytest.approx([0.0] * 3)
+    assert m["t_vis_slowest_us"] == pytest.approx([2.03] * 3)
+    period, gap, (base,) = m["period_us"][0], m["gap_spent_us"][0], m["barrier_base_us"]
+    assert period - gap - base == pytest.approx(2.03 + 0.75, abs=0.02)  # the old reading
+
+
+def test_a_hold_below_zero_is_the_timers_tick_not_a_shorter_issue_time():
+    """A barrier that opens a tick sooner after the last arrival than the launch's first
+    one gives a hold below 0; the sender-visible time never drops below the store loop."""
+    start, end, reach = barrier_stamps()
+    start[3:] -= 256  # bursts 3 on: their barrier opened 256 ns sooner than the first
+    end[3:] -= 256
+    reach[4:] -= 256
+    m = stamp_metrics.train_metrics(start, end, 2, "periodic", 1000, reach)
+    assert min(m["hold_us"]) == pytest.approx(-0.256)
+    assert m["t_vis_slowest_us"] == pytest.approx([2.03] * 3)
 
 
 def test_check_reach_catches_stamps_outside_their_gap():

@@ -33,14 +33,18 @@ def old_doc() -> dict:
         ok_record("full", {**POINT, "K": 2}, {"period_us": [4.0, 5.0]}, extra=EXTRA),
         failed_record("failed", {**POINT, "K": 3}, "kernel timed out", status="timeout"),
     ]
+    return microbench_doc(records, "drain", simulated=True)
+
+
+def microbench_doc(records: list, study: str, *, simulated: bool) -> dict:
     return raw_document(
         experiment="microbench",
-        backend="sim",
-        dataset="sim-x",
-        environment=environment(simulated=True),
+        backend="sim" if simulated else "cuda",
+        dataset="sim-x" if simulated else "ref-x",
+        environment=environment(simulated=simulated),
         config={},
         records=records,
-        study="drain",
+        study=study,
     )
 
 
@@ -150,3 +154,39 @@ def test_the_committed_references_pass_the_raw_checks_and_name_their_repair(caps
             reason = records[rid]["extra"]["metrics_without_samples"]["issue_rate_GBps"]
             assert reason == runner.NO_SAMPLES["issue_rate_GBps"]
         assert repair.repair_doc(doc, "2026-12-03") == []  # nothing left to repair
+
+
+def aligned_doc() -> dict:
+    """An aligned train's record as written before the sender-visible time was the store
+    loop plus the hold: 2 launches of 3 steady bursts, 2 each with a successor."""
+    samples = {
+        "t_iss_slowest_us": [0.3, 0.31, 0.32, 0.29, 0.3, 0.33],
+        "hold_us": [0.0, 2.0, 0.5, -0.256],  # the last: the timer's tick, counted as 0
+        "t_vis_slowest_us": [0.9, 2.8, 1.1, 0.7],  # period - gap_spent - base: gap spread in
+        "period_us": [100.0, 102.0, 100.5, 100.0],
+    }
+    point = {**POINT, "K": 4, "sync": "barrier"}
+    records = [ok_record("aligned", point, samples, extra=EXTRA)]
+    return microbench_doc(records, "gap_sweep_barrier", simulated=False)
+
+
+def test_the_sender_visible_time_is_recomputed_as_the_store_loop_plus_the_hold(tmp_path):
+    path = write_as_written(tmp_path / "gap_sweep_barrier.json", aligned_doc())
+    assert repair.repair_file(path, "2026-12-07") == ["aligned"]
+    doc = read_raw(path)
+    (record,) = doc["records"]
+    # launch 0: bursts 0, 1 (burst 2 has no successor); launch 1: bursts 3, 4
+    want = [0.3 + 0.0, 0.31 + 2.0, 0.29 + 0.5, 0.3 + 0.0]
+    assert record["samples"]["t_vis_slowest_us"] == pytest.approx(want)
+    assert record["summary"]["t_vis_slowest_us"]["median"] == pytest.approx((0.3 + 0.79) / 2)
+    assert record["samples"]["period_us"] == [100.0, 102.0, 100.5, 100.0]  # the rest as it was
+    (note,) = doc["environment"]["repairs"]
+    assert note["change"] == repair.VISIBLE_CHANGE and note["records"] == ["aligned"]
+    assert repair.repair_file(path, "2026-12-08") == []  # a second run changes nothing
+
+
+def test_samples_that_do_not_split_into_the_launches_are_refused_naming_the_record():
+    doc = aligned_doc()
+    doc["records"][0]["samples"]["hold_us"].append(1.0)
+    with pytest.raises(ValueError, match="record 'aligned': 6 store loops and 5 holds"):
+        repair.repair_doc(doc, "2026-12-07")

@@ -103,22 +103,29 @@ def barrier_metrics(start: np.ndarray, end: np.ndarray, reach: np.ndarray, warmu
       arrival to the burst's start: the barrier's own cost, with no stores before it;
     - hold = start[n+1] - the last arrival at its barrier - barrier_base: how long the
       barrier stayed closed after every producer had arrived, waiting for the drain;
-    - t_vis_slowest = period - gap_spent - barrier_base: the sender-visible issue time,
-      from the burst's start until the slowest producer could issue its next memory
-      operation (its store loop plus the hold), what the Burst-Gap laws call the issue time.
+    - t_vis_slowest = the slowest producer's store loop + hold (a hold below 0, a barrier
+      that opened sooner after the last arrival than the launch's first did, is the
+      timer's tick, not a wait: counted as 0): the sender-visible issue
+      time, from the burst's start until the slowest producer could issue its next memory
+      operation, what the Burst-Gap laws call the issue time. Not period - gap_spent -
+      barrier_base, which equals it only when every producer's gap lasts as long: gaps
+      spun in cycles differ between SMs by a share of G, and the barrier opens on the
+      longest, so that difference charged the gap's spread to the issue time (one H100,
+      K = 132, V = 1 MiB: 0.38 us at G = 25 us, 3.0 us at G = 500, the loop 0.3 us, no hold).
     Starts are medians over producers: the barrier releases them together.
     """
     first_start = np.median(start, axis=1)
     last_reach = reach.max(axis=1)
     base = first_start[0] - last_reach[0]
     steady = slice(warmup, None)  # of per-successor arrays: bursts 0 .. n-2
-    period = np.diff(first_start)[steady]
     gap = np.median(reach[1:] - end[:-1], axis=1)[steady]
+    hold = (first_start[1:] - last_reach[1:])[steady] - base
+    slowest = (end - start).max(axis=1)[:-1][steady]
     return {
         "gap_spent_us": _us(gap),
         "barrier_base_us": _us([base]),
-        "hold_us": _us((first_start[1:] - last_reach[1:])[steady] - base),
-        "t_vis_slowest_us": _us(period - gap - base),
+        "hold_us": _us(hold),
+        "t_vis_slowest_us": _us(slowest + np.maximum(hold, 0)),
     }
 
 
