@@ -228,3 +228,21 @@ def test_a_config_that_names_more_gpus_is_refused_before_anything_runs():
     validate_config(config)  # 'auto': a point on more GPUs is recorded unsupported
     with pytest.raises(ConfigError, match="'megamoe.layer_from': 'home_tokens' runs on one GPU"):
         validate_config({**config, "world_size": 2})
+
+
+def test_a_trace_reads_the_claimed_tiles_of_buffers_sized_for_any_routing():
+    """A traced arm's buffers have a row for every tile any routing can make; what a trace
+    reads back is this routing's claimed tiles and their stamps, row for row."""
+    import torch
+
+    timed, _ = _problem(token_dispatch.HOME_TOKENS)
+    key = timed.arm({"schedule": "interleaved", "decided_on": "device"})
+    (rb,) = timed.ranks
+    (buf,) = timed.trace_buffers(key)
+    assert buf.dtype == torch.int64 and buf.shape == (rb.tiles[key].shape[0], 6)
+    assert buf.shape[0] > rb.grid.tiles and not buf.any()
+    buf[:, 0] = torch.arange(buf.shape[0])
+    rb.tiles[key][:, 0] = torch.arange(rb.tiles[key].shape[0], dtype=torch.int32)
+    (stamps,), (tiles,) = timed.traced(key, [buf])
+    assert len(stamps) == len(tiles) == rb.grid.tiles
+    np.testing.assert_array_equal(stamps[:, 0], tiles[:, 0])

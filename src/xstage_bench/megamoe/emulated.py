@@ -211,15 +211,10 @@ class EmulatedMeasurer:
 
     def _traced(self, prob, sched: str, local: bool, ns) -> tuple[list[float], list[float]]:
         """Waits (ready - taken) and store spans of every Linear-2 tile, all ranks, us."""
-        torch = self.torch
-        bufs = [
-            torch.zeros(rb.tiles[sched].shape[0], 6, dtype=torch.int64, device=d)
-            for rb, d in zip(prob.ranks, self.devices, strict=True)
-        ]
+        bufs = prob.trace_buffers(sched)
         prob.forward(sched, local=local, emulate_ns=ns, trace=bufs)
         prob.synchronize()
-        tiles = [rb.claimed(sched).cpu().numpy() for rb in prob.ranks]
-        stamps = [b[: len(t)].cpu().numpy() for b, t in zip(bufs, tiles, strict=True)]
+        stamps, tiles = prob.traced(sched, bufs)
         spans, _ = trace_summary(stamps, tiles, keep_timeline=False)
         return linear2_waits(stamps, tiles), spans
 

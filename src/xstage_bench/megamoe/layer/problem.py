@@ -199,6 +199,22 @@ class MoEProblem:
             self._rank_graphs(key)
         return key
 
+    def trace_buffers(self, key: str) -> list:
+        """Per rank a zeroed int64 (tiles, 6) buffer for a traced forward of arm `key`."""
+        torch = self.torch
+        return [
+            torch.zeros(rb.tiles[key].shape[0], 6, dtype=torch.int64, device=d)
+            for rb, d in zip(self.ranks, self.devices, strict=True)
+        ]
+
+    def traced(self, key: str, bufs: list) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """After a traced forward of arm `key`: per rank its stamps and the tiles they stamp,
+        the claimed ones (a buffer with room for any routing's tiles holds this one's
+        first)."""
+        tiles = [rb.claimed(key).cpu().numpy() for rb in self.ranks]
+        stamps = [b[: len(t)].cpu().numpy() for b, t in zip(bufs, tiles, strict=True)]
+        return stamps, tiles
+
     def realized_order_error(self, key: str, point: dict) -> str | None:
         """After a checked run: why a device-decided arm's claimed order is wrong on some
         rank (rank.realized_order_error), or None."""

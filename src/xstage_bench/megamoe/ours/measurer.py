@@ -399,10 +399,7 @@ class MoEMeasurer:
                 raise PointFailed(TRACE_NEEDS_GPU, status="unsupported")
             prob = self.problem(point)
             key = prob.arm(point)
-            bufs[:] = [
-                self.torch.zeros(rb.tiles[key].shape[0], 6, dtype=self.torch.int64, device=d)
-                for rb, d in zip(prob.ranks, self.devices, strict=True)
-            ]
+            bufs[:] = prob.trace_buffers(key)
             return self.checked(point, trace=bufs)  # also the warm-up (and the compile)
 
         def measure(facts: dict) -> Measured:
@@ -413,9 +410,7 @@ class MoEMeasurer:
             key = prob.arm(point)
             prob.forward(key, local=local, trace=bufs)
             prob.synchronize()
-            # a buffer with room for any routing's tiles holds this one's first (claimed)
-            tiles = [rb.claimed(key).cpu().numpy() for rb in prob.ranks]
-            stamps = [b[: len(t)].cpu().numpy() for b, t in zip(bufs, tiles, strict=True)]
+            stamps, tiles = prob.traced(key, bufs)
             spans, extra = trace_summary(stamps, tiles, keep_timeline)
             waits = linear2_waits(stamps, tiles)
             line = (
