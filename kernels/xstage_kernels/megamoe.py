@@ -386,33 +386,27 @@ def decided_tile(
     DEVICE_CLAIM_SHORT); None: each claim reads it again, after the fetch-add."""
     base, base_l1 = walk
     if header is None:
-        if tl.load(layout_ptr + _RULE) == _RULE_DEEPGEMM:
-            kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes)
-        else:
-            p, kind, blk, nb, base, base_l1 = _unit_tile(
-                p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, base, base_l1, lanes
-            )
+        rule = tl.load(layout_ptr + _RULE)
+        blocks = None  # the callees read it
     else:
         rule, blocks, _ = header
-        if rule == _RULE_DEEPGEMM:
-            kind, blk, nb, base = _deepgemm_tile(
-                p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks
-            )
-        else:
-            p, kind, blk, nb, base, base_l1 = _unit_tile(
-                p,
-                sync_ptr,
-                layout_ptr,
-                n_tiles,
-                n1,
-                n2,
-                ready_at,
-                max_spin,
-                base,
-                base_l1,
-                lanes,
-                header,
-            )
+    if rule == _RULE_DEEPGEMM:
+        kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks)
+    else:
+        p, kind, blk, nb, base, base_l1 = _unit_tile(
+            p,
+            sync_ptr,
+            layout_ptr,
+            n_tiles,
+            n1,
+            n2,
+            ready_at,
+            max_spin,
+            base,
+            base_l1,
+            lanes,
+            header,
+        )
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
     return p, kind, e, blk, nb, (base, base_l1)
 
