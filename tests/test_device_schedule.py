@@ -204,8 +204,8 @@ def _resolve(
             held = layout_header(layout)
         for i in range(count):
             p = tl.load(positions + i)
-            p, kind, e, blk, nb, walk = decided_tile(
-                p, sync, layout, n_tiles, n1, n2, n1, max_spin, walk, lanes, held
+            kind, e, blk, nb, walk = decided_tile(
+                p, sync, layout, n_tiles, n1, n2, n1, walk, lanes, held
             )
             tl.store(out + 5 * i, p)
             tl.store(out + 5 * i + 1, kind)
@@ -278,23 +278,80 @@ def test_the_opener_publishes_the_unit_its_rule_decides(interpreted_kernel, head
         assert int(sync[1]) == 0
 
 
+def _units_by_rule(kernel, layout: np.ndarray, grid: schedule.TileGrid):
+    """Every unit's entry and first position as the rule opens them with every block
+    released (schedule.next_unit, the kernel's _open_unit mirrored)."""
+    entries, starts, opened, at = [], [], [0, 0], 0
+    while at < grid.tiles:
+        kind = schedule.next_unit(layout, tuple(opened), lambda b: True)
+        opened[kind == schedule.L2] += 1
+        entries.append(kernel.unit_entry(kind, opened[0]))
+        starts.append(at)
+        at += grid.l1_per_block if kind == schedule.L1 else grid.l2_per_block
+    return entries, starts
+
+
 @HEADERS
-def test_a_position_in_an_unpublished_unit_times_out_with_the_error_flag(
-    interpreted_kernel, header
-):
-    """Only unit 0 published, and the position is unit 1's second: its opener never came.
-    The program gives up after max_spin polls (a position past the list), raises the error
-    flag and opens nothing."""
+@pytest.mark.parametrize("name", [schedule.WAVE, schedule.INTERLEAVED])
+def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, name, header):
+    """Only unit 0 published, and the position lies 45 units on (past a window): positions
+    are claimed in order, so every unit before it is due; the program opens each by the
+    rule itself, without waiting for their first positions' holders, and none past its
+    own. Every block released: interleaved's rule opens what next_unit says then."""
     import torch
 
     kernel = interpreted_kernel
-    g = schedule.TileGrid(np.zeros(4, dtype=np.int64), np.full(4, 128), 2, 3)
+    g = _many_units()
+    layout = schedule.device_layout(name, g, 8, {"lead_rows": 0})
+    entries, starts = _units_by_rule(kernel, layout, g)
     sync = torch.zeros(kernel.sync_size(g.blocks), dtype=torch.int32)
-    _unit_table(kernel, sync, g)[0] = kernel.unit_entry(schedule.L1, 1)
-    layout = schedule.device_layout(schedule.WAVE, g, 2)
-    got = _resolve(kernel, layout, sync, g, [g.l1_per_block + 1], max_spin=3, header=header)
-    assert int(got[0, 0]) == g.tiles and int(sync[1]) == 1
-    assert int(_unit_table(kernel, sync, g)[1]) == 0
+    sync[kernel.SYNC_HEADER : kernel.SYNC_HEADER + g.blocks] = g.l1_per_block  # released
+    _unit_table(kernel, sync, g)[0] = entries[0]
+    unit = 45
+    got = _resolve(kernel, layout, sync, g, [starts[unit]], header=header)
+    kind, blk, _ = kernel_unit(kernel, entries[unit], unit, g)
+    assert got.tolist() == [[starts[unit], kind, int(g.block_expert[blk]), blk, 0]]
+    table = _unit_table(kernel, sync, g).tolist()
+    assert table[: unit + 1] == entries[: unit + 1] and not any(table[unit + 1 :])
+    assert int(sync[1]) == 0
+    if name == schedule.WAVE:  # a rule that reads no clock: the list's own units
+        assert entries == _unit_entries(kernel, schedule.build(name, g, 8), g)
+
+
+def kernel_unit(kernel, entry: int, unit: int, grid: schedule.TileGrid) -> tuple[int, int, int]:
+    """(kind, block, first position) of unit `unit` from its table entry."""
+    kind, l1_units = (entry - 1) & 1, (entry - 1) >> 1
+    n1, n2 = grid.l1_per_block, grid.l2_per_block
+    end = l1_units * n1 + (unit + 1 - l1_units) * n2
+    block = l1_units - 1 if kind == schedule.L1 else unit - l1_units
+    return kind, block, end - (n1 if kind == schedule.L1 else n2)
+
+
+@HEADERS
+def test_a_unit_another_program_published_first_stands(interpreted_kernel, header):
+    """Units 0 and 2 published, the position (7) in unit 3. The program sees unit 1 as the
+    first unpublished and opens it (block 0 not released: block 1's L1 tiles), goes on to
+    unit 2 without reading the table, and finds it taken in the compare-and-swap: the other
+    program's decision (block 0's L2 unit, where this program's rule says block 2's L1
+    unit) stands. It then opens unit 3 after it (block 2's L1 unit), its position's."""
+    import torch
+
+    kernel = interpreted_kernel
+    g = schedule.TileGrid(np.array([0, 0, 1, 1]), np.full(4, 128), 2, 3)
+    sync = torch.zeros(kernel.sync_size(g.blocks), dtype=torch.int32)
+    units = _unit_table(kernel, sync, g)
+    units[0] = kernel.unit_entry(schedule.L1, 1)  # block 0's L1 tiles: positions 0-1
+    units[2] = kernel.unit_entry(schedule.L2, 2)  # block 0's L2 tiles: positions 4-6
+    layout = schedule.device_layout(schedule.INTERLEAVED, g, 2, {"lead_rows": 0})
+    got = _resolve(kernel, layout, sync, g, [7], header=header)
+    assert got.tolist() == [[7, schedule.L1, 1, 2, 0]]
+    assert units.tolist()[:4] == [
+        kernel.unit_entry(schedule.L1, 1),
+        kernel.unit_entry(schedule.L1, 2),  # opened here: block 1's L1 tiles, positions 2-3
+        kernel.unit_entry(schedule.L2, 2),  # as published before
+        kernel.unit_entry(schedule.L1, 3),  # opened here: block 2's L1 tiles, positions 7-8
+    ]
+    assert not units[4:].any() and int(sync[1]) == 0
 
 
 @HEADERS
@@ -390,7 +447,7 @@ GLUON_PATTERNS = {
     "cas": r"atom\.global(?:\.\w+)*\.cas\.",
     "claims": r"atom\.global\.gpu\.acq_rel\.add",  # the position counter (CLAIM_RELAXED off)
     "unit_polls": r"ld\.volatile\.global",  # the unit table (a warp's window), a row counter
-    "publications": r"atom\.global\.gpu\.relaxed\.exch",  # an opener's unit-table entry
+    "publications": r"atom\.global\.relaxed\.gpu\.cas",  # an opener's unit-table entry
     "wgmma": r"wgmma\.mma_async",
     "tma_loads": r"cp\.async\.bulk\.tensor",
     "release_add": r"atom\.global\.gpu\.release\.add",
@@ -403,10 +460,10 @@ GLUON_PATTERNS = {
 @pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
 @pytest.mark.parametrize("trace", [False, True])
 def test_the_gluon_device_mode_claims_with_the_lists_one_fetch_add(precision, trace):
-    """Device mode claims a position with list mode's one atomic add and no compare-and-
-    swap anywhere; it reads the unit table (one volatile load of a warp's window per try)
-    and the opener's row-block counter with volatile loads, and publishes a unit with one
-    relaxed exchange. The operand loads, MMAs, row-block releases and polls stay as they
+    """Device mode claims a position with list mode's one atomic add; it reads the unit
+    table (one volatile load of a warp's window per try) and the opener's row-block counter
+    with volatile loads, and publishes a unit with one relaxed compare-and-swap, its only
+    one. The operand loads, MMAs, row-block releases and polls stay as they
     were, and so does shared memory (the window's reductions are a warp's shuffles)."""
     call = "kernels.compile_for_sm90(precision={!r}, trace={}, device={})"
     listed, decided = (
@@ -414,7 +471,7 @@ def test_the_gluon_device_mode_claims_with_the_lists_one_fetch_add(precision, tr
         for device in (False, True)
     )
     assert listed["claims"] == decided["claims"] == 1
-    assert listed["cas"] == decided["cas"] == 0
+    assert listed["cas"] == 0 and decided["cas"] == 1
     assert listed["unit_polls"] == listed["publications"] == 0
     assert decided["unit_polls"] == 2 and decided["publications"] == 1
     for name in ("wgmma", "tma_loads", "release_add", "acquire_polls"):
@@ -584,7 +641,7 @@ def test_the_short_claim_compiles_for_sm90_and_keeps_the_claim_and_the_mmas(prec
         )
         for name in ("claims", "unit_polls", "publications", "wgmma", "tma_loads", "shared"):
             assert short[name] == plain[name], (name, trace)
-        assert short["claims"] == 1 and short["cas"] == 0
+        assert short["claims"] == 1 and short["cas"] == short["publications"] == 1
     call = "kernels._compile_sm90({!r}, {{**kernels.launch_constexprs({!r}, device=True), "
     call += "'DEVICE_CLAIM_SHORT': True}})"
     report = sm90.ptxas_report("megamoe_ws", call.format(precision, precision))

@@ -45,14 +45,17 @@ block] and must be zeroed before every launch.
 Device mode (a `layout` given: schedule.device_layout): no tile list is read. A program
 claims a list position with the same fetch-add as list mode and finds the tile there
 (`decided_tile`), which it writes at that position in `tiles` (the realized order).
-expert_wave and interleaved run in units, all L1 or all L2 tiles of one row block: the
-program that claims a unit's first position opens it, deciding its kind by the schedule's
-rule (`_open_unit`, schedule.next_unit) from the units before it, and publishes it in the
-unit table; the others read the table, UNIT_WINDOW entries a load, from the unit of their
-last position on, and wait (a bounded spin, raising the error flag) while theirs is not
-published. So a claim costs one fetch-add, and one relaxed exchange (the publication)
-once per unit. An entry is one word (`unit_entry`) that holds all a reader needs, so it is
-published and read relaxed: nothing else is handed over with it. deepgemm_interleaved needs
+expert_wave and interleaved run in units, all L1 or all L2 tiles of one row block,
+published in the unit table; a program reads the table, UNIT_WINDOW entries a load, from
+the unit of its last position on. A unit is opened by the first program to find that it is
+the first unpublished one while holding a position at or past its start (claimed, as
+positions are claimed in order): it decides the unit's kind by the schedule's rule
+(`_open_unit`, schedule.next_unit) from the units before it and publishes it with a
+relaxed compare-and-swap, which a racing program's decision may win; and it opens the next
+one as well, without reading the table, while its own position lies further on. No
+program waits for another. So a claim costs one fetch-add and a table load, and a unit one
+compare-and-swap. An entry is one word (`unit_entry`) that holds all a reader needs, so it
+is published and read relaxed: nothing else is handed over with it. deepgemm_interleaved needs
 no table: its positions follow from the layout (`_deepgemm_tile`). The sync buffer is
 [position counter, error flag, row-block counters, unit table of 2 * blocks entries]
 (`sync_size`), so one zeroing still readies a launch; list mode reads its first 2 + blocks.
@@ -254,12 +257,14 @@ def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening
 
 
 @triton.jit
-def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes):
+def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier):
     """One load of the unit table's UNIT_WINDOW entries from unit `base` (base_l1: the L1
     units before it): (whether a published unit holds position p, that unit, its entry, the
-    first unit not seen published, the L1 units before that one)."""
+    first unit not seen published, the L1 units before that one). at_frontier: base is
+    known unpublished (this program opened the unit before it), so nothing is loaded."""
     unit = base + lanes
-    entry = tl.load(units_ptr + unit, mask=unit < 2 * blocks, other=0, volatile=True)
+    readable = (unit < 2 * blocks) & (not at_frontier)
+    entry = tl.load(units_ptr + unit, mask=readable, other=0, volatile=True)
     _, _, starts, ends = _unit_of(entry, unit, n1, n2)
     hit = (entry != 0) & (starts <= p) & (p < ends)
     holds = tl.max(hit.to(tl.int32)) > 0
@@ -280,18 +285,22 @@ def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes):
 
 @triton.jit
 def _unit_tile(
-    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, base, base_l1, lanes, header=None
+    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, header=None
 ):
-    """expert_wave's and interleaved's tile at position p from the unit table; (p, or
-    n_tiles if its unit was not published within max_spin polls, kind, block, n block, and
-    the walk after: `base`, a unit whose predecessors are all published and that starts at
-    or before the program's next position, and `base_l1`, the L1 units before it).
-    header: layout_header's values if the caller holds them, else the header is read here."""
-    # Deadlock-free: positions are claimed in order and each is resolved right after its
-    # claim, so unit k's opener waits only on unit k - 1's publication and unit 0's on
-    # nothing. An L2 unit is opened only once its block is released or every L1 unit is
-    # opened (interleaved), or its wave's L1 units are (expert_wave), and each program
-    # runs its positions in claim order: the smallest unfinished position waits on no later.
+    """expert_wave's and interleaved's tile at position p from the unit table; (kind,
+    block, n block, and the walk after: `base`, a unit whose predecessors are all published
+    and that starts at or before the program's next position, and `base_l1`, the L1 units
+    before it). header: layout_header's values if the caller holds them, else read here."""
+    # Lock-free: positions are claimed in order, so a program whose position lies past
+    # every published unit knows that the first unpublished unit's first position is
+    # claimed, and opens that unit itself: the first program there decides it, one
+    # compare-and-swap choosing between programs that race, and a program that opened a
+    # unit opens the next one without reading the table again. The first position's holder
+    # alone used to open a unit, so each opening waited for the one before it to be seen
+    # published by another program: a chain of three L2 round trips a unit that bound the
+    # kernel wherever units came faster (issue 53: expert waves 1.07-1.16x the list's
+    # time on an H100). An L2 unit is opened only once its block is released or every L1
+    # unit is opened (interleaved), or its wave's L1 units are (expert_wave).
     if header is None:
         rule = tl.load(layout_ptr + _RULE)
         blocks = tl.load(layout_ptr + _BLOCKS)
@@ -302,41 +311,43 @@ def _unit_tile(
     kind = 0
     blk = 0
     nb = 0
-    spins = 0
     found = p >= n_tiles
+    at_frontier = p < 0  # base is the first unpublished unit, as this program opened the last
     while not found:
         holds, at, entry, next_unit, next_l1 = _read_units(
-            units_ptr, blocks, base, base_l1, p, n1, n2, lanes
+            units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier
         )
-        # The program holding a unit's first position opens it; no other writes its entry.
-        opener = (not holds) & (p == next_l1 * n1 + (next_unit - next_l1) * n2)
-        opened = _open_unit(
-            rule,
-            layout_ptr,
-            sync_ptr + _SYNC_HEADER,
-            blocks,
-            next_l1,
-            next_unit - next_l1,
-            ready_at,
-            opener,
-            lead,
-        )
-        opened_entry = _unit_entry(opened, next_l1 + 1 - opened)
-        tl.atomic_xchg(units_ptr + next_unit, opened_entry, mask=opener, sem="relaxed")
-        found = holds | opener
-        at = tl.where(holds, at, next_unit)
-        kind, through_l1, start, _ = _unit_of(tl.where(holds, entry, opened_entry), at, n1, n2)
+        # The first unit not seen published, seen within the window: its first position is
+        # claimed (p lies past every unit before it), so it is due to be decided.
+        opens = (not holds) & (next_unit < base + _UNIT_WINDOW)
+        if opens:
+            opened = _open_unit(
+                rule,
+                layout_ptr,
+                sync_ptr + _SYNC_HEADER,
+                blocks,
+                next_l1,
+                next_unit - next_l1,
+                ready_at,
+                opens,
+                lead,
+            )
+            mine = _unit_entry(opened, next_l1 + 1 - opened)
+            won = tl.atomic_cas(units_ptr + next_unit, 0, mine, sem="relaxed")
+            entry = tl.where(won == 0, mine, won)  # a racing program's decision stands
+            at = next_unit
+            at_frontier = won == 0
+        else:
+            at_frontier = p < 0
+        kind, through_l1, start, end = _unit_of(entry, at, n1, n2)
+        found = (holds | opens) & (start <= p) & (p < end)
         blk = tl.where(kind == 0, through_l1 - 1, at - through_l1)
         nb = p - start
-        # Not found in a window seen whole: walk on; else its unit is not published yet.
-        spins += ((not found) & (next_unit < base + _UNIT_WINDOW)).to(tl.int32)
-        base = tl.where(found, at, next_unit)
-        base_l1 = tl.where(found, through_l1 - 1 + kind, next_l1)
-        timed_out = spins > max_spin
-        tl.atomic_xchg(sync_ptr + 1, 1, mask=timed_out)
-        p = tl.where(timed_out, n_tiles, p)
-        found = found | timed_out
-    return p, kind, blk, nb, base, base_l1
+        # Walk on: to the unit found, past the unit opened, or past a window seen whole.
+        base = tl.where(found, at, tl.where(opens, at + 1, next_unit))
+        base_l1 = tl.where(found, through_l1 - 1 + kind, tl.where(opens, through_l1, next_l1))
+        at_frontier = at_frontier & (not found)
+    return kind, blk, nb, base, base_l1
 
 
 @triton.jit
@@ -373,11 +384,9 @@ def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks=None):
 
 
 @triton.jit
-def decided_tile(
-    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, max_spin, walk, lanes, header=None
-):
-    """Device mode: the tile at list position p, claimed with the list's fetch-add; (p, or
-    n_tiles if the wait for it timed out, kind, local expert, row block, n block, walk).
+def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes, header=None):
+    """Device mode: the tile at list position p, claimed with the list's fetch-add; (kind,
+    local expert, row block, n block, walk).
     n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
     walk: where the program's last claim left its walk, (0, 0) at its first (its positions
     only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout. header: the layout's
@@ -393,22 +402,11 @@ def decided_tile(
     if rule == _RULE_DEEPGEMM:
         kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks)
     else:
-        p, kind, blk, nb, base, base_l1 = _unit_tile(
-            p,
-            sync_ptr,
-            layout_ptr,
-            n_tiles,
-            n1,
-            n2,
-            ready_at,
-            max_spin,
-            base,
-            base_l1,
-            lanes,
-            header,
+        kind, blk, nb, base, base_l1 = _unit_tile(
+            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, header
         )
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
-    return p, kind, e, blk, nb, (base, base_l1)
+    return kind, e, blk, nb, (base, base_l1)
 
 
 @triton.jit
@@ -429,12 +427,12 @@ def _unit_entry(kind, l1_units):
 
 
 @triton.jit
-def _take_decided(idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, max_spin, walk, lanes):
+def _take_decided(idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes):
     """Device mode: the tile at claimed position idx (a block's n1 L1 tiles release it),
     written at that position, the realized order; (position, kind, expert as int64, block,
     n block, walk)."""
-    idx, kind, e, blk, nb, walk = decided_tile(
-        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, max_spin, walk, lanes
+    kind, e, blk, nb, walk = decided_tile(
+        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes
     )
     claimed = idx < n_tiles
     tl.store(tiles_ptr + idx * 4, kind, mask=claimed)
@@ -494,7 +492,7 @@ def _fused_moe(
     idx = tl.atomic_add(sync_ptr, 1)
     if DEVICE:
         idx, kind, e, blk, nb, walk = _take_decided(
-            idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, max_spin, walk, lanes
+            idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes
         )
     while idx < n_tiles:
         taken = _now() if TRACE else 0
@@ -638,7 +636,7 @@ def _fused_moe(
         idx = tl.atomic_add(sync_ptr, 1)
         if DEVICE:
             idx, kind, e, blk, nb, walk = _take_decided(
-                idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, max_spin, walk, lanes
+                idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes
             )
 
 

@@ -139,6 +139,9 @@ writes it at that position in `tiles`, still ahead of the math warpgroups (tile 
 these and the converters take every field from the producer's record, never from `tiles`.
 A claim's loads depend on one another, and after the producer's row-block poll (an acquire)
 each goes to L2: DEVICE_CLAIM_SHORT (below) takes the layout's header out of that chain.
+What bound device mode was not a claim's own chain but the units': while only a unit's
+first position's holder could open it, each opening waited for the last to be seen
+published by another program (megamoe.py's _unit_tile says how any program now opens it).
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -329,7 +332,10 @@ MMA_TURNS = False
 # destinations); with the option 3 (4 for an opener of deepgemm's). On an H100 device mode
 # took 0.6-1.9 us more a tile than list mode. Costs spill (ptxas -v, the launched device
 # builds): W8A8 56 bytes stored, 60 loaded (24, 24 without), W4A8 540, 432 (532, 428). List
-# builds are unchanged. Off until a GPU A/B (kernel_ab --decided-on device) says it pays.
+# builds are unchanged. The first A/B (H100, e99a0a1, expert waves decided on the device, 12
+# configurations a precision: kernels/ab/2026-12-07-device-claim-short-*.json) found it
+# worth nothing while the units' openings bound the kernel: 0.991-1.006 (W4A8), 1.002-1.015
+# (W8A8). Off until an A/B with the units opened by any program says it pays.
 DEVICE_CLAIM_SHORT = False
 # Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
 # 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
@@ -671,7 +677,7 @@ def _producer(p, WG: gl.constexpr):
             idx = gl.atomic_add(p.sync_ptr, 1)
         if p.DEVICE:
             # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
-            idx, kind, e, blk, nb, walk = decided_tile(
+            kind, e, blk, nb, walk = decided_tile(
                 idx,
                 p.sync_ptr,
                 p.layout_ptr,
@@ -679,7 +685,6 @@ def _producer(p, WG: gl.constexpr):
                 n1,
                 p.H // _BLOCK,
                 2 * n1,
-                p.max_spin,
                 walk,
                 lanes,
                 header,

@@ -45,10 +45,11 @@ deepgemm_interleaved
 The same orders decided on the GPU (the kernel's device mode): no list is read. A program
 claims a list position with one fetch-add, as in list mode, and learns which tile sits there.
 expert_wave and interleaved are sequences of units, a unit being all L1 tiles or all L2
-tiles of one row block (the granularity of their lists). The program that claims a unit's
-first position opens it: it decides the unit by the schedule's rule (`next_unit`) from the
-L1 and L2 units opened before it, and publishes it in a unit table that the programs
-claiming the unit's other positions read; so a decision is made once per unit, not per tile.
+tiles of one row block (the granularity of their lists). A unit is opened once its first
+position is claimed, by the first program there (its holder, or one holding a later
+position): it decides the unit by the schedule's rule (`next_unit`) from the L1 and L2 units
+opened before it, and publishes it in a unit table that the programs claiming the unit's
+other positions read; so a decision is made once per unit, not per tile.
 interleaved reads the row-block counters there: its L2 unit is due when the block is
 released at the opening, as the list's clock decides it when its first tile is taken, so
 `claim_order` (the units played on that clock) is the host list. deepgemm_interleaved
