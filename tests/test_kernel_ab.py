@@ -155,6 +155,11 @@ def test_the_staged_script_compares_real_options_that_are_still_off():
         assert name in megamoe_ws.LAUNCH_OPTIONS, name
         assert values == "0,1", f"{name}={values}"
         assert not getattr(megamoe_ws, name), f"{name} is on already: not staged"
+    for name, config in re.findall(r"^pipeline (\S+) (\S+)$", script, flags=re.M):
+        from xstage_bench.data.config import load_config
+
+        loaded = load_config(ROOT / config)  # a bad key fails here, not on the GPU machine
+        assert loaded["measure"] == "always" and loaded["datasets"]["measured"], name
 
 
 class _Stamp:

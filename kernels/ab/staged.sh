@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The kernel options staged for the next GPU session, timed in one command: each a paired
-# A/B of kernel_ab (off against on, every shape, balanced, 1024/4096/16384 tokens).
+# A/B of kernel_ab (off against on, every shape, balanced, 1024/4096/16384 tokens), and a
+# pipeline run of a kernels/ab config through Snakemake where the question needs the grid.
 #
-#     OUT=<folder> bash kernels/ab/staged.sh     (repository root, PYTHONPATH=src:kernels)
+#     OUT=<folder> bash kernels/ab/staged.sh [STEP...]   (repository root, PYTHONPATH=src:
+#         kernels, snakemake installed: DEVICE.md says how; STEP: a step's name, as below)
 #
 # One JSON per A/B into $OUT, and its one-line summary here. A turn or barrier that never
 # comes hangs the kernel rather than failing it, and a hang must not eat the session's device
@@ -15,9 +17,12 @@ out=${OUT:?set OUT to the folder for the records}
 mkdir -p "$out"
 failed=0
 
+only=" $* "  # step names given on the command line: those steps alone (a session's call is short)
+
 run() {  # run NAME COMMAND...: one record, its output kept in $out/NAME.log
     local name=$1 rc
     shift
+    if [ "$only" != "  " ] && [[ $only != *" $name "* ]]; then return 0; fi
     printf '\n=== %s (%s)\n' "$name" "$(date +%T)"
     timeout -s KILL "${STAGED_TIMEOUT:-420}" "$@" > "$out/$name.log" 2>&1
     rc=$?
@@ -35,9 +40,22 @@ ab() {  # ab NAME PRECISION OPTION=0,1 [device]: device, expert waves decided on
         --out "$out/$1.json"
 }
 
-# Device mode's claim on 3 dependent loads instead of 7 (issue 53: on an H100 device mode
-# took 0.6-1.9 us more a tile than list mode with the same tile order). A new option goes
-# here as `ab NAME PRECISION OPTION=0,1 [device]`.
+pipeline() {  # pipeline NAME CONFIG: CONFIG's MegaMoE table through Snakemake, its raw file kept
+    local dataset
+    dataset=$(sed -n 's/^  measured: //p' "$2")
+    run "$1" python3 -m snakemake "results/$dataset/tables/tab-megamoe.md" --cores all \
+        --scheduler greedy --configfile "$2"
+    cp "results/$dataset/raw/megamoe.json" "$out/$1.json" 2>/dev/null
+    grep -A12 -i "oracle" "results/$dataset/tables/tab-megamoe.md" 2>/dev/null | head -n 16
+}
+
+# First: the device-decided schedules against their lists, with any program opening a unit
+# (7d8778b; before it, expert waves took 1.07-1.16x their list's time on an H100, and the
+# interleaved rule's oracle over device was 0.962 over the 84 configurations).
+pipeline device-rule-84 kernels/ab/device-rule-84.yaml
+# Device mode's claim on 3 dependent loads instead of 7: flat while the units' openings bound
+# device mode (kernels/ab/2026-12-07-device-claim-short-*.json); again now that they do not.
+# A new option goes here as `ab NAME PRECISION OPTION=0,1 [device]`.
 ab device-claim-short-w8a8 w8a8 DEVICE_CLAIM_SHORT=0,1 device
 ab device-claim-short-w4a8 w4a8 DEVICE_CLAIM_SHORT=0,1 device
 exit $failed
