@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ SIMULATED_HOLDING = products.Holding.of(
 MIB = 1 << 20
 TRUTH = {"t0_fixed_us": 0.1, "issue_rate_per_sm_GBps": 60.0, "R_GBps": 365.0, "Q_bytes": 2.0 * MIB}
 WINDOW_Q = 16 * 1024  # the per-producer window variant's q, bytes
+CAPPED_AT = 100  # the capped variant's ceiling: its line's capacity at this K
 CEILINGS = {"sm_store": 366.0, "copy_engine": 392.0}  # peer ceilings in the model file, GB/s
 LINE_RATE = 450.0
 LOCAL_SCALE = 10.0  # the local path: 10x the rate and the capacity
@@ -310,7 +312,7 @@ def _model_block(path: str, checks_pass: bool) -> dict:
         "path": path,
         "params": _law_params(truth, truth["Q_bytes"], 0.0),
         "capacity_law": {
-            "law": "S + K q",
+            "law": "min(S + K q, C)",
             "chosen": "shared",
             "chosen_by": "the least held-out median |error| of the isolated bursts",
             "K_ref": 132,
@@ -352,6 +354,14 @@ def _model_block(path: str, checks_pass: bool) -> dict:
             "shared": {"params": _law_params(truth, truth["Q_bytes"], 0.0)},
             "window": {"params": _law_params(truth, 0.0, window)},
             "shared_plus_window": {"params": _law_params(truth, truth["Q_bytes"] / 2, window / 2)},
+            "capped": {
+                "params": _law_params(
+                    truth,
+                    truth["Q_bytes"] / 2,
+                    window / 2,
+                    truth["Q_bytes"] / 2 + CAPPED_AT * window / 2,
+                )
+            },
         },
         "checks": {
             "split_consistency": {"passed": True, "detail": "R agrees across K/B splits"},
@@ -364,14 +374,16 @@ def _model_block(path: str, checks_pass: bool) -> dict:
     }
 
 
-def _law_params(truth: dict, S: float, q: float) -> dict:
+def _law_params(truth: dict, S: float, q: float, C: float | None = None) -> dict:
     """A capacity variant's params (Q at K = 132, the largest K fitted) with the truth's
-    T0 and R."""
+    T0 and R; C None: no ceiling, null with its reason as the fitter writes it."""
+    ceiling = {**_param(None), "reason": "no ceiling in this law"} if C is None else _param(C)
     return {
         **{name: _param(v) for name, v in truth.items() if name != "Q_bytes"},
-        "Q_bytes": _param(S + 132 * q),
+        "Q_bytes": _param(min(S + 132 * q, C or math.inf)),
         "S_bytes": _param(S),
         "q_bytes": _param(q),
+        "C_bytes": ceiling,
     }
 
 

@@ -111,3 +111,70 @@ def test_the_capacity_drawn_for_K_is_the_law_where_the_file_has_one(tmp_path):
     knee = next(k["Q_bytes"]["value"] for k in model["per_K"] if k["K"] == 66)
     assert fitted.capacity_for_K(model, 66) == knee
     assert fitted.capacity_for_K(model, 33) == model["params"]["Q_bytes"]["value"]
+
+
+def _before_the_ceiling(model: dict) -> dict:
+    """A model file as fits wrote it before the capped law: law "S + K q", three variants,
+    no C_bytes anywhere."""
+    old = json.loads(json.dumps(model))
+    old["capacity_law"]["law"] = "S + K q"
+    for block in (old["capacity_law"]["heldout"], old["capacity_law"]["heldout_all_records"]):
+        del block["capped"]
+    del old["variants"]["capped"]
+    for params in [old["params"], *(v["params"] for v in old["variants"].values())]:
+        del params["C_bytes"]
+    return old
+
+
+def test_a_model_written_before_the_ceiling_loads_and_has_none(tmp_path):
+    from fixtures import write_model
+
+    from xstage_bench.data.hardware import load_profile
+    from xstage_bench.megamoe.ours import lead
+    from xstage_bench.report.analysis import fitted
+
+    ds = tmp_path / "sim-old"
+    write_model(ds)
+    path = ds / layout.MODEL_JSON
+    old = _before_the_ceiling(model_doc(ds))
+    old["params"]["q_bytes"]["value"] = 1000.0
+    path.write_text(json.dumps(old))
+    model = read_model(path)
+    S = model["params"]["S_bytes"]["value"]
+    assert fitted.ceiling(model) == float("inf")
+    assert fitted.law_capacity(model, 264) == pytest.approx(S + 264 * 1000.0)
+    seed = load_profile(ROOT / "tests/data/h200-seed.yaml")
+    assert fitted.path_profile(seed, model, "peer").capacity_ceiling_bytes is None
+    drain = lead.read_drain(path, "peer")
+    assert drain.C_bytes is None and drain.path_params().capacity_ceiling == float("inf")
+    assert drain.capacity_bytes(264) == pytest.approx(S + 264 * 1000.0)
+
+
+def test_the_capped_law_is_read_with_its_ceiling_and_a_law_unknown_names_the_file(tmp_path):
+    from fixtures import write_model
+
+    from xstage_bench.data.hardware import load_profile
+    from xstage_bench.megamoe.ours import lead
+    from xstage_bench.report.analysis import fitted
+
+    ds = tmp_path / "sim-capped"
+    write_model(ds)
+    path = ds / layout.MODEL_JSON
+    model = model_doc(ds)
+    model["capacity_law"]["chosen"] = "capped"
+    model["params"] = model["variants"]["capped"]["params"]
+    path.write_text(json.dumps(model))
+    model = read_model(path)
+    S, q, C = (model["params"][f"{n}_bytes"]["value"] for n in ("S", "q", "C"))
+    assert S + 132 * q > C > S + 66 * q  # the fixture's ceiling binds at K = 132 only
+    assert fitted.law_capacity(model, 66) == pytest.approx(S + 66 * q)
+    assert fitted.law_capacity(model, 132) == pytest.approx(C)
+    seed = load_profile(ROOT / "tests/data/h200-seed.yaml")
+    assert fitted.path_profile(seed, model, "peer").capacity_ceiling_bytes == C
+    drain = lead.read_drain(path, "peer")
+    assert drain.C_bytes == C and drain.path_params().capacity_ceiling == C
+    assert drain.capacity_bytes(132) == pytest.approx(C)
+    model["capacity_law"]["chosen"] = "saturating"  # no such variant
+    path.write_text(json.dumps(model))
+    with pytest.raises(ModelFileError, match=r"burst_gap\.json: field 'capacity_law/chosen'"):
+        read_model(path)

@@ -1,8 +1,11 @@
 """The capacity law's fit (model/capacity.py): each variant recovers the law it can hold,
 no single burst decides it, and a knee it cannot see is refused.
 
-Records follow the isolated law exactly: T0 = 0.5 us, R = 1000 bytes/us, Q(K) = S + K q.
+Records follow the isolated law exactly: T0 = 0.5 us, R = 1000 bytes/us,
+Q(K) = min(S + K q, C).
 """
+
+import math
 
 import numpy as np
 import pytest
@@ -13,14 +16,21 @@ from xstage_bench.model.records import Recs
 
 R, T0 = 1000.0, 0.5
 KS = (4, 8, 16)
+SATURATING_KS = (4, 8, 16, 32, 64)  # the capped law's knees grow, then meet the ceiling
 
 
-def isolated(S: float, q: float, outlier_at: int | None = None) -> Recs:
-    """Isolated bursts of every K in KS over sizes around the knee; the record at
+def isolated(
+    S: float,
+    q: float,
+    outlier_at: int | None = None,
+    C: float = math.inf,
+    Ks: tuple[int, ...] = KS,
+) -> Recs:
+    """Isolated bursts of every K in Ks over sizes around the knee; the record at
     `outlier_at` timed 3x too slow."""
-    K = np.repeat(KS, 10).astype(float)
-    V = np.tile(np.geomspace(2_000, 200_000, 10), len(KS))
-    y = np.maximum(T0, (V - laws.capacity(K, S, q)) / R)
+    K = np.repeat(Ks, 10).astype(float)
+    V = np.tile(np.geomspace(2_000, 200_000, 10), len(Ks))
+    y = np.maximum(T0, (V - laws.capacity(K, S, q, C)) / R)
     if outlier_at is not None:
         y[outlier_at] *= 3.0
     n = len(V)
@@ -96,3 +106,72 @@ def test_describe_names_the_numbers_of_the_chosen_variant():
     assert capacity.describe(capacity.Capacity("window", 0.0, 15 * 1024)) == "K x 15.0 KiB"
     both = capacity.Capacity("shared_plus_window", 1 << 20, 15 * 1024)
     assert capacity.describe(both) == "S 1.00 MiB + K x 15.0 KiB"
+
+
+def fit_capped(iso: Recs) -> capacity.Capacity:
+    return capacity.fit(iso, R, np.full(len(iso), T0), "capped")
+
+
+def test_the_capped_law_recovers_a_ceiling_the_knees_reach():
+    """Q(K) = min(4000 + K 1500, 40000): the knees grow up to K = 16 (28000 bytes at
+    K = 16, 40000 from K = 24 on), then stay at C; the uncapped law can only bend its
+    line through them."""
+    S, q, C = 4_000.0, 1_500.0, 40_000.0
+    iso = isolated(S, q, C=C, Ks=SATURATING_KS)
+    found = fit_capped(iso)
+    assert found.law == "capped" and found.capped
+    assert (found.S, found.q, found.C) == pytest.approx((S, q, C), rel=0.02)
+    np.testing.assert_allclose(found.at(SATURATING_KS), laws.capacity(SATURATING_KS, S, q, C))
+    line = capacity.fit(iso, R, np.full(len(iso), T0), "shared_plus_window")
+    assert not line.capped
+    assert np.max(np.abs(line.at(SATURATING_KS) / found.at(SATURATING_KS) - 1)) > 0.10
+
+
+@pytest.mark.parametrize(
+    ("S", "q"), [(20_000.0, 0.0), (0.0, 2_500.0), (10_000.0, 1_500.0)], ids=str
+)
+def test_the_capped_law_holds_each_law_without_a_ceiling(S, q):
+    """Knees of a law with no ceiling: the capped fit gives the same capacity at every K,
+    and a ceiling no K fitted reaches is no ceiling (C = inf), not a number."""
+    iso = isolated(S, q)
+    found = fit_capped(iso)
+    np.testing.assert_allclose(found.at(KS), laws.capacity(KS, S, q), rtol=1e-3)
+    assert found.at(KS[-1]) <= found.C
+
+
+def test_a_ceiling_beyond_every_K_fitted_is_none():
+    iso = isolated(10_000.0, 1_500.0)
+    found = fit_capped(iso)
+    assert not found.capped and found.C == math.inf
+    assert (found.S, found.q) == pytest.approx((10_000.0, 1_500.0), rel=0.01)
+
+
+def test_no_single_burst_decides_the_ceiling():
+    """The first burst beyond K = 64's knee (at C) timed 3x too slow moves the robust fit's
+    capacity at every K by under 2.5%."""
+    S, q, C = 4_000.0, 1_500.0, 40_000.0
+    outlier = 40 + int(np.argmax(np.geomspace(2_000, 200_000, 10) > C))
+    iso = isolated(S, q, outlier_at=outlier, C=C, Ks=SATURATING_KS)
+    assert iso.K[outlier] == 64 and iso.V[outlier] > C > iso.V[outlier - 1]
+    found = fit_capped(iso)
+    expected = laws.capacity(SATURATING_KS, S, q, C)
+    np.testing.assert_allclose(found.at(SATURATING_KS), expected, rtol=0.025)
+
+
+def test_the_hinge_starts_bend_at_each_K():
+    points = {4.0: 10_000.0, 8.0: 16_000.0, 16.0: 28_000.0, 32.0: 40_000.0, 64.0: 40_000.0}
+    starts = capacity.hinges(points)
+    assert len(starts) == len(points) - 1 and all(c.law == "capped" for c in starts)
+    best = capacity.law_through(points, "capped")
+    assert (best.S, best.q) == pytest.approx((4_000.0, 1_500.0))
+    assert best.C == pytest.approx(40_000.0)
+    assert starts[-1].C == math.inf  # the whole line: no K above it to cap at
+
+
+def test_describe_names_the_ceiling():
+    capped = capacity.Capacity("capped", 1 << 20, 15 * 1024, 2.5 * (1 << 20))
+    assert capacity.describe(capped) == "min(S 1.00 MiB + K x 15.0 KiB, C 2.50 MiB)"
+    unbound = capacity.Capacity("capped", 1 << 20, 15 * 1024)
+    assert capacity.describe(unbound) == (
+        "S 1.00 MiB + K x 15.0 KiB (no ceiling within the K fitted)"
+    )

@@ -245,7 +245,7 @@ def test_drain_marks_sync_and_draws_the_ceilings(sim_dataset):
 
 
 def test_isolated_draws_every_variant_of_the_capacity_law_per_K(sim_dataset):
-    from fixtures import WINDOW_Q
+    from fixtures import CAPPED_AT, WINDOW_Q
 
     fig = FIGURES["fig-isolated"](sim_dataset)
     assert [ax.get_title().split("\n")[0] for ax in fig.axes] == [
@@ -255,17 +255,20 @@ def test_isolated_draws_every_variant_of_the_capacity_law_per_K(sim_dataset):
     MiB = 1 << 20
     for ax, K in zip(fig.axes, (66, 132), strict=True):
         styles = {line.get_linestyle() for line in ax.get_lines()}
-        assert {"--", "-.", "-"} <= styles
+        assert {"--", "-.", "-"} <= styles and len(styles - {"--", "-.", "-", ":"}) == 1
         verticals = sorted(
             line.get_xdata()[0]
             for line in ax.get_lines()
             if line.get_xdata()[0] == line.get_xdata()[-1]
         )
-        # shared: S; window: K q; shared_plus_window: S/2 + K q/2 (the fixture's variants)
+        # shared: S; window: K q; shared_plus_window: S/2 + K q/2; capped: that line up to
+        # its value at K = CAPPED_AT (the fixture's variants)
         assert K * WINDOW_Q in verticals and 2 * MiB in verticals
         assert pytest.approx(MiB + K * WINDOW_Q / 2) in verticals
+        assert pytest.approx(MiB + min(K, CAPPED_AT) * WINDOW_Q / 2) in verticals
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any(label.startswith("model, shared (chosen): Q = S") for label in labels)
+    assert any(label.startswith("model, capped: Q = min(S + K q, C)") for label in labels)
 
 
 def test_model_validation_marks_held_out_and_free_running(sim_dataset):

@@ -13,6 +13,7 @@ from fixtures import MICROBENCH_DEFAULTS
 from xstage_bench.data.hardware import load_profile
 from xstage_bench.data.results import RawResultError, ok_record, read_raw, write_raw
 from xstage_bench.model import checks, fit, validation
+from xstage_bench.model.capacity import LAWS
 from xstage_bench.model.stages import FitError
 from xstage_bench.sim import run
 
@@ -226,11 +227,13 @@ def test_dataset_without_zero_gap_records_reports_R_null(tmp_path):
     assert prof["sm_count"] == 132 and "drain_rate_GBps" not in prof
 
 
-def law_profile(tmp, S: float, q: float) -> str:
-    """The H200 seed with the capacity law's S and q in place of its one capacity."""
+def law_profile(tmp, S: float, q: float, C: float | None = None) -> str:
+    """The H200 seed with the capacity law's S, q (and ceiling C) in place of its one
+    capacity."""
     path = tmp / "law.yaml"
     base = load_profile(H200).as_dict()
-    path.write_text(yaml.safe_dump({**base, "capacity_bytes": S, "capacity_per_producer_bytes": q}))
+    law = {"capacity_bytes": S, "capacity_per_producer_bytes": q, "capacity_ceiling_bytes": C}
+    path.write_text(yaml.safe_dump({**base, **law}))
     return str(path)
 
 
@@ -251,7 +254,7 @@ def test_the_capacity_law_is_recovered_and_chosen_by_held_out_error(tmp_path, S,
     per_K = {k["K"]: k["Q_bytes"]["value"] for k in result["per_K"] if k["Q_bytes"]["value"]}
     assert per_K[132] > 1.5 * per_K[33]  # the knee grows with K
     chosen = result["capacity_law"]
-    assert chosen["law"] == "S + K q" and chosen["chosen"] == law, chosen
+    assert chosen["law"] == "min(S + K q, C)" and chosen["chosen"] == law, chosen
     assert chosen["fitted"].startswith("S " if S else "K x") and "K x " in chosen["fitted"]
     heldout = chosen["heldout"]
     assert heldout[law]["median_abs_rel_error"] < heldout["shared"]["median_abs_rel_error"]
@@ -282,6 +285,37 @@ def test_the_capacity_law_is_recovered_and_chosen_by_held_out_error(tmp_path, S,
     assert header == (
         "# Capacity law Q(K) = capacity_bytes + K x capacity_per_producer_bytes "
         f"(the {law} variant, chosen by held-out error)."
+    )
+
+
+def test_a_capacity_that_saturates_is_recovered_and_chosen_by_held_out_error(tmp_path):
+    """The simulator's capacity is min(S + K q, C) with C reached at K = 132 alone (2 MiB,
+    where the line gives 2.56): the capped law meets every knee and wins on held-out
+    error; the line without a ceiling cannot bend to meet them."""
+    S, q, C = 0.5 * MiB, 16384.0, 2.0 * MiB
+    profile = law_profile(tmp_path, S, q, C)
+    result = fit_dir(tmp_path, simulate(tmp_path, LAW_GRID, profile), H200, n_bootstrap=20)
+    chosen = result["capacity_law"]
+    assert chosen["chosen"] == "capped", chosen
+    heldout = chosen["heldout"]
+    for other in ("shared", "window", "shared_plus_window"):
+        assert heldout["capped"]["median_abs_rel_error"] < heldout[other]["median_abs_rel_error"]
+    params = result["params"]
+    assert params["C_bytes"]["value"] == pytest.approx(C, rel=0.03)
+    assert params["Q_bytes"]["value"] == pytest.approx(C, rel=0.03)  # at K_ref = 132
+    assert params["S_bytes"]["value"] + 33 * params["q_bytes"]["value"] == pytest.approx(
+        S + 33 * q, rel=0.05
+    )
+    assert chosen["fitted"].startswith("min(S ") and chosen["fitted"].endswith("MiB)")
+    assert result["checks"]["capacity_law_explains_isolated"]["passed"] is True
+    assert result["variants"]["shared_plus_window"]["params"]["C_bytes"]["value"] is None
+    # the refit profile carries the ceiling, and the simulator reads it back
+    refit = load_profile(tmp_path / "model" / "profile.yaml")
+    assert refit.capacity_ceiling_bytes == pytest.approx(C, rel=0.03)
+    header = (tmp_path / "model" / "profile.yaml").read_text().splitlines()[1]
+    assert header == (
+        "# Capacity law Q(K) = min(capacity_bytes + K x capacity_per_producer_bytes, "
+        "capacity_ceiling_bytes) (the capped variant, chosen by held-out error)."
     )
 
 
@@ -911,7 +945,7 @@ def test_the_validation_fit_never_sees_a_held_out_record(monkeypatch):
     seen.clear()
     validation.cross_validated(loaded)
     folds = [set(many.ids) - validation.held_out_ids(data, fold=f) for f in range(5)]
-    assert [s["isolated"] for s in seen] == [f for f in folds for _ in range(3)]
+    assert [s["isolated"] for s in seen] == [f for f in folds for _ in LAWS]
 
 
 def test_stages_refuse_what_the_records_cannot_give():

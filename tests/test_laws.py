@@ -63,3 +63,17 @@ def test_the_capacity_law_has_the_shared_Q_and_the_window_as_its_special_cases()
     assert laws.capacity(132, 1 << 20, 0) == pytest.approx(1 << 20)  # shared: q = 0
     assert laws.capacity(132, 0, 16384) == pytest.approx(132 * 16384)  # window: S = 0
     np.testing.assert_allclose(laws.capacity([33, 66], 1000.0, 10.0), [1330.0, 1660.0])
+
+
+def test_the_capped_law_saturates_at_its_ceiling_and_holds_the_others():
+    K = np.array([33, 66, 132, 264])
+    S, q, C = 1 << 19, 24 * 1024, 2.75 * (1 << 20)
+    np.testing.assert_allclose(laws.capacity(K, S, q, C), np.minimum(S + K * q, C))
+    assert laws.capacity(66, S, q, C) == pytest.approx(S + 66 * q)  # below the ceiling
+    assert laws.capacity(264, S, q, C) == pytest.approx(C)  # at it
+    # special cases: no ceiling (the default, inf), a ceiling above every K, the shared Q
+    np.testing.assert_allclose(laws.capacity(K, S, q), S + K * q)
+    np.testing.assert_allclose(laws.capacity(K, S, q, S + 264 * q), S + K * q)
+    np.testing.assert_allclose(laws.capacity(K, 1 << 20, 0, 2 << 20), 1 << 20)
+    # a ceiling below S caps every K: one shared capacity C
+    np.testing.assert_allclose(laws.capacity(K, 4 << 20, q, C), C)

@@ -31,6 +31,7 @@ def test_every_check_of_every_path_is_a_row_with_its_detail(tmp_path):
             "capacity law shared, chosen: isolated bursts, held out over 5 folds",
             "capacity law window: isolated bursts, held out over 5 folds",
             "capacity law shared_plus_window: isolated bursts, held out over 5 folds",
+            "capacity law capped: isolated bursts, held out over 5 folds",
         ]
         # the findings and the worst held-out rows, each with its numbers
         finding = mine[mine["kind"] == "finding"]

@@ -502,6 +502,26 @@ def test_a_profile_capacity_follows_the_law_with_a_window_per_producer(
         load_profile(path)
 
 
+@pytest.mark.parametrize(
+    ("ceiling", "problem"),
+    [
+        ("null", None),  # no ceiling, as an absent key
+        ("1048576", None),
+        ("0", "'capacity_ceiling_bytes' must be a positive finite number or null"),
+        (".inf", "'capacity_ceiling_bytes' must be a positive finite number or null"),
+    ],
+)
+def test_a_profile_capacity_may_stop_at_a_ceiling(tmp_path, profile_file, ceiling, problem):
+    path = tmp_path / "law.yaml"
+    path.write_text(Path(profile_file).read_text() + f"capacity_ceiling_bytes: {ceiling}\n")
+    if problem is None:
+        expected = None if ceiling == "null" else float(ceiling)
+        assert load_profile(path).capacity_ceiling_bytes == expected
+        return
+    with pytest.raises(ConfigError, match=rf"law\.yaml: key {problem}"):
+        load_profile(path)
+
+
 def test_the_kernel_simulators_bound_their_event_loops(profile_file, monkeypatch):
     monkeypatch.setattr(drain, "STEPS_PER_WORK", 0)
     monkeypatch.setattr(drain, "MIN_STEPS", 10)  # a bound of 10 steps: too few

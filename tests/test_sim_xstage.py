@@ -57,11 +57,9 @@ def test_processor_sharing_on_a_full_path():
     assert path.empty_time() == pytest.approx(100.0)
 
 
-def test_the_capacity_grows_with_the_producers_issuing_and_shrinks_when_one_leaves():
-    # Q(K) = S + K q with S = 100, q = 50. Two issuers (200 and 1000 bytes) fill Q(2) = 200
-    # at 90 bytes/us (2.22 us), then admit R/2 each: a's last byte at 20 us. Q(1) = 150:
-    # the 50 bytes beyond it drain first (5 us), then b admits at R: 800 more by 105 us.
-    path = drain.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0, capacity_per_issuer=50.0)
+def assert_two_issuers_run(path: drain.StorePath, want: list[tuple]) -> None:
+    """Issuers a (200 bytes) and b (1000) start together on `path`; each event is (time,
+    level, capacity, who finished) as `want` lists them."""
     path.add("a", 200.0)
     path.add("b", 1000.0)
     steps = []
@@ -69,17 +67,67 @@ def test_the_capacity_grows_with_the_producers_issuing_and_shrinks_when_one_leav
         t = path.next_time()
         done = path.advance(t)
         steps.append((t, path.q, path.capacity, [tok for tok, _ in done]))
+    assert len(steps) == len(want)
+    for got, (t, q, cap, done) in zip(steps, want, strict=True):
+        assert got == (pytest.approx(t, abs=1e-4), pytest.approx(q), cap, done)
+
+
+def test_the_capacity_grows_with_the_producers_issuing_and_shrinks_when_one_leaves():
+    # Q(K) = S + K q with S = 100, q = 50. Two issuers (200 and 1000 bytes) fill Q(2) = 200
+    # at 90 bytes/us (2.22 us), then admit R/2 each: a's last byte at 20 us. Q(1) = 150:
+    # the 50 bytes beyond it drain first (5 us), then b admits at R: 800 more by 105 us.
+    path = drain.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0, capacity_per_issuer=50.0)
     want = [
         (2.2222, 200, 200, []),
         (20, 200, 150, ["a"]),
         (25, 150, 150, []),
         (105, 150, 100, ["b"]),
     ]
-    assert len(steps) == len(want)
-    for got, (t, q, cap, done) in zip(steps, want, strict=True):
-        assert got == (pytest.approx(t, abs=1e-4), pytest.approx(q), cap, done)
+    assert_two_issuers_run(path, want)
     # first in, first out: b's last byte drains when all 150 still held have
     assert path.empty_time() == pytest.approx(120.0)
+
+
+def test_the_capacity_stops_growing_at_its_ceiling():
+    # Q(K) = min(S + K q, C) with S = 100, q = 50, C = 175: two issuers (200 and 1000
+    # bytes) fill Q(2) = 175, not 200, at 90 bytes/us (1.94 us), then admit R/2 each: a's
+    # last byte at 22.5 us. Q(1) = 150: the 25 bytes beyond it drain first (2.5 us), then b
+    # admits at R: 800 more by 105 us.
+    path = drain.StorePath(
+        drain=10.0,
+        capacity=100.0,
+        issue_rate=50.0,
+        capacity_per_issuer=50.0,
+        capacity_ceiling=175.0,
+    )
+    want = [
+        (1.9444, 175, 175, []),
+        (22.5, 175, 150, ["a"]),
+        (25, 150, 150, []),
+        (105, 150, 100, ["b"]),
+    ]
+    assert_two_issuers_run(path, want)
+
+
+@pytest.mark.parametrize("producers", [2, 8, 32])
+def test_a_profile_with_a_ceiling_caps_the_capacity_of_a_run(producers):
+    """Q(K) = min(10000 + K 5000, 30000): below the ceiling at K = 2, at it from K = 4 on."""
+    law = replace(profile(10_000), capacity_per_producer_bytes=5_000, capacity_ceiling_bytes=30_000)
+    assert xstage.path_params(law).capacity_ceiling == 30_000
+    assert xstage.path_params(law, "local").capacity_ceiling == 300_000
+    assert xstage.path_params(profile(10_000)).capacity_ceiling == float("inf")
+    point = {"kind": "isolated", "K": producers, "B": B, "V": producers * B, "gap_us": 0.0}
+    samples = xstage.simulate_microbench_point(
+        {**point, "sync": "barrier"},
+        law,
+        bursts=1,
+        warmup_bursts=0,
+        launches=1,
+        rng=np.random.default_rng(0),
+    )
+    Q = laws.capacity(producers, 1e4, 5e3, 3e4)
+    expected = laws.isolated_issue_time(0.5 + B / 10_000, producers * B, Q, R)
+    assert samples["t_iss_slowest_us"][0] == pytest.approx(float(expected))
 
 
 @pytest.mark.parametrize("G", [0.0, 1.0, 2.0, 2.5, 5.0, 30.0])

@@ -26,8 +26,9 @@ class HardwareProfile:
     capacity_bytes: float  # S: the part of the capacity the path shares
     nvlink_line_rate_GBps: float
     matrix_tflops: dict[str, float] = field(default_factory=dict)
-    # q: each producer's own window; K producers meet S + K q (model.laws.capacity)
+    # q: each producer's own window; K producers meet min(S + K q, C) (model.laws.capacity)
     capacity_per_producer_bytes: float = 0.0
+    capacity_ceiling_bytes: float | None = None  # C: the most the path holds; None: no ceiling
     source: str = ""
     world_size: int = 2  # GPUs of the node the simulator stands for (when config says auto)
 
@@ -84,6 +85,14 @@ def load_profile(path: str | Path) -> HardwareProfile:
         raise ConfigError(
             f"{path}: key 'capacity_per_producer_bytes' must be a finite number >= 0, "
             f"got {window!r}"
+        )
+    ceiling = raw.get("capacity_ceiling_bytes")
+    if ceiling is not None and (
+        not isinstance(ceiling, int | float) or not math.isfinite(ceiling) or ceiling <= 0
+    ):
+        raise ConfigError(
+            f"{path}: key 'capacity_ceiling_bytes' must be a positive finite number or null "
+            f"(no ceiling), got {ceiling!r}"
         )
     ws = raw.get("world_size", 2)
     if isinstance(ws, bool) or not isinstance(ws, int) or ws < 2:

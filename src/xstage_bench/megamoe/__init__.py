@@ -6,7 +6,7 @@ quant      block-scaled FP8 and word-split packed INT4 formats (numpy spec, torc
 routing    top-k expert choice (balanced, skewed), the padded expert-major dispatch layout,
            the host share's tokens and every row's destination offset
 schedule   the tile lists: expert waves and interleaved, with the dependency check
-drain      the X-Stage path as a fluid (T0, capacity Q(K) = S + K q, drain R)
+drain      the X-Stage path as a fluid (T0, capacity Q(K) = min(S + K q, C), drain R)
 playback   a tile list played through a path's drain as the kernel runs it (the hold too)
 reference  the plain torch reference (dequantized, fp32)
 layer/     one configuration laid out on the GPUs: seeded inputs, each rank's buffers and

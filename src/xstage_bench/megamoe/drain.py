@@ -1,14 +1,15 @@
 """The X-Stage path as a fluid: producers' stores entering a finite path that drains at R.
 
-The path holds at most Q(K) = S + K q outstanding bytes while K producers issue into it
-(the capacity law; q = 0 is one shared capacity S) and drains them at R, first in, first
-out. A producer issuing a burst admits bytes at its own issue rate while the path has
-room; once the path is full, admission is the drain rate R shared equally among the
-producers still issuing. When a producer stops issuing, the capacity shrinks by its q:
-bytes beyond the new capacity drain before anyone is admitted again. The state is
-piecewise linear between events, so a simulation jumps from event to event: a producer
-starts or finishes issuing, the path fills, or it empties. Nothing here evaluates the
-Burst-Gap laws; the tests check that the laws come out of these dynamics.
+The path holds at most Q(K) = min(S + K q, C) outstanding bytes while K producers issue
+into it (the capacity law; q = 0 is one shared capacity S, C = inf no ceiling) and drains
+them at R, first in, first out. A producer issuing a burst admits bytes at its own issue
+rate while the path has room; once the path is full, admission is the drain rate R shared
+equally among the producers still issuing. When a producer stops issuing, the capacity
+shrinks by its q (below the ceiling): bytes beyond the new capacity drain before anyone is
+admitted again. The state is piecewise linear between events, so a simulation jumps from
+event to event: a producer starts or finishes issuing, the path fills, or it empties.
+Nothing here evaluates the Burst-Gap laws; the tests check that the laws come out of
+these dynamics.
 
 It lives beside the kernel's tile lists, not in the simulator (sim/, a higher layer),
 because the MegaMoE lead is chosen by playing a tile list through it when a point is
@@ -61,8 +62,8 @@ class EventBudget:
 
 
 class StorePath:
-    """One outstanding-capacity path: q in [0, S + n q_each] bytes with n issuers, drained
-    at R, shared by the issuers.
+    """One outstanding-capacity path: q in [0, min(S + n q_each, C)] bytes with n issuers,
+    drained at R, shared by the issuers.
 
     Issuers share admission by processor sharing: each one progresses at the same
     per-producer rate, so a virtual clock `_vt` (bytes admitted per producer since the
@@ -70,7 +71,12 @@ class StorePath:
     """
 
     def __init__(
-        self, drain: float, capacity: float, issue_rate: float, capacity_per_issuer: float = 0.0
+        self,
+        drain: float,
+        capacity: float,
+        issue_rate: float,
+        capacity_per_issuer: float = 0.0,
+        capacity_ceiling: float = math.inf,
     ):
         if drain <= 0 or capacity < 0 or issue_rate <= 0 or capacity_per_issuer < 0:
             raise ValueError(
@@ -78,11 +84,12 @@ class StorePath:
                 f"{drain}, capacity {capacity} + {capacity_per_issuer} per issuer, issue rate "
                 f"{issue_rate}"
             )
-        if capacity + capacity_per_issuer <= 0:
+        if min(capacity + capacity_per_issuer, capacity_ceiling) <= 0:
             raise ValueError("path needs a positive capacity for one issuer")
         self.drain = drain
         self.shared_capacity = capacity
         self.capacity_per_issuer = capacity_per_issuer
+        self.capacity_ceiling = capacity_ceiling
         self.issue_rate = issue_rate
         self.t = 0.0
         self.q = 0.0
@@ -93,8 +100,10 @@ class StorePath:
 
     @property
     def capacity(self) -> float:
-        """Q(K) = S + K q at the K producers issuing now."""
-        return laws.capacity(self.n, self.shared_capacity, self.capacity_per_issuer)
+        """Q(K) = min(S + K q, C) at the K producers issuing now."""
+        return laws.capacity(
+            self.n, self.shared_capacity, self.capacity_per_issuer, self.capacity_ceiling
+        )
 
     def _regime(self) -> tuple[float, float, float, float]:
         """(bytes per microsecond admitted by each issuer, dq/dt, the capacity, the level q
@@ -102,7 +111,7 @@ class StorePath:
         admitting nothing, down to the capacity; otherwise the path drains to empty."""
         n, q = self.n, self.q
         # laws.capacity in plain floats: this runs at every event of a playback
-        cap = self.shared_capacity + n * self.capacity_per_issuer
+        cap = min(self.shared_capacity + n * self.capacity_per_issuer, self.capacity_ceiling)
         if n == 0:
             return 0.0, (-self.drain if q > 0 else 0.0), cap, 0.0
         if q > cap + _EPS_BYTES:
@@ -164,13 +173,14 @@ class StorePath:
 @dataclass(frozen=True)
 class PathParams:
     """What a burst meets on its way: fixed overhead, issue rate, drain rate, capacity
-    Q(K) = capacity + K capacity_per_issuer."""
+    Q(K) = min(capacity + K capacity_per_issuer, capacity_ceiling)."""
 
     t0_fixed_us: float
     issue_rate: float  # bytes/us, per producer
     drain: float  # bytes/us
     capacity: float  # bytes: S, shared by the producers
     capacity_per_issuer: float = 0.0  # bytes: q, each producer issuing adds
+    capacity_ceiling: float = math.inf  # bytes: C, the most the path holds
 
     def t0_us(self, B: float) -> float:
         """Backpressure-free issue time of one producer's B bytes."""
@@ -187,4 +197,10 @@ class PathParams:
         return max(admitted, start + self.t0_us(B))
 
     def new_path(self) -> StorePath:
-        return StorePath(self.drain, self.capacity, self.issue_rate, self.capacity_per_issuer)
+        return StorePath(
+            self.drain,
+            self.capacity,
+            self.issue_rate,
+            self.capacity_per_issuer,
+            self.capacity_ceiling,
+        )

@@ -10,7 +10,7 @@ entries in list order (the atomic counter); a Linear-2 tile waits for every Line
 of its row block (the row-block counter); a tile lasts its `Rates` cost. Each L2 tile
 then stores its block's valid rows x block_n bf16: the rows whose home is far (another
 rank on the peer path, host memory on the host path: `far_rows`) enter the far path
-(drain.py: issue time T0 = t0_fixed + B / issue rate, capacity Q(K) = S + K q at the K
+(drain.py: issue time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C) at the K
 programs issuing, drain R), then the rest the near path, or, with no near path given,
 nothing: their cost is in the tile's (a tile cost calibrated where every row is near).
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from xstage_bench.model.capacity import CAPPED
 from xstage_bench.model.records import ROLES, FitData, Recs
 from xstage_bench.model.stages import Params, fit_chain, fit_per_K
 
 N_BOOTSTRAP = 200
 
-POOLED_KEYS = ("R", "S", "q", "Q_ref", "t0_fixed", "issue_rate")
+POOLED_KEYS = ("R", "S", "q", "C", "Q_ref", "t0_fixed", "issue_rate")
 PER_K_KEYS = ("R", "c", "Q", "T0")
 
 
@@ -33,6 +34,7 @@ def _pooled(p: Params, K_ref: float | None) -> dict[str, float | None]:
         "R": p.R,
         "S": None if cap is None else cap.S,
         "q": None if cap is None else cap.q,
+        "C": None if cap is None else cap.C,  # inf: no ceiling
         "Q_ref": None if cap is None or K_ref is None else float(cap.at(K_ref)),
         "t0_fixed": p.t0_fixed,
         "issue_rate": p.issue_rate,
@@ -90,16 +92,38 @@ def param_block(
         }
     lo = hi = None
     if reps is not None and np.isfinite(reps).any():
-        lo, hi = (float(v) * scale for v in np.nanpercentile(reps, [2.5, 97.5]))
+        # a ceiling some replicates lack is inf there: a bound among them is open (None);
+        # interpolating between two infs gives nan, which is that, not an error
+        with np.errstate(invalid="ignore"):
+            bounds = np.nanpercentile(reps, [2.5, 97.5])
+        lo, hi = (float(v) * scale if np.isfinite(v) else None for v in bounds)
     return {"value": value * scale, "ci_low": lo, "ci_high": hi}
 
 
 FIXED_AT_ZERO = "fixed at 0 by the {law} law"
+NO_CEILING = "no ceiling in the {law} law"
+CEILING_NOT_REACHED = (
+    "not measured: the fitted ceiling binds at no K fitted (S + K q stays below it up to "
+    "the largest K), so the law is S + K q there"
+)
+
+
+def _ceiling_block(p: Params, reps: dict, why: str | None) -> dict:
+    """C_bytes: the capped law's ceiling with its CI, or null with the reason there is
+    none (another law, or a ceiling no K fitted reaches)."""
+    cap = p.capacity
+    if cap is None:
+        return param_block(None, None, reason=why)
+    if cap.capped:
+        return param_block(cap.C, reps.get(f"{p.law}:C"))
+    reason = CEILING_NOT_REACHED if p.law == CAPPED else NO_CEILING.format(law=p.law)
+    return param_block(None, None, reason=reason)
 
 
 def params_block(p: Params, reps: dict, K_ref: float | None) -> dict:
-    """One variant's parameter blocks: R, S, q, Q at K_ref (S + K_ref q), t0_fixed, issue
-    rate. A number the variant's law holds at 0 is 0 with a reason saying so."""
+    """One variant's parameter blocks: R, S, q, C, Q at K_ref (min(S + K_ref q, C)),
+    t0_fixed, issue rate. A number the variant's law holds at 0 is 0 with a reason saying
+    so; a ceiling it lacks is null with its reason (_ceiling_block)."""
     why = p.reasons
     values = _pooled(p, K_ref)
 
@@ -111,6 +135,7 @@ def params_block(p: Params, reps: dict, K_ref: float | None) -> dict:
         "Q_bytes": block("Q_ref", 1.0, why.get("Q")),
         "S_bytes": block("S", 1.0, why.get("Q")),
         "q_bytes": block("q", 1.0, why.get("Q")),
+        "C_bytes": _ceiling_block(p, reps, why.get("Q")),
         "t0_fixed_us": block("t0_fixed", 1.0, why.get("T0")),
         "issue_rate_per_sm_GBps": block("issue_rate", 1e-3, why.get("T0")),
     }

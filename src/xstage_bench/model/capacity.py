@@ -1,23 +1,27 @@
-"""The capacity law Q(K) = S + K q, and its fit to the knees of the isolated bursts.
+"""The capacity law Q(K) = min(S + K q, C), and its fit to the knees of the isolated bursts.
 
 This module exists so that what the capacity is (laws.capacity), which of its variants a
-fit uses and how the two numbers are fitted sit apart from the other stages (stages.py).
+fit uses and how its numbers are fitted sit apart from the other stages (stages.py).
 
-Three variants of one law, each a full fit of its own (validation.py chooses among them by
+Four variants of one law, each a full fit of its own (validation.py chooses among them by
 held-out error):
 - "shared": q = 0, one capacity S shared by the path (the paper's Q);
 - "window": S = 0, a window q per producer (the knee grows in proportion to K);
-- "shared_plus_window": both, S >= 0 and q >= 0.
+- "shared_plus_window": both, S >= 0 and q >= 0;
+- "capped": both up to a ceiling C of the path, min(S + K q, C) (the knee grows with K,
+  then saturates). C = inf in the other three; a fitted C at or above S + K q at the
+  largest K fitted binds nowhere the records reach, so it is inf too (not measured).
 
 The fit is robust: residuals are relative, and beyond ROBUST_SCALE they count linearly
 (soft_l1), so that no single burst can set the capacity, as one record set the old shared
 Q at the top of its own interval. It starts from several points (the knees and floors of
-each K, the previous round's values) and keeps the best, so a local minimum of the knee's
-max() does not decide it either.
+each K, the previous round's values, and for the capped law a hinge at every K) and keeps
+the best, so a local minimum of the knee's max() does not decide it either.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,13 +30,13 @@ from scipy.optimize import least_squares
 from xstage_bench.model import laws
 from xstage_bench.model.records import Recs
 
-SHARED, WINDOW, BOTH = "shared", "window", "shared_plus_window"
-LAWS = (SHARED, WINDOW, BOTH)  # fewest free numbers first
-FREE = {SHARED: ("S",), WINDOW: ("q",), BOTH: ("S", "q")}
+SHARED, WINDOW, BOTH, CAPPED = "shared", "window", "shared_plus_window", "capped"
+LAWS = (SHARED, WINDOW, BOTH, CAPPED)  # fewest free numbers first
+FREE = {SHARED: ("S",), WINDOW: ("q",), BOTH: ("S", "q"), CAPPED: ("S", "q", "C")}
 ROBUST_SCALE = 0.05  # relative residuals beyond 5% count linearly (soft_l1)
 MiB = float(1 << 20)
 KiB = 1024.0
-UNIT = {"S": MiB, "q": KiB}  # what the solver moves in, so both steps are of one size
+UNIT = {"S": MiB, "q": KiB, "C": MiB}  # what the solver moves in, so steps are of one size
 
 
 class CapacityError(ValueError):
@@ -41,14 +45,19 @@ class CapacityError(ValueError):
 
 @dataclass(frozen=True)
 class Capacity:
-    """One variant's capacity: Q(K) = S + K q (bytes; q per producer)."""
+    """One variant's capacity: Q(K) = min(S + K q, C) (bytes; q per producer)."""
 
     law: str
     S: float
     q: float
+    C: float = math.inf  # the path's ceiling; inf: none (every law but capped)
 
     def at(self, K) -> np.ndarray:
-        return laws.capacity(K, self.S, self.q)
+        return laws.capacity(K, self.S, self.q, self.C)
+
+    @property
+    def capped(self) -> bool:
+        return math.isfinite(self.C)
 
 
 def held(iso: Recs, R: float) -> dict[float, float]:
@@ -74,34 +83,55 @@ def knees(iso: Recs, R: float) -> dict[float, float]:
 
 def law_through(points: dict[float, float], law: str) -> Capacity:
     """The variant's line through per-K capacities (a start): a median for one free
-    number, least squares for both, never below zero."""
+    number, least squares for both, never below zero; for the capped law, the hinge
+    (hinges) that misses the points least."""
     K = np.array(list(points))
     Q = np.maximum(np.array(list(points.values())), 0.0)
     if law == SHARED:
         return Capacity(law, float(np.median(Q)), 0.0)
     if law == WINDOW:
         return Capacity(law, 0.0, float(np.median(Q / K)))
+    if law == CAPPED:
+        return min(hinges(points), key=lambda c: float(np.sum((c.at(K) - Q) ** 2)))
     if len(K) < 2:
         return Capacity(law, float(Q[0]), 0.0)
     q, S = np.polyfit(K, Q, 1)
     return Capacity(law, float(max(S, 0.0)), float(max(q, 0.0)))
 
 
+def hinges(points: dict[float, float]) -> list[Capacity]:
+    """Capped starts through per-K capacities: at each K, the line through that K and
+    those below it, capped at the median capacity of the K above (the whole line, with
+    no ceiling, at the largest K)."""
+    ordered = dict(sorted(points.items()))
+    K = list(ordered)
+    out = []
+    for i in range(1, len(K)):
+        line = law_through({k: ordered[k] for k in K[: i + 1]}, BOTH)
+        above = [max(ordered[k], 0.0) for k in K[i + 1 :]]
+        C = float(np.median(above)) if above else math.inf
+        out.append(Capacity(CAPPED, line.S, line.q, C))
+    return out or [Capacity(CAPPED, max(ordered[K[0]], 0.0), 0.0)]
+
+
 def _starts(iso: Recs, R: float, law: str, previous: Capacity | None) -> list[Capacity]:
     found = [knees(iso, R), held(iso, R)]
     starts = [law_through(points, law) for points in found]
-    if law == BOTH:  # from each special case too
-        starts += [law_through(points, other) for points in found for other in (SHARED, WINDOW)]
-        starts = [Capacity(BOTH, c.S, c.q) for c in starts]
+    if law in (BOTH, CAPPED):  # from each special case too (no ceiling: it binds nowhere)
+        special = (SHARED, WINDOW) if law == BOTH else (SHARED, WINDOW, BOTH)
+        starts += [law_through(points, other) for points in found for other in special]
+        starts = [Capacity(law, c.S, c.q, c.C) for c in starts]
+    if law == CAPPED:
+        starts += [c for points in found for c in hinges(points)]
     if previous is not None:
-        starts.append(Capacity(law, previous.S, previous.q))
-    return starts
+        starts.append(Capacity(law, previous.S, previous.q, previous.C))
+    return list(dict.fromkeys(starts))  # each start once
 
 
 def fit(
     iso: Recs, R: float, T0: np.ndarray, law: str, previous: Capacity | None = None
 ) -> Capacity:
-    """The variant's S and q from isolated bursts: T_iss = max(T0, (V - Q(K))/R).
+    """The variant's S, q (and C) from isolated bursts: T_iss = max(T0, (V - Q(K))/R).
 
     T0 is each burst's backpressure-free issue time. Raises CapacityError where fewer than
     two bursts stall beyond T0 with the fitted capacity (the knee is not measured).
@@ -112,17 +142,18 @@ def fit(
         raise ValueError(f"unknown capacity law {law!r}; one of {', '.join(LAWS)}")
     free = FREE[law]
     floor = float(np.min(iso.V / np.maximum(iso.K, 1.0))) * 1e-3  # least_squares needs > 0
+    unbound = float(np.max(iso.V))  # a ceiling no burst reaches: where "none" starts
 
     def capacity(x) -> Capacity:
         values = {name: float(v) * UNIT[name] for v, name in zip(x, free, strict=True)}
-        return Capacity(law, values.get("S", 0.0), values.get("q", 0.0))
+        return Capacity(law, values.get("S", 0.0), values.get("q", 0.0), values.get("C", math.inf))
 
     def residuals(x) -> np.ndarray:
         return (np.maximum(T0, (iso.V - capacity(x).at(iso.K)) / R) - iso.y) / iso.y
 
     best = None
     for start in _starts(iso, R, law, previous):
-        x0 = [max(getattr(start, name), floor) / UNIT[name] for name in free]
+        x0 = [max(min(getattr(start, name), unbound), floor) / UNIT[name] for name in free]
         result = least_squares(
             residuals,
             x0,
@@ -133,7 +164,7 @@ def fit(
         )
         if best is None or result.cost < best.cost:
             best = result
-    found = capacity(best.x)
+    found = _unbound_ceiling(capacity(best.x), float(np.max(iso.K)))
     stalled = (iso.V - found.at(iso.K)) / R > 1.1 * T0
     if np.count_nonzero(stalled) < 2:
         raise CapacityError(
@@ -141,6 +172,14 @@ def fit(
             f"the capacity is above about {_bound(iso, R, T0)}"
         )
     return found
+
+
+def _unbound_ceiling(c: Capacity, K_max: float) -> Capacity:
+    """c with C = inf where the ceiling binds at no K fitted (S + K q stays at or below it
+    up to K_max): the records do not measure it, and a start's value is no finding."""
+    if c.capped and c.C >= c.S + K_max * c.q:
+        return Capacity(c.law, c.S, c.q)
+    return c
 
 
 def _bound(iso: Recs, R: float, T0: np.ndarray) -> str:
@@ -151,10 +190,16 @@ def _bound(iso: Recs, R: float, T0: np.ndarray) -> str:
 
 
 def describe(c: Capacity) -> str:
-    """'S 1.02 MiB + K x 15.1 KiB' and the like, for details and notes."""
+    """'S 1.02 MiB + K x 15.1 KiB', 'min(S 1.02 MiB + K x 15.1 KiB, C 2.60 MiB)' and the
+    like, for details and notes."""
     parts = []
     if c.law != WINDOW:
         parts.append(f"S {c.S / MiB:.2f} MiB")
     if c.law != SHARED:
         parts.append(f"K x {c.q / KiB:.1f} KiB")
-    return " + ".join(parts)
+    line = " + ".join(parts)
+    if c.law != CAPPED:
+        return line
+    if not c.capped:
+        return f"{line} (no ceiling within the K fitted)"
+    return f"min({line}, C {c.C / MiB:.2f} MiB)"

@@ -188,10 +188,10 @@ def store_loop_share(periodic: Recs, mask: np.ndarray) -> dict:
 
 
 def capacity_law_explains_isolated(per_K: list[dict], law_Q: dict[int, float], law: str) -> dict:
-    """Does the chosen capacity law, Q(K) = S + K q, meet each K's own knee? Each K's Q is
-    fitted on its isolated bursts alone; the law passes where it lies inside every knee's
-    interval (at least +-KNEE_TOLERANCE). With fewer than two K any law meets the knees,
-    so nothing is tested."""
+    """Does the chosen capacity law, Q(K) = min(S + K q, C), meet each K's own knee? Each
+    K's Q is fitted on its isolated bursts alone; the law passes where it lies inside every
+    knee's interval (at least +-KNEE_TOLERANCE). With fewer than two K any law meets the
+    knees, so nothing is tested."""
     knees = [k for k in per_K if k["Q_bytes"]["value"] is not None and k["K"] in law_Q]
     if len(knees) < 2:
         return not_evaluated("a knee Q fitted for fewer than two K")

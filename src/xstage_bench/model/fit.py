@@ -12,18 +12,21 @@ drains the whole burst and isolated bursts; the capacity from the isolated-burst
 (Drain probes are isolated bursts too, but their kernel's fixed cost differs: they are
 validated apart.)
 
-The capacity follows the law Q(K) = S + K q (laws.capacity), a part S shared by the path
-and a window q per producer, in three variants (capacity.py): shared (q = 0, the paper's
-one Q), window (S = 0) and shared_plus_window. Each is a full fit of its own; the one whose
+The capacity follows the law Q(K) = min(S + K q, C) (laws.capacity), a part S shared by
+the path and a window q per producer up to a ceiling C of the path, in four variants
+(capacity.py): shared (q = 0, the paper's one Q), window (S = 0), shared_plus_window (no
+ceiling) and capped (all three free). Each is a full fit of its own; the one whose
 isolated bursts (where the capacity acts) have the least held-out error over five
 stratified folds is the model's (`capacity_law`), and `params` holds it. The INTERFACE
 other code reads (the MegaMoE playback and `auto` lead):
-- params.S_bytes, params.q_bytes: the chosen variant's S and q, parameter blocks like the
-  others (value, ci_low, ci_high, reason); a number the variant holds at 0 is 0 with a
-  reason saying so;
-- params.Q_bytes: Q(K_ref) = S + K_ref q, the capacity at the largest K whose isolated
-  bursts were fitted (capacity_law.K_ref), with its bootstrap CI;
-- capacity_law: {"law": "S + K q", "chosen": "shared" | "window" | "shared_plus_window",
+- params.S_bytes, params.q_bytes, params.C_bytes: the chosen variant's S, q and C,
+  parameter blocks like the others (value, ci_low, ci_high, reason); a number the variant
+  holds at 0 is 0 with a reason saying so, a ceiling it lacks is null with its reason (C
+  = inf; files written before the ceiling have no C_bytes and no ceiling either);
+- params.Q_bytes: Q(K_ref) = min(S + K_ref q, C), the capacity at the largest K whose
+  isolated bursts were fitted (capacity_law.K_ref), with its bootstrap CI;
+- capacity_law: {"law": "min(S + K q, C)" ("S + K q" in files written before the
+  ceiling), "chosen": "shared" | "window" | "shared_plus_window" | "capped",
   "chosen_by": why, "fitted": "S 0.98 MiB + K x 15.2 KiB" or the like, "K_ref": K,
   "heldout": {variant: {n, median_abs_rel_error, p90_abs_rel_error, folds}} over the
   isolated bursts (what chose), and "heldout_all_records" the same over every row of
@@ -119,7 +122,7 @@ from xstage_bench.model.validation import (
     worst_rows,
 )
 
-CAPACITY_LAW = "S + K q"
+CAPACITY_LAW = "min(S + K q, C)"
 
 
 def _per_K(data: FitData, pooled: Params, Ks: list[float], reps: dict) -> list[dict]:
@@ -290,8 +293,9 @@ def _fit_path(
 def _capacity_law(
     p: Params, chosen: str | None, heldout: dict, heldout_all: dict, K_ref: float | None
 ) -> dict:
-    """The model file's capacity_law block: which variant of Q(K) = S + K q the path's
-    params hold, why, and every variant's held-out error (validation.cross_validated)."""
+    """The model file's capacity_law block: which variant of Q(K) = min(S + K q, C) the
+    path's params hold, why, and every variant's held-out error
+    (validation.cross_validated)."""
     by = (
         f"the least held-out median |error| of the isolated bursts over {STRIDE} stratified "
         f"folds, each burst held out once (medians within {CHOICE_RESOLUTION:.1%} tie: the "
@@ -305,7 +309,8 @@ def _capacity_law(
         "chosen_by": by,
         "fitted": None if p.capacity is None else capacity.describe(p.capacity),
         "K_ref": None if K_ref is None else int(K_ref),
-        "Q_bytes_is": "S + K_ref q, the capacity at the largest K of the isolated bursts fitted",
+        "Q_bytes_is": "min(S + K_ref q, C), the capacity at the largest K of the isolated "
+        "bursts fitted",
         "heldout": heldout,
         "heldout_all_records": heldout_all,
     }

@@ -2,8 +2,9 @@
 
 K producers store V bytes in all per burst, then compute for a gap G. Three parameters:
 T0 (backpressure-free issue time of the burst), R (drain rate of the path), Q (outstanding
-capacity), where Q follows the capacity law Q(K) = S + K q: a part S shared by the path
-and a window q per producer (`capacity`; the paper's one Q is q = 0). Units throughout:
+capacity), where Q follows the capacity law Q(K) = min(S + K q, C): a part S shared by the
+path and a window q per producer, up to a ceiling C of the path (`capacity`; the paper's
+one Q is q = 0, and C = inf is no ceiling). Units throughout:
 microseconds, bytes, and bytes per microsecond for rates;
 `gbps_to_bytes_per_us` converts the GB/s (1e9 bytes/s) that profiles and tables quote.
 Every function broadcasts over numpy arrays and returns a float (or bool) array.
@@ -29,13 +30,15 @@ def _f(x: ArrayLike) -> NDArray:
     return np.asarray(x, dtype=float)
 
 
-def capacity(K: ArrayLike, S: ArrayLike, q: ArrayLike) -> NDArray:
-    """Q(K) = S + K q: the outstanding capacity a burst of K producers meets.
+def capacity(K: ArrayLike, S: ArrayLike, q: ArrayLike, C: ArrayLike = np.inf) -> NDArray:
+    """Q(K) = min(S + K q, C): the outstanding capacity a burst of K producers meets.
 
-    S is shared by the path, q is each producer's own window; the paper's shared Q is
-    q = 0 and a pure per-producer window S = 0. Every law below takes Q from here.
+    S is shared by the path, q is each producer's own window and C the most the path
+    holds however many producers issue; the paper's shared Q is q = 0, a pure
+    per-producer window S = 0, and C = inf (the default) no ceiling. Every law below
+    takes Q from here.
     """
-    return _f(S) + _f(K) * _f(q)
+    return np.minimum(_f(S) + _f(K) * _f(q), _f(C))
 
 
 def period(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:

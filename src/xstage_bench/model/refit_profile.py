@@ -1,6 +1,7 @@
 """The refit hardware profile (model/profile.yaml): the base profile with one store
 path's fitted T0, R and capacity law (S as capacity_bytes, q as
-capacity_per_producer_bytes) in place of its own, for the simulator to run on.
+capacity_per_producer_bytes, a ceiling C as capacity_ceiling_bytes) in place of its own,
+for the simulator to run on.
 
 This module exists because the profile is a second product of the fit, in the hardware
 profiles' YAML and not the model file's JSON, with its own header and notes.
@@ -46,6 +47,10 @@ def profile_yaml(
     elif sm_count:
         prof["sm_count"] = sm_count
     notes = []
+    if p.capacity is not None or prof.get("capacity_ceiling_bytes") is None:
+        prof.pop("capacity_ceiling_bytes", None)  # absent: no ceiling (the fitted law's own)
+    if p.capacity is not None and p.capacity.capped:
+        prof["capacity_ceiling_bytes"] = round(p.capacity.C)
     for key, value in fitted.items():
         if value is not None:
             prof[key] = value
@@ -58,9 +63,11 @@ def profile_yaml(
             notes.append(f"# {key}: not fitted ({p.reasons.get(_reason_key(key), '')})")
     header = [f"# Hardware profile refitted from dataset '{dataset}' by xstage_bench.model.fit."]
     if p.capacity is not None:
+        law = "capacity_bytes + K x capacity_per_producer_bytes"
+        if p.capacity.capped:
+            law = f"min({law}, capacity_ceiling_bytes)"
         header.append(
-            "# Capacity law Q(K) = capacity_bytes + K x capacity_per_producer_bytes "
-            f"(the {p.law} variant, chosen by held-out error)."
+            f"# Capacity law Q(K) = {law} (the {p.law} variant, chosen by held-out error)."
         )
     if path != storepath.PEER:
         header.append(

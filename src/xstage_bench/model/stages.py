@@ -9,8 +9,8 @@ validation (validation.py); all three call these stages.
 - T0 = t0_fixed + B/issue_rate from bursts that meet an empty path (the large-G plateau
   and isolated bursts), with the isolated law max(T0, (V - Q)/R) so that bursts beyond
   the knee do not bias it;
-- the capacity Q(K) = S + K q from the isolated-burst knees, in one of its variants
-  (capacity.py: shared, window, shared_plus_window).
+- the capacity Q(K) = min(S + K q, C) from the isolated-burst knees, in one of its
+  variants (capacity.py: shared, window, shared_plus_window, capped).
 
 The stages depend on each other (R's fit needs T0 where a burst is issue-bound, T0's needs
 Q, Q's needs T0 and R), so fit_chain alternates them a few rounds from a robust start;
@@ -45,7 +45,7 @@ class FitError(ValueError):
 class Params:
     """One fit's result; a None parameter carries its reason.
 
-    capacity is the law's S and q (capacity.py), None where the knee was not measured.
+    capacity is the law's S, q and C (capacity.py), None where the knee was not measured.
     """
 
     R: float | None = None  # bytes/us

@@ -112,13 +112,14 @@ def burst_gap_lines(ds: Path) -> list[str]:
 
 
 def _capacity_text(fit: dict, row) -> str:
-    """Q as the capacity law gives it (S + K q, the variant chosen, Q at its K_ref), or the
-    one Q of a file written before the law."""
+    """Q as the capacity law gives it (S + K q, or min(S + K q, C) where it has a ceiling;
+    the variant chosen, Q at its K_ref), or the one Q of a file written before the law."""
     Q = f"{_ci(row.Q_MiB, row.Q_MiB_ci_low, row.Q_MiB_ci_high, 2)} MiB"
     law = fit.get("capacity_law")
     if not law or fit["params"]["S_bytes"]["value"] is None:
         return f"Q {Q}"
     S, q = fit["params"]["S_bytes"], fit["params"]["q_bytes"]
+    C = fit["params"].get("C_bytes") or {}
     MiB, KiB = 1 << 20, 1024
 
     def scaled(p: dict, unit: float, digits: int) -> str:
@@ -127,9 +128,15 @@ def _capacity_text(fit: dict, row) -> str:
         low, high = (np.nan if p[k] is None else p[k] / unit for k in ("ci_low", "ci_high"))
         return _ci(p["value"] / unit, low, high, digits)
 
+    if C.get("value") is None:
+        return (
+            f"Q(K) = S + K q ({law['chosen']}, chosen by held-out error): S "
+            f"{scaled(S, MiB, 2)} MiB, q {scaled(q, KiB, 1)} KiB, Q at K={law['K_ref']} {Q}"
+        )
     return (
-        f"Q(K) = S + K q ({law['chosen']}, chosen by held-out error): S {scaled(S, MiB, 2)} MiB, "
-        f"q {scaled(q, KiB, 1)} KiB, Q at K={law['K_ref']} {Q}"
+        f"Q(K) = min(S + K q, C) ({law['chosen']}, chosen by held-out error): S "
+        f"{scaled(S, MiB, 2)} MiB, q {scaled(q, KiB, 1)} KiB, C {scaled(C, MiB, 2)} MiB, "
+        f"Q at K={law['K_ref']} {Q}"
     )
 
 

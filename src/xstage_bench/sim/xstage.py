@@ -30,12 +30,14 @@ WIDEST_STORE = 16  # bytes; narrower stores issue proportionally fewer bytes per
 
 def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -> PathParams:
     """The profile's peer path, or the local path (LOCAL_PATH_FACTOR x R and Q); its capacity
-    follows the profile's law Q(K) = S + K q (capacity_bytes, capacity_per_producer_bytes)."""
+    follows the profile's law Q(K) = min(S + K q, C) (capacity_bytes,
+    capacity_per_producer_bytes, capacity_ceiling_bytes: None is no ceiling)."""
     if dest not in ("peer", "local"):
         raise ValueError(f"dest must be 'peer' or 'local', got {dest!r}")
     if width <= 0 or width > WIDEST_STORE:
         raise ValueError(f"store width must be in 1..{WIDEST_STORE} bytes, got {width}")
     factor = LOCAL_PATH_FACTOR if dest == "local" else 1.0
+    ceiling = math.inf if profile.capacity_ceiling_bytes is None else profile.capacity_ceiling_bytes
     return PathParams(
         t0_fixed_us=profile.t0_fixed_us,
         issue_rate=float(gbps_to_bytes_per_us(profile.issue_rate_per_sm_GBps))
@@ -44,6 +46,7 @@ def path_params(profile: HardwareProfile, dest: str = "peer", width: int = 16) -
         drain=float(gbps_to_bytes_per_us(profile.drain_rate_GBps)) * factor,
         capacity=profile.capacity_bytes * factor,
         capacity_per_issuer=profile.capacity_per_producer_bytes * factor,
+        capacity_ceiling=ceiling * factor,
     )
 
 

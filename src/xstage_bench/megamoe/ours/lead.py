@@ -7,7 +7,7 @@ issue 52 finding 1, cannot compute meanwhile); too much and Linear-2 bunches at 
 where nothing is left to hide the drain. What matters is every program storing at once
 into one drain, so the rule asks the playback (megamoe/playback.py): each candidate lead's
 tile list, built as the kernel builds it, played through the path's fitted drain (issue
-time T0 = t0_fixed + B / issue rate, capacity Q(K) = S + K q, drain R, the hold on), with
+time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C), drain R, the hold on), with
 tile costs from the kernel's FLOP rate X. `auto` is the candidate with the shortest
 predicted kernel time; candidates the playback cannot tell apart (within TIE) go to the
 longest lead, whose slack covers tile-time jitter the playback does not model (measured:
@@ -61,18 +61,24 @@ class PathDrain:
     issue_rate_per_producer_GBps: float
     R_GBps: float
     Q_bytes: float | None  # the fit's one shared capacity, where it has one
-    # The capacity law Q(K) = S + K q at K producers storing at once; files without it
-    # (one shared capacity) read as S = Q_bytes, q = 0.
+    # The capacity law Q(K) = min(S + K q, C) at K producers storing at once; files without
+    # it (one shared capacity) read as S = Q_bytes, q = 0; C None is no ceiling (C_bytes
+    # null, or absent in files written before the ceiling).
     S_bytes: float
     q_bytes: float
+    C_bytes: float | None = None
 
     def T0_us(self, producer_bytes: float) -> float:
         """The issue law: T0 = t0_fixed + B / issue rate (per producer)."""
         rate = float(laws.gbps_to_bytes_per_us(self.issue_rate_per_producer_GBps))
         return self.t0_fixed_us + producer_bytes / rate
 
+    @property
+    def ceiling(self) -> float:
+        return math.inf if self.C_bytes is None else self.C_bytes
+
     def capacity_bytes(self, K: float) -> float:
-        return laws.capacity(K, self.S_bytes, self.q_bytes)
+        return laws.capacity(K, self.S_bytes, self.q_bytes, self.ceiling)
 
     def path_params(self) -> PathParams:
         """The fluid path the playback plays tile lists through (drain.py)."""
@@ -82,6 +88,7 @@ class PathDrain:
             drain=float(laws.gbps_to_bytes_per_us(self.R_GBps)),
             capacity=self.S_bytes,
             capacity_per_issuer=self.q_bytes,
+            capacity_ceiling=self.ceiling,
         )
 
     def describe(self) -> dict:
@@ -94,6 +101,7 @@ class PathDrain:
             "Q_bytes": self.Q_bytes,
             "S_bytes": self.S_bytes,
             "q_bytes": self.q_bytes,
+            "C_bytes": self.C_bytes,
         }
 
 
@@ -148,13 +156,28 @@ def drain_of(doc: dict, path: str, source: str) -> PathDrain:
     values["Q_bytes"] = float(shared) if _usable(shared) else None
     if any(key in params for key in CAPACITY_LAW_KEYS.values()):
         values.update({name: value(key) for name, key in CAPACITY_LAW_KEYS.items()})
+        values["C_bytes"] = _ceiling(params, where, path)
     else:  # one shared capacity
         values.update(S_bytes=value("Q_bytes"), q_bytes=0.0)
     if values["R_GBps"] <= 0 or values["issue_rate_per_producer_GBps"] <= 0:
         raise LeadModelError(f"lead_rows 'auto': {where} has a zero rate")
-    if values["S_bytes"] + values["q_bytes"] <= 0:
-        raise LeadModelError(f"lead_rows 'auto': {where} has no capacity (S + q = 0)")
+    ceiling = values.get("C_bytes")
+    if min(values["S_bytes"] + values["q_bytes"], math.inf if ceiling is None else ceiling) <= 0:
+        raise LeadModelError(f"lead_rows 'auto': {where} has no capacity (S + q = 0 or C = 0)")
     return PathDrain(path=path, source=where, **values)
+
+
+def _ceiling(params: dict, where: str, path: str) -> float | None:
+    """The law's ceiling C_bytes: None where the law has none (null with its reason, or no
+    C_bytes in files written before the ceiling); a LeadModelError where it is unusable."""
+    C = (params.get("C_bytes") or {}).get("value")
+    if C is None:
+        return None
+    if not _usable(C):
+        raise LeadModelError(
+            f"lead_rows 'auto' on the {path} path: {where} has no usable 'C_bytes' ({C!r})"
+        )
+    return float(C)
 
 
 @dataclass(frozen=True)
@@ -287,7 +310,8 @@ class LeadChooser:
             "rule": "the candidate lead with the shortest predicted kernel time (ties within "
             f"{TIE:g} to the longest): the busiest rank's first {PLAN_BLOCKS} row blocks' "
             "interleaved tile list played through the path's fitted drain (T0 = t0_fixed + "
-            "B / issue rate, Q(K) = S + K q, R; a program held until its stores drain), "
+            "B / issue rate, Q(K) = min(S + K q, C), R; a program held until its stores "
+            "drain), "
             "tiles at X (src/xstage_bench/megamoe/ours/lead.py, megamoe/playback.py)",
             "candidates": list(CANDIDATES),
             "model_file": self.model_file,

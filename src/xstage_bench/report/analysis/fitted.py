@@ -1,5 +1,6 @@
 """The fitted Burst-Gap model's parameters as numbers: values with CIs, T0 and R in the
-units the laws use, the capacity law Q(K) = S + K q and its variants, the path's ceilings.
+units the laws use, the capacity law Q(K) = min(S + K q, C) and its variants, the path's
+ceilings.
 
 A model file fits every store path it measured (model/document.py): `paths(model)` lists
 them and `for_path(model, path)` gives one path's fit, which every function here reads as
@@ -65,12 +66,27 @@ def t0_us(model: dict, K: float, V: float | np.ndarray) -> float | np.ndarray | 
     return fixed + (np.asarray(V, dtype=float) / K) / (rate * GBPS_TO_BYTES_PER_US)
 
 
-def capacity_for_K(model: dict, K: int) -> float | None:
-    """The model's capacity for K producers: its law, S + K q (laws.capacity), where the
-    file has one; in files written before the law, Q fitted for this K, else the pooled Q."""
+def ceiling(model: dict) -> float:
+    """The capacity law's ceiling C in bytes: inf where the law has none (C_bytes null, or
+    absent in files written before the ceiling)."""
+    C = param(model, "C_bytes")
+    return np.inf if C is None else C
+
+
+def law_capacity(model: dict, K: float) -> float | None:
+    """Q(K) = min(S + K q, C) of the model's capacity law (laws.capacity), None in files
+    written before the law (no S_bytes, q_bytes) or where it gave no capacity."""
     S, q = param(model, "S_bytes"), param(model, "q_bytes")
-    if S is not None and q is not None:
-        return float(capacity(K, S, q))
+    if S is None or q is None:
+        return None
+    return float(capacity(K, S, q, ceiling(model)))
+
+
+def capacity_for_K(model: dict, K: int) -> float | None:
+    """The model's capacity for K producers: its law (law_capacity) where the file has
+    one; in files written before the law, Q fitted for this K, else the pooled Q."""
+    if (law := law_capacity(model, K)) is not None:
+        return law
     for entry in model.get("per_K", []):
         if entry.get("K") == K:
             value = (entry.get("Q_bytes") or {}).get("value")
@@ -80,14 +96,14 @@ def capacity_for_K(model: dict, K: int) -> float | None:
 
 
 def capacity_law(model: dict) -> dict | None:
-    """The fit's capacity_law block (which variant of S + K q, and why), None in files
-    written before the law."""
+    """The fit's capacity_law block (which variant of min(S + K q, C), and why), None in
+    files written before the law."""
     return model.get("capacity_law")
 
 
 def variant_model(model: dict, law: str) -> dict | None:
-    """One capacity variant's fit (shared, window, shared_plus_window) as a model with its
-    own params, where the file has it and it determined a capacity."""
+    """One capacity variant's fit (shared, window, shared_plus_window, capped) as a model
+    with its own params, where the file has it and it determined a capacity."""
     variant = (model.get("variants") or {}).get(law)
     if not variant or (variant["params"].get("S_bytes") or {}).get("value") is None:
         return None
@@ -128,6 +144,7 @@ PROFILE_KEYS = {  # hardware-profile key -> the fitted parameter it takes
     "drain_rate_GBps": "R_GBps",
     "capacity_bytes": "S_bytes",
     "capacity_per_producer_bytes": "q_bytes",
+    "capacity_ceiling_bytes": "C_bytes",
 }
 
 
@@ -136,7 +153,11 @@ def path_profile(profile: HardwareProfile, model: dict, path: str) -> HardwarePr
     path) with T0, R and Q of `path`'s fit where that fit has them."""
     fit = for_path(model, path)
     values = {key: param(fit, name) for key, name in PROFILE_KEYS.items()}
-    if values["capacity_bytes"] is None:  # a file written before the capacity law
-        values["capacity_bytes"] = param(fit, "Q_bytes")
+    ceiling = values.pop("capacity_ceiling_bytes")
+    given = {k: v for k, v in values.items() if v is not None}
+    if values["capacity_bytes"] is not None:  # the fit's law, its ceiling too (None: none)
+        given["capacity_ceiling_bytes"] = ceiling
+    elif (shared := param(fit, "Q_bytes")) is not None:  # a file written before the law
+        given["capacity_bytes"] = shared
     name = profile.name if path == path_of(model) else f"{profile.name}, {path} path"
-    return replace(profile, name=name, **{k: v for k, v in values.items() if v is not None})
+    return replace(profile, name=name, **given)

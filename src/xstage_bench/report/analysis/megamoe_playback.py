@@ -2,7 +2,7 @@
 
 Every ok arm of our kernel (a configuration, share f and schedule, with its lead) is played
 through its path's fitted drain (megamoe/playback.py: the kernel's own tile list, T0 =
-t0_fixed + B / issue rate, Q(K) = S + K q, drain R), with the hold (a program waits at its
+t0_fixed + B / issue rate, Q(K) = min(S + K q, C), drain R), with the hold (a program waits at its
 next claim until its own stores drained) and without, and the predicted kernel time is
 set against the measured one (the median of kernel_us; time_us where no record has it).
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,6 +268,7 @@ def _player_fields(player: Player) -> dict:
         "issue_bytes_per_us": far.issue_rate,
         "capacity_bytes": far.capacity,
         "capacity_per_issuer_bytes": far.capacity_per_issuer,
+        "capacity_ceiling_bytes": _ceiling_to_json(far.capacity_ceiling),
         "num_programs": player.num_programs,
         "tflops": player.tflops,
     }
@@ -369,9 +371,20 @@ def far_paths(played: dict) -> dict[str, PathParams]:
             p["drain_bytes_per_us"],
             p["capacity_bytes"],
             p["capacity_per_issuer_bytes"],
+            _ceiling_of_json(p.get("capacity_ceiling_bytes")),
         )
         for path, p in played["paths"].items()
     }
+
+
+def _ceiling_to_json(C: float) -> float | None:
+    """A path's ceiling as the document holds it: JSON has no inf, so no ceiling is null."""
+    return C if math.isfinite(C) else None
+
+
+def _ceiling_of_json(value: float | None) -> float:
+    """A played path's ceiling: null (or absent, in playbacks written before it) is none."""
+    return math.inf if value is None else float(value)
 
 
 def _row(arm: Arm, control: Arm | None, player: Player) -> dict:

@@ -171,11 +171,13 @@ def _largest_K_capacity(src: Sources) -> tuple[int, dict, str] | None:
     law = src.model.get("capacity_law")
     pooled = src.model["params"].get("Q_bytes") or {}
     if law and law.get("K_ref") and pooled.get("value") is not None:
-        return int(law["K_ref"]), pooled, f"the capacity law S + K q ({law['chosen']})"
-    fitted = [e for e in src.model["per_K"] if (e.get("Q_bytes") or {}).get("value") is not None]
-    if not fitted:
+        capped = fitted.param(src.model, "C_bytes") is not None  # a ceiling the law has
+        form = "min(S + K q, C)" if capped else "S + K q"
+        return int(law["K_ref"]), pooled, f"the capacity law {form} ({law['chosen']})"
+    per_K = [e for e in src.model["per_K"] if (e.get("Q_bytes") or {}).get("value") is not None]
+    if not per_K:
         return None
-    entry = max(fitted, key=lambda e: e["K"])
+    entry = max(per_K, key=lambda e: e["K"])
     return int(entry["K"]), entry["Q_bytes"], "fitted"
 
 

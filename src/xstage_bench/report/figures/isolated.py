@@ -2,10 +2,11 @@
 one row of panels per store path (peer GPU, host memory).
 
 Below the capacity a burst issues in T0; above it the excess must drain first, so the
-model is max(T0, (V - Q(K))/R) with the capacity law Q(K) = S + K q. Every variant of the
-law the row's path fitted is drawn in every panel: one capacity shared by the path (the
-paper's model, q = 0, dashed), a window per producer (S = 0, dash-dot) and both (solid),
-each with its own fitted T0 and R and a vertical tick at the capacity it puts for this K;
+model is max(T0, (V - Q(K))/R) with the capacity law Q(K) = min(S + K q, C). Every
+variant of the law the row's path fitted is drawn in every panel: one capacity shared by
+the path (the paper's model, q = 0, dashed), a window per producer (S = 0, dash-dot), both
+(solid) and both up to a ceiling C (dash-dot-dot), each with its own fitted T0 and R and a
+vertical tick at the capacity it puts for this K;
 the legend marks the variant the fit chose by held-out error. The panel title gives the
 path and the Q fitted to this K alone. The local-memory control (dest=local) is drawn
 dotted in every row.
@@ -23,14 +24,20 @@ from matplotlib.lines import Line2D
 
 from xstage_bench.data import storepath
 from xstage_bench.model.capacity import LAWS
-from xstage_bench.model.laws import capacity, isolated_issue_time
+from xstage_bench.model.laws import isolated_issue_time
 from xstage_bench.report.analysis import fitted, frames, labels, load
 from xstage_bench.report.figures import common
 
 STUDY = "isolated"
 METRIC = "t_iss_slowest_us"
-FITS = tuple(zip(LAWS, ("--", "-.", "-"), strict=True))  # (variant, line style)
-LAW_TEXT = {"shared": "S", "window": "K q", "shared_plus_window": "S + K q"}
+DASH_DOT_DOT = (0, (6, 2, 1, 2, 1, 2))  # apart from the local control's dotted line
+FITS = tuple(zip(LAWS, ("--", "-.", "-", DASH_DOT_DOT), strict=True))  # (variant, line style)
+LAW_TEXT = {
+    "shared": "S",
+    "window": "K q",
+    "shared_plus_window": "S + K q",
+    "capped": "min(S + K q, C)",
+}
 NOTE_CHARS = 190
 
 
@@ -41,8 +48,7 @@ def _fits(model: dict, K: int) -> list[tuple[str, str, float, dict]]:
     for law, linestyle in FITS:
         variant = fitted.variant_model(model, law)
         if variant is not None:
-            S, q = fitted.param(variant, "S_bytes"), fitted.param(variant, "q_bytes")
-            out.append((law, linestyle, float(capacity(K, S, q)), variant))
+            out.append((law, linestyle, fitted.law_capacity(variant, K), variant))
     return out
 
 
@@ -63,7 +69,8 @@ def plot(dataset_dir: Path) -> Figure:
     paths = frames.remote_paths(ok) or [storepath.PEER]
     Ks = sorted(int(k) for k in ok["K"].unique())
     palette = dict(zip(("remote", "local"), sns.color_palette("deep", 2), strict=True))
-    fit_colors = dict(zip((f[0] for f in FITS), ("k", "tab:red", "tab:green"), strict=True))
+    colors = ("k", "tab:red", "tab:green", "tab:purple")
+    fit_colors = dict(zip((f[0] for f in FITS), colors, strict=True))
     chosen = None
     V = np.geomspace(float(ok["V"].min()), float(ok["V"].max()), 400)
 
@@ -155,10 +162,12 @@ def _fit_notes(model: dict, path: str | None) -> list[str]:
             for name, v in law["heldout"].items()
             if v["n"]
         )
+        C = fitted.param(model, "C_bytes")
+        ceiling = "" if C is None else f", C = {labels.fmt_bytes(C)}"
         parts.append(
-            f"capacity law Q(K) = S + K q, chosen {law['chosen']}: S = {labels.fmt_bytes(S)}, "
-            f"q = {q / labels.KIB:.1f} KiB (isolated bursts' held-out median / p90 |error|: "
-            f"{errors})"
+            f"capacity law Q(K) = min(S + K q, C), chosen {law['chosen']}: S = "
+            f"{labels.fmt_bytes(S)}, q = {q / labels.KIB:.1f} KiB{ceiling} (isolated bursts' "
+            f"held-out median / p90 |error|: {errors})"
         )
     check = model["checks"].get("capacity_law_explains_isolated")
     if check and check["passed"] is not None:

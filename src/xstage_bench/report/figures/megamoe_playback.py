@@ -105,9 +105,10 @@ def plot(dataset_dir: Path) -> Figure:
     legend.append(Line2D([], [], color="0.85", linewidth=6, label=f"+-{BAND:.0%}"))
     paths = megamoe.ordered_paths(predicted["path"])
     notes = [
-        "every ok arm of our kernel played through the path's fitted drain (T0, Q(K) = S + K q, "
-        "R) in its own tile list; tile costs scaled per configuration and schedule on its "
-        "calibration arm (tab-megamoe-playback says which, and every number).",
+        "every ok arm of our kernel played through the path's fitted drain (T0, "
+        "Q(K) = min(S + K q, C), R) in its own tile list; tile costs scaled per configuration "
+        "and schedule on its calibration arm (tab-megamoe-playback says which, and every "
+        "number).",
         f"{int((~calibration).sum())} arms predicted, {int(calibration.sum())} calibration arms.",
     ]
     return common.finish_figure(

@@ -5,8 +5,8 @@ One row per (path, K), a pooled row and a capacity-law row per path, each path f
 its own records (a dataset of one path has that path's rows only); `path` names it,
 `far_end` says where its stores land. Per-K rows give each K's own fit (R the slope of its
 zero-gap periods, Q its own knee); the pooled row's Q is the capacity law's at the largest
-K fitted; the law row gives the law Q(K) = S + K q itself: S (MiB) in the Q columns, q
-(KiB) in the per-producer column.
+K fitted; the law row gives the law Q(K) = min(S + K q, C) itself: S (MiB) in the Q
+columns, q (KiB) in the per-producer column, a ceiling C in its source.
 
 T0 is quoted at B = 32 KiB per producer, the burst the paper quotes it for: per K as the
 fitter reports it, pooled from t0_fixed + B / issue_rate. The pooled T0's interval combines
@@ -59,21 +59,30 @@ def _row(path: str, scope: str, K: float, T0, R, Q, source: str) -> dict:
 
 
 def _law_row(fit: dict, path: str) -> dict | None:
-    """The capacity law's row: S with its CI in the Q columns, q in the per-producer one."""
+    """The capacity law's row: S with its CI in the Q columns, q in the per-producer one,
+    the ceiling C (where the law has one) in its source."""
     law = fitted.capacity_law(fit)
     S, q = fit["params"].get("S_bytes"), fit["params"].get("q_bytes")
     if not law or not S or S.get("value") is None:
         return None
     q_value, q_low, q_high = fitted.param_ci(q)
+    C_value, C_low, C_high = fitted.param_ci(fit["params"].get("C_bytes"))
+    capped = np.isfinite(C_value)  # a ceiling the law has and the records reach
+    ceiling = (
+        f"; C {C_value / labels.MIB:.3g} MiB (95% CI {C_low / labels.MIB:.3g}-"
+        f"{C_high / labels.MIB:.3g} MiB)"
+        if capped
+        else ""
+    )
     row = _row(
         path,
-        f"law: S + K q ({law['chosen']})",
+        f"law: {'min(S + K q, C)' if capped else 'S + K q'} ({law['chosen']})",
         np.nan,
         (np.nan,) * 3,
         (np.nan,) * 3,
         fitted.param_ci(S),
         f"capacity law chosen by held-out error; Q_MiB is S, Q_per_producer_KiB is q "
-        f"(95% CI {q_low / labels.KIB:.3g}-{q_high / labels.KIB:.3g} KiB)",
+        f"(95% CI {q_low / labels.KIB:.3g}-{q_high / labels.KIB:.3g} KiB){ceiling}",
     )
     row["Q_per_producer_KiB"] = q_value / labels.KIB
     return row

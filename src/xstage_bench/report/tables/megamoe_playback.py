@@ -8,6 +8,7 @@ swept lead and the best constant lead."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -114,6 +115,10 @@ def summary_note(summary: pd.DataFrame) -> str:
     )
 
 
+def _at_most(ceiling: float) -> str:
+    return f", at most {ceiling:.4g}" if math.isfinite(ceiling) else ""
+
+
 def build(dataset_dir: Path) -> Table:
     played = mp.read_playback(dataset_dir)  # read and its sources hashed once
     doc, metric, predicted = mp.predictions(dataset_dir, played)
@@ -123,7 +128,7 @@ def build(dataset_dir: Path) -> Table:
     fits = "; ".join(
         f"{path}: R {far.drain / 1e3:.4g} GB/s, t0_fixed {far.t0_fixed_us:.3g} us, issue "
         f"{far.issue_rate / 1e3:.4g} GB/s per program, Q(K) = {far.capacity:.4g} + K "
-        f"{far.capacity_per_issuer:.4g} bytes"
+        f"{far.capacity_per_issuer:.4g} bytes{_at_most(far.capacity_ceiling)}"
         for path, far in mp.far_paths(played).items()
     )
     counts = predicted["calibration"].value_counts()
