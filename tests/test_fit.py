@@ -542,7 +542,7 @@ def test_a_failing_fit_names_the_files(tmp_path, monkeypatch):
     def broken(*_, **__):
         raise ValueError("Residuals are not finite in the initial point.")
 
-    monkeypatch.setattr(fit, "fit_chain", broken)
+    monkeypatch.setattr(fit, "fit_laws", broken)
     with pytest.raises(FitError, match=r"fitting .*drain\.json, .*isolated\.json: ValueError"):
         fit_dir(tmp_path, paths, n_bootstrap=2)
     assert not (tmp_path / "model" / "burst_gap.json").exists()
@@ -924,6 +924,7 @@ def test_summaries_split_held_out_fitted_and_free_rows():
 
 def test_the_validation_fit_never_sees_a_held_out_record(monkeypatch):
     """The held-out error is out of sample only if the training fit lacks those records."""
+    from xstage_bench.model import stages
     from xstage_bench.model.records import FitData, Loaded
     from xstage_bench.model.stages import Params
 
@@ -936,7 +937,7 @@ def test_the_validation_fit_never_sees_a_held_out_record(monkeypatch):
         seen.append({role: set(getattr(train, role).ids) for role in ("zero_gap", "isolated")})
         return Params(reasons={"R": "spy"})
 
-    monkeypatch.setattr(validation, "fit_chain", spy)
+    monkeypatch.setattr(stages, "fit_chain", spy)
     validation.validate(loaded)
     training = set(many.ids) - validation.held_out_ids(data)
     assert 0 < len(training) < len(many)
@@ -992,3 +993,80 @@ def test_a_Q_too_low_for_T0_is_retried_at_what_the_bursts_hold():
     assert p.t0_fixed == pytest.approx(0.5, rel=1e-3)
     assert p.issue_rate == pytest.approx(10_000.0, rel=1e-3)
     assert p.capacity.S == pytest.approx(2000.0, rel=1e-3)
+
+
+def _issue_bound_line_that_falls():
+    """Bursts that follow T0 = 0.2 us + B / 80000 bytes/us: three sizes at K = 64 whose
+    capacity (Q per record) leaves them stalled to 0.9 T_iss, so still issue-bound in the
+    law but not "clearly" backpressure-free, and two sizes at K = 1 on an empty path, 2%
+    noisy so that the line through these two falls with B (its rate is infinite)."""
+    B = np.array([8192, 16384, 24576, 62_000, 64_000], dtype=float)
+    K = np.array([64, 64, 64, 1, 1], dtype=float)
+    y = (0.2 + B / 80_000) * np.array([1, 1, 1, 1.02, 0.98])
+    R = 1000.0
+    Q = np.where(K > 1, B * K - R * 0.9 * y, B * K)
+    return recs(B * K, y, K=K, B=B), R, Q
+
+
+def test_T0_recovers_the_issue_rate_where_the_line_start_ran_off():
+    """The old start took the line through the backpressure-free bursts; falling, it put
+    the rate at ~1e15 GB/s, where B/rate is nothing and the gradient is flat, so the
+    solver stayed there (T0 flat; the capped and window laws of the H100 reference). The
+    finite starts recover the truth, and a start stuck on the flat gradient (the previous
+    round's) does not decide."""
+    from xstage_bench.model.stages import Params, fit_T0
+
+    r, R, Q = _issue_bound_line_that_falls()
+    for start in (None, Params(t0_fixed=0.33, issue_rate=1e15)):
+        t0_fixed, rate = fit_T0(r, R, Q, start)
+        assert t0_fixed == pytest.approx(0.2, rel=0.01)
+        assert rate == pytest.approx(80_000.0, rel=0.01)
+
+
+def test_T0_keeps_the_start_of_least_cost():
+    """Every start is tried and the least cost kept, whatever the order: a start at the
+    truth wins over one stuck where the gradient is flat; the line start is there only
+    where it rises with B; a finite start is always there."""
+    from xstage_bench.model import stages
+    from xstage_bench.model.stages import Params, fit_T0
+
+    r, R, Q = _issue_bound_line_that_falls()
+    free = (r.V - Q) / R < 0.8 * r.y
+    starts = stages._T0_starts(r, free, ())
+    assert len(starts) == 1 and np.isfinite(starts[0][1])  # no line: it falls
+    rising = recs([1000, 2000, 3000], [0.3, 0.4, 0.5], B=[1000, 2000, 3000])
+    assert len(stages._T0_starts(rising, np.ones(3, dtype=bool), ())) == 2  # and the line
+
+    truth, stuck = Params(t0_fixed=0.2, issue_rate=80_000.0), Params(t0_fixed=0.6, issue_rate=1e15)
+    for order in ((stuck, truth), (truth, stuck)):
+        t0_fixed, rate = fit_T0(r, R, Q, order[0], order[1:])
+        assert (t0_fixed, rate) == pytest.approx((0.2, 80_000.0), rel=0.01)
+
+
+def test_T0_issue_rate_is_bounded_where_the_records_are_flat_in_B():
+    """Bursts that take the same time at every size measure no rate: it stops at its
+    finite bound (stages.MAX_ISSUE_RATE), not at ~1e15 GB/s."""
+    from xstage_bench.model import stages
+
+    flat = recs([1000, 2000, 4000, 8000], [0.5] * 4, B=[1000, 2000, 4000, 8000])
+    t0_fixed, rate = stages.fit_T0(flat, 100.0, None, stages.Params(t0_fixed=0.5, issue_rate=1e15))
+    assert rate <= stages.MAX_ISSUE_RATE
+    assert t0_fixed == pytest.approx(0.5, rel=0.01)
+
+
+def test_each_law_T0_starts_from_the_laws_fitted_before_it(monkeypatch):
+    """fit_laws fits the variants fewest free numbers first and hands each chain the T0
+    of those before it as starts (so the shared law's is a start of every other)."""
+    from xstage_bench.model import stages
+    from xstage_bench.model.records import FitData
+
+    given = {}
+
+    def spy(data, *, law, t0_starts):
+        given[law] = [p.law for p in t0_starts]
+        return stages.Params(law=law)
+
+    monkeypatch.setattr(stages, "fit_chain", spy)
+    many = recs([1000.0] * 3, [1.0] * 3)
+    stages.fit_laws(FitData(zero_gap=many, periodic=many, isolated=many, period=many))
+    assert given == {law: list(LAWS[:i]) for i, law in enumerate(LAWS)}

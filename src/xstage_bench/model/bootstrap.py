@@ -69,7 +69,12 @@ def bootstrap(
             picked[role] = recs.take(idx, medians[role][b, idx])
         d = FitData(**picked)
         for law, start in fits.items():
-            p = fit_chain(d, start=start, rounds=2) if start.R is not None else start
+            others = tuple(f for other, f in fits.items() if other != law)
+            p = (
+                fit_chain(d, start=start, rounds=2, t0_starts=others)
+                if start.R is not None
+                else start
+            )
             for k, v in _pooled(p, K_ref).items():
                 put(f"{law}:{k}", b, v)
             if law == chosen:

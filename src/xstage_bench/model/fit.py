@@ -107,7 +107,7 @@ from xstage_bench.model.records import (
     reference_stores,
 )
 from xstage_bench.model.refit_profile import profile_yaml
-from xstage_bench.model.stages import T0_REFERENCE_B, FitError, Params, PerK, fit_chain, fit_per_K
+from xstage_bench.model.stages import T0_REFERENCE_B, FitError, Params, PerK, fit_laws, fit_per_K
 from xstage_bench.model.validation import (
     CHOICE_RESOLUTION,
     HOLDOUT_PERCENT,
@@ -240,7 +240,7 @@ def _fit_path(
     heldout, heldout_all = cross_validated(loaded, seed)
     chosen = choose_law(heldout)
     law = chosen or SHARED
-    fits = {name: fit_chain(data, law=name) for name in LAWS}
+    fits = fit_laws(data)
     pooled = fits[law]
     Ks = sorted(set(data.zero_gap.K) | set(data.periodic.K) | set(data.isolated.K))
     K_ref = float(np.max(data.isolated.K)) if len(data.isolated) else None

@@ -35,6 +35,11 @@ from xstage_bench.model.records import FitData, Recs, concat, plateau
 
 T0_REFERENCE_B = 32768  # per-K T0 is reported at the paper's B = 32 KB per producer
 ROUNDS = 4
+# The issue rate's upper bound, bytes/us per producer (10 TB/s): no SM stores faster than
+# its L1 takes stores (128 B/clk, ~0.25 TB/s at 2 GHz), so a measured rate never meets
+# it; where the records are flat in B the gradient is too, and without a bound the rate
+# ran off to ~1e15 GB/s.
+MAX_ISSUE_RATE = 1e7
 
 
 class FitError(ValueError):
@@ -69,8 +74,8 @@ class Params:
         return self.t0_fixed is not None
 
 
-def _solve(residuals, x0, lower) -> np.ndarray:
-    return least_squares(residuals, x0, bounds=(lower, np.inf), x_scale="jac").x
+def _solve(residuals, x0, lower, upper=np.inf):
+    return least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac")
 
 
 def fit_R(zg: Recs, p: Params, R0: float | None = None) -> float:
@@ -79,14 +84,24 @@ def fit_R(zg: Recs, p: Params, R0: float | None = None) -> float:
         raise FitError("no zero-gap periodic records (study 'drain' or a gap sweep at G=0)")
     T0 = p.T0(zg.B) if p.has_T0 else 0.0
     x0 = (R0 or float(np.median(zg.V / zg.y))) / 1e3
-    x = _solve(lambda x: (np.maximum(T0, zg.V / (x[0] * 1e3)) - zg.y) / zg.y, [x0], [1e-9])
+    x = _solve(lambda x: (np.maximum(T0, zg.V / (x[0] * 1e3)) - zg.y) / zg.y, [x0], [1e-9]).x
     return float(x[0] * 1e3)
 
 
-def fit_T0(recs: Recs, R: float, Q: np.ndarray | None, start: Params | None = None) -> tuple:
+def fit_T0(
+    recs: Recs,
+    R: float,
+    Q: np.ndarray | None,
+    start: Params | None = None,
+    others: tuple[Params, ...] = (),
+) -> tuple:
     """(t0_fixed_us, issue_rate bytes/us) from bursts on an empty path, isolated law.
 
-    Q is the capacity each record's burst meets (None: no stall is modelled).
+    Q is the capacity each record's burst meets (None: no stall is modelled). The fit
+    starts from each of _T0_starts (start: the previous round's; others: other fits' T0,
+    e.g. the other capacity variants') and keeps the least cost: where the rate's gradient
+    is flat (a rate so high that B/rate is nothing beside t0_fixed) one start cannot leave,
+    so no single start decides it.
     """
     stall = (recs.V - Q) / R if Q is not None else np.full(len(recs), -np.inf)
     free = stall < 0.8 * recs.y  # clearly issue-bound
@@ -95,17 +110,33 @@ def fit_T0(recs: Recs, R: float, Q: np.ndarray | None, start: Params | None = No
             "T0 needs backpressure-free bursts of at least two sizes B per "
             "producer (plateau or isolated records)"
         )
-    if start is not None and start.has_T0:
-        x0 = [start.t0_fixed, start.issue_rate / 1e3]
-    else:  # a robust linear start on the issue-bound bursts
-        slope, intercept = np.polyfit(recs.B[free], recs.y[free], 1)
-        x0 = [max(intercept, 1e-3), 1.0 / max(slope, 1e-12) / 1e3]
-    x = _solve(
-        lambda x: (np.maximum(x[0] + recs.B / (x[1] * 1e3), stall) - recs.y) / recs.y,
-        x0,
-        [0.0, 1e-9],
-    )
-    return float(x[0]), float(x[1] * 1e3)
+
+    def residuals(x) -> np.ndarray:
+        return (np.maximum(x[0] + recs.B / (x[1] * 1e3), stall) - recs.y) / recs.y
+
+    best = None
+    for t0_fixed, rate in _T0_starts(recs, free, (start, *others)):
+        result = _solve(
+            residuals, [t0_fixed, rate / 1e3], [0.0, 1e-9], [np.inf, MAX_ISSUE_RATE / 1e3]
+        )
+        if best is None or result.cost < best.cost:
+            best = result
+    return float(best.x[0]), float(best.x[1] * 1e3)
+
+
+def _T0_starts(recs: Recs, free: np.ndarray, fits: tuple) -> list[tuple[float, float]]:
+    """(t0_fixed us, issue_rate bytes/us) starts, each once and within the rate's bounds:
+    each fit's own T0; the straight line through the issue-bound bursts where it rises
+    with B (flat or falling, its rate is infinite); and t0_fixed ~ 0 with the median
+    B / T_iss of those bursts, the lowest rate they allow, so that one finite start is
+    always there."""
+    starts = [(p.t0_fixed, p.issue_rate) for p in fits if p is not None and p.has_T0]
+    slope, intercept = np.polyfit(recs.B[free], recs.y[free], 1)
+    if slope > 0:
+        starts.append((max(intercept, 1e-3), 1.0 / slope))
+    starts.append((1e-3, float(np.median(recs.B[free] / recs.y[free]))))
+    within = [(max(t, 0.0), min(max(r, 1e-3), MAX_ISSUE_RATE)) for t, r in starts]
+    return list(dict.fromkeys(within))
 
 
 def _drain_beyond_knee(iso: Recs) -> float | None:
@@ -118,11 +149,16 @@ def _drain_beyond_knee(iso: Recs) -> float | None:
 
 
 def fit_chain(
-    data: FitData, start: Params | None = None, rounds: int = ROUNDS, law: str = SHARED
+    data: FitData,
+    start: Params | None = None,
+    rounds: int = ROUNDS,
+    law: str = SHARED,
+    t0_starts: tuple[Params, ...] = (),
 ) -> Params:
     """Alternate the R, T0 and capacity stages; a parameter the data cannot give stays None.
 
-    `law` is the capacity variant (capacity.LAWS); a start carries its own.
+    `law` is the capacity variant (capacity.LAWS); a start carries its own. t0_starts are
+    other fits whose T0 every round's T0 stage starts from too (fit_T0).
     """
     reasons: dict[str, str] = {}
     try:
@@ -140,7 +176,7 @@ def fit_chain(
     for _ in range(rounds):
         reasons = {}
         try:
-            p = _T0_stage(data, R, replace(p, capacity=cap))
+            p = _T0_stage(data, R, replace(p, capacity=cap), t0_starts)
         except FitError as e:
             return Params(R=R, law=p.law, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
         try:
@@ -154,7 +190,18 @@ def fit_chain(
     return replace(p, reasons=reasons)
 
 
-def _T0_stage(data: FitData, R: float, p: Params) -> Params:
+def fit_laws(data: FitData, laws: tuple[str, ...] = capacity.LAWS) -> dict[str, Params]:
+    """Every capacity variant's chain, fewest free numbers first, each T0 stage started
+    from the T0 of the variants fitted before it too: a capacity low at small K leaves few
+    bursts backpressure-free, and their own line may not rise with B where the shared
+    law's T0 is a start the T0 stage keeps only if it fits better (fit_T0)."""
+    fits: dict[str, Params] = {}
+    for law in laws:
+        fits[law] = fit_chain(data, law=law, t0_starts=tuple(fits.values()))
+    return fits
+
+
+def _T0_stage(data: FitData, R: float, p: Params, others: tuple[Params, ...] = ()) -> Params:
     """T0 fitted with the chain's capacity, or where that leaves too few bursts
     backpressure-free, with what each K's bursts are seen to hold.
 
@@ -173,7 +220,7 @@ def _T0_stage(data: FitData, R: float, p: Params) -> Params:
     error = ""
     for _, Q in tries:
         try:
-            t0_fixed, rate = fit_T0(recs, R, Q, p if p.has_T0 else None)
+            t0_fixed, rate = fit_T0(recs, R, Q, p if p.has_T0 else None, others)
             return replace(p, t0_fixed=t0_fixed, issue_rate=rate)
         except FitError as e:
             error = str(e)

@@ -24,7 +24,7 @@ import numpy as np
 from xstage_bench.model import laws
 from xstage_bench.model.capacity import LAWS
 from xstage_bench.model.records import ISOLATED_KINDS, ROLES, FitData, Loaded, Recs
-from xstage_bench.model.stages import Params, fit_chain
+from xstage_bench.model.stages import Params, fit_laws
 
 HOLDOUT_PERCENT = 20
 STRIDE = 100 // HOLDOUT_PERCENT  # every STRIDE-th record of a group is held out
@@ -208,7 +208,7 @@ def _fold(loaded: Loaded, held: set[str]) -> tuple[list[dict], dict[str, Params]
         return recs.where([i not in held for i in recs.ids])
 
     train = FitData(*(training(getattr(loaded.fit, role)) for role in ROLES))
-    fits = {law: fit_chain(train, law=law) for law in LAWS}
+    fits = fit_laws(train)
     data = loaded.fit
     rows: list[dict] = []
     for recs, what in ((data.periodic, ISSUE), (data.isolated, ISSUE), (data.period, PERIOD)):
