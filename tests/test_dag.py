@@ -1,6 +1,7 @@
 """The Snakemake DAG: which jobs the full config makes, one-figure targets, bad configs."""
 
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -406,3 +407,19 @@ def test_a_cpu_test_without_triton_says_what_to_install(workdir):
     assert "install envs/kernels-cpu.txt in an environment of its own" in out.stderr
     assert "Select jobs to execute" not in out.stdout + out.stderr  # before any job
     assert not (workdir / "results" / "cpu-test").exists()
+
+
+def test_the_fit_takes_its_bootstrap_count_from_the_config(workdir):
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    config["model"] = {"bootstrap_replicates": 20}
+    (workdir / "c.yaml").write_text(yaml.safe_dump(config))
+    model = "results/sim-h200-smoke/" + layout.MODEL_JSON
+    out = snakemake(workdir, model, "--cores", "2", "--configfile", "c.yaml")
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((workdir / model).read_text())
+    assert doc["fit"]["n_bootstrap"] == 20
+    chosen = doc["capacity_law"]["chosen"]
+    assert doc["fit"]["bootstrapped"].startswith(f"the {chosen} variant's")
+    for law, variant in doc["variants"].items():  # CIs for the chosen variant alone
+        R = variant["params"]["R_GBps"]
+        assert (R["ci_low"] is not None) == (law == chosen), (law, R)

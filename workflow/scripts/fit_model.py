@@ -1,5 +1,6 @@
 """Rule entry point: fit the Burst-Gap model to a dataset's microbenchmarks."""
 
+from xstage_bench.model.bootstrap import N_BOOTSTRAP
 from xstage_bench.model.fit import fit_files
 from xstage_bench.run.joblog import tee_to
 
@@ -10,4 +11,5 @@ with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
         snakemake.output.model,  # noqa: F821
         snakemake.output.profile,  # noqa: F821
         snakemake.params.base_profile,  # noqa: F821
+        n_bootstrap=snakemake.params.n_bootstrap or N_BOOTSTRAP,  # noqa: F821
     )

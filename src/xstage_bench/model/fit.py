@@ -72,7 +72,8 @@ validation, validation_summary, checks):
   validation_by_group: per "study/sync:metric", over held-out rows, with "all" (fitted
   rows too) beside it to show where the laws miss systematically; worst_heldout: the
   held-out rows the model misses most;
-- variants: each capacity variant's params and summaries;
+- variants: each capacity variant's params (CIs for the chosen one alone: fit.bootstrapped)
+  and summaries;
 - findings.store_loop_share: the share of the sender-visible time spent in the store
   loop per K, a hardware finding reported beside the checks;
 - ceilings: the path's ceilings of the same run (`<path>_GBps`: median GB/s per method)
@@ -262,6 +263,8 @@ def _fit_path(
         "records": loaded.counts,
         "fit": {
             "n_bootstrap": n_bootstrap,
+            "bootstrapped": f"the {law} variant's parameters and per-K numbers (the chosen "
+            "one); the other variants' are values without CIs",
             "seed": seed,
             "holdout_percent": HOLDOUT_PERCENT,
             "holdout": "stratified by study, K and regime; seeded (validation.py)",
