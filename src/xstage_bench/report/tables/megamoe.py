@@ -458,6 +458,7 @@ def build(dataset_dir: Path) -> Table:
     pairs = megamoe_oracle.oracle_pairs(doc)
     if not pairs.empty:
         sections.append((ORACLE_SECTION, oracle_rows(pairs)))
+        columns[ORACLE_SECTION] = ORACLE_COLUMNS
         notes.append(megamoe_oracle.oracle_note())
     host = megamoe_host.host_side(doc)
     if not host.empty:
@@ -484,6 +485,10 @@ SUMMARY_COLUMNS = Columns(
 )
 PER_CONFIGURATION = "Per configuration: speedups with CIs and verdicts"
 ORACLE_SECTION = "The device-decided schedules against the host list (oracle)"
+ORACLE_COLUMNS = Columns(
+    ("path", "share", "schedule", "metric"),
+    (("oracle time over device time", SUMMARY_COLUMNS.parts[0][1]), SUMMARY_COLUMNS.parts[1]),
+)
 BASELINES_PER_CONFIGURATION = "Our best schedule against the baselines, per configuration"
 
 
