@@ -16,8 +16,6 @@ rule fit_burst_gap:
         CONDA_ENV
     params:
         base_profile=lambda wc: SIMULATED.get(wc.dataset, "config/hardware/h200.yaml"),
-        # None: the fit's own default (model/bootstrap.py)
-        n_bootstrap=config.get("model", {}).get("bootstrap_replicates"),
     script:
         "../scripts/fit_model.py"
 

@@ -11,5 +11,9 @@ with tee_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
         snakemake.output.model,  # noqa: F821
         snakemake.output.profile,  # noqa: F821
         snakemake.params.base_profile,  # noqa: F821
-        n_bootstrap=snakemake.params.n_bootstrap or N_BOOTSTRAP,  # noqa: F821
+        # read here, not as a rule's params: a count changed in one config must not make
+        # Snakemake refit a committed reference that another config also renders
+        n_bootstrap=snakemake.config.get("model", {}).get(  # noqa: F821
+            "bootstrap_replicates", N_BOOTSTRAP
+        ),
     )
