@@ -15,8 +15,6 @@ as its claim (no GPU). Which orders the GPU realizes, and how fast, a GPU run mu
 from __future__ import annotations
 
 import importlib.util
-import re
-from pathlib import Path
 
 import fixtures
 import numpy as np
@@ -30,9 +28,6 @@ interpreted_kernel = fixtures.interpreted_kernel  # the fixture, taken by name
 HAVE_TORCH_TRITON = all(importlib.util.find_spec(m) for m in ("torch", "triton"))
 needs_triton = pytest.mark.skipif(not HAVE_TORCH_TRITON, reason="torch and triton not installed")
 EXACT = (schedule.WAVE, schedule.DEEPGEMM_INTERLEAVED)  # rules that read no time
-# decided_tile reading the layout's header at each claim, or given it once (the Gluon
-# producer's DEVICE_CLAIM_SHORT): the same tiles either way.
-HEADERS = pytest.mark.parametrize("header", [False, True], ids=["header-each-claim", "header-once"])
 
 
 def _routed_grids(seed: int, l1: int | None = None) -> list[schedule.TileGrid]:
@@ -170,13 +165,10 @@ def _unit_entries(kernel, tiles: np.ndarray, grid: schedule.TileGrid) -> list[in
     return entries
 
 
-def _resolve(
-    kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 1000, header: bool = False
-):
+def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 1000):
     """decided_tile under the interpreter: one program finding the tiles at `positions`
     (increasing) on the sync buffer as prepared; (position or n_tiles, kind, expert, block,
-    n block) for each. header: the layout's header read once (layout_header) and passed to
-    every claim, as the Gluon producer's DEVICE_CLAIM_SHORT does; else each claim reads it."""
+    n block) for each."""
     import torch
     import triton
     import triton.language as tl
@@ -193,20 +185,13 @@ def _resolve(
         n2,
         max_spin,
         decided_tile: tl.constexpr,
-        layout_header: tl.constexpr,
         W: tl.constexpr,
-        HEADER: tl.constexpr,
     ):
         lanes = tl.arange(0, W)
         walk = (0, 0)
-        held = None
-        if HEADER:
-            held = layout_header(layout)
         for i in range(count):
             p = tl.load(positions + i)
-            kind, e, blk, nb, walk = decided_tile(
-                p, sync, layout, n_tiles, n1, n2, n1, walk, lanes, held
-            )
+            kind, e, blk, nb, walk = decided_tile(p, sync, layout, n_tiles, n1, n2, n1, walk, lanes)
             tl.store(out + 5 * i, p)
             tl.store(out + 5 * i + 1, kind)
             tl.store(out + 5 * i + 2, e)
@@ -217,8 +202,7 @@ def _resolve(
     n1, n2 = grid.l1_per_block, grid.l2_per_block
     args = (torch.as_tensor(positions, dtype=torch.int32), len(positions), out, sync)
     args += (torch.as_tensor(layout), grid.tiles, n1, n2, max_spin)
-    kernels = {"decided_tile": kernel.decided_tile, "layout_header": kernel.layout_header}
-    resolve[(1,)](*args, **kernels, W=kernel.UNIT_WINDOW, HEADER=header)
+    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW)
     return out.numpy()
 
 
@@ -231,9 +215,8 @@ def _many_units() -> schedule.TileGrid:
     return schedule.TileGrid(np.repeat(np.arange(8), 5), np.full(40, 128), 1, 2)
 
 
-@HEADERS
 @pytest.mark.parametrize("name", [schedule.WAVE, schedule.INTERLEAVED])
-def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel, name, header):
+def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel, name):
     """Positions far apart (many units, past a window) and close (the same unit)."""
     import torch
 
@@ -245,14 +228,13 @@ def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel,
     rng = np.random.default_rng(7)
     positions = np.sort(rng.choice(g.tiles, 30, replace=False))
     layout = schedule.device_layout(name, g, 8)
-    got = _resolve(interpreted_kernel, layout, sync, g, positions, header=header)
+    got = _resolve(interpreted_kernel, layout, sync, g, positions)
     np.testing.assert_array_equal(got[:, 0], positions)
     np.testing.assert_array_equal(got[:, 1:], listed[positions])
     assert torch.equal(_unit_table(interpreted_kernel, sync, g), entries)  # nothing opened
 
 
-@HEADERS
-def test_the_opener_publishes_the_unit_its_rule_decides(interpreted_kernel, header):
+def test_the_opener_publishes_the_unit_its_rule_decides(interpreted_kernel):
     """Unit 0 (block 0's L1 tiles) published; the program at unit 1's first position opens
     it: interleaved's L2 unit of block 0 when block 0's counter says released and the lead
     holds, else block 1's L1 unit; expert_wave's by the wave alone."""
@@ -271,7 +253,7 @@ def test_the_opener_publishes_the_unit_its_rule_decides(interpreted_kernel, head
         sync[kernel.SYNC_HEADER] = counter
         _unit_table(kernel, sync, g)[0] = kernel.unit_entry(schedule.L1, 1)
         layout = schedule.device_layout(name, g, 2, {"lead_rows": lead})
-        got = _resolve(kernel, layout, sync, g, [g.l1_per_block], header=header)
+        got = _resolve(kernel, layout, sync, g, [g.l1_per_block])
         assert got.tolist() == [[g.l1_per_block, kind, 0, block, 0]], (name, lead, counter)
         l1_units = 1 + (kind == schedule.L1)
         assert int(_unit_table(kernel, sync, g)[1]) == kernel.unit_entry(kind, l1_units)
@@ -291,9 +273,8 @@ def _units_by_rule(kernel, layout: np.ndarray, grid: schedule.TileGrid):
     return entries, starts
 
 
-@HEADERS
 @pytest.mark.parametrize("name", [schedule.WAVE, schedule.INTERLEAVED])
-def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, name, header):
+def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, name):
     """Only unit 0 published, and the position lies 45 units on (past a window): positions
     are claimed in order, so every unit before it is due; the program opens each by the
     rule itself, without waiting for their first positions' holders, and none past its
@@ -308,7 +289,7 @@ def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, 
     sync[kernel.SYNC_HEADER : kernel.SYNC_HEADER + g.blocks] = g.l1_per_block  # released
     _unit_table(kernel, sync, g)[0] = entries[0]
     unit = 45
-    got = _resolve(kernel, layout, sync, g, [starts[unit]], header=header)
+    got = _resolve(kernel, layout, sync, g, [starts[unit]])
     kind, blk, _ = kernel_unit(kernel, entries[unit], unit, g)
     assert got.tolist() == [[starts[unit], kind, int(g.block_expert[blk]), blk, 0]]
     table = _unit_table(kernel, sync, g).tolist()
@@ -327,8 +308,7 @@ def kernel_unit(kernel, entry: int, unit: int, grid: schedule.TileGrid) -> tuple
     return kind, block, end - (n1 if kind == schedule.L1 else n2)
 
 
-@HEADERS
-def test_a_unit_another_program_published_first_stands(interpreted_kernel, header):
+def test_a_unit_another_program_published_first_stands(interpreted_kernel):
     """Units 0 and 2 published, the position (7) in unit 3. The program sees unit 1 as the
     first unpublished and opens it (block 0 not released: block 1's L1 tiles), goes on to
     unit 2 without reading the table, and finds it taken in the compare-and-swap: the other
@@ -343,7 +323,7 @@ def test_a_unit_another_program_published_first_stands(interpreted_kernel, heade
     units[0] = kernel.unit_entry(schedule.L1, 1)  # block 0's L1 tiles: positions 0-1
     units[2] = kernel.unit_entry(schedule.L2, 2)  # block 0's L2 tiles: positions 4-6
     layout = schedule.device_layout(schedule.INTERLEAVED, g, 2, {"lead_rows": 0})
-    got = _resolve(kernel, layout, sync, g, [7], header=header)
+    got = _resolve(kernel, layout, sync, g, [7])
     assert got.tolist() == [[7, schedule.L1, 1, 2, 0]]
     assert units.tolist()[:4] == [
         kernel.unit_entry(schedule.L1, 1),
@@ -354,8 +334,7 @@ def test_a_unit_another_program_published_first_stands(interpreted_kernel, heade
     assert not units[4:].any() and int(sync[1]) == 0
 
 
-@HEADERS
-def test_deepgemms_positions_follow_from_the_layout(interpreted_kernel, header):
+def test_deepgemms_positions_follow_from_the_layout(interpreted_kernel):
     """Every position, and positions far apart (past a window of blocks), with no table."""
     import torch
 
@@ -365,7 +344,7 @@ def test_deepgemms_positions_follow_from_the_layout(interpreted_kernel, header):
     rng = np.random.default_rng(3)
     for positions in (np.arange(g.tiles), np.sort(rng.choice(g.tiles, 20, replace=False))):
         sync = torch.zeros(interpreted_kernel.sync_size(g.blocks), dtype=torch.int32)
-        got = _resolve(interpreted_kernel, layout, sync, g, positions, header=header)
+        got = _resolve(interpreted_kernel, layout, sync, g, positions)
         np.testing.assert_array_equal(got[:, 1:], listed[positions])
         assert not sync.any()
 
@@ -503,175 +482,3 @@ def test_in_device_mode_the_math_and_converters_take_the_tile_from_the_producer(
 def test_the_launched_device_builds_keep_their_mmas_asynchronous(precision):
     report = sm90.ptxas_report("megamoe_ws", f"kernels.launched_build({precision!r}, device=True)")
     assert "_fused_moe_ws" in report and not sm90.serialized(report)
-
-
-# ---- DEVICE_CLAIM_SHORT: what a claim's row destinations wait on ------------------------
-
-KERNELS = Path(__file__).parents[1] / "kernels" / "xstage_kernels"
-# megamoe.py's loads a claim can wait on, by the text of their lines
-CLAIM_LOADS = {
-    "rule": "tl.load(layout_ptr + _RULE)",
-    "blocks": "tl.load(layout_ptr + _BLOCKS)",
-    "lead": "tl.load(layout_ptr + _LEAD_ROWS)",
-    "expert": "e = tl.load(layout_ptr + _LAYOUT_HEADER + blk",
-    "unit_table": "entry = tl.load(units_ptr + unit",
-}
-HEADER_FIELDS = ("rule", "blocks", "lead")
-_REG = re.compile(r"%[a-z]+\d+")
-_NO_DEST = ("st.", "red.", "bar", "bra", "mbarrier.arrive", "fence", "cp.", "ret", "membar")
-
-
-def _lines(source: str, text: str) -> set[int]:
-    return {
-        n for n, line in enumerate((KERNELS / source).read_text().splitlines(), 1) if text in line
-    }
-
-
-def _defs_uses(text: str) -> tuple[set[str], set[str]]:
-    """The registers a PTX instruction (an inline-asm block's statements) defines and uses."""
-    defs, uses = set(), set()
-    for statement in text.split(";"):
-        s = statement.strip()
-        if guard := re.match(r"^@!?(%p\d+)\s+", s):
-            uses.add(guard.group(1))
-            s = s[guard.end() :]
-        op, _, operands = s.partition(" ")
-        first = re.match(r"^\s*(\{[^}]*\}|[^,]+),(.*)$", operands, flags=re.S)
-        if op.startswith(_NO_DEST) or not first:
-            uses |= set(_REG.findall(operands))
-        else:
-            defs |= set(_REG.findall(first.group(1)))
-            uses |= set(_REG.findall(first.group(2)))
-    return defs, uses
-
-
-def _claim_chain(ptx: str) -> tuple[dict, dict, set]:
-    """The producer's claim loop in the PTX of a device build: (the layout header's loads
-    inside the loop, and outside it, by field; the loads of CLAIM_LOADS that the row
-    destinations' load depends on, through registers). The loop: every instruction on a
-    path from the claim's fetch-add back to it, not through the worker partitions' dispatch
-    (brx.idx), which holds every partition in a loop of its own."""
-    instrs, succ = sm90.control_flow(ptx, "megamoe.py")
-    ws_lines = [line for _, line in sm90.control_flow(ptx, "megamoe_ws.py")[0]]
-    n = len(instrs)
-    succ = [[] if instrs[i][0].startswith("brx.idx") else s for i, s in enumerate(succ)]
-    pred = [[] for _ in range(n)]
-    for i, s in enumerate(succ):
-        for j in s:
-            pred[j].append(i)
-
-    def reached(edges, starts):
-        seen, todo = set(starts), list(starts)
-        while todo:
-            for j in edges[todo.pop()]:
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
-        return seen
-
-    claim_lines = _lines("megamoe_ws.py", "idx = gl.atomic_add(p.sync_ptr, 1")
-    (claim,) = [i for i in range(n) if ws_lines[i] in claim_lines and "atom." in instrs[i][0]]
-    loop = reached(succ, succ[claim]) & reached(pred, pred[claim])
-    loads = {i for i in range(n) if re.search(r"\bld\.(volatile\.)?global", instrs[i][0])}
-    named = {
-        i: name
-        for name, text in CLAIM_LOADS.items()
-        for i in loads
-        if instrs[i][1] in _lines("megamoe.py", text)
-    }
-    row_dst_lines = _lines("megamoe_ws.py", "dst = gl.load(p.row_dst_ptr + blk")
-    (row_dst,) = [i for i in loads & loop if ws_lines[i] in row_dst_lines]
-    defs: dict[str, list[int]] = {}
-    regs = [_defs_uses(text) for text, _ in instrs]
-    for i, (d, _) in enumerate(regs):
-        for r in d:
-            defs.setdefault(r, []).append(i)
-    upstream, todo = set(), [row_dst]
-    while todo:
-        for r in regs[todo.pop()][1]:
-            for j in defs.get(r, ()):
-                if j not in upstream:
-                    upstream.add(j)
-                    todo.append(j)
-    header_in, header_out = {}, {}
-    for i, name in named.items():
-        if name in HEADER_FIELDS:
-            where = header_in if i in loop else header_out
-            where[name] = where.get(name, 0) + 1
-    waited = {named[i] for i in upstream & loop if i in named}
-    return header_in, header_out, waited
-
-
-def _device_build_ptx(precision: str, short: bool) -> str:
-    call = "kernels._compile_sm90({!r}, {{**kernels.launch_constexprs({!r}, device=True), "
-    call += "'DEVICE_CLAIM_SHORT': {}}})"
-    return sm90.compiled_ptx("megamoe_ws", call.format(precision, precision, short))
-
-
-@needs_triton
-@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
-def test_the_short_claim_takes_the_header_and_the_expert_off_the_row_destinations(precision):
-    """DEVICE_CLAIM_SHORT, the launched device build with it on and off: off (the build as
-    it was), every claim reads the layout's header again (rule, blocks, lead_rows inside
-    the claim loop), and the row destinations' load waits, through registers, on the header,
-    the unit table and the expert's load (it takes the block back from the record); on, the
-    header is read once before the loop, one load a field, and the row destinations' load
-    waits on the unit table alone of these: the dependent loads of a claim that is no
-    opener's go from fetch-add, header, unit table, expert, row destinations to fetch-add,
-    unit table, row destinations."""
-    header_in, header_out, waited = _claim_chain(_device_build_ptx(precision, False))
-    assert set(header_in) == set(HEADER_FIELDS) and header_out == {}
-    assert waited == {*HEADER_FIELDS, "expert", "unit_table"}
-    header_in, header_out, waited = _claim_chain(_device_build_ptx(precision, True))
-    assert header_in == {} and header_out == dict.fromkeys(HEADER_FIELDS, 1)
-    assert waited == {"unit_table"}
-
-
-@needs_triton
-@pytest.mark.parametrize("precision", ["w8a8", "w4a8"])
-def test_the_short_claim_compiles_for_sm90_and_keeps_the_claim_and_the_mmas(precision):
-    """The option's device build (compile_for_sm90's own defaults, traced too): one fetch-
-    add, the same unit-table polls, publication, MMAs, operand loads and shared memory; its
-    MMAs stay asynchronous in the launched build."""
-    call = "kernels.compile_for_sm90(precision={!r}, trace={}, device=True, device_claim_short={})"
-    for trace in (False, True):
-        plain, short = (
-            sm90.compiled("megamoe_ws", call.format(precision, trace, on), GLUON_PATTERNS)
-            for on in (False, True)
-        )
-        for name in ("claims", "unit_polls", "publications", "wgmma", "tma_loads", "shared"):
-            assert short[name] == plain[name], (name, trace)
-        assert short["claims"] == 1 and short["cas"] == short["publications"] == 1
-    call = "kernels._compile_sm90({!r}, {{**kernels.launch_constexprs({!r}, device=True), "
-    call += "'DEVICE_CLAIM_SHORT': True}})"
-    report = sm90.ptxas_report("megamoe_ws", call.format(precision, precision))
-    assert "_fused_moe_ws" in report and not sm90.serialized(report)
-
-
-@needs_triton
-def test_the_short_claim_is_device_modes_alone_and_off_until_an_ab(monkeypatch):
-    """DEVICE_CLAIM_SHORT is off (a GPU A/B decides it), no list build carries it, and a
-    list build asked for it is the list build as it is: the kernel ignores it outside
-    device mode. On, the kernel record names it."""
-    from xstage_kernels import megamoe_ws
-
-    assert megamoe_ws.DEVICE_CLAIM_SHORT is False
-    assert "DEVICE_CLAIM_SHORT" in megamoe_ws.LAUNCH_OPTIONS
-    monkeypatch.setattr(megamoe_ws, "DEVICE_CLAIM_SHORT", True)
-    for precision in megamoe_ws.PRECISIONS:
-        assert not megamoe_ws.launch_constexprs(precision)["DEVICE_CLAIM_SHORT"]
-        assert megamoe_ws.launch_constexprs(precision, device=True)["DEVICE_CLAIM_SHORT"]
-        assert "device_claim" in megamoe_ws.launch_options(precision)
-    call = "kernels._compile_sm90('w8a8', {{**kernels.launch_constexprs('w8a8'), "
-    call += "'DEVICE_CLAIM_SHORT': {}}})"
-    listed = [sm90.compiled_ptx("megamoe_ws", call.format(on)) for on in (False, True)]
-    assert _without_debug(listed[0]) == _without_debug(listed[1])
-    monkeypatch.setattr(megamoe_ws, "DEVICE_CLAIM_SHORT", False)
-    assert all("device_claim" not in megamoe_ws.launch_options(p) for p in megamoe_ws.PRECISIONS)
-
-
-def _without_debug(ptx: str) -> str:
-    """PTX without its debug sections, .loc/.file lines and debug labels."""
-    ptx = re.sub(r"^\s*\.section\s+\.debug\w*\s*\{.*?^\s*\}\s*$", "", ptx, flags=re.S | re.M)
-    kept = (line for line in ptx.splitlines() if not line.strip().startswith((".loc", ".file")))
-    return "\n".join(line for line in kept if not re.match(r"^\$L__tmp\d+:$", line))

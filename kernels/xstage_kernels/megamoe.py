@@ -236,11 +236,10 @@ def _unit_of(entry, unit, n1, n2):
 
 
 @triton.jit
-def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening, lead=None):
+def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening):
     """The kind (0: L1, 1: L2) of the unit opened after u1 L1 and u2 L2 units
     (schedule.next_unit, which this mirrors); reads nothing unless `opening`. ready_at: the
-    count at which a row-block counter says its block is released. lead: the layout's
-    lead_rows if the caller holds it (layout_header), else read here."""
+    count at which a row-block counter says its block is released."""
     rows = layout_ptr + _LAYOUT_HEADER
     both = opening & (u1 < blocks) & (u2 < blocks)
     wave_end = tl.load(rows + _WAVE_END * blocks + u2, mask=both, other=0)
@@ -249,8 +248,7 @@ def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening
     # Released now: a relaxed read, as the L2 tiles acquire the block before reading it.
     reads_counter = both & (rule != _RULE_WAVE)
     done = tl.load(counters_ptr + u2, mask=reads_counter, other=0, volatile=True)
-    if lead is None:
-        lead = tl.load(layout_ptr + _LEAD_ROWS)
+    lead = tl.load(layout_ptr + _LEAD_ROWS)
     released = (done >= ready_at) & (row_start - row_end >= lead)
     due = tl.where(rule == _RULE_WAVE, u1 >= wave_end, released)
     return ((u1 >= blocks) | ((u2 < blocks) & due)).to(tl.int32)
@@ -284,13 +282,11 @@ def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier)
 
 
 @triton.jit
-def _unit_tile(
-    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, header=None
-):
+def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes):
     """expert_wave's and interleaved's tile at position p from the unit table; (kind,
     block, n block, and the walk after: `base`, a unit whose predecessors are all published
     and that starts at or before the program's next position, and `base_l1`, the L1 units
-    before it). header: layout_header's values if the caller holds them, else read here."""
+    before it)."""
     # Lock-free: positions are claimed in order, so a program whose position lies past
     # every published unit knows that the first unpublished unit's first position is
     # claimed, and opens that unit itself: the first program there decides it, one
@@ -301,12 +297,8 @@ def _unit_tile(
     # kernel wherever units came faster (issue 53: expert waves 1.07-1.16x the list's
     # time on an H100). An L2 unit is opened only once its block is released or every L1
     # unit is opened (interleaved), or its wave's L1 units are (expert_wave).
-    if header is None:
-        rule = tl.load(layout_ptr + _RULE)
-        blocks = tl.load(layout_ptr + _BLOCKS)
-        lead = None
-    else:
-        rule, blocks, lead = header
+    rule = tl.load(layout_ptr + _RULE)
+    blocks = tl.load(layout_ptr + _BLOCKS)
     units_ptr = sync_ptr + _SYNC_HEADER + blocks
     kind = 0
     blk = 0
@@ -330,7 +322,6 @@ def _unit_tile(
                 next_unit - next_l1,
                 ready_at,
                 opens,
-                lead,
             )
             mine = _unit_entry(opened, next_l1 + 1 - opened)
             won = tl.atomic_cas(units_ptr + next_unit, 0, mine, sem="relaxed")
@@ -357,13 +348,11 @@ def _l2_listed(into, l1_left, n2):
 
 
 @triton.jit
-def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks=None):
+def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes):
     """deepgemm_interleaved's tile at position p (schedule.deepgemm_tile_at, which this
     mirrors); (kind, block, n block, and the walk's `base` after: the last block whose first
-    L2 tile is at or before p, a window of UNIT_WINDOW blocks a load from the last one).
-    blocks: the layout's block count if the caller holds it, else read here."""
-    if blocks is None:
-        blocks = tl.load(layout_ptr + _BLOCKS)
+    L2 tile is at or before p, a window of UNIT_WINDOW blocks a load from the last one)."""
+    blocks = tl.load(layout_ptr + _BLOCKS)
     starts_ptr = layout_ptr + _LAYOUT_HEADER + _L2_START * blocks
     at_or_before = _UNIT_WINDOW
     while at_or_before == _UNIT_WINDOW:
@@ -384,40 +373,21 @@ def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks=None):
 
 
 @triton.jit
-def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes, header=None):
+def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes):
     """Device mode: the tile at list position p, claimed with the list's fetch-add; (kind,
     local expert, row block, n block, walk).
     n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
     walk: where the program's last claim left its walk, (0, 0) at its first (its positions
-    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout. header: the layout's
-    header as layout_header read it once for the launch (it never changes during one), so
-    that a claim's first dependent load is the unit table's, not the header's (megamoe_ws's
-    DEVICE_CLAIM_SHORT); None: each claim reads it again, after the fetch-add."""
+    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout."""
     base, base_l1 = walk
-    if header is None:
-        rule = tl.load(layout_ptr + _RULE)
-        blocks = None  # the callees read it
-    else:
-        rule, blocks, _ = header
-    if rule == _RULE_DEEPGEMM:
-        kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, blocks)
+    if tl.load(layout_ptr + _RULE) == _RULE_DEEPGEMM:
+        kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes)
     else:
         kind, blk, nb, base, base_l1 = _unit_tile(
-            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, header
+            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes
         )
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
     return kind, e, blk, nb, (base, base_l1)
-
-
-@triton.jit
-def layout_header(layout_ptr):
-    """The layout's header as decided_tile's `header` takes it: (rule, blocks, lead_rows).
-    Written before the launch (or by the dispatch before it), so one read serves a launch."""
-    return (
-        tl.load(layout_ptr + _RULE),
-        tl.load(layout_ptr + _BLOCKS),
-        tl.load(layout_ptr + _LEAD_ROWS),
-    )
 
 
 @triton.jit

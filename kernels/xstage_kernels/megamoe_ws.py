@@ -138,10 +138,10 @@ read a warp's UNIT_WINDOW entries at once; a row block is released at 2 I / 128 
 writes it at that position in `tiles`, still ahead of the math warpgroups (tile slots);
 these and the converters take every field from the producer's record, never from `tiles`.
 A claim's loads depend on one another, and after the producer's row-block poll (an acquire)
-each goes to L2: DEVICE_CLAIM_SHORT (below) takes the layout's header out of that chain.
-What bound device mode was not a claim's own chain but the units': while only a unit's
-first position's holder could open it, each opening waited for the last to be seen
-published by another program (megamoe.py's _unit_tile says how any program now opens it).
+each goes to L2. What bound device mode was not a claim's own chain but the units': while
+only a unit's first position's holder could open it, each opening waited for the last to
+be seen published by another program (megamoe.py's _unit_tile says how any program now
+opens it).
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -169,7 +169,7 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
-from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile, layout_header
+from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile
 from xstage_kernels.ptx_edits import (
     ARRIVE_PER_WARP_MARK,
     DROP_MATH_WAIT_BARRIERS_MARK,
@@ -322,21 +322,6 @@ ARRIVE_PER_WARP = False
 # kernels/ab/*-mma-turns-again-w4a8-w8a8.json); the code goes with the next kernel change
 # (taking it out now would change the kernel record that every ref-h200x1 point names).
 MMA_TURNS = False
-# Device mode: the producer reads the layout's header (rule, blocks, lead_rows) once before
-# its loop instead of at every claim, and loads a claimed tile's row destinations from the
-# row block decided_tile found, before the tile's store to `tiles` and without waiting for its
-# expert's load (DEVICE_CLAIM_SHORT). A claim's loads each wait for the one before, and after
-# the producer's row-block poll (acquire) they all go to L2: in the sm_90 SASS a claim waited
-# on 7 dependent loads (fetch-add, rule, rule and blocks again, the unit table, lead_rows, the
-# expert, the row destinations) against list mode's 3 (fetch-add, the list, the row
-# destinations); with the option 3 (4 for an opener of deepgemm's). On an H100 device mode
-# took 0.6-1.9 us more a tile than list mode. Costs spill (ptxas -v, the launched device
-# builds): W8A8 56 bytes stored, 60 loaded (24, 24 without), W4A8 540, 432 (532, 428). List
-# builds are unchanged. The first A/B (H100, e99a0a1, expert waves decided on the device, 12
-# configurations a precision: kernels/ab/2026-12-07-device-claim-short-*.json) found it
-# worth nothing while the units' openings bound the kernel: 0.991-1.006 (W4A8), 1.002-1.015
-# (W8A8). Off until an A/B with the units opened by any program says it pays.
-DEVICE_CLAIM_SHORT = False
 # Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
 # 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
 TURN_BARRIER = 8
@@ -355,7 +340,6 @@ LAUNCH_OPTIONS = (
     "W4_DROP_WAIT_BARRIERS",
     "ARRIVE_PER_WARP",
     "MMA_TURNS",
-    "DEVICE_CLAIM_SHORT",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -440,7 +424,6 @@ class Shared:
     SCALES_TMA: gl.constexpr
     TURNS: gl.constexpr
     DEVICE: gl.constexpr
-    CLAIM_SHORT: gl.constexpr  # DEVICE_CLAIM_SHORT (device mode only)
     TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
@@ -482,10 +465,8 @@ class Shared:
             SCALES_TMA,
             TURNS,
             DEVICE,
-            CLAIM_SHORT,
         ) = options
         self.DEVICE = gl.constexpr(DEVICE)
-        self.CLAIM_SHORT = gl.constexpr(bool(DEVICE) and bool(CLAIM_SHORT))
         # In device mode `tiles` is what the producer writes, so only its record holds a tile.
         self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
@@ -619,26 +600,17 @@ def _claimed_record(p, idx, kind, e, blk, nb, running, layout: gl.constexpr):
     in_list = running & (pos >= 1) & (pos <= 4)
     tile = gl.where(pos == 1, kind, gl.where(pos == 2, e, gl.where(pos == 3, blk, nb)))
     fields = gl.where(in_list, tile, 0)
-    if p.CLAIM_SHORT:
-        # The row destinations' load from blk itself, issued before anything waits for e's.
-        rec = _with_rows(p, idx, fields, running, layout, blk)
-        gl.store(p.tiles_ptr + idx * 4 + pos - 1, fields, mask=in_list)
-    else:
-        gl.store(p.tiles_ptr + idx * 4 + pos - 1, fields, mask=in_list)
-        rec = _with_rows(p, idx, fields, running, layout)
-    return rec
+    gl.store(p.tiles_ptr + idx * 4 + pos - 1, fields, mask=in_list)
+    return _with_rows(p, idx, fields, running, layout)
 
 
 @gluon.jit
-def _with_rows(p, idx, fields, running, layout: gl.constexpr, known_blk=None):
+def _with_rows(p, idx, fields, running, layout: gl.constexpr):
     """A record's fields 1-4 (`fields`, zeros elsewhere) with its index and row flags. An
     expert's rows fill its blocks from the start (routing.dispatch_plan), so row r holds
-    one when r rows do. known_blk: the row block, if the caller holds it (else field 3)."""
+    one when r rows do."""
     pos = gl.arange(0, _RECORD, layout=layout)
-    if known_blk is None:
-        blk = _field(fields, 3, layout)
-    else:
-        blk = known_blk
+    blk = _field(fields, 3, layout)
     rows = running & (pos >= 5)
     row = gl.where(pos == 7, _QUARTER, (pos - 5) * _HALF)
     dst = gl.load(p.row_dst_ptr + blk.to(gl.int64) * _BLOCK + row, mask=rows, other=_PAD_DST)
@@ -666,9 +638,6 @@ def _producer(p, WG: gl.constexpr):
         lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)
         n1 = p.I // _BLOCK
         walk = (0, 0)
-        header = None
-        if p.CLAIM_SHORT:  # the layout's header, read once: it holds for the whole launch
-            header = layout_header(p.layout_ptr)
     running = True
     while running:
         if p.CLAIM_RELAXED:
@@ -687,7 +656,6 @@ def _producer(p, WG: gl.constexpr):
                 2 * n1,
                 walk,
                 lanes,
-                header,
             )
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
@@ -1121,7 +1089,6 @@ def _fused_moe_ws(
     ARRIVE_PER_WARP: gl.constexpr,
     MMA_TURNS: gl.constexpr,
     DEVICE: gl.constexpr,
-    DEVICE_CLAIM_SHORT: gl.constexpr,
 ):
     if DEVICE:  # the layout's block count, written on the device: one graph, any routing
         n_tiles = gl.load(layout_ptr + _LAYOUT_BLOCKS) * ((H + I) // _BLOCK)
@@ -1217,7 +1184,6 @@ def _fused_moe_ws(
             SCALES_TMA,
             MMA_TURNS,
             DEVICE,
-            DEVICE_CLAIM_SHORT,
         ),
     )
     if W4:
@@ -1389,7 +1355,6 @@ def launch_constexprs(precision: str, trace: bool = False, device: bool = False)
         "ARRIVE_PER_WARP": arrives_per_warp(precision),
         "MMA_TURNS": bool(MMA_TURNS),
         "DEVICE": device,
-        "DEVICE_CLAIM_SHORT": device and bool(DEVICE_CLAIM_SHORT),
     }
 
 
@@ -1447,8 +1412,6 @@ def launch_options(precision: str) -> dict:
         options["slot_release"] = "one arrival per warp (ptx_edits)"
     if MMA_TURNS:  # absent: both math warpgroups issue as soon as their slot is full
         options["mma_issue"] = "in turn (named barriers)"
-    if DEVICE_CLAIM_SHORT:  # absent: each device-mode claim reads the header again
-        options["device_claim"] = "layout header read once, row destinations before the store"
     return options
 
 
@@ -1489,7 +1452,6 @@ def compile_for_sm90(
     arrive_per_warp: bool = False,
     mma_turns: bool = False,
     device: bool = False,
-    device_claim_short: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1510,7 +1472,6 @@ def compile_for_sm90(
         "ARRIVE_PER_WARP": arrive_per_warp and not w4,
         "MMA_TURNS": mma_turns,
         "DEVICE": device,
-        "DEVICE_CLAIM_SHORT": device and device_claim_short,
     }
     return _compile_sm90(precision, constexprs)
 

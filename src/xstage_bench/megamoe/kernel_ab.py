@@ -21,7 +21,7 @@ the spread is small: reference-h200x1 gives 5), for a close call.
 An option is one of the launch constants of xstage_kernels.megamoe_ws (LAUNCH_OPTIONS),
 set before each launch. `--decided-on device` runs the expert waves decided by the kernel's
 programs (points.decided_where: device mode, a `layout` instead of a tile list), for an
-option of device mode's claim (DEVICE_CLAIM_SHORT); the default, `list`, the host's lists.
+option of device mode's build; the default, `list`, the host's lists.
 The JSON written is a kernel's development record, not a raw file of a dataset: it carries
 the environment block and every sample.
 """
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=(LIST, DEVICE),
         default=LIST,
         help="where the expert waves' order is decided: the host's tile lists (list), or the "
-        "kernel's programs as they claim (device: device mode, e.g. for DEVICE_CLAIM_SHORT)",
+        "kernel's programs as they claim (device: device mode, for an option of its build)",
     )
     parser.add_argument("--out", required=True, type=Path, help="JSON to write")
     parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
