@@ -49,10 +49,11 @@ pipeline() {  # pipeline NAME CONFIG: CONFIG's MegaMoE table through Snakemake, 
     grep -A12 -i "oracle" "results/$dataset/tables/tab-megamoe.md" 2>/dev/null | head -n 16
 }
 
-# The device-decided schedules against their lists, with any program opening a unit
-# (7d8778b; before it, expert waves took 1.07-1.16x their list's time on an H100, and the
-# interleaved rule's oracle over device was 0.962 over the 84 configurations).
+# The device-decided schedules against their lists, at host share 0.25 and at 0 (no remote
+# store: what deciding on the GPU costs by itself). On an H100 at 09b03a5 / 23bbbb8, oracle
+# over device: interleaved 0.973 / 0.969, expert waves 0.983 / 0.971; issue 53 asks 0.98.
 pipeline device-rule-84 kernels/ab/device-rule-84.yaml
+pipeline device-rule-84-f0 kernels/ab/device-rule-84-f0.yaml
 # No option is staged: every option written so far has been timed (kernels/ab/README.md).
 # A new one goes here as `ab NAME PRECISION OPTION=0,1 [device]`.
 exit $failed
