@@ -109,6 +109,8 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["environment"]["device_type"] == "cpu" and doc["values"] == [0, 1]
+    env = doc["environment"]  # finished_at was the start time in every record before
+    assert env["finished_at"] > env["started_at"]
     assert doc["fixed"] == {"TILE_MAJOR_WEIGHTS": 0}
     # ci-measure's one configuration on both store paths of two ranks, every row local
     assert [r["point"]["path"] for r in doc["results"]] == ["peer", "host"]

@@ -44,7 +44,7 @@ from xstage_bench.data import grid, stats
 from xstage_bench.data.grid import DEVICE, LIST
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement import launch_option, timing
-from xstage_bench.measurement.environment import capture_measured
+from xstage_bench.measurement.environment import capture_measured, finish
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
 from xstage_bench.megamoe.points import decided_where
@@ -284,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def write(result: dict) -> None:
         doc["results"].append(result)
+        finish(doc["environment"])  # the file's span ends at its last result
         atomic_write_text(args.out, json.dumps(doc, indent=1))
 
     try:
