@@ -36,6 +36,10 @@ def dispatch(monkeypatch):
         yield module
 
 
+def _layout_size(blocks: int) -> int:
+    return len(schedule.LAYOUT_HEADER) + len(schedule.LAYOUT_ROWS) * blocks
+
+
 def _layout(counts: np.ndarray, capacity_blocks: int) -> tuple[np.ndarray, np.ndarray]:
     """(expert_row0, layout) from per-expert counts, as the layout kernel makes them: the
     schedule layout's header and its expert, row_start and row_end rows (the rest zero),
@@ -52,8 +56,9 @@ def _layout(counts: np.ndarray, capacity_blocks: int) -> tuple[np.ndarray, np.nd
     blocks = len(rows)
     row_end = np.cumsum(rows)
     fields = [np.repeat(np.arange(len(counts)), blocks_per), row_end - rows, row_end]
-    layout = np.concatenate([[0, 0, blocks], *fields, np.zeros(2 * blocks)]).astype(np.int32)
-    tail = np.full(3 + 5 * capacity_blocks - layout.size, -5, dtype=np.int32)
+    rest = np.zeros((len(schedule.LAYOUT_ROWS) - len(fields)) * blocks)
+    layout = np.concatenate([[0, 0, blocks], *fields, rest]).astype(np.int32)
+    tail = np.full(_layout_size(capacity_blocks) - layout.size, -5, dtype=np.int32)
     return row0, np.concatenate([layout, tail])
 
 
@@ -202,7 +207,7 @@ def test_bad_arguments_are_named(dispatch):
         "expert_ids": torch.zeros(T * topk, dtype=i32),
         "rank": torch.zeros(T * topk, dtype=i32),
         "expert_row0": torch.zeros(E, dtype=i32),
-        "layout": torch.zeros(3 + 5 * (rows // BLOCK_M), dtype=i32),
+        "layout": torch.zeros(_layout_size(rows // BLOCK_M), dtype=i32),
         "x_home": torch.zeros(T, H, dtype=torch.float8_e4m3fn),
         "xs_home": torch.zeros(T, H // 128),
         "x": torch.zeros(rows, H, dtype=torch.float8_e4m3fn),

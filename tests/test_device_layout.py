@@ -121,7 +121,7 @@ def _mirror(counts: np.ndarray, rule: int, lead_rows: int, num_programs: int, n1
         jump = jump[jump]
         span *= 2
     wave = _count_below(chain, lane + 1) - 1
-    wave_end = first_block[chain[wave + 1]]
+    wave_start, wave_end = first_block[chain[wave]], first_block[chain[wave + 1]]
     # deepgemm_interleaved: the warm-up, then no block waits
     l1_total = blocks * n1
     first_l2_wave = -(-(-(-num_programs // n2) * n1) // num_programs)
@@ -136,7 +136,7 @@ def _mirror(counts: np.ndarray, rule: int, lead_rows: int, num_programs: int, n1
     row_start = row_end - np.minimum(rows[expert] - j * BLOCK_M, BLOCK_M)
     l2_start = block * n2 + np.minimum(l1_total, warmup + block * n2)
     header = [rule, lead_rows, blocks]
-    body = [expert, row_start, row_end, wave_end[expert], l2_start]
+    body = [expert, row_start, row_end, wave_end[expert], l2_start, wave_start[expert]]
     return np.concatenate([header, *body]).astype(np.int64)
 
 

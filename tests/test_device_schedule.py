@@ -1,10 +1,10 @@
 """The device-side schedule (issue 53): each claimed list position's tile decided on the GPU.
 
-A claim is the list's fetch-add; expert_wave and interleaved are decided once per unit (all
-L1 or all L2 tiles of a row block) by the program that claims its first position, and
-published in a unit table; deepgemm_interleaved's positions follow from the layout. The
-Python reference (schedule.next_unit played by schedule.claim_order, and
-schedule.deepgemm_tile_at) realizes every schedule's host list exactly (numpy only). The tl
+A claim is the list's fetch-add; interleaved is decided once per unit (all L1 or all L2
+tiles of a row block) by the program that claims its first position, and published in a
+unit table; expert_wave's and deepgemm_interleaved's positions follow from the layout. The
+Python reference (schedule.next_unit played by schedule.claim_order, schedule.wave_tile_at
+and schedule.deepgemm_tile_at) realizes every schedule's host list exactly (numpy only). The tl
 kernel's resolution under the interpreter: on a prepared unit table (walks past a window,
 opens a unit by the rule, times out on an unpublished one), and in a whole device-mode
 launch, which computes what list mode and the reference compute and writes the order it
@@ -76,9 +76,13 @@ def test_the_layout_holds_the_rules_inputs_per_block():
     np.testing.assert_array_equal(rows["l2_start"][deepgemm[first_l2, 2]], first_l2)
     with pytest.raises(ValueError, match="lead_rows must be >= 0"):
         schedule.device_layout(schedule.INTERLEAVED, g, 7, {"lead_rows": -1})
-    deepgemm_layout = schedule.device_layout(schedule.DEEPGEMM_INTERLEAVED, g, 7)
-    with pytest.raises(ValueError, match="single tiles"):
-        schedule.next_unit(deepgemm_layout, (0, 0), lambda b: True)
+    # A block's wave_start: the first block of the wave that lists its L2 tiles.
+    first_in_wave = np.searchsorted(rows["wave_end"], rows["wave_end"], side="left")
+    np.testing.assert_array_equal(rows["wave_start"], first_in_wave)
+    for name in schedule.WAVE, schedule.DEEPGEMM_INTERLEAVED:
+        counted = schedule.device_layout(name, g, 7)
+        with pytest.raises(ValueError, match="reads no clock"):
+            schedule.next_unit(counted, (0, 0), lambda b: True)
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -165,10 +169,10 @@ def _unit_entries(kernel, tiles: np.ndarray, grid: schedule.TileGrid) -> list[in
     return entries
 
 
-def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 1000):
+def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, ahead=0):
     """decided_tile under the interpreter: one program finding the tiles at `positions`
-    (increasing) on the sync buffer as prepared; (position or n_tiles, kind, expert, block,
-    n block) for each."""
+    (increasing) on the sync buffer as prepared, opening `ahead` units ahead; (position or
+    n_tiles, kind, expert, block, n block) for each."""
     import torch
     import triton
     import triton.language as tl
@@ -186,12 +190,15 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 
         max_spin,
         decided_tile: tl.constexpr,
         W: tl.constexpr,
+        AHEAD: tl.constexpr,
     ):
         lanes = tl.arange(0, W)
         walk = (0, 0)
         for i in range(count):
             p = tl.load(positions + i)
-            kind, e, blk, nb, walk = decided_tile(p, sync, layout, n_tiles, n1, n2, n1, walk, lanes)
+            kind, e, blk, nb, walk = decided_tile(
+                p, sync, layout, n_tiles, n1, n2, n1, walk, lanes, AHEAD
+            )
             tl.store(out + 5 * i, p)
             tl.store(out + 5 * i + 1, kind)
             tl.store(out + 5 * i + 2, e)
@@ -202,7 +209,7 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 
     n1, n2 = grid.l1_per_block, grid.l2_per_block
     args = (torch.as_tensor(positions, dtype=torch.int32), len(positions), out, sync)
     args += (torch.as_tensor(layout), grid.tiles, n1, n2, max_spin)
-    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW)
+    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW, AHEAD=ahead)
     return out.numpy()
 
 
@@ -215,11 +222,11 @@ def _many_units() -> schedule.TileGrid:
     return schedule.TileGrid(np.repeat(np.arange(8), 5), np.full(40, 128), 1, 2)
 
 
-@pytest.mark.parametrize("name", [schedule.WAVE, schedule.INTERLEAVED])
-def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel, name):
+def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel):
     """Positions far apart (many units, past a window) and close (the same unit)."""
     import torch
 
+    name = schedule.INTERLEAVED
     g = _many_units()
     listed = schedule.build(name, g, 8)
     sync = torch.zeros(interpreted_kernel.sync_size(g.blocks), dtype=torch.int32)
@@ -237,7 +244,7 @@ def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel,
 def test_the_opener_publishes_the_unit_its_rule_decides(interpreted_kernel):
     """Unit 0 (block 0's L1 tiles) published; the program at unit 1's first position opens
     it: interleaved's L2 unit of block 0 when block 0's counter says released and the lead
-    holds, else block 1's L1 unit; expert_wave's by the wave alone."""
+    holds, else block 1's L1 unit."""
     import torch
 
     kernel = interpreted_kernel
@@ -246,7 +253,6 @@ def test_the_opener_publishes_the_unit_its_rule_decides(interpreted_kernel):
         (schedule.INTERLEAVED, 0, 0, (schedule.L1, 1)),
         (schedule.INTERLEAVED, 0, 2, (schedule.L2, 0)),
         (schedule.INTERLEAVED, 256, 2, (schedule.L1, 1)),
-        (schedule.WAVE, 0, 2, (schedule.L1, 1)),  # one wave: both L1 units of expert 0 first
     ]
     for name, lead, counter, (kind, block) in cases:
         sync = torch.zeros(kernel.sync_size(g.blocks), dtype=torch.int32)
@@ -273,17 +279,16 @@ def _units_by_rule(kernel, layout: np.ndarray, grid: schedule.TileGrid):
     return entries, starts
 
 
-@pytest.mark.parametrize("name", [schedule.WAVE, schedule.INTERLEAVED])
-def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, name):
+def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel):
     """Only unit 0 published, and the position lies 45 units on (past a window): positions
     are claimed in order, so every unit before it is due; the program opens each by the
     rule itself, without waiting for their first positions' holders, and none past its
-    own. Every block released: interleaved's rule opens what next_unit says then."""
+    own. Every block released: the rule opens what next_unit says then."""
     import torch
 
     kernel = interpreted_kernel
     g = _many_units()
-    layout = schedule.device_layout(name, g, 8, {"lead_rows": 0})
+    layout = schedule.device_layout(schedule.INTERLEAVED, g, 8, {"lead_rows": 0})
     entries, starts = _units_by_rule(kernel, layout, g)
     sync = torch.zeros(kernel.sync_size(g.blocks), dtype=torch.int32)
     sync[kernel.SYNC_HEADER : kernel.SYNC_HEADER + g.blocks] = g.l1_per_block  # released
@@ -295,8 +300,6 @@ def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, 
     table = _unit_table(kernel, sync, g).tolist()
     assert table[: unit + 1] == entries[: unit + 1] and not any(table[unit + 1 :])
     assert int(sync[1]) == 0
-    if name == schedule.WAVE:  # a rule that reads no clock: the list's own units
-        assert entries == _unit_entries(kernel, schedule.build(name, g, 8), g)
 
 
 def kernel_unit(kernel, entry: int, unit: int, grid: schedule.TileGrid) -> tuple[int, int, int]:
@@ -334,13 +337,49 @@ def test_a_unit_another_program_published_first_stands(interpreted_kernel):
     assert not units[4:].any() and int(sync[1]) == 0
 
 
-def test_deepgemms_positions_follow_from_the_layout(interpreted_kernel):
-    """Every position, and positions far apart (past a window of blocks), with no table."""
+def test_a_program_that_publishes_a_unit_opens_the_next_ones_ahead(interpreted_kernel):
+    """OPEN_AHEAD: the program that opens its position's unit (unit 3, after three it
+    opened on the way) then opens the next two by the rule as well, and stops at one
+    published already; one that finds its unit published opens nothing. Every block
+    released: the rule's units are next_unit's."""
     import torch
 
-    g = schedule.TileGrid(np.repeat(np.arange(10), 7), np.full(70, 128), 2, 1)
-    layout = schedule.device_layout(schedule.DEEPGEMM_INTERLEAVED, g, 8)
-    listed = schedule.build(schedule.DEEPGEMM_INTERLEAVED, g, 8)
+    kernel = interpreted_kernel
+    g = _many_units()
+    layout = schedule.device_layout(schedule.INTERLEAVED, g, 8, {"lead_rows": 0})
+    entries, starts = _units_by_rule(kernel, layout, g)
+
+    def prepared():
+        sync = torch.zeros(kernel.sync_size(g.blocks), dtype=torch.int32)
+        sync[kernel.SYNC_HEADER : kernel.SYNC_HEADER + g.blocks] = g.l1_per_block
+        return sync
+
+    sync = prepared()
+    _resolve(kernel, layout, sync, g, [starts[3]], ahead=2)
+    table = _unit_table(kernel, sync, g).tolist()
+    assert table[:6] == entries[:6] and not any(table[6:])
+    sync = prepared()
+    _unit_table(kernel, sync, g)[5] = entries[5]
+    _resolve(kernel, layout, sync, g, [starts[3]], ahead=4)
+    table = _unit_table(kernel, sync, g).tolist()
+    assert table[:6] == entries[:6] and not any(table[6:])  # stopped at unit 5
+    sync = prepared()
+    _unit_table(kernel, sync, g)[:4] = torch.as_tensor(entries[:4], dtype=torch.int32)
+    got = _resolve(kernel, layout, sync, g, [starts[3]], ahead=2)
+    assert got[0, 0] == starts[3] and not _unit_table(kernel, sync, g)[4:].any()
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_the_count_rules_positions_follow_from_the_layout(interpreted_kernel, name):
+    """Every position, and positions far apart (past a window of blocks), with no table:
+    expert waves of uneven experts (one or two experts, 1 to 9 blocks a wave), deepgemm's
+    single tiles."""
+    import torch
+
+    experts = np.repeat(np.arange(10), np.tile([7, 2, 3, 9, 1], 2))
+    g = schedule.TileGrid(experts, np.full(len(experts), 128), 2, 3)
+    layout = schedule.device_layout(name, g, 8)
+    listed = schedule.build(name, g, 8)
     rng = np.random.default_rng(3)
     for positions in (np.arange(g.tiles), np.sort(rng.choice(g.tiles, 20, replace=False))):
         sync = torch.zeros(interpreted_kernel.sync_size(g.blocks), dtype=torch.int32)
@@ -456,6 +495,18 @@ def test_the_gluon_device_mode_claims_with_the_lists_one_fetch_add(precision, tr
     for name in ("wgmma", "tma_loads", "release_add", "acquire_polls"):
         assert decided[name] == listed[name] > 0, name
     assert decided["shared"] == listed["shared"]
+
+
+@needs_triton
+def test_opening_units_ahead_adds_only_their_rule_reads_and_publications():
+    """OPEN_AHEAD = 2: two more openings after a publication, each the rule's counter read
+    and one compare-and-swap (unrolled), and nothing else of the kernel changes."""
+    call = "kernels.compile_for_sm90(precision='w8a8', device=True, open_ahead={})"
+    now, ahead = (sm90.compiled("megamoe_ws", call.format(n), GLUON_PATTERNS) for n in (0, 2))
+    assert (ahead["cas"], ahead["publications"]) == (now["cas"] + 2, now["publications"] + 2)
+    assert ahead["unit_polls"] == now["unit_polls"] + 2
+    for name in ("claims", "wgmma", "tma_loads", "release_add", "acquire_polls", "shared"):
+        assert ahead[name] == now[name], name
 
 
 @needs_triton

@@ -50,6 +50,19 @@ def test_options_every_arm_holds_are_parsed_and_checked():
 
 
 @needs_triton
+def test_an_interleaved_ab_needs_a_numeric_lead():
+    from xstage_bench.megamoe import kernel_ab
+
+    moe = {"lead_rows": "auto"}
+    with pytest.raises(
+        ValueError, match=r"pass --lead-rows N \(the config's megamoe.lead_rows is 'auto'\)"
+    ):
+        kernel_ab.ab_lead(None, moe)
+    with pytest.raises(ValueError, match="lead of rows >= 0"):
+        kernel_ab.ab_lead(-1, moe)
+    assert kernel_ab.ab_lead(512, moe) == 512 and kernel_ab.ab_lead(None, {"lead_rows": 256}) == 256
+
+
 def test_holding_the_compared_option_is_refused_before_any_device_is_touched(capsys, monkeypatch):
     from xstage_bench.megamoe import kernel_ab
     from xstage_bench.megamoe.ours import measurer
@@ -69,15 +82,19 @@ def test_holding_the_compared_option_is_refused_before_any_device_is_touched(cap
 
 
 @needs_triton
-@pytest.mark.parametrize("decided_on", [None, "device"])
-def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on):
+@pytest.mark.parametrize(
+    "decided_on, schedule_name", [(None, None), ("device", None), ("device", "interleaved")]
+)
+def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on, schedule_name):
     """Without --decided-on the expert waves run from the host's lists, as before the flag;
     with --decided-on device every point is decided by the kernel's programs (device mode,
-    its realized order checked with the outputs). The interpreter's kernel reads no launch
-    option, so one option serves both."""
+    its realized order checked with the outputs); --schedule interleaved at --lead-rows.
+    The interpreter's kernel reads no launch option, so one option serves every case."""
     out = tmp_path / "ab.json"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     where = ["--decided-on", decided_on] if decided_on else []
+    if schedule_name:
+        where += ["--schedule", schedule_name, "--lead-rows", "128"]
     run = subprocess.run(
         [
             sys.executable,
@@ -115,7 +132,8 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on
     # ci-measure's one configuration on both store paths of two ranks, every row local
     assert [r["point"]["path"] for r in doc["results"]] == ["peer", "host"]
     for result in doc["results"]:
-        assert result["point"]["schedule"] == "expert_wave"
+        assert result["point"]["schedule"] == (schedule_name or "expert_wave")
+        assert result["point"].get("lead_rows") == (128 if schedule_name else None)
         if decided_on:
             assert result["point"]["decided_on"] == decided_on
         else:
@@ -140,7 +158,7 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on
 @needs_triton
 def test_the_staged_script_compares_real_options_that_are_still_off():
     """kernels/ab/staged.sh is what the next GPU session runs first: each option it names
-    must be a launch option, and staged means off (0 against 1, 0 the build as it is)."""
+    must be a launch option, and staged means off (0, the build as it is, against others)."""
     import re
 
     from xstage_kernels import megamoe_ws
@@ -148,12 +166,14 @@ def test_the_staged_script_compares_real_options_that_are_still_off():
     script = (ROOT / "kernels" / "ab" / "staged.sh").read_text()
     assert re.search(r"^ab\(\) \{", script, flags=re.M), "staged.sh lost its ab function"
     calls = re.findall(r"^ab .*$", script, flags=re.M)
-    staged = re.findall(r"^ab \S+ (\S+) (\w+)=(\S+)(?: (list|device))?$", script, flags=re.M)
-    assert len(staged) == len(calls), f"not of the form ab NAME PRECISION X=0,1 [device]: {calls}"
-    for precision, name, values, _decided_on in staged:
+    form = r"^ab \S+ (\S+) (\w+)=(\S+)(?: (list|device)(?: (expert_wave|interleaved))?)?$"
+    staged = re.findall(form, script, flags=re.M)
+    assert len(staged) == len(calls), f"not ab NAME PRECISION X=0,V.. [device [SCHEDULE]]: {calls}"
+    for precision, name, values, _decided_on, _schedule in staged:
         assert precision in megamoe_ws.PRECISIONS, precision
         assert name in megamoe_ws.LAUNCH_OPTIONS, name
-        assert values == "0,1", f"{name}={values}"
+        first, *others = values.split(",")
+        assert first == "0" and others and all(v.isdigit() for v in others), f"{name}={values}"
         assert not getattr(megamoe_ws, name), f"{name} is on already: not staged"
     for name, config in re.findall(r"^pipeline (\S+) (\S+)$", script, flags=re.M):
         from xstage_bench.data.config import load_config

@@ -33,11 +33,12 @@ run() {  # run NAME COMMAND...: one record, its output kept in $out/NAME.log
     fi
 }
 
-ab() {  # ab NAME PRECISION OPTION=0,1 [device]: device, expert waves decided on the GPU
+ab() {  # ab NAME PRECISION OPTION=0,V.. [device [SCHEDULE]]: device, decided on the GPU;
+        # SCHEDULE expert_wave (default) or interleaved (at the config's lead, 1024)
     run "$1" python3 -m xstage_bench.megamoe.kernel_ab --config config/reference-h200x1.yaml \
         --dataset ab --routings balanced --tokens 16384,4096,1024 --min-reps 5 \
-        --precisions "$2" --option "$3" --decided-on "${4:-list}" --step-timeout 120 \
-        --out "$out/$1.json"
+        --precisions "$2" --option "$3" --decided-on "${4:-list}" \
+        --schedule "${5:-expert_wave}" --step-timeout 120 --out "$out/$1.json"
 }
 
 pipeline() {  # pipeline NAME CONFIG: CONFIG's MegaMoE table through Snakemake, its raw file kept
@@ -51,9 +52,12 @@ pipeline() {  # pipeline NAME CONFIG: CONFIG's MegaMoE table through Snakemake, 
 
 # The device-decided schedules against their lists, at host share 0.25 and at 0 (no remote
 # store: what deciding on the GPU costs by itself). On an H100 at 09b03a5 / 23bbbb8, oracle
-# over device: interleaved 0.973 / 0.969, expert waves 0.983 / 0.971; issue 53 asks 0.98.
+# over device: interleaved 0.973 / 0.969, expert waves 0.983 / 0.971 (then from the unit
+# table; now from the layout alone); issue 53 asks 0.98.
 pipeline device-rule-84 kernels/ab/device-rule-84.yaml
 pipeline device-rule-84-f0 kernels/ab/device-rule-84-f0.yaml
-# No option is staged: every option written so far has been timed (kernels/ab/README.md).
-# A new one goes here as `ab NAME PRECISION OPTION=0,1 [device]`.
+# interleaved decided on the device, its units opened 0, 1 or 2 ahead by their publisher
+# (megamoe_ws.OPEN_AHEAD), every row local.
+ab open-ahead-w8a8 w8a8 OPEN_AHEAD=0,1,2 device interleaved
+ab open-ahead-w4a8 w4a8 OPEN_AHEAD=0,1,2 device interleaved
 exit $failed

@@ -1,13 +1,13 @@
 """The fused MoE kernel's device layout, built on the GPU from per-expert row counts.
 
 Device mode (megamoe.py) reads a layout: a header (rule, lead_rows, blocks) and, per row
-block, its expert, first and last row, the block count at which its expert wave ends and
-where deepgemm_interleaved lists its first L2 tile (schedule.device_layout builds it on the
-host). Everything in it follows from how many rows each local expert receives, which the
-routing decides at run time. Building it on the host needs those counts there, a sync per
-step; built here, from the counts on the device, by one program in one launch, the whole
-layer (dispatch, layout, fused kernel) is captured once as a CUDA graph and replayed for
-every routing.
+block, its expert, first and last row, the block count at which its expert wave ends,
+where deepgemm_interleaved lists its first L2 tile and its expert wave's first block
+(schedule.device_layout builds it on the host). Everything in it follows from how many
+rows each local expert receives, which the routing decides at run time. Building it on
+the host needs those counts there, a sync per step; built here, from the counts on the
+device, by one program in one launch, the whole layer (dispatch, layout, fused kernel)
+is captured once as a CUDA graph and replayed for every routing.
 
 The caller sizes the layout for the most blocks the rank can receive (`capacity_blocks`);
 the rows are packed at the actual block count (row i at LAYOUT_HEADER + i * blocks), so
@@ -25,7 +25,7 @@ the experts or over a chunk of blocks):
       last block). next(s), the expert after that, is one search per expert; the chain of
       wave starts 0, next(0), next(next(0)), ... is found by pointer doubling (each round
       doubles both the jump and the known chain), and a block's wave is the last chain
-      element at or before its expert.
+      element at or before its expert; wave_start is that element's first block.
   l2_start  deepgemm_interleaved's warm-up already lists enough L1 tiles that every block's
       L1 tiles are listed by the time its first L2 tile comes (that is what its B term is
       for), so the "not ready" branch of schedule._deepgemm_l2_starts never runs: block b's
@@ -102,6 +102,7 @@ def _build_layout(
                 chain = tl.where(new, tl.gather(jump, earlier, 0), chain)
                 jump = tl.gather(jump, jump, 0)
         wave = _count_below(chain, lane + 1, EXPERTS) - 1  # the wave that holds expert e
+        wave_start = tl.gather(first_block, tl.gather(chain, wave, 0), 0)
         wave_end = tl.gather(first_block, tl.gather(chain, wave + 1, 0), 0)
 
         # deepgemm_interleaved: its warm-up (schedule.deepgemm_warmup_waves) in L1 tiles.
@@ -129,6 +130,7 @@ def _build_layout(
             tl.store(row + 2 * blocks, row_end, mask=inside)
             tl.store(row + 3 * blocks, tl.gather(wave_end, expert, 0), mask=inside)
             tl.store(row + 4 * blocks, l2_start, mask=inside)
+            tl.store(row + 5 * blocks, tl.gather(wave_start, expert, 0), mask=inside)
 
 
 def capacity_blocks(pairs: int, experts: int) -> int:

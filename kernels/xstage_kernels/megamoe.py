@@ -45,20 +45,22 @@ block] and must be zeroed before every launch.
 Device mode (a `layout` given: schedule.device_layout): no tile list is read. A program
 claims a list position with the same fetch-add as list mode and finds the tile there
 (`decided_tile`), which it writes at that position in `tiles` (the realized order).
-expert_wave and interleaved run in units, all L1 or all L2 tiles of one row block,
-published in the unit table; a program reads the table, UNIT_WINDOW entries a load, from
-the unit of its last position on. A unit is opened by the first program to find that it is
-the first unpublished one while holding a position at or past its start (claimed, as
-positions are claimed in order): it decides the unit's kind by the schedule's rule
-(`_open_unit`, schedule.next_unit) from the units before it and publishes it with a
-relaxed compare-and-swap, which a racing program's decision may win; and it opens the next
-one as well, without reading the table, while its own position lies further on. No
-program waits for another. So a claim costs one fetch-add and a table load, and a unit one
-compare-and-swap. An entry is one word (`unit_entry`) that holds all a reader needs, so it
-is published and read relaxed: nothing else is handed over with it. deepgemm_interleaved needs
-no table: its positions follow from the layout (`_deepgemm_tile`). The sync buffer is
-[position counter, error flag, row-block counters, unit table of 2 * blocks entries]
-(`sync_size`), so one zeroing still readies a launch; list mode reads its first 2 + blocks.
+interleaved runs in units, all L1 or all L2 tiles of one row block, published in the unit
+table; a program reads the table, UNIT_WINDOW entries a load, from the unit of its last
+position on. A unit is opened by the first program to find that it is the first
+unpublished one while holding a position at or past its start (claimed, as positions are
+claimed in order): it decides the unit's kind by the rule (`_open_unit`,
+schedule.next_unit) from the units before it and the row-block counters and publishes it
+with a relaxed compare-and-swap, which a racing program's decision may win; and it opens
+the next one as well, without reading the table, while its own position lies further on.
+No program waits for another. So a claim costs one fetch-add and a table load, and a unit
+one compare-and-swap. An entry is one word (`unit_entry`) that holds all a reader needs, so
+it is published and read relaxed: nothing else is handed over with it. The count rules
+need no table, as nothing in them depends on time: expert_wave's and deepgemm_interleaved's
+positions follow from the layout (`_wave_tile`, two loads a claim, as a list's one;
+`_deepgemm_tile`). The sync buffer is [position counter, error flag, row-block counters,
+unit table of 2 * blocks entries] (`sync_size`), so one zeroing still readies a launch;
+list mode reads its first 2 + blocks.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ SYNC_HEADER = 2  # tile counter, error flag
 CLAIM_RULES = ("expert_wave", "interleaved", "deepgemm_interleaved")
 LAYOUT_HEADER = 3  # rule, lead_rows, blocks
 LAYOUT_BLOCKS = 2  # the header's block count: the rows after it are that long
-LAYOUT_ROWS = 5  # expert, row_start, row_end, wave_end, l2_start
+LAYOUT_ROWS = 6  # expert, row_start, row_end, wave_end, l2_start, wave_start
 UNIT_WINDOW = 32  # unit-table entries (or deepgemm blocks) a program reads with one load
 FP8_KERNEL_ENV = "XSTAGE_MOE_FP8_KERNEL"
 FP8_KERNELS = ("ws", "tl")
@@ -113,7 +115,7 @@ _UNIT_WINDOW = tl.constexpr(UNIT_WINDOW)
 _RULE_WAVE = tl.constexpr(CLAIM_RULES.index("expert_wave"))
 _RULE_DEEPGEMM = tl.constexpr(CLAIM_RULES.index("deepgemm_interleaved"))
 _RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(LAYOUT_BLOCKS)
-_ROW_START, _ROW_END, _WAVE_END, _L2_START = (tl.constexpr(i) for i in range(1, 5))  # rows
+_ROW_START, _ROW_END, _WAVE_END, _L2_START, _WAVE_START = (tl.constexpr(i) for i in range(1, 6))
 _NO_START = tl.constexpr(2**31 - 1)  # past every list position
 
 
@@ -236,21 +238,18 @@ def _unit_of(entry, unit, n1, n2):
 
 
 @triton.jit
-def _open_unit(rule, layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening):
-    """The kind (0: L1, 1: L2) of the unit opened after u1 L1 and u2 L2 units
+def _open_unit(layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening):
+    """The kind (0: L1, 1: L2) of interleaved's unit opened after u1 L1 and u2 L2 units
     (schedule.next_unit, which this mirrors); reads nothing unless `opening`. ready_at: the
     count at which a row-block counter says its block is released."""
     rows = layout_ptr + _LAYOUT_HEADER
     both = opening & (u1 < blocks) & (u2 < blocks)
-    wave_end = tl.load(rows + _WAVE_END * blocks + u2, mask=both, other=0)
     row_start = tl.load(rows + _ROW_START * blocks + u1, mask=both, other=0)
     row_end = tl.load(rows + _ROW_END * blocks + u2, mask=both, other=0)
     # Released now: a relaxed read, as the L2 tiles acquire the block before reading it.
-    reads_counter = both & (rule != _RULE_WAVE)
-    done = tl.load(counters_ptr + u2, mask=reads_counter, other=0, volatile=True)
+    done = tl.load(counters_ptr + u2, mask=both, other=0, volatile=True)
     lead = tl.load(layout_ptr + _LEAD_ROWS)
-    released = (done >= ready_at) & (row_start - row_end >= lead)
-    due = tl.where(rule == _RULE_WAVE, u1 >= wave_end, released)
+    due = (done >= ready_at) & (row_start - row_end >= lead)
     return ((u1 >= blocks) | ((u2 < blocks) & due)).to(tl.int32)
 
 
@@ -282,11 +281,14 @@ def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier)
 
 
 @triton.jit
-def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes):
-    """expert_wave's and interleaved's tile at position p from the unit table; (kind,
-    block, n block, and the walk after: `base`, a unit whose predecessors are all published
-    and that starts at or before the program's next position, and `base_l1`, the L1 units
-    before it)."""
+def _unit_tile(
+    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, AHEAD: tl.constexpr
+):
+    """interleaved's tile at position p from the unit table; (kind, block, n block, and the
+    walk after: `base`, a unit whose predecessors are all published and that starts at or
+    before the program's next position, and `base_l1`, the L1 units before it). AHEAD: the
+    units after its own that a program which published its position's unit opens too
+    (`_open_ahead`)."""
     # Lock-free: positions are claimed in order, so a program whose position lies past
     # every published unit knows that the first unpublished unit's first position is
     # claimed, and opens that unit itself: the first program there decides it, one
@@ -296,15 +298,16 @@ def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1
     # published by another program: a chain of three L2 round trips a unit that bound the
     # kernel wherever units came faster (issue 53: expert waves 1.07-1.16x the list's
     # time on an H100). An L2 unit is opened only once its block is released or every L1
-    # unit is opened (interleaved), or its wave's L1 units are (expert_wave).
-    rule = tl.load(layout_ptr + _RULE)
+    # unit is opened.
     blocks = tl.load(layout_ptr + _BLOCKS)
     units_ptr = sync_ptr + _SYNC_HEADER + blocks
     kind = 0
     blk = 0
     nb = 0
+    through_l1 = 0
     found = p >= n_tiles
     at_frontier = p < 0  # base is the first unpublished unit, as this program opened the last
+    published = p < 0  # this program's compare-and-swap published the unit it looked at last
     while not found:
         holds, at, entry, next_unit, next_l1 = _read_units(
             units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier
@@ -314,7 +317,6 @@ def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1
         opens = (not holds) & (next_unit < base + _UNIT_WINDOW)
         if opens:
             opened = _open_unit(
-                rule,
                 layout_ptr,
                 sync_ptr + _SYNC_HEADER,
                 blocks,
@@ -328,8 +330,10 @@ def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1
             entry = tl.where(won == 0, mine, won)  # a racing program's decision stands
             at = next_unit
             at_frontier = won == 0
+            published = won == 0
         else:
             at_frontier = p < 0
+            published = p < 0
         kind, through_l1, start, end = _unit_of(entry, at, n1, n2)
         found = (holds | opens) & (start <= p) & (p < end)
         blk = tl.where(kind == 0, through_l1 - 1, at - through_l1)
@@ -338,7 +342,35 @@ def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1
         base = tl.where(found, at, tl.where(opens, at + 1, next_unit))
         base_l1 = tl.where(found, through_l1 - 1 + kind, tl.where(opens, through_l1, next_l1))
         at_frontier = at_frontier & (not found)
+    if AHEAD > 0:
+        _open_ahead(sync_ptr, layout_ptr, blocks, ready_at, base, through_l1, published, AHEAD)
     return kind, blk, nb, base, base_l1
+
+
+@triton.jit
+def _open_ahead(
+    sync_ptr, layout_ptr, blocks, ready_at, unit, through_l1, going, AHEAD: tl.constexpr
+):
+    """After publishing `unit` (through_l1: the L1 units up to it), open the AHEAD units after
+    it by the rule, each one compare-and-swap, stopping at one already published (its
+    publisher opens what follows). Without this, every program claiming a position before
+    its unit was published raced to open it, the rule's loads and the compare-and-swap on its
+    claim's path (issue 53: interleaved 0.97 of its list's time). Deciding a unit before its
+    first position is claimed reads the row-block counters earlier: a block released in
+    between waits one unit longer, as a larger lead would."""
+    units_ptr = sync_ptr + _SYNC_HEADER + blocks
+    u = unit + 1
+    u1 = through_l1
+    for _ in tl.static_range(AHEAD):
+        going = going & (u < 2 * blocks)
+        if going:
+            kind = _open_unit(
+                layout_ptr, sync_ptr + _SYNC_HEADER, blocks, u1, u - u1, ready_at, going
+            )
+            won = tl.atomic_cas(units_ptr + u, 0, _unit_entry(kind, u1 + 1 - kind), sem="relaxed")
+            going = won == 0
+            u1 += 1 - kind
+            u += 1
 
 
 @triton.jit
@@ -373,18 +405,45 @@ def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes):
 
 
 @triton.jit
-def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes):
+def _wave_tile(p, layout_ptr, n_tiles, n1, n2):
+    """expert_wave's tile at position p (schedule.wave_tile_at, which this mirrors): (kind,
+    block, n block). A wave lists whole blocks, n1 + n2 tiles each, so block p // (n1 + n2)
+    lies in p's wave: its wave's first and end block (two independent loads, where a list
+    costs one) place p among the wave's L1 tiles, block by block, or its L2 tiles after
+    them. The unit table cost expert waves 1.7-2.9% of the list's kernel time (issue 53)."""
+    rows = layout_ptr + _LAYOUT_HEADER
+    blocks = tl.load(layout_ptr + _BLOCKS)
+    inside = p < n_tiles
+    b = p // (n1 + n2)
+    start = tl.load(rows + _WAVE_START * blocks + b, mask=inside, other=0)
+    end = tl.load(rows + _WAVE_END * blocks + b, mask=inside, other=0)
+    into = p - start * (n1 + n2)
+    l1_listed = (end - start) * n1
+    l2 = into >= l1_listed
+    into_kind = tl.where(l2, into - l1_listed, into)
+    width = tl.where(l2, n2, n1)
+    return l2.to(tl.int32), start + into_kind // width, into_kind % width
+
+
+@triton.jit
+def decided_tile(
+    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes, OPEN_AHEAD: tl.constexpr
+):
     """Device mode: the tile at list position p, claimed with the list's fetch-add; (kind,
     local expert, row block, n block, walk).
     n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
     walk: where the program's last claim left its walk, (0, 0) at its first (its positions
-    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout."""
+    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout; OPEN_AHEAD:
+    interleaved's units opened ahead by a program that published one (`_open_ahead`)."""
     base, base_l1 = walk
-    if tl.load(layout_ptr + _RULE) == _RULE_DEEPGEMM:
+    rule = tl.load(layout_ptr + _RULE)
+    if rule == _RULE_DEEPGEMM:
         kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes)
+    elif rule == _RULE_WAVE:
+        kind, blk, nb = _wave_tile(p, layout_ptr, n_tiles, n1, n2)
     else:
         kind, blk, nb, base, base_l1 = _unit_tile(
-            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes
+            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, OPEN_AHEAD
         )
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
     return kind, e, blk, nb, (base, base_l1)
@@ -402,7 +461,7 @@ def _take_decided(idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, l
     written at that position, the realized order; (position, kind, expert as int64, block,
     n block, walk)."""
     kind, e, blk, nb, walk = decided_tile(
-        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes
+        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes, 0
     )
     claimed = idx < n_tiles
     tl.store(tiles_ptr + idx * 4, kind, mask=claimed)

@@ -19,9 +19,11 @@ asks for at least N paired rounds (the config's timing block stops at its own mi
 the spread is small: reference-h200x1 gives 5), for a close call.
 
 An option is one of the launch constants of xstage_kernels.megamoe_ws (LAUNCH_OPTIONS),
-set before each launch. `--decided-on device` runs the expert waves decided by the kernel's
+set before each launch. `--decided-on device` runs the schedule decided by the kernel's
 programs (points.decided_where: device mode, a `layout` instead of a tile list), for an
-option of device mode's build; the default, `list`, the host's lists.
+option of device mode's build; the default, `list`, the host's lists. `--schedule`: expert
+waves (the default) or the paper's interleaving at `--lead-rows` (default: the config's
+megamoe.lead_rows, which must then be a number).
 The JSON written is a kernel's development record, not a raw file of a dataset: it carries
 the environment block and every sample.
 """
@@ -47,7 +49,7 @@ from xstage_bench.measurement import launch_option, timing
 from xstage_bench.measurement.environment import capture_measured, finish
 from xstage_bench.megamoe import schedule
 from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
-from xstage_bench.megamoe.points import decided_where
+from xstage_bench.megamoe.points import decided_where, with_lead
 from xstage_bench.megamoe.runner import default_devices, measured_paths
 
 # Seconds a build's check (its compile, capture and poisoned run) or a point's paired
@@ -99,13 +101,32 @@ def fixed_options(text: str) -> dict[str, int]:
 
 
 def local_configs(
-    moe: dict, world_size: int, paths: Sequence[str], decided_on: str = LIST
+    moe: dict,
+    world_size: int,
+    paths: Sequence[str],
+    decided_on: str = LIST,
+    schedule_name: str = schedule.WAVE,
+    lead_rows: int = 0,
 ) -> list[dict]:
-    """The grid's configurations with every combine row local, as expert-wave points;
-    decided_on 'device': decided by the kernel's programs (`decided_on: device`)."""
+    """The grid's configurations with every combine row local, as points of one schedule
+    (interleaved: at lead_rows); decided_on 'device': decided by the kernel's programs
+    (`decided_on: device`)."""
     configs = grid.megamoe_points({**moe, "remote_fractions": [grid.NATURAL]}, world_size, paths)
-    waves = [{**c, "schedule": schedule.WAVE, "id": f"{c['id']}/{schedule.WAVE}"} for c in configs]
-    return [decided_where(w, {**moe, "schedule_on": decided_on}) for w in waves]
+    points = [{**c, "schedule": schedule_name, "id": f"{c['id']}/{schedule_name}"} for c in configs]
+    led = [with_lead(p, lead_rows, None) for p in points]
+    return [decided_where(p, {**moe, "schedule_on": decided_on}) for p in led]
+
+
+def ab_lead(requested: int | None, moe: dict) -> int:
+    """The interleaved arms' lead: --lead-rows, else the config's megamoe.lead_rows when it
+    is a number (auto needs the fitted model, which an A/B does not read)."""
+    lead = moe.get("lead_rows", 0) if requested is None else requested
+    if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
+        raise ValueError(
+            f"the interleaved arms need a lead of rows >= 0: pass --lead-rows N (the config's "
+            f"megamoe.lead_rows is {lead!r})"
+        )
+    return lead
 
 
 def padding_halves(prob) -> float:
@@ -221,8 +242,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--decided-on",
         choices=(LIST, DEVICE),
         default=LIST,
-        help="where the expert waves' order is decided: the host's tile lists (list), or the "
+        help="where the schedule's order is decided: the host's tile lists (list), or the "
         "kernel's programs as they claim (device: device mode, for an option of its build)",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=(schedule.WAVE, schedule.INTERLEAVED),
+        default=schedule.WAVE,
+        help="the schedule every arm runs (default: expert waves)",
+    )
+    parser.add_argument(
+        "--lead-rows",
+        type=int,
+        help="interleaved's lead (default: the config's megamoe.lead_rows, if a number)",
     )
     parser.add_argument("--out", required=True, type=Path, help="JSON to write")
     parser.add_argument("--world-size", type=int, help="GPUs to use (default: config)")
@@ -253,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, moe = selected_grid(args)
         option, values = parse_option(args.option)
         fixed = fixed_options(args.set)
+        lead = ab_lead(args.lead_rows, moe) if args.schedule == schedule.INTERLEAVED else 0
     except ValueError as e:
         parser.error(str(e))
     if option in fixed:
@@ -280,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": [],
     }
     paths = measured_paths(config, len(devices))
-    points = local_configs(moe, len(devices), paths, args.decided_on)
+    points = local_configs(moe, len(devices), paths, args.decided_on, args.schedule, lead)
 
     def write(result: dict) -> None:
         doc["results"].append(result)

@@ -44,18 +44,19 @@ deepgemm_interleaved
 
 The same orders decided on the GPU (the kernel's device mode): no list is read. A program
 claims a list position with one fetch-add, as in list mode, and learns which tile sits there.
-expert_wave and interleaved are sequences of units, a unit being all L1 tiles or all L2
-tiles of one row block (the granularity of their lists). A unit is opened once its first
-position is claimed, by the first program there (its holder, or one holding a later
-position): it decides the unit by the schedule's rule (`next_unit`) from the L1 and L2 units
-opened before it, and publishes it in a unit table that the programs claiming the unit's
-other positions read; so a decision is made once per unit, not per tile.
-interleaved reads the row-block counters there: its L2 unit is due when the block is
-released at the opening, as the list's clock decides it when its first tile is taken, so
-`claim_order` (the units played on that clock) is the host list. deepgemm_interleaved
-alternates single tiles, but by counts only: a position's tile follows from where each
-block's first L2 tile sits (`deepgemm_tile_at`), with no table. The rules read a per-block
-`device_layout`.
+interleaved is a sequence of units, a unit being all L1 tiles or all L2 tiles of one row
+block (the granularity of its list). A unit is opened once its first position is claimed,
+by the first program there (its holder, or one holding a later position): it decides the
+unit by the rule (`next_unit`) from the L1 and L2 units opened before it and the row-block
+counters, and publishes it in a unit table that the programs claiming the unit's other
+positions read; so a decision is made once per unit, not per tile. Its L2 unit is due when
+the block is released at the opening, as the list's clock decides it when its first tile
+is taken, so `claim_order` (the units played on that clock) is the host list. The count
+rules read no clock, so no table: expert_wave's position lies in the wave of block
+position // (L1 + L2 tiles a block), and its place there follows from the wave's first and
+end block (`wave_tile_at`); deepgemm_interleaved alternates single tiles, and a position's
+tile follows from where each block's first L2 tile sits (`deepgemm_tile_at`). The rules
+read a per-block `device_layout`.
 
 Every schedule is registered once, in SCHEDULES, with its own knobs (keys of the config's
 megamoe section, with their defaults): the config schema's schedule names, the simulator,
@@ -400,7 +401,7 @@ def _holds_every_dependency(tiles: np.ndarray, grid: TileGrid) -> bool:
 
 # A layout (device_layout) is int32: these header fields, then each row over the blocks.
 LAYOUT_HEADER = ("rule", "lead_rows", "blocks")
-LAYOUT_ROWS = ("expert", "row_start", "row_end", "wave_end", "l2_start")
+LAYOUT_ROWS = ("expert", "row_start", "row_end", "wave_end", "l2_start", "wave_start")
 _INT32_MAX = 2**31 - 1
 
 
@@ -409,12 +410,14 @@ def device_layout(
 ) -> np.ndarray:
     """What schedule `name`'s device rule reads, in O(blocks): its rule id, its lead
     (interleaved), the block count, and per block its expert, first and last row (prefix
-    sums of valid rows), the block count at which its expert wave ends and the list position
-    of its first L2 tile under deepgemm_interleaved. Knobs from `config` as `build` takes them."""
+    sums of valid rows), the block count at which its expert wave ends, the list position
+    of its first L2 tile under deepgemm_interleaved and its expert wave's first block.
+    Knobs from `config` as `build` takes them."""
     rule, lead_rows = layout_header(name, num_programs, config)
+    wave_start = np.zeros(grid.blocks, dtype=np.int64)
     wave_end = np.zeros(grid.blocks, dtype=np.int64)
     for wave in _waves(grid, num_programs):
-        wave_end[wave] = wave[-1] + 1
+        wave_start[wave], wave_end[wave] = wave[0], wave[-1] + 1
     row_end = grid.row_end()
     header = [rule, lead_rows, grid.blocks]
     rows = [
@@ -423,6 +426,7 @@ def device_layout(
         row_end,
         wave_end,
         _deepgemm_l2_starts(grid, num_programs),
+        wave_start,
     ]
     layout = np.concatenate([np.asarray(header, dtype=np.int64), *rows]).astype(np.int64)
     if layout.size and layout.max() > _INT32_MAX:
@@ -463,24 +467,39 @@ def layout_fields(layout: np.ndarray) -> tuple[dict[str, int], dict[str, np.ndar
 
 
 def next_unit(layout: np.ndarray, opened: tuple[int, int], ready: Callable[[int], bool]) -> int:
-    """The kind of unit (L1 or L2) that expert_wave's or interleaved's rule opens after
-    `opened` = (L1 units, L2 units), as the kernel decides it (xstage_kernels.megamoe.
-    _open_unit): the next L2 block's unit when it is due, else the next L1 block's.
-    ready(b): block b's row-block counter says every L1 tile released it (interleaved)."""
+    """The kind of unit (L1 or L2) that interleaved's rule opens after `opened` = (L1 units,
+    L2 units), as the kernel decides it (xstage_kernels.megamoe._open_unit): the next L2
+    block's unit when it is due, else the next L1 block's. ready(b): block b's row-block
+    counter says every L1 tile released it."""
     header, rows = layout_fields(layout)
-    if header["rule"] not in (RULE_WAVE, RULE_INTERLEAVED):
-        raise ValueError(f"rule {header['rule']} decides single tiles, not units")
+    if header["rule"] != RULE_INTERLEAVED:
+        raise ValueError(f"rule {header['rule']} reads no clock: its positions need no units")
     u1, u2 = opened
     if u2 == header["blocks"]:
         return L1
     if u1 == header["blocks"]:
         return L2
-    if header["rule"] == RULE_WAVE:
-        due = u1 >= rows["wave_end"][u2]
-    else:
-        lead = int(rows["row_start"][u1]) - int(rows["row_end"][u2])
-        due = ready(u2) and lead >= header["lead_rows"]
+    lead = int(rows["row_start"][u1]) - int(rows["row_end"][u2])
+    due = ready(u2) and lead >= header["lead_rows"]
     return L2 if due else L1
+
+
+def wave_tile_at(
+    layout: np.ndarray, position: int, tiles_per_block: tuple[int, int]
+) -> tuple[int, int, int]:
+    """(kind, block, n block) at `position` of expert_wave's list, from the layout alone
+    (xstage_kernels.megamoe._wave_tile): a wave lists whole blocks, n1 + n2 tiles each, so
+    block position // (n1 + n2) lies in the position's wave; in it, the wave's L1 tiles
+    block by block, then its L2 tiles."""
+    _, rows = layout_fields(layout)
+    n1, n2 = tiles_per_block
+    block = position // (n1 + n2)
+    start, end = int(rows["wave_start"][block]), int(rows["wave_end"][block])
+    into = position - start * (n1 + n2)
+    if into < (end - start) * n1:
+        return L1, start + into // n1, into % n1
+    into -= (end - start) * n1
+    return L2, start + into // n2, into % n2
 
 
 def deepgemm_tile_at(
@@ -519,14 +538,17 @@ def claim_order(
 ) -> np.ndarray:
     """The tile list the kernel realizes in device mode when num_programs programs each
     claim the next position as they finish their last tile and tiles last `costs` (L1, L2;
-    `tile_costs` by default): each unit opened by `next_unit` when its first tile is taken,
-    an interleaved block ready once its last L1 tile has ended by then (ListClock);
-    deepgemm_interleaved's positions by `deepgemm_tile_at`. expert_wave's and
-    deepgemm_interleaved's rules read no time: their order is `build`'s list."""
+    `tile_costs` by default): interleaved's units opened by `next_unit` when their first
+    tile is taken, a block ready once its last L1 tile has ended by then (ListClock);
+    expert_wave's positions by `wave_tile_at`, deepgemm_interleaved's by
+    `deepgemm_tile_at`: those two rules read no time, so their order is `build`'s list."""
     layout = device_layout(name, grid, num_programs, {"lead_rows": lead_rows})
     tiles_per_block = grid.l1_per_block, grid.l2_per_block
-    if SCHEDULES[name].device_rule == RULE_DEEPGEMM:
-        at = (deepgemm_tile_at(layout, p, tiles_per_block) for p in range(grid.tiles))
+    tile_at = {RULE_WAVE: wave_tile_at, RULE_DEEPGEMM: deepgemm_tile_at}.get(
+        SCHEDULES[name].device_rule
+    )
+    if tile_at is not None:
+        at = (tile_at(layout, p, tiles_per_block) for p in range(grid.tiles))
         return _as_array([(k, int(grid.block_expert[b]), b, n) for k, b, n in at])
 
     def due(l1_units: int, l2_units: int, released: bool) -> bool:
