@@ -169,10 +169,10 @@ def _unit_entries(kernel, tiles: np.ndarray, grid: schedule.TileGrid) -> list[in
     return entries
 
 
-def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, ahead=0):
+def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 1000):
     """decided_tile under the interpreter: one program finding the tiles at `positions`
-    (increasing) on the sync buffer as prepared, opening `ahead` units ahead; (position or
-    n_tiles, kind, expert, block, n block) for each."""
+    (increasing) on the sync buffer as prepared; (position or n_tiles, kind, expert, block,
+    n block) for each."""
     import torch
     import triton
     import triton.language as tl
@@ -190,15 +190,12 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, a
         max_spin,
         decided_tile: tl.constexpr,
         W: tl.constexpr,
-        AHEAD: tl.constexpr,
     ):
         lanes = tl.arange(0, W)
         walk = (0, 0)
         for i in range(count):
             p = tl.load(positions + i)
-            kind, e, blk, nb, walk = decided_tile(
-                p, sync, layout, n_tiles, n1, n2, n1, walk, lanes, AHEAD
-            )
+            kind, e, blk, nb, walk = decided_tile(p, sync, layout, n_tiles, n1, n2, n1, walk, lanes)
             tl.store(out + 5 * i, p)
             tl.store(out + 5 * i + 1, kind)
             tl.store(out + 5 * i + 2, e)
@@ -209,7 +206,7 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, a
     n1, n2 = grid.l1_per_block, grid.l2_per_block
     args = (torch.as_tensor(positions, dtype=torch.int32), len(positions), out, sync)
     args += (torch.as_tensor(layout), grid.tiles, n1, n2, max_spin)
-    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW, AHEAD=ahead)
+    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW)
     return out.numpy()
 
 
@@ -335,38 +332,6 @@ def test_a_unit_another_program_published_first_stands(interpreted_kernel):
         kernel.unit_entry(schedule.L1, 3),  # opened here: block 2's L1 tiles, positions 7-8
     ]
     assert not units[4:].any() and int(sync[1]) == 0
-
-
-def test_a_program_that_publishes_a_unit_opens_the_next_ones_ahead(interpreted_kernel):
-    """OPEN_AHEAD: the program that opens its position's unit (unit 3, after three it
-    opened on the way) then opens the next two by the rule as well, and stops at one
-    published already; one that finds its unit published opens nothing. Every block
-    released: the rule's units are next_unit's."""
-    import torch
-
-    kernel = interpreted_kernel
-    g = _many_units()
-    layout = schedule.device_layout(schedule.INTERLEAVED, g, 8, {"lead_rows": 0})
-    entries, starts = _units_by_rule(kernel, layout, g)
-
-    def prepared():
-        sync = torch.zeros(kernel.sync_size(g.blocks), dtype=torch.int32)
-        sync[kernel.SYNC_HEADER : kernel.SYNC_HEADER + g.blocks] = g.l1_per_block
-        return sync
-
-    sync = prepared()
-    _resolve(kernel, layout, sync, g, [starts[3]], ahead=2)
-    table = _unit_table(kernel, sync, g).tolist()
-    assert table[:6] == entries[:6] and not any(table[6:])
-    sync = prepared()
-    _unit_table(kernel, sync, g)[5] = entries[5]
-    _resolve(kernel, layout, sync, g, [starts[3]], ahead=4)
-    table = _unit_table(kernel, sync, g).tolist()
-    assert table[:6] == entries[:6] and not any(table[6:])  # stopped at unit 5
-    sync = prepared()
-    _unit_table(kernel, sync, g)[:4] = torch.as_tensor(entries[:4], dtype=torch.int32)
-    got = _resolve(kernel, layout, sync, g, [starts[3]], ahead=2)
-    assert got[0, 0] == starts[3] and not _unit_table(kernel, sync, g)[4:].any()
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -495,18 +460,6 @@ def test_the_gluon_device_mode_claims_with_the_lists_one_fetch_add(precision, tr
     for name in ("wgmma", "tma_loads", "release_add", "acquire_polls"):
         assert decided[name] == listed[name] > 0, name
     assert decided["shared"] == listed["shared"]
-
-
-@needs_triton
-def test_opening_units_ahead_adds_only_their_rule_reads_and_publications():
-    """OPEN_AHEAD = 2: two more openings after a publication, each the rule's counter read
-    and one compare-and-swap (unrolled), and nothing else of the kernel changes."""
-    call = "kernels.compile_for_sm90(precision='w8a8', device=True, open_ahead={})"
-    now, ahead = (sm90.compiled("megamoe_ws", call.format(n), GLUON_PATTERNS) for n in (0, 2))
-    assert (ahead["cas"], ahead["publications"]) == (now["cas"] + 2, now["publications"] + 2)
-    assert ahead["unit_polls"] == now["unit_polls"] + 2
-    for name in ("claims", "wgmma", "tma_loads", "release_add", "acquire_polls", "shared"):
-        assert ahead[name] == now[name], name
 
 
 @needs_triton

@@ -52,13 +52,11 @@ pipeline() {  # pipeline NAME CONFIG: CONFIG's MegaMoE table through Snakemake, 
 }
 
 # The device-decided schedules against their lists, at host share 0.25 and at 0 (no remote
-# store: what deciding on the GPU costs by itself). On an H100 at 09b03a5 / 23bbbb8, oracle
-# over device: interleaved 0.973 / 0.969, expert waves 0.983 / 0.971 (then from the unit
-# table; now from the layout alone); issue 53 asks 0.98.
+# store: what deciding on the GPU costs by itself). Oracle over device kernel time, one
+# H100, f = 0.25: at aeb110f expert waves 0.990 (their positions from the layout alone),
+# interleaved 0.976 (W8A8 0.986, W4A8 0.968); issue 53 asks 0.98.
 pipeline device-rule-84 kernels/ab/device-rule-84.yaml
 pipeline device-rule-84-f0 kernels/ab/device-rule-84-f0.yaml
-# interleaved decided on the device, its units opened 0 or 2 ahead by their publisher
-# (megamoe_ws.OPEN_AHEAD), every row local.
-ab open-ahead-w8a8 w8a8 OPEN_AHEAD=0,2 device interleaved
-ab open-ahead-w4a8 w4a8 OPEN_AHEAD=0,2 device interleaved
+# No option is staged: every option written so far has been timed (kernels/ab/README.md).
+# A new one goes here as `ab NAME PRECISION OPTION=0,1 [device [SCHEDULE]]`.
 exit $failed

@@ -281,14 +281,10 @@ def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier)
 
 
 @triton.jit
-def _unit_tile(
-    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, AHEAD: tl.constexpr
-):
+def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes):
     """interleaved's tile at position p from the unit table; (kind, block, n block, and the
     walk after: `base`, a unit whose predecessors are all published and that starts at or
-    before the program's next position, and `base_l1`, the L1 units before it). AHEAD: the
-    units after its own that a program which published its position's unit opens too
-    (`_open_ahead`)."""
+    before the program's next position, and `base_l1`, the L1 units before it)."""
     # Lock-free: positions are claimed in order, so a program whose position lies past
     # every published unit knows that the first unpublished unit's first position is
     # claimed, and opens that unit itself: the first program there decides it, one
@@ -304,10 +300,8 @@ def _unit_tile(
     kind = 0
     blk = 0
     nb = 0
-    through_l1 = 0
     found = p >= n_tiles
     at_frontier = p < 0  # base is the first unpublished unit, as this program opened the last
-    published = p < 0  # this program's compare-and-swap published the unit it looked at last
     while not found:
         holds, at, entry, next_unit, next_l1 = _read_units(
             units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier
@@ -330,10 +324,8 @@ def _unit_tile(
             entry = tl.where(won == 0, mine, won)  # a racing program's decision stands
             at = next_unit
             at_frontier = won == 0
-            published = won == 0
         else:
             at_frontier = p < 0
-            published = p < 0
         kind, through_l1, start, end = _unit_of(entry, at, n1, n2)
         found = (holds | opens) & (start <= p) & (p < end)
         blk = tl.where(kind == 0, through_l1 - 1, at - through_l1)
@@ -342,35 +334,7 @@ def _unit_tile(
         base = tl.where(found, at, tl.where(opens, at + 1, next_unit))
         base_l1 = tl.where(found, through_l1 - 1 + kind, tl.where(opens, through_l1, next_l1))
         at_frontier = at_frontier & (not found)
-    if AHEAD > 0:
-        _open_ahead(sync_ptr, layout_ptr, blocks, ready_at, base, through_l1, published, AHEAD)
     return kind, blk, nb, base, base_l1
-
-
-@triton.jit
-def _open_ahead(
-    sync_ptr, layout_ptr, blocks, ready_at, unit, through_l1, going, AHEAD: tl.constexpr
-):
-    """After publishing `unit` (through_l1: the L1 units up to it), open the AHEAD units after
-    it by the rule, each one compare-and-swap, stopping at one already published (its
-    publisher opens what follows). Without this, every program claiming a position before
-    its unit was published raced to open it, the rule's loads and the compare-and-swap on its
-    claim's path (issue 53: interleaved 0.97 of its list's time). Deciding a unit before its
-    first position is claimed reads the row-block counters earlier: a block released in
-    between waits one unit longer, as a larger lead would."""
-    units_ptr = sync_ptr + _SYNC_HEADER + blocks
-    u = unit + 1
-    u1 = through_l1
-    for _ in tl.static_range(AHEAD):
-        going = going & (u < 2 * blocks)
-        if going:
-            kind = _open_unit(
-                layout_ptr, sync_ptr + _SYNC_HEADER, blocks, u1, u - u1, ready_at, going
-            )
-            won = tl.atomic_cas(units_ptr + u, 0, _unit_entry(kind, u1 + 1 - kind), sem="relaxed")
-            going = won == 0
-            u1 += 1 - kind
-            u += 1
 
 
 @triton.jit
@@ -426,15 +390,12 @@ def _wave_tile(p, layout_ptr, n_tiles, n1, n2):
 
 
 @triton.jit
-def decided_tile(
-    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes, OPEN_AHEAD: tl.constexpr
-):
+def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes):
     """Device mode: the tile at list position p, claimed with the list's fetch-add; (kind,
     local expert, row block, n block, walk).
     n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
     walk: where the program's last claim left its walk, (0, 0) at its first (its positions
-    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout; OPEN_AHEAD:
-    interleaved's units opened ahead by a program that published one (`_open_ahead`)."""
+    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout."""
     base, base_l1 = walk
     rule = tl.load(layout_ptr + _RULE)
     if rule == _RULE_DEEPGEMM:
@@ -443,7 +404,7 @@ def decided_tile(
         kind, blk, nb = _wave_tile(p, layout_ptr, n_tiles, n1, n2)
     else:
         kind, blk, nb, base, base_l1 = _unit_tile(
-            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, OPEN_AHEAD
+            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes
         )
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
     return kind, e, blk, nb, (base, base_l1)
@@ -461,7 +422,7 @@ def _take_decided(idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, l
     written at that position, the realized order; (position, kind, expert as int64, block,
     n block, walk)."""
     kind, e, blk, nb, walk = decided_tile(
-        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes, 0
+        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes
     )
     claimed = idx < n_tiles
     tl.store(tiles_ptr + idx * 4, kind, mask=claimed)

@@ -326,13 +326,6 @@ MMA_TURNS = False
 # Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
 # 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
 TURN_BARRIER = 8
-# Device mode, interleaved: a program that publishes the unit holding its position opens
-# this many units after it too (megamoe._open_ahead), so that the programs claiming their
-# positions find them published instead of racing to open them on their claims' paths.
-# 0: each unit opened when a position in it is first claimed. Staged for a paired A/B
-# (kernels/ab/staged.sh): on an H100, interleaved decided on the device ran at 0.973 of its
-# host list's time with none (kernels/ab/2026-12-07-device-rule-h100-84-any-opener.json).
-OPEN_AHEAD = 0
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -348,7 +341,6 @@ LAUNCH_OPTIONS = (
     "W4_DROP_WAIT_BARRIERS",
     "ARRIVE_PER_WARP",
     "MMA_TURNS",
-    "OPEN_AHEAD",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -433,7 +425,6 @@ class Shared:
     SCALES_TMA: gl.constexpr
     TURNS: gl.constexpr
     DEVICE: gl.constexpr
-    OPEN_AHEAD: gl.constexpr
     TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
@@ -475,10 +466,8 @@ class Shared:
             SCALES_TMA,
             TURNS,
             DEVICE,
-            OPEN_AHEAD,
         ) = options
         self.DEVICE = gl.constexpr(DEVICE)
-        self.OPEN_AHEAD = gl.constexpr(OPEN_AHEAD)
         # In device mode `tiles` is what the producer writes, so only its record holds a tile.
         self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
@@ -668,7 +657,6 @@ def _producer(p, WG: gl.constexpr):
                 2 * n1,
                 walk,
                 lanes,
-                p.OPEN_AHEAD,
             )
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
@@ -1102,7 +1090,6 @@ def _fused_moe_ws(
     ARRIVE_PER_WARP: gl.constexpr,
     MMA_TURNS: gl.constexpr,
     DEVICE: gl.constexpr,
-    OPEN_AHEAD: gl.constexpr,
 ):
     if DEVICE:  # the layout's block count, written on the device: one graph, any routing
         n_tiles = gl.load(layout_ptr + _LAYOUT_BLOCKS) * ((H + I) // _BLOCK)
@@ -1198,7 +1185,6 @@ def _fused_moe_ws(
             SCALES_TMA,
             MMA_TURNS,
             DEVICE,
-            OPEN_AHEAD,
         ),
     )
     if W4:
@@ -1370,7 +1356,6 @@ def launch_constexprs(precision: str, trace: bool = False, device: bool = False)
         "ARRIVE_PER_WARP": arrives_per_warp(precision),
         "MMA_TURNS": bool(MMA_TURNS),
         "DEVICE": device,
-        "OPEN_AHEAD": open_ahead() if device else 0,
     }
 
 
@@ -1428,14 +1413,7 @@ def launch_options(precision: str) -> dict:
         options["slot_release"] = "one arrival per warp (ptx_edits)"
     if MMA_TURNS:  # absent: both math warpgroups issue as soon as their slot is full
         options["mma_issue"] = "in turn (named barriers)"
-    if open_ahead():  # absent: a unit opened when a position in it is first claimed
-        options["device_units_opened_ahead"] = open_ahead()
     return options
-
-
-def open_ahead() -> int:
-    """OPEN_AHEAD, checked: units a device-mode program opens ahead, 0 to 8."""
-    return _one_of("OPEN_AHEAD", tuple(range(9)))
 
 
 def max_regs(precision: str) -> int:
@@ -1475,7 +1453,6 @@ def compile_for_sm90(
     arrive_per_warp: bool = False,
     mma_turns: bool = False,
     device: bool = False,
-    open_ahead: int = 0,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1496,7 +1473,6 @@ def compile_for_sm90(
         "ARRIVE_PER_WARP": arrive_per_warp and not w4,
         "MMA_TURNS": mma_turns,
         "DEVICE": device,
-        "OPEN_AHEAD": open_ahead,
     }
     return _compile_sm90(precision, constexprs)
 
