@@ -49,7 +49,6 @@ def test_options_every_arm_holds_are_parsed_and_checked():
         fixed_options("STAGES=4")
 
 
-@needs_triton
 def test_an_interleaved_ab_needs_a_numeric_lead():
     from xstage_bench.megamoe import kernel_ab
 
@@ -63,6 +62,7 @@ def test_an_interleaved_ab_needs_a_numeric_lead():
     assert kernel_ab.ab_lead(512, moe) == 512 and kernel_ab.ab_lead(None, {"lead_rows": 256}) == 256
 
 
+@needs_triton
 def test_holding_the_compared_option_is_refused_before_any_device_is_touched(capsys, monkeypatch):
     from xstage_bench.megamoe import kernel_ab
     from xstage_bench.megamoe.ours import measurer

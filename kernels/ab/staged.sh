@@ -52,9 +52,9 @@ pipeline() {  # pipeline NAME CONFIG: CONFIG's MegaMoE table through Snakemake, 
 }
 
 # The device-decided schedules against their lists, at host share 0.25 and at 0 (no remote
-# store: what deciding on the GPU costs by itself). Oracle over device kernel time, one
-# H100, f = 0.25: at aeb110f expert waves 0.990 (their positions from the layout alone),
-# interleaved 0.976 (W8A8 0.986, W4A8 0.968); issue 53 asks 0.98.
+# store: what deciding on the GPU costs by itself). Oracle over device kernel time at
+# f = 0.25, expert waves found from the layout alone: one H100 (aeb110f) 0.990 and
+# interleaved 0.976; one H200 (71cf5f4) 0.988 and 0.970. Issue 53 asks 0.98.
 pipeline device-rule-84 kernels/ab/device-rule-84.yaml
 pipeline device-rule-84-f0 kernels/ab/device-rule-84-f0.yaml
 # No option is staged: every option written so far has been timed (kernels/ab/README.md).

@@ -1,0 +1,103 @@
+"""What deciding the interleaved order on the GPU costs: its claims, or the order they realize.
+
+    PYTHONPATH=src:kernels python3 kernels/ab/device_order_replay.py \
+        --config config/reference-h200x1.yaml --dataset ab --routings balanced \
+        --precisions w4a8,w8a8 --shapes qwen3.5-397b-a17b,hy3-295b-a21b \
+        --tokens 1024,4096,16384 --out replay.json
+
+Per configuration (every combine row local), three arms in paired rounds: the interleaved
+host list (list mode), the same schedule decided by the kernel's programs (device mode), and
+the order that device run realized, replayed as a list (list mode). Each is checked first
+(the replay: outputs bit-equal to the list's, no error flag). replay / device is what the
+device claims cost with the order held fixed; list / replay what the realized order costs
+against the host's. Kernel time (kernel_us), medians of per-round ratios, geomeans last.
+"""
+
+import argparse
+import json
+import math
+import statistics
+
+from xstage_bench.data.grid import DEVICE, LIST
+from xstage_bench.measurement import timing
+from xstage_bench.measurement.environment import capture_measured, finish
+from xstage_bench.megamoe.kernel_ab import local_configs
+from xstage_bench.megamoe.options import add_grid_arguments, megamoe_policy, selected_grid
+from xstage_bench.megamoe.ours.measurer import MoEMeasurer
+from xstage_bench.megamoe.runner import default_devices, measured_paths
+
+REPLAY = "replay"  # the tile-list key of the realized order
+RATIOS = (("list", "device"), ("replay", "device"), ("list", "replay"))
+
+
+def replay_matches_list(prob, list_key: str) -> bool:
+    """Whether the replayed order computes the list's outputs bit for bit, with no error."""
+    prob.poison()
+    prob.forward(list_key)
+    prob.synchronize()
+    want = [o.clone() for o in prob.checked_outputs()]
+    prob.poison()
+    prob.forward(REPLAY)
+    prob.synchronize()
+    same = all(bool((g == w).all()) for g, w in zip(prob.checked_outputs(), want, strict=True))
+    return same and not any(prob.error_flags())
+
+
+def compare(measurer, policy, device_index, listed: dict, decided: dict) -> dict:
+    prob = measurer.problem(listed)
+    record = {"id": listed["id"], "checks": {}}
+    for name, point in (("list", listed), ("device", decided)):
+        record["checks"][name] = measurer.check(point)[0]
+    keys = {"list": prob.arm(listed), "device": prob.arm(decided), REPLAY: REPLAY}
+    for rank in prob.ranks:  # the order the device check's run realized
+        rank.tiles[REPLAY] = rank.claimed(keys["device"]).clone()
+    record["checks"]["replay_equals_list"] = replay_matches_list(prob, keys["list"])
+    events = {name: [] for name in keys}
+
+    def timer(name):
+        def run():
+            prob.forward(keys[name], kernel_events=events[name], flushers=measurer.flushers)
+
+        lead = timing.host_lead(policy)
+        return timing.cuda_event_timer(
+            run, device=device_index, flush_l2=policy.flush_l2, lead=lead
+        )
+
+    samples = timing.measure_paired({name: timer(name) for name in keys}, policy)
+    kernel_us = {n: timing.slowest_rank_us(events[n], len(samples[n])) for n in keys}
+    record["kernel_us"] = kernel_us
+    for a, b in RATIOS:
+        pairs = zip(kernel_us[a], kernel_us[b], strict=True)
+        record[f"{a}_over_{b}"] = statistics.median(x / y for x, y in pairs)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_grid_arguments(parser)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--lead", type=int, default=1024, help="interleaved's lead_rows")
+    args = parser.parse_args()
+    config, moe = selected_grid(args)
+    devices = default_devices(config, None, "cuda")
+    policy = megamoe_policy(config, moe)
+    measurer = MoEMeasurer(moe, policy, devices)
+    paths = measured_paths(config, 1)
+    listed = local_configs(moe, 1, paths, LIST, "interleaved", args.lead)
+    decided = local_configs(moe, 1, paths, DEVICE, "interleaved", args.lead)
+    doc = {"what": __doc__.split("\n\n")[0], "environment": capture_measured("cuda"), "results": []}
+    for point_list, point_device in zip(listed, decided, strict=True):
+        record = compare(measurer, policy, devices[0].index, point_list, point_device)
+        doc["results"].append(record)
+        finish(doc["environment"])
+        with open(args.out, "w") as f:
+            json.dump(doc, f)
+        ratios = " ".join(f"{a}/{b} {record[f'{a}_over_{b}']:.3f}" for a, b in RATIOS)
+        print(f"{record['id']}: {ratios} checks {record['checks']}", flush=True)
+    for a, b in RATIOS:
+        values = [r[f"{a}_over_{b}"] for r in doc["results"]]
+        print(f"{a}/{b} geomean {math.exp(sum(map(math.log, values)) / len(values)):.3f}")
+
+
+if __name__ == "__main__":
+    main()
