@@ -169,10 +169,10 @@ def _unit_entries(kernel, tiles: np.ndarray, grid: schedule.TileGrid) -> list[in
     return entries
 
 
-def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 1000):
+def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, one=False):
     """decided_tile under the interpreter: one program finding the tiles at `positions`
-    (increasing) on the sync buffer as prepared; (position or n_tiles, kind, expert, block,
-    n block) for each."""
+    (increasing) on the sync buffer as prepared (one: CLAIM_ONE_REDUCTION's walk); (position
+    or n_tiles, kind, expert, block, n block) for each."""
     import torch
     import triton
     import triton.language as tl
@@ -190,12 +190,15 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 
         max_spin,
         decided_tile: tl.constexpr,
         W: tl.constexpr,
+        ONE: tl.constexpr,
     ):
         lanes = tl.arange(0, W)
         walk = (0, 0)
         for i in range(count):
             p = tl.load(positions + i)
-            kind, e, blk, nb, walk = decided_tile(p, sync, layout, n_tiles, n1, n2, n1, walk, lanes)
+            kind, e, blk, nb, walk = decided_tile(
+                p, sync, layout, n_tiles, n1, n2, n1, walk, lanes, ONE
+            )
             tl.store(out + 5 * i, p)
             tl.store(out + 5 * i + 1, kind)
             tl.store(out + 5 * i + 2, e)
@@ -206,7 +209,7 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin: int = 
     n1, n2 = grid.l1_per_block, grid.l2_per_block
     args = (torch.as_tensor(positions, dtype=torch.int32), len(positions), out, sync)
     args += (torch.as_tensor(layout), grid.tiles, n1, n2, max_spin)
-    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW)
+    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW, ONE=one)
     return out.numpy()
 
 
@@ -219,8 +222,10 @@ def _many_units() -> schedule.TileGrid:
     return schedule.TileGrid(np.repeat(np.arange(8), 5), np.full(40, 128), 1, 2)
 
 
-def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel):
-    """Positions far apart (many units, past a window) and close (the same unit)."""
+@pytest.mark.parametrize("one", [False, True])
+def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel, one):
+    """Positions far apart (many units, past a window) and close (the same unit); with one
+    warp reduction a claim (CLAIM_ONE_REDUCTION) as with five."""
     import torch
 
     name = schedule.INTERLEAVED
@@ -232,7 +237,7 @@ def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel)
     rng = np.random.default_rng(7)
     positions = np.sort(rng.choice(g.tiles, 30, replace=False))
     layout = schedule.device_layout(name, g, 8)
-    got = _resolve(interpreted_kernel, layout, sync, g, positions)
+    got = _resolve(interpreted_kernel, layout, sync, g, positions, one=one)
     np.testing.assert_array_equal(got[:, 0], positions)
     np.testing.assert_array_equal(got[:, 1:], listed[positions])
     assert torch.equal(_unit_table(interpreted_kernel, sync, g), entries)  # nothing opened
@@ -276,7 +281,8 @@ def _units_by_rule(kernel, layout: np.ndarray, grid: schedule.TileGrid):
     return entries, starts
 
 
-def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel):
+@pytest.mark.parametrize("one", [False, True])
+def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, one):
     """Only unit 0 published, and the position lies 45 units on (past a window): positions
     are claimed in order, so every unit before it is due; the program opens each by the
     rule itself, without waiting for their first positions' holders, and none past its
@@ -291,7 +297,7 @@ def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel):
     sync[kernel.SYNC_HEADER : kernel.SYNC_HEADER + g.blocks] = g.l1_per_block  # released
     _unit_table(kernel, sync, g)[0] = entries[0]
     unit = 45
-    got = _resolve(kernel, layout, sync, g, [starts[unit]])
+    got = _resolve(kernel, layout, sync, g, [starts[unit]], one=one)
     kind, blk, _ = kernel_unit(kernel, entries[unit], unit, g)
     assert got.tolist() == [[starts[unit], kind, int(g.block_expert[blk]), blk, 0]]
     table = _unit_table(kernel, sync, g).tolist()
@@ -308,7 +314,8 @@ def kernel_unit(kernel, entry: int, unit: int, grid: schedule.TileGrid) -> tuple
     return kind, block, end - (n1 if kind == schedule.L1 else n2)
 
 
-def test_a_unit_another_program_published_first_stands(interpreted_kernel):
+@pytest.mark.parametrize("one", [False, True])
+def test_a_unit_another_program_published_first_stands(interpreted_kernel, one):
     """Units 0 and 2 published, the position (7) in unit 3. The program sees unit 1 as the
     first unpublished and opens it (block 0 not released: block 1's L1 tiles), goes on to
     unit 2 without reading the table, and finds it taken in the compare-and-swap: the other
@@ -323,7 +330,7 @@ def test_a_unit_another_program_published_first_stands(interpreted_kernel):
     units[0] = kernel.unit_entry(schedule.L1, 1)  # block 0's L1 tiles: positions 0-1
     units[2] = kernel.unit_entry(schedule.L2, 2)  # block 0's L2 tiles: positions 4-6
     layout = schedule.device_layout(schedule.INTERLEAVED, g, 2, {"lead_rows": 0})
-    got = _resolve(kernel, layout, sync, g, [7])
+    got = _resolve(kernel, layout, sync, g, [7], one=one)
     assert got.tolist() == [[7, schedule.L1, 1, 2, 0]]
     assert units.tolist()[:4] == [
         kernel.unit_entry(schedule.L1, 1),
@@ -460,6 +467,17 @@ def test_the_gluon_device_mode_claims_with_the_lists_one_fetch_add(precision, tr
     for name in ("wgmma", "tma_loads", "release_add", "acquire_polls"):
         assert decided[name] == listed[name] > 0, name
     assert decided["shared"] == listed["shared"]
+
+
+@needs_triton
+def test_one_reduction_a_claim_changes_no_atomic_and_no_load():
+    """CLAIM_ONE_REDUCTION changes a claim's warp reductions alone: the same fetch-add,
+    table polls, publication and operand loads."""
+    call = "kernels.compile_for_sm90(precision='w8a8', device=True, claim_one_reduction={})"
+    five, one = (sm90.compiled("megamoe_ws", call.format(b), GLUON_PATTERNS) for b in (0, 1))
+    for name in GLUON_PATTERNS:
+        assert one[name] == five[name], name
+    assert one["shared"] == five["shared"]
 
 
 @needs_triton

@@ -57,6 +57,8 @@ pipeline() {  # pipeline NAME CONFIG: CONFIG's MegaMoE table through Snakemake, 
 # interleaved 0.976; one H200 (71cf5f4) 0.988 and 0.970. Issue 53 asks 0.98.
 pipeline device-rule-84 kernels/ab/device-rule-84.yaml
 pipeline device-rule-84-f0 kernels/ab/device-rule-84-f0.yaml
-# No option is staged: every option written so far has been timed (kernels/ab/README.md).
-# A new one goes here as `ab NAME PRECISION OPTION=0,1 [device [SCHEDULE]]`.
+# interleaved decided on the device, a claim in a published unit found with one warp
+# reduction instead of five (megamoe_ws.CLAIM_ONE_REDUCTION), every row local.
+ab claim-one-reduction-w8a8 w8a8 CLAIM_ONE_REDUCTION=0,1 device interleaved
+ab claim-one-reduction-w4a8 w4a8 CLAIM_ONE_REDUCTION=0,1 device interleaved
 exit $failed

@@ -100,6 +100,7 @@ LAYOUT_HEADER = 3  # rule, lead_rows, blocks
 LAYOUT_BLOCKS = 2  # the header's block count: the rows after it are that long
 LAYOUT_ROWS = 6  # expert, row_start, row_end, wave_end, l2_start, wave_start
 UNIT_WINDOW = 32  # unit-table entries (or deepgemm blocks) a program reads with one load
+UNIT_ENTRY_LIMIT = 2**26  # entries stay below it, so a window lane and its entry pack in int32
 FP8_KERNEL_ENV = "XSTAGE_MOE_FP8_KERNEL"
 FP8_KERNELS = ("ws", "tl")
 FP8_PRECISIONS = ("w8a8", "w4a8")
@@ -117,6 +118,9 @@ _RULE_DEEPGEMM = tl.constexpr(CLAIM_RULES.index("deepgemm_interleaved"))
 _RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(LAYOUT_BLOCKS)
 _ROW_START, _ROW_END, _WAVE_END, _L2_START, _WAVE_START = (tl.constexpr(i) for i in range(1, 6))
 _NO_START = tl.constexpr(2**31 - 1)  # past every list position
+# A window's hit packed as lane * _LANE_KEY + entry (entries stay below it: check_device_mode)
+_LANE_KEY = tl.constexpr(UNIT_ENTRY_LIMIT)
+_NO_HIT = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
@@ -254,23 +258,34 @@ def _open_unit(layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening):
 
 
 @triton.jit
-def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier):
+def _read_units(
+    units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier, ONE_REDUCTION: tl.constexpr
+):
     """One load of the unit table's UNIT_WINDOW entries from unit `base` (base_l1: the L1
     units before it): (whether a published unit holds position p, that unit, its entry, the
-    first unit not seen published, the L1 units before that one). at_frontier: base is
-    known unpublished (this program opened the unit before it), so nothing is loaded."""
+    first unit not seen published, the L1 units before that one; those two only when no
+    unit holds p, with ONE_REDUCTION). at_frontier: base is known unpublished (this program
+    opened the unit before it), so nothing is loaded."""
     unit = base + lanes
     readable = (unit < 2 * blocks) & (not at_frontier)
     entry = tl.load(units_ptr + unit, mask=readable, other=0, volatile=True)
     _, _, starts, ends = _unit_of(entry, unit, n1, n2)
-    hit = (entry != 0) & (starts <= p) & (p < ends)
-    holds = tl.max(hit.to(tl.int32)) > 0
-    hit_unit = base + tl.min(tl.where(hit, lanes, _UNIT_WINDOW))
-    hit_entry = tl.sum(tl.where(hit, entry, 0))
-    # Entries are published in order, but one load may see a later one first: only the
-    # leading published entries say where the first unpublished unit starts.
-    seen = tl.min(tl.where(entry != 0, _UNIT_WINDOW, lanes))
-    last_seen = tl.sum(tl.where(lanes == seen - 1, entry, 0))
+    hit = (entry != 0) & (starts <= p) & (p < ends)  # one lane at most: units are disjoint
+    if ONE_REDUCTION:
+        # A claim in a published unit (most claims) costs one warp reduction, not five.
+        key = tl.min(tl.where(hit, lanes * _LANE_KEY + entry, _NO_HIT))
+        holds = key != _NO_HIT
+        hit_unit = base + key // _LANE_KEY
+        hit_entry = key % _LANE_KEY
+        seen = hit_unit * 0
+        last_seen = hit_entry * 0
+        if not holds:
+            seen, last_seen = _leading_published(entry, lanes)
+    else:
+        holds = tl.max(hit.to(tl.int32)) > 0
+        hit_unit = base + tl.min(tl.where(hit, lanes, _UNIT_WINDOW))
+        hit_entry = tl.sum(tl.where(hit, entry, 0))
+        seen, last_seen = _leading_published(entry, lanes)
     return (
         holds,
         hit_unit,
@@ -281,10 +296,22 @@ def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier)
 
 
 @triton.jit
-def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes):
+def _leading_published(entry, lanes):
+    """A window's leading published entries: (how many, the last one's entry). Entries are
+    published in order, but one load may see a later one first: only the leading ones say
+    where the first unpublished unit starts."""
+    seen = tl.min(tl.where(entry != 0, _UNIT_WINDOW, lanes))
+    return seen, tl.sum(tl.where(lanes == seen - 1, entry, 0))
+
+
+@triton.jit
+def _unit_tile(
+    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, ONE_REDUCTION
+):
     """interleaved's tile at position p from the unit table; (kind, block, n block, and the
     walk after: `base`, a unit whose predecessors are all published and that starts at or
-    before the program's next position, and `base_l1`, the L1 units before it)."""
+    before the program's next position, and `base_l1`, the L1 units before it).
+    ONE_REDUCTION: _read_units'."""
     # Lock-free: positions are claimed in order, so a program whose position lies past
     # every published unit knows that the first unpublished unit's first position is
     # claimed, and opens that unit itself: the first program there decides it, one
@@ -304,7 +331,7 @@ def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1
     at_frontier = p < 0  # base is the first unpublished unit, as this program opened the last
     while not found:
         holds, at, entry, next_unit, next_l1 = _read_units(
-            units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier
+            units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier, ONE_REDUCTION
         )
         # The first unit not seen published, seen within the window: its first position is
         # claimed (p lies past every unit before it), so it is due to be decided.
@@ -374,7 +401,8 @@ def _wave_tile(p, layout_ptr, n_tiles, n1, n2):
     block, n block). A wave lists whole blocks, n1 + n2 tiles each, so block p // (n1 + n2)
     lies in p's wave: its wave's first and end block (two independent loads, where a list
     costs one) place p among the wave's L1 tiles, block by block, or its L2 tiles after
-    them. The unit table cost expert waves 1.7-2.9% of the list's kernel time (issue 53)."""
+    them. Through the unit table expert waves took 1.7-2.9% more kernel time than their list;
+    this way 1.0-1.2% (one H100, one H200: kernels/ab/2026-12-07-*-wave-layout.json)."""
     rows = layout_ptr + _LAYOUT_HEADER
     blocks = tl.load(layout_ptr + _BLOCKS)
     inside = p < n_tiles
@@ -390,12 +418,15 @@ def _wave_tile(p, layout_ptr, n_tiles, n1, n2):
 
 
 @triton.jit
-def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes):
+def decided_tile(
+    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes, ONE_REDUCTION: tl.constexpr
+):
     """Device mode: the tile at list position p, claimed with the list's fetch-add; (kind,
     local expert, row block, n block, walk).
     n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
     walk: where the program's last claim left its walk, (0, 0) at its first (its positions
-    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout."""
+    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout; ONE_REDUCTION:
+    interleaved's claim in a published unit finds it with one warp reduction, not five."""
     base, base_l1 = walk
     rule = tl.load(layout_ptr + _RULE)
     if rule == _RULE_DEEPGEMM:
@@ -404,7 +435,7 @@ def decided_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes
         kind, blk, nb = _wave_tile(p, layout_ptr, n_tiles, n1, n2)
     else:
         kind, blk, nb, base, base_l1 = _unit_tile(
-            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes
+            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, ONE_REDUCTION
         )
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
     return kind, e, blk, nb, (base, base_l1)
@@ -422,7 +453,7 @@ def _take_decided(idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, l
     written at that position, the realized order; (position, kind, expert as int64, block,
     n block, walk)."""
     kind, e, blk, nb, walk = decided_tile(
-        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes
+        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes, False
     )
     claimed = idx < n_tiles
     tl.store(tiles_ptr + idx * 4, kind, mask=claimed)
@@ -769,6 +800,8 @@ def check_device_mode(layout, tiles, sync, H: int, I: int) -> None:  # noqa: E74
         )
     if sync.numel() < sync_size(capacity):
         raise ValueError(f"device mode needs a sync buffer of {sync_size(capacity)} int32")
+    if unit_entry(1, capacity) + 1 >= UNIT_ENTRY_LIMIT:  # the last lane's key stays < _NO_HIT
+        raise ValueError(f"device mode takes at most {UNIT_ENTRY_LIMIT // 2 - 2} row blocks")
 
 
 def fp8_kernel() -> str:

@@ -326,6 +326,12 @@ MMA_TURNS = False
 # Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
 # 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
 TURN_BARRIER = 8
+# Device mode, interleaved: a claim whose position lies in a published unit finds it with
+# one warp reduction (the hit's lane and entry packed) instead of five, and looks for the
+# first unpublished unit only when none holds it (megamoe._read_units). Staged for a paired
+# A/B: replayed as a list, the order the device realizes ran at 0.945 of the device's time
+# (one H200, kernels/ab/2026-12-07-device-order-replay-h200.json): the claims cost it.
+CLAIM_ONE_REDUCTION = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -341,6 +347,7 @@ LAUNCH_OPTIONS = (
     "W4_DROP_WAIT_BARRIERS",
     "ARRIVE_PER_WARP",
     "MMA_TURNS",
+    "CLAIM_ONE_REDUCTION",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -425,6 +432,7 @@ class Shared:
     SCALES_TMA: gl.constexpr
     TURNS: gl.constexpr
     DEVICE: gl.constexpr
+    ONE_REDUCTION: gl.constexpr
     TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
@@ -466,8 +474,10 @@ class Shared:
             SCALES_TMA,
             TURNS,
             DEVICE,
+            ONE_REDUCTION,
         ) = options
         self.DEVICE = gl.constexpr(DEVICE)
+        self.ONE_REDUCTION = gl.constexpr(ONE_REDUCTION)
         # In device mode `tiles` is what the producer writes, so only its record holds a tile.
         self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
@@ -657,6 +667,7 @@ def _producer(p, WG: gl.constexpr):
                 2 * n1,
                 walk,
                 lanes,
+                p.ONE_REDUCTION,
             )
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
@@ -1090,6 +1101,7 @@ def _fused_moe_ws(
     ARRIVE_PER_WARP: gl.constexpr,
     MMA_TURNS: gl.constexpr,
     DEVICE: gl.constexpr,
+    ONE_REDUCTION: gl.constexpr,
 ):
     if DEVICE:  # the layout's block count, written on the device: one graph, any routing
         n_tiles = gl.load(layout_ptr + _LAYOUT_BLOCKS) * ((H + I) // _BLOCK)
@@ -1185,6 +1197,7 @@ def _fused_moe_ws(
             SCALES_TMA,
             MMA_TURNS,
             DEVICE,
+            ONE_REDUCTION,
         ),
     )
     if W4:
@@ -1356,6 +1369,7 @@ def launch_constexprs(precision: str, trace: bool = False, device: bool = False)
         "ARRIVE_PER_WARP": arrives_per_warp(precision),
         "MMA_TURNS": bool(MMA_TURNS),
         "DEVICE": device,
+        "ONE_REDUCTION": bool(CLAIM_ONE_REDUCTION) and device,
     }
 
 
@@ -1413,6 +1427,8 @@ def launch_options(precision: str) -> dict:
         options["slot_release"] = "one arrival per warp (ptx_edits)"
     if MMA_TURNS:  # absent: both math warpgroups issue as soon as their slot is full
         options["mma_issue"] = "in turn (named barriers)"
+    if CLAIM_ONE_REDUCTION:  # absent: five warp reductions a device-mode claim
+        options["device_claim"] = "one warp reduction in a published unit"
     return options
 
 
@@ -1453,6 +1469,7 @@ def compile_for_sm90(
     arrive_per_warp: bool = False,
     mma_turns: bool = False,
     device: bool = False,
+    claim_one_reduction: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1473,6 +1490,7 @@ def compile_for_sm90(
         "ARRIVE_PER_WARP": arrive_per_warp and not w4,
         "MMA_TURNS": mma_turns,
         "DEVICE": device,
+        "ONE_REDUCTION": claim_one_reduction,
     }
     return _compile_sm90(precision, constexprs)
 
