@@ -330,7 +330,9 @@ TURN_BARRIER = 8
 # one warp reduction (the hit's lane and entry packed) instead of five, and looks for the
 # first unpublished unit only when none holds it (megamoe._read_units). Staged for a paired
 # A/B: replayed as a list, the order the device realizes ran at 0.945 of the device's time
-# (one H200, kernels/ab/2026-12-07-device-order-replay-h200.json): the claims cost it.
+# (one H200, kernels/ab/2026-12-07-device-order-replay-h200.json): the claims cost it. Each
+# reduction is one redux.sync instruction, so expect little; a traced run says where the
+# claims' time goes.
 CLAIM_ONE_REDUCTION = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
