@@ -11,12 +11,17 @@ the order that device run realized, replayed as a list (list mode). Each is chec
 (the replay: outputs bit-equal to the list's, no error flag). replay / device is what the
 device claims cost with the order held fixed; list / replay what the realized order costs
 against the host's. Kernel time (kernel_us), medians of per-round ratios, geomeans last.
+With --trace, one traced run of each arm after the timing: per program, the gap from a
+tile's last store to the program's next tile taken (`claim_gaps`), where a costlier claim
+shows.
 """
 
 import argparse
 import json
 import math
 import statistics
+
+import numpy as np
 
 from xstage_bench.data.grid import DEVICE, LIST
 from xstage_bench.measurement import timing
@@ -28,6 +33,39 @@ from xstage_bench.megamoe.runner import default_devices, measured_paths
 
 REPLAY = "replay"  # the tile-list key of the realized order
 RATIOS = (("list", "device"), ("replay", "device"), ("list", "replay"))
+PROGRAM, TAKEN, STORE_END = 0, 1, 5  # columns of a trace (xstage_kernels.formats.TRACE_FIELDS)
+
+
+def claim_gaps(stamps: np.ndarray) -> dict:
+    """Per program, the time (us) from each tile's last store to its next tile taken, over
+    every program of a traced run (ns stamps): median, p90 and sum, and the run's span."""
+    gaps = []
+    for program in np.unique(stamps[:, PROGRAM]):
+        rows = stamps[stamps[:, PROGRAM] == program]
+        rows = rows[np.argsort(rows[:, TAKEN])]
+        gaps.append((rows[1:, TAKEN] - rows[:-1, STORE_END]) / 1e3)
+    every = np.concatenate(gaps) if gaps else np.zeros(0)
+    span = (stamps[:, STORE_END].max() - stamps[:, TAKEN].min()) / 1e3 if len(stamps) else 0.0
+    return {
+        "gap_us_median": float(np.median(every)) if every.size else 0.0,
+        "gap_us_p90": float(np.percentile(every, 90)) if every.size else 0.0,
+        "gap_us_sum": float(every.sum()),
+        "span_us": float(span),
+        "tiles": int(len(stamps)),
+    }
+
+
+def traced_gaps(prob, key: str) -> dict:
+    """claim_gaps of rank 0 in one traced run of tile list `key` (after a traced warm-up,
+    which also compiles the traced build)."""
+    bufs = prob.trace_buffers(key)
+    for _ in range(2):
+        for b in bufs:
+            b.zero_()
+        prob.forward(key, trace=bufs)
+        prob.synchronize()
+    stamps, _ = prob.traced(key, bufs)
+    return claim_gaps(stamps[0].astype(np.int64))
 
 
 def replay_matches_list(prob, list_key: str) -> bool:
@@ -43,7 +81,7 @@ def replay_matches_list(prob, list_key: str) -> bool:
     return same and not any(prob.error_flags())
 
 
-def compare(measurer, policy, device_index, listed: dict, decided: dict) -> dict:
+def compare(measurer, policy, device_index, listed: dict, decided: dict, trace=False) -> dict:
     prob = measurer.problem(listed)
     record = {"id": listed["id"], "checks": {}}
     for name, point in (("list", listed), ("device", decided)):
@@ -69,6 +107,8 @@ def compare(measurer, policy, device_index, listed: dict, decided: dict) -> dict
     for a, b in RATIOS:
         pairs = zip(kernel_us[a], kernel_us[b], strict=True)
         record[f"{a}_over_{b}"] = statistics.median(x / y for x, y in pairs)
+    if trace:
+        record["trace"] = {name: traced_gaps(prob, keys[name]) for name in ("device", REPLAY)}
     return record
 
 
@@ -77,6 +117,7 @@ def main() -> None:
     add_grid_arguments(parser)
     parser.add_argument("--out", required=True)
     parser.add_argument("--lead", type=int, default=1024, help="interleaved's lead_rows")
+    parser.add_argument("--trace", action="store_true", help="also claim_gaps of a traced run")
     args = parser.parse_args()
     config, moe = selected_grid(args)
     devices = default_devices(config, None, "cuda")
@@ -87,13 +128,15 @@ def main() -> None:
     decided = local_configs(moe, 1, paths, DEVICE, "interleaved", args.lead)
     doc = {"what": __doc__.split("\n\n")[0], "environment": capture_measured("cuda"), "results": []}
     for point_list, point_device in zip(listed, decided, strict=True):
-        record = compare(measurer, policy, devices[0].index, point_list, point_device)
+        record = compare(measurer, policy, devices[0].index, point_list, point_device, args.trace)
         doc["results"].append(record)
         finish(doc["environment"])
         with open(args.out, "w") as f:
             json.dump(doc, f)
         ratios = " ".join(f"{a}/{b} {record[f'{a}_over_{b}']:.3f}" for a, b in RATIOS)
         print(f"{record['id']}: {ratios} checks {record['checks']}", flush=True)
+        for name, gaps in record.get("trace", {}).items():
+            print(f"   {name} traced: {gaps}", flush=True)
     for a, b in RATIOS:
         values = [r[f"{a}_over_{b}"] for r in doc["results"]]
         print(f"{a}/{b} geomean {math.exp(sum(map(math.log, values)) / len(values)):.3f}")

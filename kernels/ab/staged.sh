@@ -57,6 +57,12 @@ pipeline() {  # pipeline NAME CONFIG: CONFIG's MegaMoE table through Snakemake, 
 # interleaved 0.976; one H200 (71cf5f4) 0.988 and 0.970. Issue 53 asks 0.98.
 pipeline device-rule-84 kernels/ab/device-rule-84.yaml
 pipeline device-rule-84-f0 kernels/ab/device-rule-84-f0.yaml
+# Where interleaved's device claims lose time: the host list, the device's order, and that
+# order replayed as a list, paired, then one traced run of the device and the replay each
+# (claim gaps). At 71cf5f4 on one H200, replay over device 0.945, list over replay 1.000.
+run device-order-replay python3 kernels/ab/device_order_replay.py --config config/reference-h200x1.yaml \
+    --dataset ab --routings balanced --precisions w4a8,w8a8 --shapes qwen3.5-397b-a17b,hy3-295b-a21b \
+    --tokens 1024,4096,16384 --trace --out "$out/device-order-replay.json"
 # interleaved decided on the device, a claim in a published unit found with one warp
 # reduction instead of five (megamoe_ws.CLAIM_ONE_REDUCTION), every row local.
 ab claim-one-reduction-w8a8 w8a8 CLAIM_ONE_REDUCTION=0,1 device interleaved
