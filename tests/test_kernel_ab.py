@@ -81,20 +81,34 @@ def test_holding_the_compared_option_is_refused_before_any_device_is_touched(cap
     assert "--set GATE_BF16: that is the option compared" in capsys.readouterr().err
 
 
+def test_interleaved_ab_points_carry_their_lead_and_where_they_are_decided():
+    """--schedule interleaved --lead-rows N: every configuration's point is interleaved at
+    that lead, decided on the device with --decided-on device (the CPU run below covers the
+    expert waves end to end; an interleaved launch differs only in the rule, which
+    test_device_schedule.py runs under the interpreter)."""
+    from xstage_bench.data.config import load_config
+    from xstage_bench.megamoe import kernel_ab
+
+    moe = load_config(ROOT / "config" / "ci-measure.yaml")["megamoe"]
+    points = kernel_ab.local_configs(moe, 2, ["peer", "host"], "device", "interleaved", 128)
+    assert [p["path"] for p in points] == ["peer", "host"]
+    for p in points:
+        assert p["schedule"] == "interleaved" and p["id"].endswith("/interleaved")
+        assert p["lead_rows"] == 128 and p["decided_on"] == "device"
+    waves = kernel_ab.local_configs(moe, 2, ["peer", "host"])
+    assert all(p["schedule"] == "expert_wave" and "lead_rows" not in p for p in waves)
+
+
 @needs_triton
-@pytest.mark.parametrize(
-    "decided_on, schedule_name", [(None, None), ("device", None), ("device", "interleaved")]
-)
-def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on, schedule_name):
+@pytest.mark.parametrize("decided_on", [None, "device"])
+def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on):
     """Without --decided-on the expert waves run from the host's lists, as before the flag;
     with --decided-on device every point is decided by the kernel's programs (device mode,
-    its realized order checked with the outputs); --schedule interleaved at --lead-rows.
-    The interpreter's kernel reads no launch option, so one option serves every case."""
+    its realized order checked with the outputs). The interpreter's kernel reads no launch
+    option, so one option serves both."""
     out = tmp_path / "ab.json"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     where = ["--decided-on", decided_on] if decided_on else []
-    if schedule_name:
-        where += ["--schedule", schedule_name, "--lead-rows", "128"]
     run = subprocess.run(
         [
             sys.executable,
@@ -132,8 +146,7 @@ def test_a_cpu_run_checks_each_value_then_times_them_paired(tmp_path, decided_on
     # ci-measure's one configuration on both store paths of two ranks, every row local
     assert [r["point"]["path"] for r in doc["results"]] == ["peer", "host"]
     for result in doc["results"]:
-        assert result["point"]["schedule"] == (schedule_name or "expert_wave")
-        assert result["point"].get("lead_rows") == (128 if schedule_name else None)
+        assert result["point"]["schedule"] == "expert_wave"
         if decided_on:
             assert result["point"]["decided_on"] == decided_on
         else:
