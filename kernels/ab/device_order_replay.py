@@ -18,11 +18,11 @@ shows.
 
 import argparse
 import json
-import math
 import statistics
 
 import numpy as np
 
+from xstage_bench.data import stats
 from xstage_bench.data.grid import DEVICE, LIST
 from xstage_bench.measurement import timing
 from xstage_bench.measurement.environment import capture_measured, finish
@@ -139,7 +139,7 @@ def main() -> None:
             print(f"   {name} traced: {gaps}", flush=True)
     for a, b in RATIOS:
         values = [r[f"{a}_over_{b}"] for r in doc["results"]]
-        print(f"{a}/{b} geomean {math.exp(sum(map(math.log, values)) / len(values)):.3f}")
+        print(f"{a}/{b} geomean {stats.geomean(values):.3f}")
 
 
 if __name__ == "__main__":
