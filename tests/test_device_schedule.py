@@ -341,6 +341,78 @@ def test_a_unit_another_program_published_first_stands(interpreted_kernel, one):
     assert not units[4:].any() and int(sync[1]) == 0
 
 
+def _cursor_claims(kernel, layout: np.ndarray, grid: schedule.TileGrid, release_after: int):
+    """cursor_claim under the interpreter, one claim a launch until none is left: each L1
+    tile's release lands `release_after` claims after its own (0: at once, as when one
+    program runs the whole list); (position, kind, expert, block, n block) of each claim."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def claim(out, sync, layout, n_tiles, n1, n2, cursor_claim: tl.constexpr):
+        idx, kind, e, blk, nb = cursor_claim(n_tiles, sync, layout, n1, n2, n1, 3)
+        tl.store(out, idx)
+        tl.store(out + 1, kind)
+        tl.store(out + 2, e)
+        tl.store(out + 3, blk)
+        tl.store(out + 4, nb)
+
+    sync = torch.zeros(kernel.sync_size(grid.blocks), dtype=torch.int32)
+    layout = torch.as_tensor(layout)
+    claims, pending = [], []
+    n1, n2 = grid.l1_per_block, grid.l2_per_block
+    while True:
+        out = torch.full((5,), -1, dtype=torch.int32)
+        claim[(1,)](out, sync, layout, grid.tiles, n1, n2, cursor_claim=kernel.cursor_claim)
+        if int(out[0]) == grid.tiles:
+            return np.array(claims)
+        claims.append(out.tolist())
+        if int(out[1]) == schedule.L1:
+            pending.append(int(out[3]))
+        while len(pending) > release_after or (pending and int(out[1]) == schedule.L2):
+            sync[kernel.SYNC_HEADER + pending.pop(0)] += 1
+
+
+def _tile_rule(layout: np.ndarray, grid: schedule.TileGrid, release_after: int) -> np.ndarray:
+    """The cursor rule in Python, releases as _cursor_claims lands them."""
+    header, rows = schedule.layout_fields(layout)
+    n1, n2, blocks = grid.l1_per_block, grid.l2_per_block, grid.blocks
+    done, pending, c1, c2, tiles = np.zeros(blocks, int), [], 0, 0, []
+    while c1 < blocks * n1 or c2 < blocks * n2:
+        b1, b2 = min(c1 // n1, blocks - 1), min(c2 // n2, blocks - 1)
+        lead = int(rows["row_start"][b1]) - int(rows["row_end"][b2])
+        due = done[b2] >= n1 and lead >= header["lead_rows"]
+        if c2 < blocks * n2 and (c1 == blocks * n1 or due):
+            tiles.append((schedule.L2, int(grid.block_expert[b2]), b2, c2 % n2))
+            c2 += 1
+        else:
+            tiles.append((schedule.L1, int(grid.block_expert[b1]), b1, c1 % n1))
+            pending.append(b1)
+            c1 += 1
+        while len(pending) > release_after or (pending and tiles[-1][0] == schedule.L2):
+            done[pending.pop(0)] += 1
+    return np.array(tiles)
+
+
+@pytest.mark.parametrize("lead", [0, 256])
+def test_on_two_cursors_each_tile_is_decided_by_the_rule(interpreted_kernel, lead):
+    """CURSORS: released at once (one program), the claims realize the unit rule's order
+    (schedule.claim_order with one program); released late (programs still running their
+    L1 tiles), an L2 tile is taken only once its block is released and the lead holds,
+    and L2 tiles left when every L1 tile is taken go last. Positions follow the claims."""
+    g = _many_units()
+    layout = schedule.device_layout(schedule.INTERLEAVED, g, 8, {"lead_rows": lead})
+    for release_after in (0, 5):
+        got = _cursor_claims(interpreted_kernel, layout, g, release_after)
+        np.testing.assert_array_equal(got[:, 0], np.arange(g.tiles))
+        np.testing.assert_array_equal(got[:, 1:], _tile_rule(layout, g, release_after))
+        schedule.check_dependencies(got[:, 1:], g)
+        _lead_holds(got[:, 1:], g, lead)
+    at_once = schedule.claim_order(schedule.INTERLEAVED, g, 1, lead_rows=lead)
+    np.testing.assert_array_equal(_tile_rule(layout, g, 0), at_once)
+
+
 @pytest.mark.parametrize("name", EXACT)
 def test_the_count_rules_positions_follow_from_the_layout(interpreted_kernel, name):
     """Every position, and positions far apart (past a window of blocks), with no table:
@@ -360,11 +432,13 @@ def test_the_count_rules_positions_follow_from_the_layout(interpreted_kernel, na
         assert not sync.any()
 
 
-def _launch_in_device_mode(monkeypatch, kernel, prob, name: str, knobs: dict) -> dict:
-    """Make prob.forward launch every rank's kernel in device mode for schedule `name`:
-    each rank's sync buffer grows to the kernel's sync_size and its tile list gives way to
-    a poisoned buffer that the kernel fills; returns those buffers by rank (after the run,
-    the orders the kernel realized)."""
+def _launch_in_device_mode(
+    monkeypatch, kernel, prob, name: str, knobs: dict, cursors: bool = False
+) -> dict:
+    """Make prob.forward launch every rank's kernel in device mode for schedule `name`
+    (cursors: interleaved on two cursors): each rank's sync buffer grows to the kernel's
+    sync_size and its tile list gives way to a poisoned buffer that the kernel fills;
+    returns those buffers by rank (after the run, the orders the kernel realized)."""
     import torch
 
     launch = kernel.launch
@@ -377,7 +451,7 @@ def _launch_in_device_mode(monkeypatch, kernel, prob, name: str, knobs: dict) ->
         grid = prob.ranks[q].grid
         layout = schedule.device_layout(name, grid, prob.num_programs, knobs)
         realized[q] = torch.full_like(tiles, -1)
-        launch(tiles=realized[q], sync=sync, layout=torch.as_tensor(layout), **kw)
+        launch(tiles=realized[q], sync=sync, layout=torch.as_tensor(layout), cursors=cursors, **kw)
 
     monkeypatch.setattr(kernel, "launch", device_launch)
     return realized
@@ -431,6 +505,40 @@ def test_device_mode_computes_what_list_mode_and_the_reference_do(interpreted_ke
             np.testing.assert_array_equal(order, want)
 
 
+def test_on_two_cursors_a_launch_computes_what_the_list_does(interpreted_kernel, monkeypatch):
+    """interleaved decided on two cursors (CURSORS) in a whole launch: the list's outputs
+    bit for bit, no error flag, and with one program running at a time the unit rule's
+    order (test_on_two_cursors_each_tile_is_decided_by_the_rule asks more of it)."""
+    import torch
+    from fixtures import TINY_MOE
+
+    from xstage_bench.megamoe.layer.inputs import make_expert_weights
+    from xstage_bench.megamoe.layer.problem import MoEProblem
+
+    moe = {**TINY_MOE, "schedules": [schedule.INTERLEAVED], "lead_rows": 128}
+    point = {**fixtures.TINY_POINT, "routing": "skewed", "tokens_per_rank": 48, "world_size": 1}
+    devices = [torch.device("cpu")]
+    weights = [make_expert_weights(point, "w8a8", 0, devices[0])]
+    prob = MoEProblem(point, moe, devices, weights, num_programs=3)
+    prob.poison()
+    fixtures.interpreted_forward(prob, schedule.INTERLEAVED)
+    listed = [o.clone() for o in prob.outputs()]
+    with monkeypatch.context() as patched:
+        realized = _launch_in_device_mode(
+            patched, interpreted_kernel, prob, schedule.INTERLEAVED, moe, cursors=True
+        )
+        prob.poison()
+        fixtures.interpreted_forward(prob, schedule.INTERLEAVED)
+    assert prob.error_flags() == [0]
+    assert all(got.equal(want) for got, want in zip(prob.outputs(), listed, strict=True))
+    grid = prob.ranks[0].grid
+    want = schedule.claim_order(schedule.INTERLEAVED, grid, 1, lead_rows=moe["lead_rows"])
+    np.testing.assert_array_equal(realized[0].numpy(), want)
+    # The cursors ran out at the grid's L1 and L2 tiles, where units would have left entries.
+    cursors = _unit_table(interpreted_kernel, prob.ranks[0].sync, grid)[:2].tolist()
+    assert cursors == [grid.blocks * grid.l1_per_block, grid.blocks * grid.l2_per_block]
+
+
 # ---- the Gluon kernel, compiled for sm_90 ------------------------------------------------
 
 GLUON_PATTERNS = {
@@ -443,6 +551,7 @@ GLUON_PATTERNS = {
     "release_add": r"atom\.global\.gpu\.release\.add",
     "acquire_polls": r"ld\.global\.gpu\.acquire",
     "global_loads": r"ld\.global",
+    "relaxed_adds": r"atom\.global\.gpu\.relaxed\.add",  # CLAIM_CURSORS' cursors, position
 }
 
 
@@ -476,6 +585,24 @@ def test_one_reduction_a_claim_keeps_the_claims_atomics_and_polls():
     call = "kernels.compile_for_sm90(precision='w8a8', device=True, claim_one_reduction=True)"
     one = sm90.compiled("megamoe_ws", call, GLUON_PATTERNS)
     assert (one["claims"], one["cas"], one["unit_polls"], one["publications"]) == (1, 1, 2, 1)
+
+
+@needs_triton
+def test_the_cursor_build_claims_with_a_fetch_add_per_cursor_and_one_swap():
+    """CLAIM_CURSORS: interleaved's claim is three relaxed fetch-adds (the L1 cursor, the
+    L2 cursor once every L1 tile is taken, the position) and one compare-and-swap (the L2
+    cursor), beside the units' claim for the other rules; the operand loads, MMAs, row-block
+    releases and polls and the shared memory as in the units' build."""
+    call = "kernels.compile_for_sm90(precision='w8a8', device=True, cursors={})"
+    units, cursors = (
+        sm90.compiled("megamoe_ws", call.format(on), GLUON_PATTERNS) for on in (False, True)
+    )
+    assert cursors["claims"] == units["claims"] == 1
+    assert (units["relaxed_adds"], cursors["relaxed_adds"]) == (0, 3)
+    assert cursors["cas"] == units["cas"] + 1
+    for name in ("wgmma", "tma_loads", "release_add", "acquire_polls"):
+        assert cursors[name] == units[name] > 0, name
+    assert cursors["shared"] == units["shared"]
 
 
 @needs_triton

@@ -115,6 +115,7 @@ _LAYOUT_HEADER = tl.constexpr(LAYOUT_HEADER)
 _UNIT_WINDOW = tl.constexpr(UNIT_WINDOW)
 _RULE_WAVE = tl.constexpr(CLAIM_RULES.index("expert_wave"))
 _RULE_DEEPGEMM = tl.constexpr(CLAIM_RULES.index("deepgemm_interleaved"))
+_RULE_INTERLEAVED = tl.constexpr(CLAIM_RULES.index("interleaved"))
 _RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(LAYOUT_BLOCKS)
 _ROW_START, _ROW_END, _WAVE_END, _L2_START, _WAVE_START = (tl.constexpr(i) for i in range(1, 6))
 _NO_START = tl.constexpr(2**31 - 1)  # past every list position
@@ -442,19 +443,111 @@ def decided_tile(
 
 
 @triton.jit
+def _cursor_tile(sync_ptr, layout_ptr, n1, n2, ready_at, max_spin):
+    """interleaved decided tile by tile on two cursors (CURSORS): (whether a tile was left,
+    kind, block, n block). The next L1 tile's and the next L2 tile's counters are the unit
+    table's first two words; a program takes the next L2 tile when its block is released
+    and the next L1 tile's block starts lead_rows after its block ends (the rule of
+    schedule.interleaved, asked of one tile instead of a unit), else the next L1 tile.
+    An L2 tile is taken with a compare-and-swap on the cursor it read, so it is always the
+    one whose block was seen released: no chain of unit openings, and no L2 tile waits,
+    except those taken once every L1 tile is claimed, which wait here (their position is
+    then claimed after every L1 tile's of their block, as a list would have it)."""
+    blocks = tl.load(layout_ptr + _BLOCKS)
+    counters = sync_ptr + _SYNC_HEADER
+    cursors = counters + blocks
+    rows = layout_ptr + _LAYOUT_HEADER
+    lead = tl.load(layout_ptr + _LEAD_ROWS)
+    l1_total = blocks * n1
+    l2_total = blocks * n2
+    kind = -1  # undecided; 2: nothing left
+    tile = 0
+    unreleased = False  # an L2 tile taken without seeing its block released
+    while kind < 0:
+        c1 = tl.load(cursors, volatile=True)
+        c2 = tl.load(cursors + 1, volatile=True)
+        l1_left = c1 < l1_total
+        l2_left = c2 < l2_total
+        both = l1_left & l2_left
+        b1 = tl.minimum(c1 // n1, blocks - 1)
+        b2 = tl.minimum(c2 // n2, blocks - 1)
+        done = tl.load(counters + b2, mask=both, other=0, volatile=True)
+        row_start = tl.load(rows + _ROW_START * blocks + b1, mask=both, other=0)
+        row_end = tl.load(rows + _ROW_END * blocks + b2, mask=both, other=0)
+        if both & (done >= ready_at) & (row_start - row_end >= lead):
+            won = tl.atomic_cas(cursors + 1, c2, c2 + 1, sem="relaxed")
+            tile = c2
+            kind = tl.where(won == c2, 1, -1)  # else another program took it: read again
+        elif l1_left:
+            tile = tl.atomic_add(cursors, 1, sem="relaxed")
+            kind = tl.where(tile < l1_total, 0, -1)
+        elif l2_left:
+            tile = tl.atomic_add(cursors + 1, 1, sem="relaxed")
+            kind = tl.where(tile < l2_total, 1, -1)
+            unreleased = True
+        else:
+            kind = 2
+    l2 = kind == 1
+    blk = tl.where(l2, tile // n2, tile // n1)
+    if l2 & unreleased:
+        done = tl.load(counters + blk, volatile=True)
+        spins = 0
+        while (done < ready_at) & (spins < max_spin):
+            done = tl.load(counters + blk, volatile=True)
+            spins += 1
+    return kind < 2, l2.to(tl.int32), blk, tl.where(l2, tile % n2, tile % n1)
+
+
+@triton.jit
+def cursor_claim(n_tiles, sync_ptr, layout_ptr, n1, n2, ready_at, max_spin):
+    """Device mode, interleaved on two cursors (CURSORS): (position, kind, local expert,
+    block, n block) of the next tile, the position n_tiles once none is left. The position
+    is claimed after the tile (the list's fetch-add, where the tile's claim comes first
+    here), so positions keep the order in which tiles were taken."""
+    left, kind, blk, nb = _cursor_tile(sync_ptr, layout_ptr, n1, n2, ready_at, max_spin)
+    idx = n_tiles
+    if left:
+        idx = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=left, other=0)
+    return idx, kind, e, blk, nb
+
+
+@triton.jit
 def _unit_entry(kind, l1_units):
     """unit_entry on the device."""
     return 1 + kind + 2 * l1_units
 
 
 @triton.jit
-def _take_decided(idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes):
-    """Device mode: the tile at claimed position idx (a block's n1 L1 tiles release it),
-    written at that position, the realized order; (position, kind, expert as int64, block,
-    n block, walk)."""
+def _position_decided(n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes):
+    """The next position (the list's fetch-add) and its tile (decided_tile)."""
+    idx = tl.atomic_add(sync_ptr, 1)
     kind, e, blk, nb, walk = decided_tile(
         idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes, False
     )
+    return idx, kind, e, blk, nb, walk
+
+
+@triton.jit
+def _take_decided(
+    tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, max_spin, CURSORS: tl.constexpr
+):
+    """Device mode: claim the next position and its tile (a block's n1 L1 tiles release
+    it), written at that position, the realized order; (position, kind, expert as int64,
+    block, n block, walk). CURSORS: interleaved on two cursors (cursor_claim)."""
+    if CURSORS:
+        if tl.load(layout_ptr + _RULE) == _RULE_INTERLEAVED:
+            idx, kind, e, blk, nb = cursor_claim(
+                n_tiles, sync_ptr, layout_ptr, n1, n2, n1, max_spin
+            )
+        else:
+            idx, kind, e, blk, nb, walk = _position_decided(
+                n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes
+            )
+    else:
+        idx, kind, e, blk, nb, walk = _position_decided(
+            n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes
+        )
     claimed = idx < n_tiles
     tl.store(tiles_ptr + idx * 4, kind, mask=claimed)
     tl.store(tiles_ptr + idx * 4 + 1, e, mask=claimed)
@@ -498,6 +591,7 @@ def _fused_moe(
     TMA: tl.constexpr,
     PROXY_FENCE: tl.constexpr,  # TMA on a GPU (the interpreter has no proxies to order)
     DEVICE: tl.constexpr,  # each claimed position's tile decided (decided_tile), no list read
+    CURSORS: tl.constexpr,  # DEVICE, interleaved: on two cursors (cursor_claim)
 ):
     pid = tl.program_id(0)
     PACK: tl.constexpr = 2 if PRECISION == 2 else 1  # channels per stored weight element
@@ -510,11 +604,12 @@ def _fused_moe(
         walk = (0, 0)
         # The layout's block count, written on the device: one graph serves any routing.
         n_tiles = tl.load(layout_ptr + _BLOCKS) * (n1 + n2)
-    idx = tl.atomic_add(sync_ptr, 1)
     if DEVICE:
         idx, kind, e, blk, nb, walk = _take_decided(
-            idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes
+            tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, max_spin, CURSORS
         )
+    else:
+        idx = tl.atomic_add(sync_ptr, 1)
     while idx < n_tiles:
         taken = _now() if TRACE else 0
         if not DEVICE:
@@ -654,11 +749,12 @@ def _fused_moe(
             if TRACE:
                 tl.debug_barrier()
                 _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, _now())
-        idx = tl.atomic_add(sync_ptr, 1)
         if DEVICE:
             idx, kind, e, blk, nb, walk = _take_decided(
-                idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes
+                tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, max_spin, CURSORS
             )
+        else:
+            idx = tl.atomic_add(sync_ptr, 1)
 
 
 def launch(
@@ -684,6 +780,7 @@ def launch(
     emulate_ns: tuple[int, int] | None = None,
     xs_steps=None,
     layout=None,
+    cursors: bool = False,
 ) -> None:
     """Enqueue one fused launch on the current device and stream (tensors on that device,
     except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand.
@@ -692,7 +789,9 @@ def launch(
     reads; made here when not given (a copy each launch: callers that time keep one).
     layout: device mode (see the module doc): schedule.device_layout's int32 array on the
     device; `tiles` is then the (blocks (H + I) / 128, 4) int32 buffer the kernel writes
-    the realized order into, and `sync` holds sync_size(blocks) int32."""
+    the realized order into, and `sync` holds sync_size(blocks) int32. cursors: this (tl)
+    kernel decides interleaved on two cursors (cursor_claim; megamoe_ws.CLAIM_CURSORS says
+    it for the warp-specialized one)."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
         raise ValueError(f"H={H} and I={I} must be multiples of {BLOCK_N}")
@@ -761,6 +860,7 @@ def launch(
         TMA=tma,
         PROXY_FENCE=tma and on_gpu,
         DEVICE=layout is not None,
+        CURSORS=cursors,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES[precision],
     )

@@ -170,7 +170,13 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
-from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile
+from xstage_kernels.megamoe import (
+    CLAIM_RULES,
+    LAYOUT_BLOCKS,
+    UNIT_WINDOW,
+    cursor_claim,
+    decided_tile,
+)
 from xstage_kernels.ptx_edits import (
     ARRIVE_PER_WARP_MARK,
     DROP_MATH_WAIT_BARRIERS_MARK,
@@ -334,6 +340,12 @@ TURN_BARRIER = 8
 # reduction is one redux.sync instruction, so expect little; a traced run says where the
 # claims' time goes.
 CLAIM_ONE_REDUCTION = False
+# Device mode, interleaved decided tile by tile on two cursors (megamoe.cursor_claim): the
+# next L2 tile taken with a compare-and-swap once its block is seen released and the lead
+# holds, else the next L1 tile with a fetch-add; the position claimed after. No unit is
+# opened, so no claim waits on a chain of openings (each one a counter read and a
+# compare-and-swap after the last was seen). Staged for a paired A/B against the units.
+CLAIM_CURSORS = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -350,6 +362,7 @@ LAUNCH_OPTIONS = (
     "ARRIVE_PER_WARP",
     "MMA_TURNS",
     "CLAIM_ONE_REDUCTION",
+    "CLAIM_CURSORS",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -365,6 +378,8 @@ _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _RECORD = gl.constexpr(RECORD)
 _UNIT_WINDOW = gl.constexpr(UNIT_WINDOW)  # one entry a lane of the producer warp
 _LAYOUT_BLOCKS = gl.constexpr(LAYOUT_BLOCKS)  # the header's block count
+_LAYOUT_RULE = gl.constexpr(0)  # the header's rule (megamoe.CLAIM_RULES' index)
+_RULE_INTERLEAVED = gl.constexpr(CLAIM_RULES.index("interleaved"))
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
@@ -435,6 +450,7 @@ class Shared:
     TURNS: gl.constexpr
     DEVICE: gl.constexpr
     ONE_REDUCTION: gl.constexpr
+    CURSORS: gl.constexpr
     TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
@@ -477,9 +493,11 @@ class Shared:
             TURNS,
             DEVICE,
             ONE_REDUCTION,
+            CURSORS,
         ) = options
         self.DEVICE = gl.constexpr(DEVICE)
         self.ONE_REDUCTION = gl.constexpr(ONE_REDUCTION)
+        self.CURSORS = gl.constexpr(CURSORS)
         # In device mode `tiles` is what the producer writes, so only its record holds a tile.
         self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
@@ -642,35 +660,58 @@ def _row_box(p, rec, layout: gl.constexpr):
 
 
 @gluon.jit
+def _position_claim(p, n1, walk, lanes):
+    """The next list position (the list's fetch-add) and, in device mode, its tile
+    (decided_tile; zeros in list mode, where the record is read from the list):
+    (position, kind, expert, block, n block, walk)."""
+    if p.CLAIM_RELAXED:
+        idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
+    else:
+        idx = gl.atomic_add(p.sync_ptr, 1)
+    kind = 0
+    e = 0
+    blk = 0
+    nb = 0
+    if p.DEVICE:
+        # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
+        kind, e, blk, nb, walk = decided_tile(
+            idx,
+            p.sync_ptr,
+            p.layout_ptr,
+            p.n_tiles,
+            n1,
+            p.H // _BLOCK,
+            2 * n1,
+            walk,
+            lanes,
+            p.ONE_REDUCTION,
+        )
+    return idx, kind, e, blk, nb, walk
+
+
+@gluon.jit
 def _producer(p, WG: gl.constexpr):
     one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     pid = gl.program_id(0)
     it = 0
     j = 0
-    if p.DEVICE:
-        lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)
-        n1 = p.I // _BLOCK
-        walk = (0, 0)
+    lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)  # device mode's (unused in list mode)
+    n1 = p.I // _BLOCK
+    walk = (0, 0)
+    if p.CURSORS:  # interleaved's claims on two cursors; the other rules' as without
+        on_cursors = gl.load(p.layout_ptr + _LAYOUT_RULE) == _RULE_INTERLEAVED
     running = True
     while running:
-        if p.CLAIM_RELAXED:
-            idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
+        if p.CURSORS:
+            if on_cursors:
+                # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
+                idx, kind, e, blk, nb = cursor_claim(
+                    p.n_tiles, p.sync_ptr, p.layout_ptr, n1, p.H // _BLOCK, 2 * n1, p.max_spin
+                )
+            else:
+                idx, kind, e, blk, nb, walk = _position_claim(p, n1, walk, lanes)
         else:
-            idx = gl.atomic_add(p.sync_ptr, 1)
-        if p.DEVICE:
-            # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
-            kind, e, blk, nb, walk = decided_tile(
-                idx,
-                p.sync_ptr,
-                p.layout_ptr,
-                p.n_tiles,
-                n1,
-                p.H // _BLOCK,
-                2 * n1,
-                walk,
-                lanes,
-                p.ONE_REDUCTION,
-            )
+            idx, kind, e, blk, nb, walk = _position_claim(p, n1, walk, lanes)
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
         if p.DEVICE:
@@ -1104,6 +1145,7 @@ def _fused_moe_ws(
     MMA_TURNS: gl.constexpr,
     DEVICE: gl.constexpr,
     ONE_REDUCTION: gl.constexpr,
+    CURSORS: gl.constexpr,
 ):
     if DEVICE:  # the layout's block count, written on the device: one graph, any routing
         n_tiles = gl.load(layout_ptr + _LAYOUT_BLOCKS) * ((H + I) // _BLOCK)
@@ -1200,6 +1242,7 @@ def _fused_moe_ws(
             MMA_TURNS,
             DEVICE,
             ONE_REDUCTION,
+            CURSORS,
         ),
     )
     if W4:
@@ -1372,6 +1415,7 @@ def launch_constexprs(precision: str, trace: bool = False, device: bool = False)
         "MMA_TURNS": bool(MMA_TURNS),
         "DEVICE": device,
         "ONE_REDUCTION": bool(CLAIM_ONE_REDUCTION) and device,
+        "CURSORS": bool(CLAIM_CURSORS) and device,
     }
 
 
@@ -1431,6 +1475,8 @@ def launch_options(precision: str) -> dict:
         options["mma_issue"] = "in turn (named barriers)"
     if CLAIM_ONE_REDUCTION:  # absent: five warp reductions a device-mode claim
         options["device_claim"] = "one warp reduction in a published unit"
+    if CLAIM_CURSORS:  # absent: interleaved decided in units, as every record before
+        options["device_interleaved"] = "tile by tile on two cursors"
     return options
 
 
@@ -1472,6 +1518,7 @@ def compile_for_sm90(
     mma_turns: bool = False,
     device: bool = False,
     claim_one_reduction: bool = False,
+    cursors: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1493,6 +1540,7 @@ def compile_for_sm90(
         "MMA_TURNS": mma_turns,
         "DEVICE": device,
         "ONE_REDUCTION": claim_one_reduction,
+        "CURSORS": cursors,
     }
     return _compile_sm90(precision, constexprs)
 
