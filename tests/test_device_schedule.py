@@ -137,14 +137,16 @@ def test_every_schedule_has_the_kernels_device_rule(interpreted_kernel):
 
 
 def test_a_device_launch_refuses_buffers_that_disagree_with_its_layout(interpreted_kernel):
-    """The unit table (2 * blocks entries) sits after the row-block counters, in one buffer
-    that one zeroing readies; the launch checks the buffers against the layout's blocks."""
+    """The unit table (2 * blocks entries) sits after the row-block counters, CURSORS' words
+    after it, in one buffer that one zeroing readies; the launch checks the buffers against
+    the layout's blocks."""
     import torch
 
     kernel = interpreted_kernel
     for blocks in range(6):
         assert kernel.unit_table_at(blocks) == kernel.SYNC_HEADER + blocks
-        assert kernel.sync_size(blocks) == kernel.SYNC_HEADER + 3 * blocks
+        assert kernel.cursors_at(blocks) == kernel.SYNC_HEADER + 3 * blocks
+        assert kernel.sync_size(blocks) == kernel.cursors_at(blocks) + 2 + blocks
     g = schedule.TileGrid(np.array([0, 0, 1]), np.array([128, 5, 9]), 2, 3)
     layout = torch.as_tensor(schedule.device_layout(schedule.WAVE, g, 4))
     tiles = torch.zeros(g.tiles, 4, dtype=torch.int32)
@@ -152,7 +154,7 @@ def test_a_device_launch_refuses_buffers_that_disagree_with_its_layout(interpret
     kernel.check_device_mode(layout, tiles, sync, H=384, I=256)
     with pytest.raises(ValueError, match="rows for 3 blocks"):
         kernel.check_device_mode(layout, tiles[1:], sync, H=384, I=256)
-    with pytest.raises(ValueError, match="sync buffer of 11 int32"):
+    with pytest.raises(ValueError, match=f"sync buffer of {kernel.sync_size(g.blocks)} int32"):
         kernel.check_device_mode(layout, tiles, sync[:-1], H=384, I=256)
     with pytest.raises(ValueError, match="blocks int32"):
         kernel.check_device_mode(layout[:-1], tiles, sync, H=384, I=256)
@@ -214,7 +216,7 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, o
 
 
 def _unit_table(kernel, sync, grid):
-    return sync[kernel.unit_table_at(grid.blocks) :]
+    return sync[kernel.unit_table_at(grid.blocks) : kernel.cursors_at(grid.blocks)]
 
 
 def _many_units() -> schedule.TileGrid:
@@ -396,7 +398,7 @@ def _tile_rule(layout: np.ndarray, grid: schedule.TileGrid, release_after: int) 
 
 
 @pytest.mark.parametrize("lead", [0, 256])
-def test_on_two_cursors_each_tile_is_decided_by_the_rule(interpreted_kernel, lead):
+def test_on_cursors_each_tile_is_decided_by_the_rule(interpreted_kernel, lead):
     """CURSORS: released at once (one program), the claims realize the unit rule's order
     (schedule.claim_order with one program); released late (programs still running their
     L1 tiles), an L2 tile is taken only once its block is released and the lead holds,
@@ -436,7 +438,7 @@ def _launch_in_device_mode(
     monkeypatch, kernel, prob, name: str, knobs: dict, cursors: bool = False
 ) -> dict:
     """Make prob.forward launch every rank's kernel in device mode for schedule `name`
-    (cursors: interleaved on two cursors): each rank's sync buffer grows to the kernel's
+    (cursors: interleaved on cursors): each rank's sync buffer grows to the kernel's
     sync_size and its tile list gives way to a poisoned buffer that the kernel fills;
     returns those buffers by rank (after the run, the orders the kernel realized)."""
     import torch
@@ -505,10 +507,10 @@ def test_device_mode_computes_what_list_mode_and_the_reference_do(interpreted_ke
             np.testing.assert_array_equal(order, want)
 
 
-def test_on_two_cursors_a_launch_computes_what_the_list_does(interpreted_kernel, monkeypatch):
-    """interleaved decided on two cursors (CURSORS) in a whole launch: the list's outputs
+def test_on_cursors_a_launch_computes_what_the_list_does(interpreted_kernel, monkeypatch):
+    """interleaved decided on cursors (CURSORS) in a whole launch: the list's outputs
     bit for bit, no error flag, and with one program running at a time the unit rule's
-    order (test_on_two_cursors_each_tile_is_decided_by_the_rule asks more of it)."""
+    order (test_on_cursors_each_tile_is_decided_by_the_rule asks more of it)."""
     import torch
     from fixtures import TINY_MOE
 
@@ -534,9 +536,12 @@ def test_on_two_cursors_a_launch_computes_what_the_list_does(interpreted_kernel,
     grid = prob.ranks[0].grid
     want = schedule.claim_order(schedule.INTERLEAVED, grid, 1, lead_rows=moe["lead_rows"])
     np.testing.assert_array_equal(realized[0].numpy(), want)
-    # The cursors ran out at the grid's L1 and L2 tiles, where units would have left entries.
-    cursors = _unit_table(interpreted_kernel, prob.ranks[0].sync, grid)[:2].tolist()
-    assert cursors == [grid.blocks * grid.l1_per_block, grid.blocks * grid.l2_per_block]
+    # The cursors ran out at the grid's L1 tiles and blocks, and the unit table stayed empty.
+    sync = prob.ranks[0].sync
+    cursors = sync[interpreted_kernel.cursors_at(grid.blocks) :].tolist()
+    assert cursors[:2] == [grid.blocks * grid.l1_per_block, grid.blocks]
+    assert min(cursors[2:]) >= grid.l2_per_block
+    assert not _unit_table(interpreted_kernel, sync, grid).any()
 
 
 # ---- the Gluon kernel, compiled for sm_90 ------------------------------------------------
@@ -590,8 +595,8 @@ def test_one_reduction_a_claim_keeps_the_claims_atomics_and_polls():
 @needs_triton
 def test_the_cursor_build_claims_with_a_fetch_add_per_cursor_and_one_swap():
     """CLAIM_CURSORS: interleaved's claim is three relaxed fetch-adds (the L1 cursor, the
-    L2 cursor once every L1 tile is taken, the position) and one compare-and-swap (the L2
-    cursor), beside the units' claim for the other rules; the operand loads, MMAs, row-block
+    L2 block's count, the position) and one compare-and-swap (moving the L2 block on),
+    beside the units' claim for the other rules; the operand loads, MMAs, row-block
     releases and polls and the shared memory as in the units' build."""
     call = "kernels.compile_for_sm90(precision='w8a8', device=True, cursors={})"
     units, cursors = (

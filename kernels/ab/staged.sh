@@ -67,8 +67,8 @@ run device-order-replay python3 kernels/ab/device_order_replay.py --config confi
 # reduction instead of five (megamoe_ws.CLAIM_ONE_REDUCTION), every row local.
 ab claim-one-reduction-w8a8 w8a8 CLAIM_ONE_REDUCTION=0,1 device interleaved
 ab claim-one-reduction-w4a8 w4a8 CLAIM_ONE_REDUCTION=0,1 device interleaved
-# interleaved decided tile by tile on two cursors (megamoe_ws.CLAIM_CURSORS) against the
-# units, every row local: no chain of unit openings, an L2 tile taken by compare-and-swap.
+# interleaved decided tile by tile on cursors (megamoe_ws.CLAIM_CURSORS) against the units,
+# every row local: no chain of unit openings, each claim fetch-adds.
 ab claim-cursors-w8a8 w8a8 CLAIM_CURSORS=0,1 device interleaved
 ab claim-cursors-w4a8 w4a8 CLAIM_CURSORS=0,1 device interleaved
 exit $failed

@@ -59,8 +59,8 @@ it is published and read relaxed: nothing else is handed over with it. The count
 need no table, as nothing in them depends on time: expert_wave's and deepgemm_interleaved's
 positions follow from the layout (`_wave_tile`, two loads a claim, as a list's one;
 `_deepgemm_tile`). The sync buffer is [position counter, error flag, row-block counters,
-unit table of 2 * blocks entries] (`sync_size`), so one zeroing still readies a launch;
-list mode reads its first 2 + blocks.
+unit table of 2 * blocks entries, CURSORS' 2 + blocks words] (`sync_size`), so one
+zeroing still readies a launch; list mode reads its first 2 + blocks.
 """
 
 from __future__ import annotations
@@ -444,63 +444,65 @@ def decided_tile(
 
 @triton.jit
 def _cursor_tile(sync_ptr, layout_ptr, n1, n2, ready_at, max_spin):
-    """interleaved decided tile by tile on two cursors (CURSORS): (whether a tile was left,
-    kind, block, n block). The next L1 tile's and the next L2 tile's counters are the unit
-    table's first two words; a program takes the next L2 tile when its block is released
-    and the next L1 tile's block starts lead_rows after its block ends (the rule of
-    schedule.interleaved, asked of one tile instead of a unit), else the next L1 tile.
-    An L2 tile is taken with a compare-and-swap on the cursor it read, so it is always the
-    one whose block was seen released: no chain of unit openings, and no L2 tile waits,
-    except those taken once every L1 tile is claimed, which wait here (their position is
-    then claimed after every L1 tile's of their block, as a list would have it)."""
+    """interleaved decided tile by tile on cursors (CURSORS): (whether a tile was left,
+    kind, block, n block). The cursors (after the unit table, `cursors_at`): the next L1
+    tile, the L2 tiles' block, and per block its L2 tiles taken. A program takes an L2
+    tile of that block when the block is released and the next L1 tile's block starts
+    lead_rows after it ends (the rule of schedule.interleaved, asked of one tile instead of
+    a unit), else the next L1 tile: each a fetch-add, so no claim waits on another's, and
+    the block's own counter gives every L2 tile of a released block once; the program
+    that finds its block's L2 tiles all taken moves the L2 block on (a compare-and-swap that
+    any racer may win). No L2 tile waits, except those taken once every L1 tile is, which
+    wait here (their position is then claimed after every L1 tile's of their block)."""
     blocks = tl.load(layout_ptr + _BLOCKS)
     counters = sync_ptr + _SYNC_HEADER
-    cursors = counters + blocks
+    cursors = counters + 3 * blocks  # cursors_at: after the counters and the unit table
     rows = layout_ptr + _LAYOUT_HEADER
     lead = tl.load(layout_ptr + _LEAD_ROWS)
     l1_total = blocks * n1
-    l2_total = blocks * n2
     kind = -1  # undecided; 2: nothing left
     tile = 0
+    blk = 0
     unreleased = False  # an L2 tile taken without seeing its block released
     while kind < 0:
         c1 = tl.load(cursors, volatile=True)
-        c2 = tl.load(cursors + 1, volatile=True)
+        b2 = tl.load(cursors + 1, volatile=True)
         l1_left = c1 < l1_total
-        l2_left = c2 < l2_total
+        l2_left = b2 < blocks
         both = l1_left & l2_left
         b1 = tl.minimum(c1 // n1, blocks - 1)
-        b2 = tl.minimum(c2 // n2, blocks - 1)
         done = tl.load(counters + b2, mask=both, other=0, volatile=True)
         row_start = tl.load(rows + _ROW_START * blocks + b1, mask=both, other=0)
         row_end = tl.load(rows + _ROW_END * blocks + b2, mask=both, other=0)
-        if both & (done >= ready_at) & (row_start - row_end >= lead):
-            won = tl.atomic_cas(cursors + 1, c2, c2 + 1, sem="relaxed")
-            tile = c2
-            kind = tl.where(won == c2, 1, -1)  # else another program took it: read again
+        due = (done >= ready_at) & (row_start - row_end >= lead)
+        if l2_left & ((not l1_left) | due):
+            tile = tl.atomic_add(cursors + 2 + b2, 1, sem="relaxed")
+            blk = b2
+            if tile < n2:
+                kind = 1
+                unreleased = not l1_left
+            else:  # the block's L2 tiles are all taken: on to the next block
+                tl.atomic_cas(cursors + 1, b2, b2 + 1, sem="relaxed")
         elif l1_left:
             tile = tl.atomic_add(cursors, 1, sem="relaxed")
-            kind = tl.where(tile < l1_total, 0, -1)
-        elif l2_left:
-            tile = tl.atomic_add(cursors + 1, 1, sem="relaxed")
-            kind = tl.where(tile < l2_total, 1, -1)
-            unreleased = True
+            blk = tile // n1
+            if tile < l1_total:
+                kind = 0
         else:
             kind = 2
     l2 = kind == 1
-    blk = tl.where(l2, tile // n2, tile // n1)
     if l2 & unreleased:
         done = tl.load(counters + blk, volatile=True)
         spins = 0
         while (done < ready_at) & (spins < max_spin):
             done = tl.load(counters + blk, volatile=True)
             spins += 1
-    return kind < 2, l2.to(tl.int32), blk, tl.where(l2, tile % n2, tile % n1)
+    return kind < 2, l2.to(tl.int32), blk, tl.where(l2, tile, tile % n1)
 
 
 @triton.jit
 def cursor_claim(n_tiles, sync_ptr, layout_ptr, n1, n2, ready_at, max_spin):
-    """Device mode, interleaved on two cursors (CURSORS): (position, kind, local expert,
+    """Device mode, interleaved on cursors (CURSORS): (position, kind, local expert,
     block, n block) of the next tile, the position n_tiles once none is left. The position
     is claimed after the tile (the list's fetch-add, where the tile's claim comes first
     here), so positions keep the order in which tiles were taken."""
@@ -534,7 +536,7 @@ def _take_decided(
 ):
     """Device mode: claim the next position and its tile (a block's n1 L1 tiles release
     it), written at that position, the realized order; (position, kind, expert as int64,
-    block, n block, walk). CURSORS: interleaved on two cursors (cursor_claim)."""
+    block, n block, walk). CURSORS: interleaved on cursors (cursor_claim)."""
     if CURSORS:
         if tl.load(layout_ptr + _RULE) == _RULE_INTERLEAVED:
             idx, kind, e, blk, nb = cursor_claim(
@@ -591,7 +593,7 @@ def _fused_moe(
     TMA: tl.constexpr,
     PROXY_FENCE: tl.constexpr,  # TMA on a GPU (the interpreter has no proxies to order)
     DEVICE: tl.constexpr,  # each claimed position's tile decided (decided_tile), no list read
-    CURSORS: tl.constexpr,  # DEVICE, interleaved: on two cursors (cursor_claim)
+    CURSORS: tl.constexpr,  # DEVICE, interleaved: on cursors (cursor_claim)
 ):
     pid = tl.program_id(0)
     PACK: tl.constexpr = 2 if PRECISION == 2 else 1  # channels per stored weight element
@@ -790,7 +792,7 @@ def launch(
     layout: device mode (see the module doc): schedule.device_layout's int32 array on the
     device; `tiles` is then the (blocks (H + I) / 128, 4) int32 buffer the kernel writes
     the realized order into, and `sync` holds sync_size(blocks) int32. cursors: this (tl)
-    kernel decides interleaved on two cursors (cursor_claim; megamoe_ws.CLAIM_CURSORS says
+    kernel decides interleaved on cursors (cursor_claim; megamoe_ws.CLAIM_CURSORS says
     it for the warp-specialized one)."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
@@ -875,6 +877,13 @@ def unit_table_at(blocks: int) -> int:
 def sync_size(blocks: int) -> int:
     """int32 words of a sync buffer for `blocks` row blocks that serves both modes (list
     mode reads the first SYNC_HEADER + blocks)."""
+    return cursors_at(blocks) + 2 + blocks
+
+
+def cursors_at(blocks: int) -> int:
+    """Device mode: the int32 index of interleaved's cursors (CURSORS) in the sync buffer,
+    after the unit table: the next L1 tile, the L2 tiles' block, each block's L2 tiles
+    taken."""
     return unit_table_at(blocks) + 2 * blocks
 
 

@@ -340,11 +340,11 @@ TURN_BARRIER = 8
 # reduction is one redux.sync instruction, so expect little; a traced run says where the
 # claims' time goes.
 CLAIM_ONE_REDUCTION = False
-# Device mode, interleaved decided tile by tile on two cursors (megamoe.cursor_claim): the
-# next L2 tile taken with a compare-and-swap once its block is seen released and the lead
-# holds, else the next L1 tile with a fetch-add; the position claimed after. No unit is
-# opened, so no claim waits on a chain of openings (each one a counter read and a
-# compare-and-swap after the last was seen). Staged for a paired A/B against the units.
+# Device mode, interleaved decided tile by tile on cursors (megamoe.cursor_claim): an L2
+# tile of the L2 cursor's block (a fetch-add on the block's count) once the block is seen
+# released and the lead holds, else the next L1 tile (a fetch-add); the position claimed
+# after. No unit is opened, so no claim waits on a chain of openings (each a counter read
+# and a compare-and-swap after the last was seen). Staged for a paired A/B against the units.
 CLAIM_CURSORS = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
@@ -698,7 +698,7 @@ def _producer(p, WG: gl.constexpr):
     lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)  # device mode's (unused in list mode)
     n1 = p.I // _BLOCK
     walk = (0, 0)
-    if p.CURSORS:  # interleaved's claims on two cursors; the other rules' as without
+    if p.CURSORS:  # interleaved's claims on cursors; the other rules' as without
         on_cursors = gl.load(p.layout_ptr + _LAYOUT_RULE) == _RULE_INTERLEAVED
     running = True
     while running:
@@ -1476,7 +1476,7 @@ def launch_options(precision: str) -> dict:
     if CLAIM_ONE_REDUCTION:  # absent: five warp reductions a device-mode claim
         options["device_claim"] = "one warp reduction in a published unit"
     if CLAIM_CURSORS:  # absent: interleaved decided in units, as every record before
-        options["device_interleaved"] = "tile by tile on two cursors"
+        options["device_interleaved"] = "tile by tile on cursors"
     return options
 
 
