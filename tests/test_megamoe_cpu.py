@@ -919,6 +919,15 @@ def test_the_capacity_law_is_read_where_the_fit_has_it(tmp_path):
     alone = {k: v for k, v in law.items() if k != "Q_bytes"}  # a fit of the law alone
     only = lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": alone}}), "host")
     assert only.Q_bytes is None and only.capacity_bytes(1) == 1.0e6 + 15360.0
+    # the drain's lag: played where the fit has it, none in files written before it
+    assert (drain.lag_fraction, drain.lag_rate_ratio) == (0.0, 1.0)
+    lag = {"drain_lag_fraction": {"value": 0.3}, "drain_lag_rate_ratio": {"value": 0.4}}
+    lagged = lead.read_drain(
+        _model_file(tmp_path, per_path={"host": {"params": {**law, **lag}}}), "host"
+    )
+    path = lagged.path_params()
+    assert (path.lag_fraction, path.lag_rate_ratio) == (0.3, 0.4)
+    assert lagged.describe()["lag_fraction"] == 0.3
 
 
 def test_lead_model_is_read_per_path_and_a_missing_path_names_the_file(tmp_path):

@@ -7,11 +7,12 @@ issue 52 finding 1, cannot compute meanwhile); too much and Linear-2 bunches at 
 where nothing is left to hide the drain. What matters is every program storing at once
 into one drain, so the rule asks the playback (megamoe/playback.py): each candidate lead's
 tile list, built as the kernel builds it, played through the path's fitted drain (issue
-time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C), drain R, the hold on), with
-tile costs from the kernel's FLOP rate X. `auto` is the candidate with the shortest
-predicted kernel time; candidates the playback cannot tell apart (within TIE) go to the
-longest lead, whose slack covers tile-time jitter the playback does not model (measured:
-at f = 0 leads of 1024-4096 rows beat 0-256 by up to 8%, where the playback sees 3%).
+time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C), drain R with its lag,
+the hold on), with tile costs from the kernel's FLOP rate X. `auto` is the candidate with
+the shortest predicted kernel time; candidates the playback cannot tell apart (within TIE)
+go to the longest lead, whose slack covers tile-time jitter the playback does not model
+(measured: at f = 0 leads of 1024-4096 rows beat 0-256 by up to 8%, where the playback
+sees 3%).
 
 It is causal: no measured kernel time enters it, only the point, the fit and X. For speed
 (every point of the 84-configuration grid is planned before anything is measured) it
@@ -22,7 +23,9 @@ each choice per configuration and share: the precisions share it, X being one ra
 X is `megamoe.lead_auto_tflops` (default DEFAULT_TFLOPS: the measured median of our W8A8
 kernel on H200), or the emulated rate in the compute-emulated sweep. T0, R, S and q are
 the path's fit in the dataset's model file (model/burst_gap.json; `read_drain`), or a
-simulated profile's own path (`LeadChooser.of_paths`).
+simulated profile's own path (`LeadChooser.of_paths`); the drain's lag beyond the knee
+(drain_lag_fraction and drain_lag_rate_ratio, drain.StorePath) too, none in files written
+before it.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ class PathDrain:
     S_bytes: float
     q_bytes: float
     C_bytes: float | None = None
+    # The drain's lag beyond the knee (laws.stall_time): 0 and 1, none, in files without it.
+    lag_fraction: float = 0.0
+    lag_rate_ratio: float = 1.0
 
     def T0_us(self, producer_bytes: float) -> float:
         """The issue law: T0 = t0_fixed + B / issue rate (per producer)."""
@@ -89,6 +95,8 @@ class PathDrain:
             capacity=self.S_bytes,
             capacity_per_issuer=self.q_bytes,
             capacity_ceiling=self.ceiling,
+            lag_fraction=self.lag_fraction,
+            lag_rate_ratio=self.lag_rate_ratio,
         )
 
     def describe(self) -> dict:
@@ -102,6 +110,8 @@ class PathDrain:
             "S_bytes": self.S_bytes,
             "q_bytes": self.q_bytes,
             "C_bytes": self.C_bytes,
+            "lag_fraction": self.lag_fraction,
+            "lag_rate_ratio": self.lag_rate_ratio,
         }
 
 
@@ -112,6 +122,11 @@ PARAM_KEYS = {
 }
 # The capacity law; a file without it (older fits) has one shared capacity, Q_bytes.
 CAPACITY_LAW_KEYS = {"S_bytes": "S_bytes", "q_bytes": "q_bytes"}
+# The drain's lag; a file without it (fitted before it) has none: these values.
+LAG_KEYS = {
+    "lag_fraction": ("drain_lag_fraction", 0.0),
+    "lag_rate_ratio": ("drain_lag_rate_ratio", 1.0),
+}
 
 
 def _usable(value) -> bool:
@@ -159,6 +174,8 @@ def drain_of(doc: dict, path: str, source: str) -> PathDrain:
         values["C_bytes"] = _ceiling(params, where, path)
     else:  # one shared capacity
         values.update(S_bytes=value("Q_bytes"), q_bytes=0.0)
+    for name, (key, none) in LAG_KEYS.items():
+        values[name] = value(key) if key in params else none
     if values["R_GBps"] <= 0 or values["issue_rate_per_producer_GBps"] <= 0:
         raise LeadModelError(f"lead_rows 'auto': {where} has a zero rate")
     ceiling = values.get("C_bytes")
@@ -310,8 +327,8 @@ class LeadChooser:
             "rule": "the candidate lead with the shortest predicted kernel time (ties within "
             f"{TIE:g} to the longest): the busiest rank's first {PLAN_BLOCKS} row blocks' "
             "interleaved tile list played through the path's fitted drain (T0 = t0_fixed + "
-            "B / issue rate, Q(K) = min(S + K q, C), R; a program held until its stores "
-            "drain), "
+            "B / issue rate, Q(K) = min(S + K q, C), R with its lag; a program held until "
+            "its stores drain), "
             "tiles at X (src/xstage_bench/megamoe/ours/lead.py, megamoe/playback.py)",
             "candidates": list(CANDIDATES),
             "model_file": self.model_file,

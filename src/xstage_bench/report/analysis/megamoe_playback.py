@@ -2,8 +2,8 @@
 
 Every ok arm of our kernel (a configuration, share f and schedule, with its lead) is played
 through its path's fitted drain (megamoe/playback.py: the kernel's own tile list, T0 =
-t0_fixed + B / issue rate, Q(K) = min(S + K q, C), drain R), with the hold (a program waits at its
-next claim until its own stores drained) and without, and the predicted kernel time is
+t0_fixed + B / issue rate, Q(K) = min(S + K q, C), drain R with its lag), with the hold (a program
+waits at its next claim until its own stores drained) and without, and the predicted kernel time is
 set against the measured one (the median of kernel_us; time_us where no record has it).
 
 Tile costs are calibrated, never fitted to the arm predicted: one scale of the FLOP-rate
@@ -269,6 +269,8 @@ def _player_fields(player: Player) -> dict:
         "capacity_bytes": far.capacity,
         "capacity_per_issuer_bytes": far.capacity_per_issuer,
         "capacity_ceiling_bytes": _ceiling_to_json(far.capacity_ceiling),
+        "drain_lag_fraction": far.lag_fraction,
+        "drain_lag_rate_ratio": far.lag_rate_ratio,
         "num_programs": player.num_programs,
         "tflops": player.tflops,
     }
@@ -363,7 +365,7 @@ def played_arms(played: dict) -> pd.DataFrame:
 
 
 def far_paths(played: dict) -> dict[str, PathParams]:
-    """Each path's drain as played."""
+    """Each path's drain as played (no lag in playbacks written before it)."""
     return {
         path: PathParams(
             p["t0_fixed_us"],
@@ -372,6 +374,8 @@ def far_paths(played: dict) -> dict[str, PathParams]:
             p["capacity_bytes"],
             p["capacity_per_issuer_bytes"],
             _ceiling_of_json(p.get("capacity_ceiling_bytes")),
+            p.get("drain_lag_fraction", 0.0),
+            p.get("drain_lag_rate_ratio", 1.0),
         )
         for path, p in played["paths"].items()
     }

@@ -119,6 +119,15 @@ def _at_most(ceiling: float) -> str:
     return f", at most {ceiling:.4g}" if math.isfinite(ceiling) else ""
 
 
+def _lag(far: mp.PathParams) -> str:
+    if not far.lag_fraction:
+        return ""
+    return (
+        f", the drain {far.lag_fraction:.3g} Q(K) behind R once busy, at "
+        f"{far.lag_rate_ratio:.3g} R until then"
+    )
+
+
 def build(dataset_dir: Path) -> Table:
     played = mp.read_playback(dataset_dir)  # read and its sources hashed once
     doc, metric, predicted = mp.predictions(dataset_dir, played)
@@ -128,7 +137,7 @@ def build(dataset_dir: Path) -> Table:
     fits = "; ".join(
         f"{path}: R {far.drain / 1e3:.4g} GB/s, t0_fixed {far.t0_fixed_us:.3g} us, issue "
         f"{far.issue_rate / 1e3:.4g} GB/s per program, Q(K) = {far.capacity:.4g} + K "
-        f"{far.capacity_per_issuer:.4g} bytes{_at_most(far.capacity_ceiling)}"
+        f"{far.capacity_per_issuer:.4g} bytes{_at_most(far.capacity_ceiling)}{_lag(far)}"
         for path, far in mp.far_paths(played).items()
     )
     counts = predicted["calibration"].value_counts()
