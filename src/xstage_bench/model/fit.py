@@ -29,7 +29,7 @@ other code reads (the MegaMoE playback and `auto` lead):
   the knee, fitted with the capacity (laws.stall_time: the drain takes bytes at
   rate_ratio x R once a burst fills the path and at R a fraction x Q/R later, so a long
   isolated burst stalls (V - (1 - fraction) Q)/R); 0 and 1 are the paper's (V - Q)/R.
-  The MegaMoE playback's fluid (megamoe/drain.py) does not model the lag yet;
+  the MegaMoE playback's fluid (megamoe/drain.py) drains with it (a slow start);
 - capacity_law: {"law": "min(S + K q, C)" ("S + K q" in files written before the
   ceiling), "chosen": "shared" | "window" | "shared_plus_window" | "capped",
   "chosen_by": why, "fitted": "S 0.98 MiB + K x 15.2 KiB" or the like, "K_ref": K,
