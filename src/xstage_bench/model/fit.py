@@ -29,7 +29,8 @@ other code reads (the MegaMoE playback and `auto` lead):
   the knee, fitted with the capacity (laws.stall_time: the drain takes bytes at
   rate_ratio x R once a burst fills the path and at R a fraction x Q/R later, so a long
   isolated burst stalls (V - (1 - fraction) Q)/R); 0 and 1 are the paper's (V - Q)/R.
-  the MegaMoE playback's fluid (megamoe/drain.py) drains with it (a slow start);
+  the MegaMoE playback reads it and does not play it (lead.PLAYS_DRAIN_LAG: its slow
+  start made the playback worse; megamoe/drain.py can play it);
 - capacity_law: {"law": "min(S + K q, C)" ("S + K q" in files written before the
   ceiling), "chosen": "shared" | "window" | "shared_plus_window" | "capped",
   "chosen_by": why, "fitted": "S 0.98 MiB + K x 15.2 KiB" or the like, "K_ref": K,

@@ -7,8 +7,8 @@ issue 52 finding 1, cannot compute meanwhile); too much and Linear-2 bunches at 
 where nothing is left to hide the drain. What matters is every program storing at once
 into one drain, so the rule asks the playback (megamoe/playback.py): each candidate lead's
 tile list, built as the kernel builds it, played through the path's fitted drain (issue
-time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C), drain R with its lag,
-the hold on), with tile costs from the kernel's FLOP rate X. `auto` is the candidate with
+time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C), drain R, the hold
+on), with tile costs from the kernel's FLOP rate X. `auto` is the candidate with
 the shortest predicted kernel time; candidates the playback cannot tell apart (within TIE)
 go to the longest lead, whose slack covers tile-time jitter the playback does not model
 (measured: at f = 0 leads of 1024-4096 rows beat 0-256 by up to 8%, where the playback
@@ -23,9 +23,8 @@ each choice per configuration and share: the precisions share it, X being one ra
 X is `megamoe.lead_auto_tflops` (default DEFAULT_TFLOPS: the measured median of our W8A8
 kernel on H200), or the emulated rate in the compute-emulated sweep. T0, R, S and q are
 the path's fit in the dataset's model file (model/burst_gap.json; `read_drain`), or a
-simulated profile's own path (`LeadChooser.of_paths`); the drain's lag beyond the knee
-(drain_lag_fraction and drain_lag_rate_ratio, drain.StorePath) too, none in files written
-before it.
+simulated profile's own path (`LeadChooser.of_paths`). The drain's lag beyond the knee
+(drain_lag_fraction and drain_lag_rate_ratio) is read but not played: PLAYS_DRAIN_LAG.
 """
 
 from __future__ import annotations
@@ -48,6 +47,17 @@ DEFAULT_PROGRAMS = 132  # SMs of an H100 or H200 (SXM): the kernel runs one prog
 CANDIDATES = (0, 256, 512, 768, 1024, 1536, 2048, 4096)  # rows, multiples of block_m
 PLAN_BLOCKS = 160  # row blocks of the busiest rank the rule plays
 TIE = 1e-3  # predicted times closer than this (relative) are one time to the rule
+# The fit's drain lag (laws.stall_time) is not played: drain.StorePath's slow start made
+# every host reference's playback worse (median/p90 |error| with the hold, ref-h100x1
+# 2.0/5.4% -> 3.9/10.2%, ref-h200x1 3.1/7.0 -> 6.2/14.1, ref-h200x2 peer 1.5/6.9 -> 2.0/7.1)
+# and the lead replay lost 2 of 28 points on ref-h100x1 (within 2% of best, 23 -> 21). The
+# kernel's sparse, staggered stores do not show the isolated bursts' slow start. True plays
+# it (the playback and `auto` alike); the playback document records the choice.
+PLAYS_DRAIN_LAG = False
+LAG_NOT_PLAYED = (
+    "fitted on isolated bursts, not played: with it the playback's error with the hold "
+    "doubled on the host references and the lead replay lost points (lead.PLAYS_DRAIN_LAG)"
+)
 
 
 class LeadModelError(ValueError):
@@ -70,7 +80,8 @@ class PathDrain:
     S_bytes: float
     q_bytes: float
     C_bytes: float | None = None
-    # The drain's lag beyond the knee (laws.stall_time): 0 and 1, none, in files without it.
+    # The drain's lag beyond the knee (laws.stall_time), as fitted: 0 and 1, none, in files
+    # without it. path_params plays it only where PLAYS_DRAIN_LAG.
     lag_fraction: float = 0.0
     lag_rate_ratio: float = 1.0
 
@@ -87,7 +98,9 @@ class PathDrain:
         return laws.capacity(K, self.S_bytes, self.q_bytes, self.ceiling)
 
     def path_params(self) -> PathParams:
-        """The fluid path the playback plays tile lists through (drain.py)."""
+        """The fluid path the playback plays tile lists through (drain.py): R and Q(K) as
+        fitted, the drain's lag only where PLAYS_DRAIN_LAG (none otherwise)."""
+        lag = PLAYS_DRAIN_LAG
         return PathParams(
             t0_fixed_us=self.t0_fixed_us,
             issue_rate=float(laws.gbps_to_bytes_per_us(self.issue_rate_per_producer_GBps)),
@@ -95,8 +108,8 @@ class PathDrain:
             capacity=self.S_bytes,
             capacity_per_issuer=self.q_bytes,
             capacity_ceiling=self.ceiling,
-            lag_fraction=self.lag_fraction,
-            lag_rate_ratio=self.lag_rate_ratio,
+            lag_fraction=self.lag_fraction if lag else 0.0,
+            lag_rate_ratio=self.lag_rate_ratio if lag else 1.0,
         )
 
     def describe(self) -> dict:
@@ -112,6 +125,7 @@ class PathDrain:
             "C_bytes": self.C_bytes,
             "lag_fraction": self.lag_fraction,
             "lag_rate_ratio": self.lag_rate_ratio,
+            "lag_played": PLAYS_DRAIN_LAG,
         }
 
 
@@ -327,8 +341,9 @@ class LeadChooser:
             "rule": "the candidate lead with the shortest predicted kernel time (ties within "
             f"{TIE:g} to the longest): the busiest rank's first {PLAN_BLOCKS} row blocks' "
             "interleaved tile list played through the path's fitted drain (T0 = t0_fixed + "
-            "B / issue rate, Q(K) = min(S + K q, C), R with its lag; a program held until "
-            "its stores drain), "
+            "B / issue rate, Q(K) = min(S + K q, C), R; the fitted drain lag "
+            f"{'played' if PLAYS_DRAIN_LAG else 'not played'}; a program held until its "
+            "stores drain), "
             "tiles at X (src/xstage_bench/megamoe/ours/lead.py, megamoe/playback.py)",
             "candidates": list(CANDIDATES),
             "model_file": self.model_file,
