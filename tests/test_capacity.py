@@ -25,12 +25,14 @@ def isolated(
     outlier_at: int | None = None,
     C: float = math.inf,
     Ks: tuple[int, ...] = KS,
+    lag: capacity.DrainLag = capacity.NO_LAG,
+    sizes: int = 10,
 ) -> Recs:
     """Isolated bursts of every K in Ks over sizes around the knee; the record at
-    `outlier_at` timed 3x too slow."""
-    K = np.repeat(Ks, 10).astype(float)
-    V = np.tile(np.geomspace(2_000, 200_000, 10), len(Ks))
-    y = np.maximum(T0, (V - laws.capacity(K, S, q, C)) / R)
+    `outlier_at` timed 3x too slow; the drain lagging by `lag` beyond the knee."""
+    K = np.repeat(Ks, sizes).astype(float)
+    V = np.tile(np.geomspace(2_000, 200_000, sizes), len(Ks))
+    y = laws.isolated_issue_time(T0, V, laws.capacity(K, S, q, C), R, lag.fraction, lag.rate)
     if outlier_at is not None:
         y[outlier_at] *= 3.0
     n = len(V)
@@ -175,3 +177,39 @@ def test_describe_names_the_ceiling():
     assert capacity.describe(unbound) == (
         "S 1.00 MiB + K x 15.0 KiB (no ceiling within the K fitted)"
     )
+
+
+def test_the_lag_and_the_capacity_are_recovered_together():
+    """Bursts whose drain lags beyond the knee (at 0.4 R at first, as if the path held 60%
+    of Q once long): fit_with_lag finds both; without the lag the knee comes out low."""
+    lag = capacity.DrainLag(0.4, 0.4)
+    iso = isolated(10_000.0, 1_500.0, lag=lag, sizes=30)
+    T0s = np.full(len(iso), T0)
+    found, fitted = capacity.fit_with_lag(iso, R, T0s, "shared_plus_window")
+    assert found.S == pytest.approx(10_000.0, rel=0.01)
+    assert found.q == pytest.approx(1_500.0, rel=0.01)
+    assert fitted.fraction == pytest.approx(0.4, abs=0.01)
+    assert fitted.rate == pytest.approx(0.4, abs=0.01)
+    # the plain law (no lag) misses the bursts beyond the knee by far more
+    without = capacity.fit(iso, R, T0s, "shared_plus_window")
+
+    def worst(cap: capacity.Capacity, d: capacity.DrainLag) -> float:
+        y = laws.isolated_issue_time(T0s, iso.V, cap.at(iso.K), R, d.fraction, d.rate)
+        return float(np.max(np.abs(y - iso.y) / iso.y))
+
+    assert worst(found, fitted) < 0.01 < 0.2 < worst(without, capacity.NO_LAG)
+
+
+def test_without_a_lag_the_lag_fit_is_the_plain_law():
+    iso = isolated(10_000.0, 1_500.0, sizes=30)
+    found, fitted = capacity.fit_with_lag(iso, R, np.full(len(iso), T0), "shared_plus_window")
+    assert found.S == pytest.approx(10_000.0, rel=0.01)
+    assert found.q == pytest.approx(1_500.0, rel=0.01)
+    assert fitted.fraction == pytest.approx(0.0, abs=0.01)
+
+
+def test_a_held_lag_is_the_one_the_knee_is_fitted_with():
+    lag = capacity.DrainLag(0.5, 0.5)
+    iso = isolated(20_000.0, 0.0, lag=lag, sizes=30)
+    found = capacity.fit(iso, R, np.full(len(iso), T0), "shared", lag=lag)
+    assert found.S == pytest.approx(20_000.0, rel=0.01)

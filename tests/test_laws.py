@@ -77,3 +77,33 @@ def test_the_capped_law_saturates_at_its_ceiling_and_holds_the_others():
     np.testing.assert_allclose(laws.capacity(K, 1 << 20, 0, 2 << 20), 1 << 20)
     # a ceiling below S caps every K: one shared capacity C
     np.testing.assert_allclose(laws.capacity(K, 4 << 20, q, C), C)
+
+
+def test_a_lagging_drain_stalls_a_burst_less_near_the_knee_and_more_beyond():
+    # Q = 300, R = 100, lag 0.5 (Q/R = 3 us: R starts 1.5 us late), 0.5 R until then
+    assert laws.stall_time(1000, 300, 100) == pytest.approx(7.0)  # no lag: (V - Q)/R
+    assert laws.stall_time(400, 300, 100, 0.5, 0.5) == pytest.approx(2.0)  # 100 at 50/us
+    assert laws.stall_time(1000, 300, 100, 0.5, 0.5) == pytest.approx(8.5)  # (V - 150)/R
+    assert laws.isolated_issue_time(1, 1000, 300, 100, 0.5, 0.5) == pytest.approx(8.5)
+    assert laws.isolated_issue_time(1, 250, 300, 100, 0.5, 0.5) == pytest.approx(1.0)  # T0
+    # a drain that stops for lag Q/R: the stall jumps by 1.5 us at the knee
+    assert laws.stall_time(301, 300, 100, 0.5, 0.0) == pytest.approx(1.51)
+
+
+def test_the_lagging_stall_is_when_the_drain_has_made_room():
+    """stall_time inverts the drained bytes max(lag_rate R t, R t - lag Q)."""
+    rng = np.random.default_rng(2)
+    Q, R = rng.uniform(1e5, 1e6, 40), rng.uniform(1e3, 1e5, 40)
+    lag, rate = rng.uniform(0, 1, 40), rng.uniform(0, 1, 40)
+    V = Q + rng.uniform(1e3, 1e7, 40)
+    t = laws.stall_time(V, Q, R, lag, rate)
+    drained = np.maximum(rate * R * t, R * t - lag * Q)
+    np.testing.assert_allclose(drained, V - Q, rtol=1e-9)
+    assert np.all(t >= (V - Q) / R)  # a lagging drain never makes room sooner
+
+
+def test_the_train_laws_take_the_lag_of_the_isolated_burst():
+    # G = 50 drains the path: each burst is isolated, (V - 150)/R = 8.5 us
+    assert laws.train_issue_time(1, 50, 1000, 100, 300, 0.5, 0.5) == pytest.approx(8.5)
+    assert laws.train_period(1, 50, 1000, 100, 300, 0.5, 0.5) == pytest.approx(58.5)
+    assert laws.train_issue_time(1, 2, 1000, 100, 300, 0.5, 0.5) == pytest.approx(8.5)

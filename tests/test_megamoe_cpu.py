@@ -919,6 +919,35 @@ def test_the_capacity_law_is_read_where_the_fit_has_it(tmp_path):
     alone = {k: v for k, v in law.items() if k != "Q_bytes"}  # a fit of the law alone
     only = lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": alone}}), "host")
     assert only.Q_bytes is None and only.capacity_bytes(1) == 1.0e6 + 15360.0
+    # the drain's lag: read where the fit has it (none in files written before it), and
+    # not played (lead.PLAYS_DRAIN_LAG): the path is today's drain, R and Q(K) as fitted
+    assert (drain.lag_fraction, drain.lag_rate_ratio) == (0.0, 1.0)
+    lag = {"drain_lag_fraction": {"value": 0.3}, "drain_lag_rate_ratio": {"value": 0.4}}
+    lagged = lead.read_drain(
+        _model_file(tmp_path, per_path={"host": {"params": {**law, **lag}}}), "host"
+    )
+    assert (lagged.lag_fraction, lagged.lag_rate_ratio) == (0.3, 0.4)
+    assert not lead.PLAYS_DRAIN_LAG and lagged.path_params() == drain.path_params()
+    assert lagged.describe()["lag_fraction"] == 0.3 and not lagged.describe()["lag_played"]
+
+
+def test_the_fitted_drain_lag_is_played_only_when_switched_on(tmp_path, monkeypatch):
+    from xstage_bench.megamoe.ours import lead
+
+    params = {
+        "R_GBps": {"value": 52.0},
+        "t0_fixed_us": {"value": 0.3},
+        "issue_rate_per_sm_GBps": {"value": 75.0},
+        "S_bytes": {"value": 1.0e6},
+        "q_bytes": {"value": 15360.0},
+        "drain_lag_fraction": {"value": 0.3},
+        "drain_lag_rate_ratio": {"value": 0.4},
+    }
+    lagged = lead.read_drain(_model_file(tmp_path, per_path={"host": {"params": params}}), "host")
+    monkeypatch.setattr(lead, "PLAYS_DRAIN_LAG", True)
+    path = lagged.path_params()
+    assert (path.lag_fraction, path.lag_rate_ratio) == (0.3, 0.4)
+    assert (path.capacity, path.capacity_per_issuer, path.drain) == (1.0e6, 15360.0, 52_000.0)
 
 
 def test_lead_model_is_read_per_path_and_a_missing_path_names_the_file(tmp_path):

@@ -165,6 +165,30 @@ def test_the_playback_is_a_labelled_prediction_of_the_files_it_was_made_from(tmp
     assert len(played_doc["arms"]) == 1 and played_doc["lead_rule"] == []
 
 
+def test_the_playback_records_the_fitted_drain_lag_and_does_not_play_it(tmp_path):
+    ds = tmp_path / "h200x1"
+    point = arm(config("host", 1), 0.5, "expert_wave")
+    write_dataset(ds, "host", [point])
+    unlagged = json.loads((ds / layout.MEGAMOE_PLAYBACK).read_text())
+    model = json.loads((ds / layout.MODEL_JSON).read_text())
+    for key, value in (("drain_lag_fraction", 0.3), ("drain_lag_rate_ratio", 0.4)):
+        model["params"][key] = {"value": value, "ci_low": value, "ci_high": value}
+    (ds / layout.MODEL_JSON).write_text(json.dumps(model))
+    mp.write_playback(ds)
+    played_doc = json.loads((ds / layout.MEGAMOE_PLAYBACK).read_text())
+    host = played_doc["paths"]["host"]
+    assert (host["drain_lag_fraction"], host["drain_lag_rate_ratio"]) == (0.0, 1.0)
+    fitted = host["drain_lag_fitted"]
+    assert (fitted["fraction"], fitted["rate_ratio"], fitted["played"]) == (0.3, 0.4, False)
+    assert "PLAYS_DRAIN_LAG" in fitted["why"]
+    # not played: every prediction is the drain without the lag's
+    assert played_doc["arms"] == unlagged["arms"]
+    assert unlagged["paths"]["host"]["drain_lag_fitted"]["played"]  # no lag fitted: nothing
+    assert "a drain lag fitted (0.3 Q(K) at 0.4 R) but not played" in " ".join(
+        table.build(ds).notes
+    )
+
+
 @pytest.mark.parametrize("changed", [layout.MEGAMOE_RAW, layout.MODEL_JSON])
 def test_a_playback_of_other_files_is_refused_with_the_command_that_remakes_it(tmp_path, changed):
     ds = tmp_path / "h200x1"

@@ -173,6 +173,63 @@ def test_isolated_burst_is_the_law_at_every_capacity(Q):
     assert trace.t_iss_slowest()[0] == pytest.approx(laws.isolated_issue_time(T0, V, Q, R))
 
 
+def lagged(capacity: float, fraction: float, rate_ratio: float, per_issuer: float = 0.0):
+    return replace(
+        params(capacity),
+        capacity_per_issuer=per_issuer,
+        lag_fraction=fraction,
+        lag_rate_ratio=rate_ratio,
+    )
+
+
+# Q = 30000 (V - Q = 50000): 1000 and 20000 stall on the slow start, 80000 on (1 - f) Q.
+@pytest.mark.parametrize("per_producer", [1_000, 4_000, 10_000, 20_000, 80_000])
+@pytest.mark.parametrize(("fraction", "rate_ratio"), [(0.4, 0.5), (0.7, 0.0), (0.2, 0.9)])
+@pytest.mark.parametrize(("shared", "per_issuer"), [(30_000, 0.0), (6_000, 3_000.0)])
+def test_an_isolated_burst_through_a_lagging_drain_is_the_lagged_law(
+    per_producer, fraction, rate_ratio, shared, per_issuer
+):
+    # laws.stall_time: min((V - Q)/(rho R), (V - (1 - f) Q)/R) beyond the knee, Q = Q(K)
+    path = lagged(shared, fraction, rate_ratio, per_issuer)
+    trace = xstage.simulate_bursts(K, per_producer, 1, 0.0, path)
+    T0_burst = 0.5 + per_producer / 10_000
+    Q = laws.capacity(K, shared, per_issuer)
+    law = laws.isolated_issue_time(T0_burst, K * per_producer, Q, R, fraction, rate_ratio)
+    assert trace.t_iss_slowest()[0] == pytest.approx(float(law), rel=1e-9)
+
+
+def test_no_lag_is_todays_drain_and_a_drained_gap_meets_the_slow_start_again():
+    # f = 0, or rho = 1 (min((V - Q)/R, ...) is (V - Q)/R): the paper's (V - Q)/R
+    for path in (lagged(30_000, 0.0, 0.5), lagged(30_000, 0.5, 1.0)):
+        trace = xstage.simulate_bursts(K, B, 1, 0.0, path)
+        assert trace.t_iss_slowest()[0] == pytest.approx(2.5)
+    # A gap that drains the path: every burst is the isolated one, lag and all; zero gap:
+    # the path never idles, so the drain stays at R and the period is V/R.
+    path = lagged(30_000, 0.4, 0.5)
+    isolated = laws.isolated_issue_time(T0, V, 30_000, R, 0.4, 0.5)
+    drained = xstage.simulate_bursts(K, B, 4, 10.0, path, sync="barrier")
+    assert drained.t_iss_slowest() == pytest.approx(np.full(4, float(isolated)))
+    _, period = steady(xstage.simulate_bursts(K, B, 16, 0.0, path))
+    assert period == pytest.approx(np.full_like(period, V / R))
+
+
+def test_a_lagging_drain_holds_the_last_byte_through_its_slow_start():
+    # drain 10, at 5 until 20 bytes behind (f = 0.2 of Q = 100): 4 us of slow start. One
+    # issuer of 30 bytes passes at 50 bytes/us, admitted by 0.6 us with 27 held (3 drained):
+    # 17 more drain at 5 by 4 us, the last 10 at 10 by 5 us.
+    path = drain.StorePath(
+        drain=10.0, capacity=100.0, issue_rate=50.0, lag_fraction=0.2, lag_rate_ratio=0.5
+    )
+    path.add("a", 30.0)
+    t = path.next_time()
+    assert path.advance(t) == [("a", 1)] and t == pytest.approx(0.6)
+    assert path.empty_time() == pytest.approx(5.0)
+    path.advance(7.0)  # idle: through the slow start's end to empty
+    assert (path.q, path.empty_time()) == (0.0, 7.0)
+    with pytest.raises(ValueError, match="drain lag"):
+        drain.StorePath(drain=10.0, capacity=100.0, issue_rate=50.0, lag_fraction=1.5)
+
+
 @pytest.mark.parametrize("producers", [2, 8, 32])
 def test_the_capacity_follows_the_law_for_the_producers_of_a_run(producers):
     """Q(K) = S + K q: S = 10000 bytes shared, q = 5000 bytes per producer."""

@@ -8,6 +8,14 @@ equally among the producers still issuing. When a producer stops issuing, the ca
 shrinks by its q (below the ceiling): bytes beyond the new capacity drain before anyone is
 admitted again. The state is piecewise linear between events, so a simulation jumps from
 event to event: a producer starts or finishes issuing, the path fills, or it empties.
+
+The drain lags (laws.stall_time, the fit's drain_lag_fraction f and drain_lag_rate_ratio
+rho): once the path leaves idle it drains at rho R, a slow start, until it is f Q(K)
+bytes behind a drain at R, and at R from then on until it is idle again. So t after an
+idle path began to fill it has drained max(rho R t, R t - f Q), and a burst on an empty
+path issues exactly as stall_time says; a sustained stream, never idle, stays f Q behind,
+as if the path held (1 - f) Q. f = 0 (the default) is no lag.
+
 Nothing here evaluates the Burst-Gap laws; the tests check that the laws come out of
 these dynamics.
 
@@ -68,6 +76,10 @@ class StorePath:
     Issuers share admission by processor sharing: each one progresses at the same
     per-producer rate, so a virtual clock `_vt` (bytes admitted per producer since the
     start) orders their finishes and a heap finds the next one in O(log n).
+
+    The drain's slow start (module doc) is `_behind`, the bytes it is behind a drain at R
+    since the path left idle: it drains at lag_rate_ratio x drain while _behind is below
+    lag_fraction x the capacity now, so more producers joining lengthen it.
     """
 
     def __init__(
@@ -77,7 +89,14 @@ class StorePath:
         issue_rate: float,
         capacity_per_issuer: float = 0.0,
         capacity_ceiling: float = math.inf,
+        lag_fraction: float = 0.0,
+        lag_rate_ratio: float = 1.0,
     ):
+        if not (0 <= lag_fraction <= 1 and 0 <= lag_rate_ratio <= 1):
+            raise ValueError(
+                f"drain lag needs a fraction and a rate ratio in [0, 1], got {lag_fraction} "
+                f"and {lag_rate_ratio}"
+            )
         if drain <= 0 or capacity < 0 or issue_rate <= 0 or capacity_per_issuer < 0:
             raise ValueError(
                 f"path needs positive drain and issue rate and capacities >= 0, got drain "
@@ -91,6 +110,10 @@ class StorePath:
         self.capacity_per_issuer = capacity_per_issuer
         self.capacity_ceiling = capacity_ceiling
         self.issue_rate = issue_rate
+        # a rate ratio of 1 lags nothing: min((V - Q)/R, ...) is (V - Q)/R whatever f
+        self.lag_fraction = lag_fraction if lag_rate_ratio < 1 else 0.0
+        self.slow_drain = lag_rate_ratio * drain
+        self._behind = 0.0  # bytes behind a drain at R since the path left idle
         self.t = 0.0
         self.q = 0.0
         self.n = 0  # producers issuing now (a cohort of m counts m times)
@@ -105,31 +128,48 @@ class StorePath:
             self.n, self.shared_capacity, self.capacity_per_issuer, self.capacity_ceiling
         )
 
-    def _regime(self) -> tuple[float, float, float, float]:
+    def _capacity_now(self) -> float:
+        """laws.capacity in plain floats: this runs at every event of a playback."""
+        return min(self.shared_capacity + self.n * self.capacity_per_issuer, self.capacity_ceiling)
+
+    def _drain_now(self, cap: float) -> float:
+        """The drain's rate: slow while the path is busy and less than f Q behind."""
+        if self._behind < self.lag_fraction * cap - _EPS_BYTES and (self.n or self.q > 0):
+            return self.slow_drain
+        return self.drain
+
+    def _regime(self) -> tuple[float, float, float, float, float]:
         """(bytes per microsecond admitted by each issuer, dq/dt, the capacity, the level q
-        drains down to): bytes beyond the capacity (an issuer left a full path) drain first,
-        admitting nothing, down to the capacity; otherwise the path drains to empty."""
+        drains down to, the drain's rate): bytes beyond the capacity (an issuer left a full
+        path) drain first, admitting nothing, down to the capacity; otherwise the path
+        drains to empty."""
         n, q = self.n, self.q
-        # laws.capacity in plain floats: this runs at every event of a playback
-        cap = min(self.shared_capacity + n * self.capacity_per_issuer, self.capacity_ceiling)
+        cap = self._capacity_now()
+        drain = self._drain_now(cap) if self.lag_fraction else self.drain
         if n == 0:
-            return 0.0, (-self.drain if q > 0 else 0.0), cap, 0.0
+            return 0.0, (-drain if q > 0 else 0.0), cap, 0.0, drain
         if q > cap + _EPS_BYTES:
-            return 0.0, -self.drain, cap, cap
+            return 0.0, -drain, cap, cap, drain
         offered = n * self.issue_rate
-        if q >= cap and offered > self.drain:
-            return self.drain / n, 0.0, cap, 0.0  # full: admission limited to the drain
-        if q <= 0 and offered <= self.drain:
-            return self.issue_rate, 0.0, cap, 0.0  # empty and the drain keeps up: passes through
-        return self.issue_rate, offered - self.drain, cap, 0.0
+        if q >= cap and offered > drain:
+            return drain / n, 0.0, cap, 0.0, drain  # full: admission limited to the drain
+        if q <= 0 and offered <= drain:
+            return self.issue_rate, 0.0, cap, 0.0, drain  # empty, the drain keeps up: passes
+        return self.issue_rate, offered - drain, cap, 0.0, drain
+
+    def _slow_start_left(self, cap: float, drain: float) -> float:
+        """How long the slow start lasts from now (inf where it does not end, 0 if over)."""
+        if drain == self.drain:
+            return math.inf
+        return (self.lag_fraction * cap - self._behind) / (self.drain - drain)
 
     def next_time(self) -> float:
         """Absolute time of the next change: an issuer finishes, the path fills or empties,
-        or drains down to its capacity."""
-        rate, dq, cap, floor = self._regime()
-        dt = math.inf
+        drains down to its capacity, or the drain's slow start ends."""
+        rate, dq, cap, floor, drain = self._regime()
+        dt = self._slow_start_left(cap, drain)
         if self._heap and rate > 0:
-            dt = max(self._heap[0][0] - self._vt, 0.0) / rate
+            dt = min(dt, max(self._heap[0][0] - self._vt, 0.0) / rate)
         if dq > 0:
             dt = min(dt, (cap - self.q) / dq)
         elif dq < 0:
@@ -137,26 +177,38 @@ class StorePath:
         return self.t + dt
 
     def advance(self, t: float) -> list[tuple[Hashable, int]]:
-        """Move to time t (no later than next_time()); return the issuers that finished."""
+        """Move to time t (no later than next_time(), except where nobody issues: an idle
+        path only drains, through its slow start's end and to empty); return the issuers
+        that finished."""
         if t < self.t:
             raise ValueError(f"cannot go back in time: {t} < {self.t}")
-        rate, dq, cap, floor = self._regime()
-        dt = t - self.t
-        self.t = t
-        self._vt += rate * dt
-        q = self.q + dq * dt
-        if dq > 0 and cap - q <= _EPS_BYTES:
-            q = cap  # full (never past it)
-        elif dq < 0 and q - floor <= _EPS_BYTES:
-            q = floor  # empty, or down to the capacity (never below it)
-        self.q = q
+        self._step(t if self.n or not self.lag_fraction else min(t, self.next_time()))
+        while self.t < t:  # nobody issuing, the slow start ended or the path emptied
+            self._step(min(t, self.next_time()))
         done = []
         heap = self._heap
         while heap and heap[0][0] <= self._vt + _EPS_BYTES:
             _, _, token, m = heapq.heappop(heap)
             self.n -= m
             done.append((token, m))
+        if not self.n and self.q <= 0:
+            self._behind = 0.0  # idle: the next bytes meet the slow start again
         return done
+
+    def _step(self, t: float) -> None:
+        """Move to t within one regime (or with nobody issuing, to empty and no further)."""
+        rate, dq, cap, floor, drain = self._regime()
+        dt = t - self.t
+        self.t = t
+        self._vt += rate * dt
+        if drain < self.drain:
+            self._behind += (self.drain - drain) * dt
+        q = self.q + dq * dt
+        if dq > 0 and cap - q <= _EPS_BYTES:
+            q = cap  # full (never past it)
+        elif dq < 0 and q - floor <= _EPS_BYTES:
+            q = floor  # empty, or down to the capacity (never below it)
+        self.q = q
 
     def add(self, token: Hashable, nbytes: float, m: int = 1) -> None:
         """Start m identical producers issuing nbytes each, now."""
@@ -166,14 +218,22 @@ class StorePath:
 
     def empty_time(self) -> float:
         """When the path will have drained everything admitted so far (first in, first
-        out: the last byte admitted drains then)."""
-        return self.t + self.q / self.drain
+        out: the last byte admitted drains then), through what is left of the drain's slow
+        start at the producers issuing now."""
+        cap = self._capacity_now()
+        drain = self._drain_now(cap) if self.lag_fraction else self.drain
+        slow = self._slow_start_left(cap, drain)
+        if self.q <= drain * slow:
+            return self.t + self.q / drain
+        return self.t + slow + (self.q - drain * slow) / self.drain
 
 
 @dataclass(frozen=True)
 class PathParams:
     """What a burst meets on its way: fixed overhead, issue rate, drain rate, capacity
-    Q(K) = min(capacity + K capacity_per_issuer, capacity_ceiling)."""
+    Q(K) = min(capacity + K capacity_per_issuer, capacity_ceiling), and the drain's lag
+    beyond the knee (StorePath: lag_fraction f of Q(K) behind R, at lag_rate_ratio x R
+    until then; f = 0 is none)."""
 
     t0_fixed_us: float
     issue_rate: float  # bytes/us, per producer
@@ -181,6 +241,8 @@ class PathParams:
     capacity: float  # bytes: S, shared by the producers
     capacity_per_issuer: float = 0.0  # bytes: q, each producer issuing adds
     capacity_ceiling: float = math.inf  # bytes: C, the most the path holds
+    lag_fraction: float = 0.0  # f: the drain falls f Q(K) behind R once the path is busy
+    lag_rate_ratio: float = 1.0  # rho: it drains at rho R until then
 
     def t0_us(self, B: float) -> float:
         """Backpressure-free issue time of one producer's B bytes."""
@@ -192,7 +254,7 @@ class PathParams:
         Its stores enter the path from the start, and the fixed overhead overlaps them:
         the burst ends when the path has admitted its last byte, never before T0. This is
         the Burst-Gap model's definition, so one burst on an empty path takes
-        max(T0, (V - Q)/R), laws.isolated_issue_time, which the fit uses.
+        max(T0, stall), laws.isolated_issue_time, which the fit uses.
         """
         return max(admitted, start + self.t0_us(B))
 
@@ -203,4 +265,6 @@ class PathParams:
             self.issue_rate,
             self.capacity_per_issuer,
             self.capacity_ceiling,
+            self.lag_fraction,
+            self.lag_rate_ratio,
         )

@@ -11,14 +11,17 @@ of its row block (the row-block counter); a tile lasts its `Rates` cost. Each L2
 then stores its block's valid rows x block_n bf16: the rows whose home is far (another
 rank on the peer path, host memory on the host path: `far_rows`) enter the far path
 (drain.py: issue time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C) at the K
-programs issuing, drain R), then the rest the near path, or, with no near path given,
-nothing: their cost is in the tile's (a tile cost calibrated where every row is near).
+programs issuing, drain R, after its slow start where a lag is played), then the rest the
+near path, or, with no near path given, nothing: their cost is in the tile's (a tile cost
+calibrated where every row is near).
 
 The hold: a program that stored is held at its next memory operation, the atomic that
 claims its next tile, until its own far stores have drained (issue 52, finding 1: an
 atomic waits for the drain, so the gap does not hide it). The path drains first in first
 out at R, so a program whose last byte was admitted at t with q bytes in the path is
-released at t + q / R. `hold=False` moves on as soon as the stores are issued.
+released at t + q / R (later by what is left of the drain's slow start where a lag is
+played: StorePath.empty_time; the dataset playback plays none, lead.PLAYS_DRAIN_LAG).
+`hold=False` moves on as soon as the stores are issued.
 
 The kernel ends when its slowest rank ends, so every rank is played and the slowest one
 reported (ranks="busiest": only the rank with the larger of its compute over the

@@ -16,7 +16,7 @@ from xstage_bench.model.stages import Params, fit_chain, fit_per_K
 
 N_BOOTSTRAP = 200
 
-POOLED_KEYS = ("R", "S", "q", "C", "Q_ref", "t0_fixed", "issue_rate")
+POOLED_KEYS = ("R", "S", "q", "C", "Q_ref", "t0_fixed", "issue_rate", "lag", "lag_rate")
 PER_K_KEYS = ("R", "c", "Q", "T0")
 
 
@@ -38,6 +38,8 @@ def _pooled(p: Params, K_ref: float | None) -> dict[str, float | None]:
         "Q_ref": None if cap is None or K_ref is None else float(cap.at(K_ref)),
         "t0_fixed": p.t0_fixed,
         "issue_rate": p.issue_rate,
+        "lag": None if cap is None else p.lag.fraction,  # fitted with the capacity
+        "lag_rate": None if cap is None else p.lag.rate,
     }
 
 
@@ -127,8 +129,10 @@ def _ceiling_block(p: Params, reps: dict, why: str | None) -> dict:
 
 def params_block(p: Params, reps: dict, K_ref: float | None) -> dict:
     """One variant's parameter blocks: R, S, q, C, Q at K_ref (min(S + K_ref q, C)),
-    t0_fixed, issue rate. A number the variant's law holds at 0 is 0 with a reason saying
-    so; a ceiling it lacks is null with its reason (_ceiling_block)."""
+    t0_fixed, issue rate, and the drain's lag beyond the knee (laws.stall_time: its
+    fraction of Q/R and the rate, a fraction of R, until then). A number the variant's
+    law holds at 0 is 0 with a reason saying so; a ceiling it lacks is null with its
+    reason (_ceiling_block)."""
     why = p.reasons
     values = _pooled(p, K_ref)
 
@@ -143,6 +147,8 @@ def params_block(p: Params, reps: dict, K_ref: float | None) -> dict:
         "C_bytes": _ceiling_block(p, reps, why.get("Q")),
         "t0_fixed_us": block("t0_fixed", 1.0, why.get("T0")),
         "issue_rate_per_sm_GBps": block("issue_rate", 1e-3, why.get("T0")),
+        "drain_lag_fraction": block("lag", 1.0, why.get("Q")),
+        "drain_lag_rate_ratio": block("lag_rate", 1.0, why.get("Q")),
     }
     if K_ref is None and p.capacity is not None:
         out["Q_bytes"] = param_block(None, None, reason="no isolated bursts: no K to quote Q at")

@@ -12,6 +12,11 @@ held-out error):
   then saturates). C = inf in the other three; a fitted C at or above S + K q at the
   largest K fitted binds nowhere the records reach, so it is inf too (not measured).
 
+Beyond the knee the drain lags (DrainLag, laws.stall_time): isolated bursts just beyond
+it stall less than (V - Q)/R and long ones more, as if the path held (1 - fraction) Q, on
+every reference path (host and peer). fit_with_lag fits the lag with the capacity, since
+the two trade against each other; fit holds it (one K's knee, stages.fit_per_K).
+
 The fit is robust: residuals are relative, and beyond ROBUST_SCALE they count linearly
 (soft_l1), so that no single burst can set the capacity, as one record set the old shared
 Q at the top of its own interval. It starts from several points (the knees and floors of
@@ -128,50 +133,130 @@ def _starts(iso: Recs, R: float, law: str, previous: Capacity | None) -> list[Ca
     return list(dict.fromkeys(starts))  # each start once
 
 
+@dataclass(frozen=True)
+class DrainLag:
+    """How the drain lags once a burst fills the path (laws.stall_time): it takes bytes at
+    rate x R at first and at R a `fraction` of Q/R later, so a long burst stalls as if the
+    path held (1 - fraction) Q. NO_LAG, the default, is the paper's (V - Q)/R."""
+
+    fraction: float = 0.0
+    rate: float = 1.0
+
+
+NO_LAG = DrainLag()
+LAG_GAIN = 0.05  # a lag must lower the robust cost of the isolated bursts by 5% to count
+
+
 def fit(
-    iso: Recs, R: float, T0: np.ndarray, law: str, previous: Capacity | None = None
+    iso: Recs,
+    R: float,
+    T0: np.ndarray,
+    law: str,
+    previous: Capacity | None = None,
+    lag: DrainLag = NO_LAG,
 ) -> Capacity:
-    """The variant's S, q (and C) from isolated bursts: T_iss = max(T0, (V - Q(K))/R).
+    """The variant's S, q (and C) from isolated bursts: T_iss = max(T0, stall), the stall
+    laws.stall_time with the drain's lag held at `lag` (NO_LAG: (V - Q(K))/R).
 
     T0 is each burst's backpressure-free issue time. Raises CapacityError where fewer than
     two bursts stall beyond T0 with the fitted capacity (the knee is not measured).
     """
+    return _fit(iso, R, T0, law, previous, lag, None)[0]
+
+
+def fit_with_lag(
+    iso: Recs,
+    R: float,
+    T0: np.ndarray,
+    law: str,
+    previous: Capacity | None = None,
+    lag: DrainLag | None = None,
+) -> tuple[Capacity, DrainLag]:
+    """The variant's capacity and the drain's lag together, from the same isolated bursts
+    (fit): the knee sets Q, the bursts beyond it the lag, and the two trade against each
+    other where a burst just beyond the knee stalls, so they are fitted at once, from each
+    capacity start with each of _lag_starts. `lag` is the previous round's.
+
+    A lag is kept only where it misses the bursts less than no lag by LAG_GAIN of the
+    robust cost: where no burst lies where the drain would lag (a knee the sizes skip),
+    the lag and Q trade freely and a lag would be no finding."""
+    plain, _, cost = _fit(iso, R, T0, law, previous, NO_LAG, None)
+    found, fitted, lagged = _fit(iso, R, T0, law, previous, lag or NO_LAG, _lag_starts(iso, R, lag))
+    return (found, fitted) if lagged < (1 - LAG_GAIN) * cost else (plain, NO_LAG)
+
+
+def _lag_starts(iso: Recs, R: float, previous: DrainLag | None) -> list[DrainLag]:
+    """No lag; the fraction that brings each K's floor (what its bursts are seen to hold,
+    about its knee) down to what its longest bursts hold (about (1 - fraction) Q), at half
+    the rate; and the previous round's lag."""
+    floors, beyond = held(iso, R), knees(iso, R)
+    lost = [1 - max(beyond[K], 0.0) / floors[K] for K in floors if floors[K] > 0]
+    fraction = float(np.clip(np.median(lost), 0.0, 1.0)) if lost else 0.0
+    starts = [NO_LAG, DrainLag(fraction, 0.5)]
+    if previous is not None:
+        starts.append(previous)
+    return list(dict.fromkeys(starts))
+
+
+def _fit(
+    iso: Recs,
+    R: float,
+    T0: np.ndarray,
+    law: str,
+    previous: Capacity | None,
+    lag: DrainLag,
+    lag_starts: list[DrainLag] | None,
+) -> tuple[Capacity, DrainLag, float]:
+    """fit and fit_with_lag: the lag held (lag_starts None) or fitted from each start;
+    the capacity, the lag and the robust cost of the best start."""
     if len(iso) == 0:
         raise CapacityError("no isolated-burst records (study 'isolated')")
     if law not in LAWS:
         raise ValueError(f"unknown capacity law {law!r}; one of {', '.join(LAWS)}")
     free = FREE[law]
+    n_free = len(free)
     floor = float(np.min(iso.V / np.maximum(iso.K, 1.0))) * 1e-3  # least_squares needs > 0
     unbound = float(np.max(iso.V))  # a ceiling no burst reaches: where "none" starts
 
     def capacity(x) -> Capacity:
-        values = {name: float(v) * UNIT[name] for v, name in zip(x, free, strict=True)}
+        values = {name: float(v) * UNIT[name] for v, name in zip(x[:n_free], free, strict=True)}
         return Capacity(law, values.get("S", 0.0), values.get("q", 0.0), values.get("C", math.inf))
 
-    def residuals(x) -> np.ndarray:
-        return (np.maximum(T0, (iso.V - capacity(x).at(iso.K)) / R) - iso.y) / iso.y
+    def drain_lag(x) -> DrainLag:
+        return lag if lag_starts is None else DrainLag(float(x[n_free]), float(x[-1]))
 
+    def residuals(x) -> np.ndarray:
+        d = drain_lag(x)
+        stall = laws.stall_time(iso.V, capacity(x).at(iso.K), R, d.fraction, d.rate)
+        return (np.maximum(T0, stall) - iso.y) / iso.y
+
+    lower, upper = [0.0] * n_free, [np.inf] * n_free
+    if lag_starts is not None:
+        lower, upper = lower + [0.0, 0.0], upper + [1.0, 1.0]  # a fraction and a ratio
     best = None
     for start in _starts(iso, R, law, previous):
         x0 = [max(min(getattr(start, name), unbound), floor) / UNIT[name] for name in free]
-        result = least_squares(
-            residuals,
-            x0,
-            bounds=(0.0, np.inf),
-            loss="soft_l1",
-            f_scale=ROBUST_SCALE,
-            x_scale="jac",
-        )
-        if best is None or result.cost < best.cost:
-            best = result
+        for d in lag_starts or [None]:
+            x = x0 if d is None else [*x0, d.fraction, min(max(d.rate, 1e-3), 1.0)]
+            result = least_squares(
+                residuals,
+                x,
+                bounds=(lower, upper),
+                loss="soft_l1",
+                f_scale=ROBUST_SCALE,
+                x_scale="jac",
+            )
+            if best is None or result.cost < best.cost:
+                best = result
     found = _unbound_ceiling(capacity(best.x), float(np.max(iso.K)))
-    stalled = (iso.V - found.at(iso.K)) / R > 1.1 * T0
+    d = drain_lag(best.x)
+    stalled = laws.stall_time(iso.V, found.at(iso.K), R, d.fraction, d.rate) > 1.1 * T0
     if np.count_nonzero(stalled) < 2:
         raise CapacityError(
             "fewer than two isolated bursts stall beyond T0, so the knee is not measured: "
             f"the capacity is above about {_bound(iso, R, T0)}"
         )
-    return found
+    return found, d, float(best.cost)
 
 
 def _unbound_ceiling(c: Capacity, K_max: float) -> Capacity:

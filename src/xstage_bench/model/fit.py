@@ -25,6 +25,12 @@ other code reads (the MegaMoE playback and `auto` lead):
   = inf; files written before the ceiling have no C_bytes and no ceiling either);
 - params.Q_bytes: Q(K_ref) = min(S + K_ref q, C), the capacity at the largest K whose
   isolated bursts were fitted (capacity_law.K_ref), with its bootstrap CI;
+- params.drain_lag_fraction and params.drain_lag_rate_ratio: how the drain lags beyond
+  the knee, fitted with the capacity (laws.stall_time: the drain takes bytes at
+  rate_ratio x R once a burst fills the path and at R a fraction x Q/R later, so a long
+  isolated burst stalls (V - (1 - fraction) Q)/R); 0 and 1 are the paper's (V - Q)/R.
+  the MegaMoE playback reads it and does not play it (lead.PLAYS_DRAIN_LAG: its slow
+  start made the playback worse; megamoe/drain.py can play it);
 - capacity_law: {"law": "min(S + K q, C)" ("S + K q" in files written before the
   ceiling), "chosen": "shared" | "window" | "shared_plus_window" | "capped",
   "chosen_by": why, "fitted": "S 0.98 MiB + K x 15.2 KiB" or the like, "K_ref": K,
@@ -339,7 +345,7 @@ def _checks(
     else:
         T0 = p.T0(per.B)
         train = laws.issue_time(T0, per.G, per.V, p.R)
-        alone = laws.isolated_issue_time(T0, per.V, p.Q(per.K), p.R)
+        alone = laws.isolated_issue_time(T0, per.V, p.Q(per.K), p.R, p.lag.fraction, p.lag.rate)
         out["stall_visible_to_sender"] = checks.stall_visible_to_sender(per, T0, train, alone)
         found["store_loop_share"] = checks.store_loop_share(
             per, checks.backpressure_mask(per, T0, train, alone)

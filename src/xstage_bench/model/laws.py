@@ -4,7 +4,8 @@ K producers store V bytes in all per burst, then compute for a gap G. Three para
 T0 (backpressure-free issue time of the burst), R (drain rate of the path), Q (outstanding
 capacity), where Q follows the capacity law Q(K) = min(S + K q, C): a part S shared by the
 path and a window q per producer, up to a ceiling C of the path (`capacity`; the paper's
-one Q is q = 0, and C = inf is no ceiling). Units throughout:
+one Q is q = 0, and C = inf is no ceiling). Beyond Q the drain lags (`stall_time`; no lag
+is the paper's (V - Q)/R). Units throughout:
 microseconds, bytes, and bytes per microsecond for rates;
 `gbps_to_bytes_per_us` converts the GB/s (1e9 bytes/s) that profiles and tables quote.
 Every function broadcasts over numpy arrays and returns a float (or bool) array.
@@ -61,13 +62,47 @@ def backlog_peak(T0: ArrayLike, V: ArrayLike, R: ArrayLike) -> NDArray:
     return np.maximum(_f(V) - _f(R) * _f(T0), 0.0)
 
 
-def isolated_issue_time(T0: ArrayLike, V: ArrayLike, Q: ArrayLike, R: ArrayLike) -> NDArray:
-    """One burst on an empty path: max(T0, (V - Q)/R); beyond Q it issues at the drain rate."""
-    return np.maximum(_f(T0), (_f(V) - _f(Q)) / _f(R))
+def stall_time(
+    V: ArrayLike, Q: ArrayLike, R: ArrayLike, lag: ArrayLike = 0.0, lag_rate: ArrayLike = 1.0
+) -> NDArray:
+    """How long a burst on an empty path takes to issue its V bytes once Q of them fill the
+    path: the time the drain takes to make room for the V - Q bytes beyond the capacity.
+
+    The drain lags: t after the path filled it has drained max(lag_rate R t, R t - lag Q)
+    bytes, a drain at R that starts lag x Q/R late (a fraction `lag` of the time R takes
+    to drain a full path), meanwhile at lag_rate x R. Solved for V - Q: min((V - Q)/
+    (lag_rate R), (V - (1 - lag) Q)/R), so a burst just beyond the knee drains slowly and
+    a long one at R, as if the path held (1 - lag) Q. lag = 0 (the default) is the paper's
+    (V - Q)/R. Negative where V fits in Q (no stall).
+    """
+    Q, R = _f(Q), _f(R)
+    excess = _f(V) - Q
+    with np.errstate(divide="ignore"):
+        slow = np.where(excess > 0, excess / (_f(lag_rate) * R), -np.inf)
+    return np.where(excess > 0, np.minimum(slow, (excess + _f(lag) * Q) / R), excess / R)
+
+
+def isolated_issue_time(
+    T0: ArrayLike,
+    V: ArrayLike,
+    Q: ArrayLike,
+    R: ArrayLike,
+    lag: ArrayLike = 0.0,
+    lag_rate: ArrayLike = 1.0,
+) -> NDArray:
+    """One burst on an empty path: max(T0, stall_time); beyond Q it issues as the path
+    drains, (V - Q)/R where the drain does not lag (lag = 0, the default)."""
+    return np.maximum(_f(T0), stall_time(V, Q, R, lag, lag_rate))
 
 
 def train_issue_time(
-    T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike, Q: ArrayLike
+    T0: ArrayLike,
+    G: ArrayLike,
+    V: ArrayLike,
+    R: ArrayLike,
+    Q: ArrayLike,
+    lag: ArrayLike = 0.0,
+    lag_rate: ArrayLike = 1.0,
 ) -> NDArray:
     """Issue time of a burst in a steady train, from the two laws together.
 
@@ -75,14 +110,22 @@ def train_issue_time(
     the path empties in the gap and each burst is an isolated one, never faster than
     the isolated law. So the train's issue time is the larger of the two.
     """
-    return np.maximum(issue_time(T0, G, V, R), isolated_issue_time(T0, V, Q, R))
+    return np.maximum(issue_time(T0, G, V, R), isolated_issue_time(T0, V, Q, R, lag, lag_rate))
 
 
-def train_period(T0: ArrayLike, G: ArrayLike, V: ArrayLike, R: ArrayLike, Q: ArrayLike) -> NDArray:
+def train_period(
+    T0: ArrayLike,
+    G: ArrayLike,
+    V: ArrayLike,
+    R: ArrayLike,
+    Q: ArrayLike,
+    lag: ArrayLike = 0.0,
+    lag_rate: ArrayLike = 1.0,
+) -> NDArray:
     """Period of a steady train from the two laws together: the train's issue time plus G.
 
     This is the period law max(T0 + G, V/R) with T0 raised to the isolated issue time
     where a burst stalls even on an empty path (V beyond Q); since the train's issue time
     is at least V/R - G, the period is never shorter than V/R.
     """
-    return train_issue_time(T0, G, V, R, Q) + _f(G)
+    return train_issue_time(T0, G, V, R, Q, lag, lag_rate) + _f(G)

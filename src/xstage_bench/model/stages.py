@@ -7,10 +7,11 @@ validation (validation.py); all three call these stages.
 
 - R from zero-gap periodic bursts: period = max(T0, V/R);
 - T0 = t0_fixed + B/issue_rate from bursts that meet an empty path (the large-G plateau
-  and isolated bursts), with the isolated law max(T0, (V - Q)/R) so that bursts beyond
-  the knee do not bias it;
+  and isolated bursts), with the isolated law max(T0, stall) (laws.stall_time) so that
+  bursts beyond the knee do not bias it;
 - the capacity Q(K) = min(S + K q, C) from the isolated-burst knees, in one of its
-  variants (capacity.py: shared, window, shared_plus_window, capped).
+  variants (capacity.py: shared, window, shared_plus_window, capped), and with it the
+  drain's lag beyond the knee (capacity.fit_with_lag, Params.lag).
 
 The stages depend on each other (R's fit needs T0 where a burst is issue-bound, T0's needs
 Q, Q's needs T0 and R), so fit_chain alternates them a few rounds from a robust start;
@@ -29,8 +30,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from xstage_bench.model import capacity
-from xstage_bench.model.capacity import SHARED, Capacity, CapacityError
+from xstage_bench.model import capacity, laws
+from xstage_bench.model.capacity import NO_LAG, SHARED, Capacity, CapacityError, DrainLag
 from xstage_bench.model.records import FitData, Recs, concat, plateau
 
 T0_REFERENCE_B = 32768  # per-K T0 is reported at the paper's B = 32 KB per producer
@@ -50,7 +51,8 @@ class FitError(ValueError):
 class Params:
     """One fit's result; a None parameter carries its reason.
 
-    capacity is the law's S, q and C (capacity.py), None where the knee was not measured.
+    capacity is the law's S, q and C (capacity.py), None where the knee was not measured;
+    lag is the drain's lag beyond the knee (laws.stall_time), NO_LAG with no capacity.
     """
 
     R: float | None = None  # bytes/us
@@ -59,6 +61,7 @@ class Params:
     capacity: Capacity | None = None
     law: str = SHARED
     reasons: dict = field(default_factory=dict)
+    lag: DrainLag = NO_LAG  # the drain's lag beyond the knee, fitted with the capacity
 
     def T0(self, B) -> np.ndarray:
         return self.t0_fixed + np.asarray(B, dtype=float) / self.issue_rate
@@ -94,16 +97,22 @@ def fit_T0(
     Q: np.ndarray | None,
     start: Params | None = None,
     others: tuple[Params, ...] = (),
+    lag: DrainLag = NO_LAG,
 ) -> tuple:
     """(t0_fixed_us, issue_rate bytes/us) from bursts on an empty path, isolated law.
 
-    Q is the capacity each record's burst meets (None: no stall is modelled). The fit
+    Q is the capacity each record's burst meets (None: no stall is modelled) and lag the
+    drain's beyond it (laws.stall_time). The fit
     starts from each of _T0_starts (start: the previous round's; others: other fits' T0,
     e.g. the other capacity variants') and keeps the least cost: where the rate's gradient
     is flat (a rate so high that B/rate is nothing beside t0_fixed) one start cannot leave,
     so no single start decides it.
     """
-    stall = (recs.V - Q) / R if Q is not None else np.full(len(recs), -np.inf)
+    stall = (
+        laws.stall_time(recs.V, Q, R, lag.fraction, lag.rate)
+        if Q is not None
+        else np.full(len(recs), -np.inf)
+    )
     free = stall < 0.8 * recs.y  # clearly issue-bound
     if len(np.unique(recs.B[free])) < 2:
         raise FitError(
@@ -180,11 +189,13 @@ def fit_chain(
         except FitError as e:
             return Params(R=R, law=p.law, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
         try:
-            cap = capacity.fit(data.isolated, R, p.T0(data.isolated.B), p.law, cap)
+            cap, lag = capacity.fit_with_lag(
+                data.isolated, R, p.T0(data.isolated.B), p.law, cap, p.lag
+            )
         except CapacityError as e:
             reasons["Q"] = str(e)
-            cap = None
-        p = replace(p, capacity=cap)
+            cap, lag = None, NO_LAG
+        p = replace(p, capacity=cap, lag=lag)
         R = fit_R(data.zero_gap, p, R)
         p = replace(p, R=R)
     return replace(p, reasons=reasons)
@@ -218,9 +229,10 @@ def _T0_stage(data: FitData, R: float, p: Params, others: tuple[Params, ...] = (
         lowest = min(floors.values())
         tries.append(("held", np.array([floors.get(float(K), lowest) for K in recs.K])))
     error = ""
-    for _, Q in tries:
+    for name, Q in tries:
         try:
-            t0_fixed, rate = fit_T0(recs, R, Q, p if p.has_T0 else None, others)
+            lag = p.lag if name == "the law's" else NO_LAG
+            t0_fixed, rate = fit_T0(recs, R, Q, p if p.has_T0 else None, others, lag)
             return replace(p, t0_fixed=t0_fixed, issue_rate=rate)
         except FitError as e:
             error = str(e)
@@ -283,7 +295,7 @@ def fit_per_K(data: FitData, pooled: Params, K: float) -> PerK:
     try:
         if len(iso) == 0:
             raise CapacityError(f"no isolated bursts at K={K:g}")
-        Q = capacity.fit(iso, pooled.R, pooled.T0(iso.B), SHARED, previous).S
+        Q = capacity.fit(iso, pooled.R, pooled.T0(iso.B), SHARED, previous, pooled.lag).S
     except CapacityError as e:
         reasons["Q"] = str(e)
     plat = plateau(data.periodic, pooled.R)
@@ -293,7 +305,7 @@ def fit_per_K(data: FitData, pooled: Params, K: float) -> PerK:
             raise FitError(f"no plateau or isolated records at K={K:g}")
         Q_K = Q if Q is not None else (None if previous is None else previous.S)
         Q_recs = None if Q_K is None else np.full(len(recs), Q_K)
-        t0_fixed, rate = fit_T0(recs, pooled.R, Q_recs, pooled)
+        t0_fixed, rate = fit_T0(recs, pooled.R, Q_recs, pooled, lag=pooled.lag)
         T0 = t0_fixed + T0_REFERENCE_B / rate
     except FitError as e:
         reasons["T0"] = str(e)

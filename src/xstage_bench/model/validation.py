@@ -81,13 +81,14 @@ def predict(p: Params, recs: Recs, what: str) -> np.ndarray | None:
         return None
     T0 = p.T0(recs.B)
     Q = p.Q(recs.K)
+    lag = (p.lag.fraction, p.lag.rate)
     if what == PERIOD:
-        return None if Q is None else laws.train_period(T0, recs.G, recs.V, p.R, Q)
+        return None if Q is None else laws.train_period(T0, recs.G, recs.V, p.R, Q, *lag)
     isolated = np.isin(recs.kind, ISOLATED_KINDS)
     if Q is None:
         return None if isolated.any() else laws.issue_time(T0, recs.G, recs.V, p.R)
-    train = laws.train_issue_time(T0, recs.G, recs.V, p.R, Q)
-    return np.where(isolated, laws.isolated_issue_time(T0, recs.V, Q, p.R), train)
+    train = laws.train_issue_time(T0, recs.G, recs.V, p.R, Q, *lag)
+    return np.where(isolated, laws.isolated_issue_time(T0, recs.V, Q, p.R, *lag), train)
 
 
 def error_key(law: str) -> str:

@@ -7,11 +7,12 @@ issue 52 finding 1, cannot compute meanwhile); too much and Linear-2 bunches at 
 where nothing is left to hide the drain. What matters is every program storing at once
 into one drain, so the rule asks the playback (megamoe/playback.py): each candidate lead's
 tile list, built as the kernel builds it, played through the path's fitted drain (issue
-time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C), drain R, the hold on), with
-tile costs from the kernel's FLOP rate X. `auto` is the candidate with the shortest
-predicted kernel time; candidates the playback cannot tell apart (within TIE) go to the
-longest lead, whose slack covers tile-time jitter the playback does not model (measured:
-at f = 0 leads of 1024-4096 rows beat 0-256 by up to 8%, where the playback sees 3%).
+time T0 = t0_fixed + B / issue rate, capacity Q(K) = min(S + K q, C), drain R, the hold
+on), with tile costs from the kernel's FLOP rate X. `auto` is the candidate with
+the shortest predicted kernel time; candidates the playback cannot tell apart (within TIE)
+go to the longest lead, whose slack covers tile-time jitter the playback does not model
+(measured: at f = 0 leads of 1024-4096 rows beat 0-256 by up to 8%, where the playback
+sees 3%).
 
 It is causal: no measured kernel time enters it, only the point, the fit and X. For speed
 (every point of the 84-configuration grid is planned before anything is measured) it
@@ -22,7 +23,8 @@ each choice per configuration and share: the precisions share it, X being one ra
 X is `megamoe.lead_auto_tflops` (default DEFAULT_TFLOPS: the measured median of our W8A8
 kernel on H200), or the emulated rate in the compute-emulated sweep. T0, R, S and q are
 the path's fit in the dataset's model file (model/burst_gap.json; `read_drain`), or a
-simulated profile's own path (`LeadChooser.of_paths`).
+simulated profile's own path (`LeadChooser.of_paths`). The drain's lag beyond the knee
+(drain_lag_fraction and drain_lag_rate_ratio) is read but not played: PLAYS_DRAIN_LAG.
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ DEFAULT_PROGRAMS = 132  # SMs of an H100 or H200 (SXM): the kernel runs one prog
 CANDIDATES = (0, 256, 512, 768, 1024, 1536, 2048, 4096)  # rows, multiples of block_m
 PLAN_BLOCKS = 160  # row blocks of the busiest rank the rule plays
 TIE = 1e-3  # predicted times closer than this (relative) are one time to the rule
+# The fit's drain lag (laws.stall_time) is not played: drain.StorePath's slow start made
+# every host reference's playback worse (median/p90 |error| with the hold, ref-h100x1
+# 2.0/5.4% -> 3.9/10.2%, ref-h200x1 3.1/7.0 -> 6.2/14.1, ref-h200x2 peer 1.5/6.9 -> 2.0/7.1)
+# and the lead replay lost 2 of 28 points on ref-h100x1 (within 2% of best, 23 -> 21). The
+# kernel's sparse, staggered stores do not show the isolated bursts' slow start. True plays
+# it (the playback and `auto` alike); the playback document records the choice.
+PLAYS_DRAIN_LAG = False
+LAG_NOT_PLAYED = (
+    "fitted on isolated bursts, not played: with it the playback's error with the hold "
+    "doubled on the host references and the lead replay lost points (lead.PLAYS_DRAIN_LAG)"
+)
 
 
 class LeadModelError(ValueError):
@@ -67,6 +80,10 @@ class PathDrain:
     S_bytes: float
     q_bytes: float
     C_bytes: float | None = None
+    # The drain's lag beyond the knee (laws.stall_time), as fitted: 0 and 1, none, in files
+    # without it. path_params plays it only where PLAYS_DRAIN_LAG.
+    lag_fraction: float = 0.0
+    lag_rate_ratio: float = 1.0
 
     def T0_us(self, producer_bytes: float) -> float:
         """The issue law: T0 = t0_fixed + B / issue rate (per producer)."""
@@ -81,7 +98,9 @@ class PathDrain:
         return laws.capacity(K, self.S_bytes, self.q_bytes, self.ceiling)
 
     def path_params(self) -> PathParams:
-        """The fluid path the playback plays tile lists through (drain.py)."""
+        """The fluid path the playback plays tile lists through (drain.py): R and Q(K) as
+        fitted, the drain's lag only where PLAYS_DRAIN_LAG (none otherwise)."""
+        lag = PLAYS_DRAIN_LAG
         return PathParams(
             t0_fixed_us=self.t0_fixed_us,
             issue_rate=float(laws.gbps_to_bytes_per_us(self.issue_rate_per_producer_GBps)),
@@ -89,6 +108,8 @@ class PathDrain:
             capacity=self.S_bytes,
             capacity_per_issuer=self.q_bytes,
             capacity_ceiling=self.ceiling,
+            lag_fraction=self.lag_fraction if lag else 0.0,
+            lag_rate_ratio=self.lag_rate_ratio if lag else 1.0,
         )
 
     def describe(self) -> dict:
@@ -102,6 +123,9 @@ class PathDrain:
             "S_bytes": self.S_bytes,
             "q_bytes": self.q_bytes,
             "C_bytes": self.C_bytes,
+            "lag_fraction": self.lag_fraction,
+            "lag_rate_ratio": self.lag_rate_ratio,
+            "lag_played": PLAYS_DRAIN_LAG,
         }
 
 
@@ -112,6 +136,11 @@ PARAM_KEYS = {
 }
 # The capacity law; a file without it (older fits) has one shared capacity, Q_bytes.
 CAPACITY_LAW_KEYS = {"S_bytes": "S_bytes", "q_bytes": "q_bytes"}
+# The drain's lag; a file without it (fitted before it) has none: these values.
+LAG_KEYS = {
+    "lag_fraction": ("drain_lag_fraction", 0.0),
+    "lag_rate_ratio": ("drain_lag_rate_ratio", 1.0),
+}
 
 
 def _usable(value) -> bool:
@@ -159,6 +188,8 @@ def drain_of(doc: dict, path: str, source: str) -> PathDrain:
         values["C_bytes"] = _ceiling(params, where, path)
     else:  # one shared capacity
         values.update(S_bytes=value("Q_bytes"), q_bytes=0.0)
+    for name, (key, none) in LAG_KEYS.items():
+        values[name] = value(key) if key in params else none
     if values["R_GBps"] <= 0 or values["issue_rate_per_producer_GBps"] <= 0:
         raise LeadModelError(f"lead_rows 'auto': {where} has a zero rate")
     ceiling = values.get("C_bytes")
@@ -310,8 +341,9 @@ class LeadChooser:
             "rule": "the candidate lead with the shortest predicted kernel time (ties within "
             f"{TIE:g} to the longest): the busiest rank's first {PLAN_BLOCKS} row blocks' "
             "interleaved tile list played through the path's fitted drain (T0 = t0_fixed + "
-            "B / issue rate, Q(K) = min(S + K q, C), R; a program held until its stores "
-            "drain), "
+            "B / issue rate, Q(K) = min(S + K q, C), R; the fitted drain lag "
+            f"{'played' if PLAYS_DRAIN_LAG else 'not played'}; a program held until its "
+            "stores drain), "
             "tiles at X (src/xstage_bench/megamoe/ours/lead.py, megamoe/playback.py)",
             "candidates": list(CANDIDATES),
             "model_file": self.model_file,

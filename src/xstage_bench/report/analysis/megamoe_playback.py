@@ -2,9 +2,10 @@
 
 Every ok arm of our kernel (a configuration, share f and schedule, with its lead) is played
 through its path's fitted drain (megamoe/playback.py: the kernel's own tile list, T0 =
-t0_fixed + B / issue rate, Q(K) = min(S + K q, C), drain R), with the hold (a program waits at its
-next claim until its own stores drained) and without, and the predicted kernel time is
-set against the measured one (the median of kernel_us; time_us where no record has it).
+t0_fixed + B / issue rate, Q(K) = min(S + K q, C), drain R; the fit's drain lag is recorded
+but not played, lead.PLAYS_DRAIN_LAG), with the hold (a program waits at its next claim until its
+own stores drained) and without, and the predicted kernel time is set against the measured one
+(the median of kernel_us; time_us where no record has it).
 
 Tile costs are calibrated, never fitted to the arm predicted: one scale of the FLOP-rate
 costs (X = megamoe.lead_auto_tflops) per configuration and schedule, set so that the
@@ -143,6 +144,8 @@ class Player:
     far: PathParams
     num_programs: int
     tflops: float
+    # the fit's drain lag (fraction, rate ratio) whether or not `far` plays it
+    lag_fitted: tuple[float, float] = (0.0, 1.0)
     _lists: dict = field(default_factory=lambda: RecentLists(LISTS_KEPT))
     _scales: dict = field(default_factory=dict)
     _plays: dict = field(default_factory=dict)
@@ -204,7 +207,13 @@ def player_of(dataset_dir: Path, doc: dict, path: str) -> Player:
     except lead.LeadModelError as e:
         raise NoDataError(f"dataset '{dataset_dir.name}': {e}") from None
     moe = doc["config"].get("megamoe") or {}
-    return Player(moe, drain.path_params(), num_programs(doc), compute_tflops(doc))
+    return Player(
+        moe,
+        drain.path_params(),
+        num_programs(doc),
+        compute_tflops(doc),
+        (drain.lag_fraction, drain.lag_rate_ratio),
+    )
 
 
 def compute_tflops(doc: dict) -> float:
@@ -269,8 +278,23 @@ def _player_fields(player: Player) -> dict:
         "capacity_bytes": far.capacity,
         "capacity_per_issuer_bytes": far.capacity_per_issuer,
         "capacity_ceiling_bytes": _ceiling_to_json(far.capacity_ceiling),
+        "drain_lag_fraction": far.lag_fraction,  # as played
+        "drain_lag_rate_ratio": far.lag_rate_ratio,
+        "drain_lag_fitted": _lag_fitted(player),
         "num_programs": player.num_programs,
         "tflops": player.tflops,
+    }
+
+
+def _lag_fitted(player: Player) -> dict:
+    """The fit's drain lag and whether the playback plays it (and why not)."""
+    fraction, rate_ratio = player.lag_fitted
+    played = (player.far.lag_fraction, player.far.lag_rate_ratio) == (fraction, rate_ratio)
+    return {
+        "fraction": fraction,
+        "rate_ratio": rate_ratio,
+        "played": played,
+        **({} if played else {"why": lead.LAG_NOT_PLAYED}),
     }
 
 
@@ -363,7 +387,8 @@ def played_arms(played: dict) -> pd.DataFrame:
 
 
 def far_paths(played: dict) -> dict[str, PathParams]:
-    """Each path's drain as played."""
+    """Each path's drain as played (no lag in playbacks written before it, nor where the
+    fitted lag is not played: lead.PLAYS_DRAIN_LAG)."""
     return {
         path: PathParams(
             p["t0_fixed_us"],
@@ -372,6 +397,8 @@ def far_paths(played: dict) -> dict[str, PathParams]:
             p["capacity_bytes"],
             p["capacity_per_issuer_bytes"],
             _ceiling_of_json(p.get("capacity_ceiling_bytes")),
+            p.get("drain_lag_fraction", 0.0),
+            p.get("drain_lag_rate_ratio", 1.0),
         )
         for path, p in played["paths"].items()
     }

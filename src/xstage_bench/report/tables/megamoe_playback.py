@@ -119,6 +119,21 @@ def _at_most(ceiling: float) -> str:
     return f", at most {ceiling:.4g}" if math.isfinite(ceiling) else ""
 
 
+def _lag(far: mp.PathParams, fitted: dict | None) -> str:
+    """The drain's lag as played, or as fitted and not played (lead.PLAYS_DRAIN_LAG)."""
+    if far.lag_fraction:
+        return (
+            f", the drain {far.lag_fraction:.3g} Q(K) behind R once busy, at "
+            f"{far.lag_rate_ratio:.3g} R until then"
+        )
+    if fitted and fitted["fraction"] and fitted["rate_ratio"] < 1:
+        return (
+            f", a drain lag fitted ({fitted['fraction']:.3g} Q(K) at "
+            f"{fitted['rate_ratio']:.3g} R) but not played"
+        )
+    return ""
+
+
 def build(dataset_dir: Path) -> Table:
     played = mp.read_playback(dataset_dir)  # read and its sources hashed once
     doc, metric, predicted = mp.predictions(dataset_dir, played)
@@ -129,6 +144,7 @@ def build(dataset_dir: Path) -> Table:
         f"{path}: R {far.drain / 1e3:.4g} GB/s, t0_fixed {far.t0_fixed_us:.3g} us, issue "
         f"{far.issue_rate / 1e3:.4g} GB/s per program, Q(K) = {far.capacity:.4g} + K "
         f"{far.capacity_per_issuer:.4g} bytes{_at_most(far.capacity_ceiling)}"
+        f"{_lag(far, played['paths'][path].get('drain_lag_fitted'))}"
         for path, far in mp.far_paths(played).items()
     )
     counts = predicted["calibration"].value_counts()
