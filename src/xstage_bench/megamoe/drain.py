@@ -134,6 +134,8 @@ class StorePath:
 
     def _drain_now(self, cap: float) -> float:
         """The drain's rate: slow while the path is busy and less than f Q behind."""
+        if not self.lag_fraction:  # no lag (the playback's case): the hot path asks nothing
+            return self.drain
         if self._behind < self.lag_fraction * cap - _EPS_BYTES and (self.n or self.q > 0):
             return self.slow_drain
         return self.drain
@@ -145,7 +147,7 @@ class StorePath:
         drains to empty."""
         n, q = self.n, self.q
         cap = self._capacity_now()
-        drain = self._drain_now(cap) if self.lag_fraction else self.drain
+        drain = self._drain_now(cap)
         if n == 0:
             return 0.0, (-drain if q > 0 else 0.0), cap, 0.0, drain
         if q > cap + _EPS_BYTES:
@@ -221,7 +223,7 @@ class StorePath:
         out: the last byte admitted drains then), through what is left of the drain's slow
         start at the producers issuing now."""
         cap = self._capacity_now()
-        drain = self._drain_now(cap) if self.lag_fraction else self.drain
+        drain = self._drain_now(cap)
         slow = self._slow_start_left(cap, drain)
         if self.q <= drain * slow:
             return self.t + self.q / drain
