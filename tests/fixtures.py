@@ -647,19 +647,22 @@ EMULATED_FRACTIONS = (0.0, "natural", 0.875)
 HOST_EMULATED_FRACTIONS = (0.0, 0.25, 1.0)
 
 
-def write_megamoe_emulated(ds: Path, paths: tuple[str, ...] = ("peer",)) -> Path:
+def write_megamoe_emulated(
+    ds: Path, paths: tuple[str, ...] = ("peer",), deepgemm: bool = False
+) -> Path:
     """The emulated sweep of one shape: compute time 1e6/X us; expert waves lose
-    0.3 f X/4500 of it to backpressure, interleaving 0.05 f (the local control, f = 0,
-    loses nothing); waits and spans in the extras. The peer path as records before paths
-    wrote it (no `path`), the host path over HOST_EMULATED_FRACTIONS with `path=host`."""
+    0.3 f X/4500 of it to backpressure, interleaving 0.05 f, DeepGEMM's interleaving
+    (deepgemm: a third schedule) 0.1 f (the local control, f = 0, loses nothing); waits and
+    spans in the extras. The peer path as records before paths wrote it (no `path`), the
+    host path over HOST_EMULATED_FRACTIONS with `path=host`."""
     shape = MEGAMOE["shapes"][0]
     records = []
     for path in paths:
-        records += _emulated_records(shape, path)
+        records += _emulated_records(shape, path, deepgemm)
     return _write(ds, layout.MEGAMOE_EMULATED_RAW, "megamoe_emulated", records)
 
 
-def _emulated_records(shape: dict, path: str) -> list[dict]:
+def _emulated_records(shape: dict, path: str, deepgemm: bool) -> list[dict]:
     records = []
     host = path == "host"
     for fraction in HOST_EMULATED_FRACTIONS if host else EMULATED_FRACTIONS:
@@ -670,6 +673,8 @@ def _emulated_records(shape: dict, path: str) -> list[dict]:
                 "expert_wave": compute * (1 + 0.3 * f * rate / 4500),
                 "interleaved": compute * (1 + 0.05 * f),
             }
+            if deepgemm:
+                times["deepgemm_interleaved"] = compute * (1 + 0.1 * f)
             for sched, t in times.items():
                 label = "natural" if fraction == "natural" else f"{fraction:g}"
                 point = {

@@ -183,3 +183,20 @@ def test_a_model_fitted_per_path_gives_each_path_its_own_r():
     host_only = {"path": "host", "paths": ["host"], "params": {"R_GBps": {"value": 51.0}}}
     assert megamoe_emulated.path_drain_rate_GBps(host_only, "host") == 51.0
     assert megamoe_emulated.path_drain_rate_GBps(host_only, "peer") is None
+
+
+def test_a_third_schedule_s_mechanism_is_shown_beside_the_two_compared(tmp_path):
+    # a GPU run of DeepGEMM's interleaving beside the two: its waits and spans are columns
+    # of the mechanism part too, never a table that cannot be shown
+    ds = make_dataset(tmp_path / "data", "h200x2-emulated")
+    write_megamoe_emulated(ds, deepgemm=True)
+    table = tmp_path / "tables" / "tab-megamoe-crossover.csv"
+    render_product("tab-megamoe-crossover", ds, table)
+    frame = pd.read_csv(table)
+    assert len(frame) == len(EMULATED_RATES) * len(EMULATED_FRACTIONS)
+    mechanism = table.with_suffix(".md").read_text().split("mechanism")[-1]
+    assert "deepgemm_interleaved_wait_p90_us" in mechanism
+    assert "deepgemm_interleaved_span_us" in mechanism
+    figure = tmp_path / "figures" / "fig-megamoe-crossover.pdf"
+    render_product("fig-megamoe-crossover", ds, figure)
+    assert figure.read_bytes().startswith(b"%PDF")

@@ -147,8 +147,9 @@ MARKDOWN_COLUMNS = {
             ),
             (
                 "mechanism (one traced run)",
-                ("expert_wave_wait_p90_us", "interleaved_wait_p90_us", "expert_wave_span_us")
-                + ("interleaved_span_us",),
+                ("expert_wave_wait_p90_us", "interleaved_wait_p90_us")
+                + ("deepgemm_interleaved_wait_p90_us", "expert_wave_span_us")
+                + ("interleaved_span_us", "deepgemm_interleaved_span_us"),
             ),
         ),
     )
