@@ -2,8 +2,9 @@
 
 build_layout must write exactly schedule.device_layout's array for the grid that
 routing.dispatch_plan makes of the counts, for every rule. A numpy mirror of the kernel's
-steps (its searches, its pointer doubling of expert waves, its closed form of
-deepgemm_interleaved's first L2 positions) is checked against device_layout on hundreds of
+steps (its searches, its pointer doubling of expert waves, its closed forms of
+deepgemm_interleaved's and interleaved counted's first L2 positions) is checked against
+device_layout on hundreds of
 grids without the interpreter; the kernel itself, under the interpreter, on a few dozen,
 with the layout poisoned so that a missed write shows; and it compiles for sm_90.
 """
@@ -135,6 +136,12 @@ def _mirror(counts: np.ndarray, rule: int, lead_rows: int, num_programs: int, n1
     row_end = first_row[expert] + np.minimum(rows[expert], (j + 1) * BLOCK_M)
     row_start = row_end - np.minimum(rows[expert] - j * BLOCK_M, BLOCK_M)
     l2_start = block * n2 + np.minimum(l1_total, warmup + block * n2)
+    if rule == schedule.RULE_INTERLEAVED:  # counted: before the first block lead_rows on
+        target = row_end + lead_rows
+        holder = _count_below(first_row + rows, target + 1)
+        into = np.maximum(target - first_row[holder], 0)
+        place = np.minimum(-(-into // BLOCK_M), nblocks[holder])
+        l2_start = block * n2 + (first_block[holder] + place) * n1
     header = [rule, lead_rows, blocks]
     body = [expert, row_start, row_end, wave_end[expert], l2_start, wave_start[expert]]
     return np.concatenate([header, *body]).astype(np.int64)
@@ -236,6 +243,10 @@ def test_the_kernel_writes_device_layout_bit_for_bit(interpreted_layout, monkeyp
         for rule in NAMES:
             knobs = {"rule": rule, "lead_rows": 0, "num_programs": programs, "n1": n1, "n2": 5}
             _check(interpreted_layout, edges, knobs)
+    # interleaved counted: a lead that ends on a block's first row, inside one, past the end
+    for lead in (0, 1, 171, 300, 434, 435):
+        knobs = {"rule": schedule.RULE_INTERLEAVED, "lead_rows": lead, "num_programs": 5}
+        _check(interpreted_layout, edges, {**knobs, "n1": 2, "n2": 5})
 
 
 def test_the_kernel_covers_512_experts_and_blocks_past_a_chunk(interpreted_layout):

@@ -2,9 +2,12 @@
 
 A claim is the list's fetch-add; interleaved is decided once per unit (all L1 or all L2
 tiles of a row block) by the program that claims its first position, and published in a
-unit table; expert_wave's and deepgemm_interleaved's positions follow from the layout. The
-Python reference (schedule.next_unit played by schedule.claim_order, schedule.wave_tile_at
-and schedule.deepgemm_tile_at) realizes every schedule's host list exactly (numpy only). The tl
+unit table; expert_wave's and deepgemm_interleaved's positions follow from the layout, and
+so do interleaved counted's (COUNTED: each block's L2 tiles before the first block lead_rows
+on). The Python reference (schedule.next_unit played by schedule.claim_order,
+schedule.wave_tile_at and schedule.counted_tile_at) realizes every schedule's host list
+exactly, and interleaved counted the host list with every block released in time (numpy
+only). The tl
 kernel's resolution under the interpreter: on a prepared unit table (walks past a window,
 opens a unit by the rule, times out on an unpublished one), and in a whole device-mode
 launch, which computes what list mode and the reference compute and writes the order it
@@ -70,10 +73,17 @@ def test_the_layout_holds_the_rules_inputs_per_block():
     first_l2 = np.flatnonzero((wave[:, 0] == schedule.L2) & (wave[:, 3] == 0))
     l1_units = np.cumsum(wave[:, 0] == schedule.L1)[first_l2] // g.l1_per_block
     np.testing.assert_array_equal(rows["wave_end"][wave[first_l2, 2]], l1_units)
-    # A block's l2_start: where deepgemm_interleaved lists its first L2 tile.
+    # A block's l2_start: where interleaved counted lists its first L2 tile, and in
+    # deepgemm_interleaved's layout where that list does.
+    counted = schedule.claim_order(schedule.INTERLEAVED, g, 7, lead_rows=256, counted=True)
+    first_l2 = np.flatnonzero((counted[:, 0] == schedule.L2) & (counted[:, 3] == 0))
+    np.testing.assert_array_equal(rows["l2_start"][counted[first_l2, 2]], first_l2)
     deepgemm = schedule.deepgemm_interleaved(g, 7)
     first_l2 = np.flatnonzero((deepgemm[:, 0] == schedule.L2) & (deepgemm[:, 3] == 0))
-    np.testing.assert_array_equal(rows["l2_start"][deepgemm[first_l2, 2]], first_l2)
+    _, deepgemm_rows = schedule.layout_fields(
+        schedule.device_layout(schedule.DEEPGEMM_INTERLEAVED, g, 7)
+    )
+    np.testing.assert_array_equal(deepgemm_rows["l2_start"][deepgemm[first_l2, 2]], first_l2)
     with pytest.raises(ValueError, match="lead_rows must be >= 0"):
         schedule.device_layout(schedule.INTERLEAVED, g, 7, {"lead_rows": -1})
     # A block's wave_start: the first block of the wave that lists its L2 tiles.
@@ -109,6 +119,45 @@ def test_interleaved_units_are_the_host_list_and_keep_its_lead(seed):
         _lead_holds(tiles, g, lead)
 
 
+def _every_block_released_in_time(g: schedule.TileGrid, programs: int, lead: int) -> np.ndarray:
+    """interleaved's host list played as if every block were released when its L2 tiles
+    come: the lead alone decides."""
+    row_end = g.row_end()
+    row_start = row_end - g.block_rows
+
+    def due(l1_block: int, l2_block: int, released: bool) -> bool:
+        return row_start[l1_block] - row_end[l2_block] >= lead
+
+    return schedule._play_units(g, programs, due, schedule.tile_costs(g))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_interleaved_counted_is_the_host_list_with_every_block_released_in_time(seed):
+    """Counted, the positions read no clock: each block's L2 tiles come right before the
+    first L1 block that starts lead_rows after it ends, the lead rule's order where every
+    block is released when its L2 tiles come; positions far apart resolve on their own."""
+    rng = np.random.default_rng(300 + seed)
+    for g in _routed_grids(seed):
+        programs, lead = int(rng.integers(1, 200)), int(rng.choice([0, 128, 512, 2048]))
+        tiles = schedule.claim_order(
+            schedule.INTERLEAVED, g, programs, lead_rows=lead, counted=True
+        )
+        np.testing.assert_array_equal(tiles, _every_block_released_in_time(g, programs, lead))
+        schedule.check_dependencies(tiles, g)
+        _lead_holds(tiles, g, lead)
+
+
+def test_counted_lists_a_blocks_l2_tiles_before_the_first_block_a_lead_on():
+    """Blocks of 100 rows (so row_start 0, 100, 200, ...), 2 L1 and 1 L2 tile each: at a
+    lead of 150, block 0 (rows 0-99) is due before block 3 (the first starting 150 rows
+    after row 100); after the last L1 block, the L2 tiles left follow in turn."""
+    g = schedule.TileGrid(np.zeros(5, dtype=np.int64), np.full(5, 100), 2, 1)
+    claims = schedule.claim_order(schedule.INTERLEAVED, g, 4, lead_rows=150, counted=True)
+    assert _kinds_and_blocks(claims) == (
+        ["L1.0"] * 2 + ["L1.1"] * 2 + ["L1.2"] * 2 + ["L2.0"] + ["L1.3"] * 2 + ["L2.1"]
+    ) + ["L1.4"] * 2 + ["L2.2", "L2.3", "L2.4"]
+
+
 def _kinds_and_blocks(tiles: np.ndarray) -> list[str]:
     return [f"L{kind + 1}.{block}" for kind, _, block, _ in tiles.tolist()]
 
@@ -137,16 +186,14 @@ def test_every_schedule_has_the_kernels_device_rule(interpreted_kernel):
 
 
 def test_a_device_launch_refuses_buffers_that_disagree_with_its_layout(interpreted_kernel):
-    """The unit table (2 * blocks entries) sits after the row-block counters, CURSORS' words
-    after it, in one buffer that one zeroing readies; the launch checks the buffers against
-    the layout's blocks."""
+    """The unit table (2 * blocks entries) sits after the row-block counters, in one buffer
+    that one zeroing readies; the launch checks the buffers against the layout's blocks."""
     import torch
 
     kernel = interpreted_kernel
     for blocks in range(6):
         assert kernel.unit_table_at(blocks) == kernel.SYNC_HEADER + blocks
-        assert kernel.cursors_at(blocks) == kernel.SYNC_HEADER + 3 * blocks
-        assert kernel.sync_size(blocks) == kernel.cursors_at(blocks) + 2 + blocks
+        assert kernel.sync_size(blocks) == kernel.SYNC_HEADER + 3 * blocks
     g = schedule.TileGrid(np.array([0, 0, 1]), np.array([128, 5, 9]), 2, 3)
     layout = torch.as_tensor(schedule.device_layout(schedule.WAVE, g, 4))
     tiles = torch.zeros(g.tiles, 4, dtype=torch.int32)
@@ -171,10 +218,10 @@ def _unit_entries(kernel, tiles: np.ndarray, grid: schedule.TileGrid) -> list[in
     return entries
 
 
-def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, one=False):
+def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, counted=False):
     """decided_tile under the interpreter: one program finding the tiles at `positions`
-    (increasing) on the sync buffer as prepared (one: CLAIM_ONE_REDUCTION's walk); (position
-    or n_tiles, kind, expert, block, n block) for each."""
+    (increasing) on the sync buffer as prepared (counted: interleaved counted, COUNTED);
+    (position or n_tiles, kind, expert, block, n block) for each."""
     import torch
     import triton
     import triton.language as tl
@@ -192,14 +239,14 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, o
         max_spin,
         decided_tile: tl.constexpr,
         W: tl.constexpr,
-        ONE: tl.constexpr,
+        COUNTED: tl.constexpr,
     ):
         lanes = tl.arange(0, W)
         walk = (0, 0)
         for i in range(count):
             p = tl.load(positions + i)
             kind, e, blk, nb, walk = decided_tile(
-                p, sync, layout, n_tiles, n1, n2, n1, walk, lanes, ONE
+                p, sync, layout, n_tiles, n1, n2, n1, walk, lanes, COUNTED
             )
             tl.store(out + 5 * i, p)
             tl.store(out + 5 * i + 1, kind)
@@ -211,12 +258,12 @@ def _resolve(kernel, layout: np.ndarray, sync, grid, positions, max_spin=1000, o
     n1, n2 = grid.l1_per_block, grid.l2_per_block
     args = (torch.as_tensor(positions, dtype=torch.int32), len(positions), out, sync)
     args += (torch.as_tensor(layout), grid.tiles, n1, n2, max_spin)
-    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW, ONE=one)
+    resolve[(1,)](*args, decided_tile=kernel.decided_tile, W=kernel.UNIT_WINDOW, COUNTED=counted)
     return out.numpy()
 
 
 def _unit_table(kernel, sync, grid):
-    return sync[kernel.unit_table_at(grid.blocks) : kernel.cursors_at(grid.blocks)]
+    return sync[kernel.unit_table_at(grid.blocks) :]
 
 
 def _many_units() -> schedule.TileGrid:
@@ -224,10 +271,8 @@ def _many_units() -> schedule.TileGrid:
     return schedule.TileGrid(np.repeat(np.arange(8), 5), np.full(40, 128), 1, 2)
 
 
-@pytest.mark.parametrize("one", [False, True])
-def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel, one):
-    """Positions far apart (many units, past a window) and close (the same unit); with one
-    warp reduction a claim (CLAIM_ONE_REDUCTION) as with five."""
+def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel):
+    """Positions far apart (many units, past a window) and close (the same unit)."""
     import torch
 
     name = schedule.INTERLEAVED
@@ -239,7 +284,7 @@ def test_a_program_walks_a_published_unit_table_to_its_tiles(interpreted_kernel,
     rng = np.random.default_rng(7)
     positions = np.sort(rng.choice(g.tiles, 30, replace=False))
     layout = schedule.device_layout(name, g, 8)
-    got = _resolve(interpreted_kernel, layout, sync, g, positions, one=one)
+    got = _resolve(interpreted_kernel, layout, sync, g, positions)
     np.testing.assert_array_equal(got[:, 0], positions)
     np.testing.assert_array_equal(got[:, 1:], listed[positions])
     assert torch.equal(_unit_table(interpreted_kernel, sync, g), entries)  # nothing opened
@@ -283,8 +328,7 @@ def _units_by_rule(kernel, layout: np.ndarray, grid: schedule.TileGrid):
     return entries, starts
 
 
-@pytest.mark.parametrize("one", [False, True])
-def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, one):
+def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel):
     """Only unit 0 published, and the position lies 45 units on (past a window): positions
     are claimed in order, so every unit before it is due; the program opens each by the
     rule itself, without waiting for their first positions' holders, and none past its
@@ -299,7 +343,7 @@ def test_a_program_past_unpublished_units_opens_them_itself(interpreted_kernel, 
     sync[kernel.SYNC_HEADER : kernel.SYNC_HEADER + g.blocks] = g.l1_per_block  # released
     _unit_table(kernel, sync, g)[0] = entries[0]
     unit = 45
-    got = _resolve(kernel, layout, sync, g, [starts[unit]], one=one)
+    got = _resolve(kernel, layout, sync, g, [starts[unit]])
     kind, blk, _ = kernel_unit(kernel, entries[unit], unit, g)
     assert got.tolist() == [[starts[unit], kind, int(g.block_expert[blk]), blk, 0]]
     table = _unit_table(kernel, sync, g).tolist()
@@ -316,8 +360,7 @@ def kernel_unit(kernel, entry: int, unit: int, grid: schedule.TileGrid) -> tuple
     return kind, block, end - (n1 if kind == schedule.L1 else n2)
 
 
-@pytest.mark.parametrize("one", [False, True])
-def test_a_unit_another_program_published_first_stands(interpreted_kernel, one):
+def test_a_unit_another_program_published_first_stands(interpreted_kernel):
     """Units 0 and 2 published, the position (7) in unit 3. The program sees unit 1 as the
     first unpublished and opens it (block 0 not released: block 1's L1 tiles), goes on to
     unit 2 without reading the table, and finds it taken in the compare-and-swap: the other
@@ -332,7 +375,7 @@ def test_a_unit_another_program_published_first_stands(interpreted_kernel, one):
     units[0] = kernel.unit_entry(schedule.L1, 1)  # block 0's L1 tiles: positions 0-1
     units[2] = kernel.unit_entry(schedule.L2, 2)  # block 0's L2 tiles: positions 4-6
     layout = schedule.device_layout(schedule.INTERLEAVED, g, 2, {"lead_rows": 0})
-    got = _resolve(kernel, layout, sync, g, [7], one=one)
+    got = _resolve(kernel, layout, sync, g, [7])
     assert got.tolist() == [[7, schedule.L1, 1, 2, 0]]
     assert units.tolist()[:4] == [
         kernel.unit_entry(schedule.L1, 1),
@@ -343,102 +386,36 @@ def test_a_unit_another_program_published_first_stands(interpreted_kernel, one):
     assert not units[4:].any() and int(sync[1]) == 0
 
 
-def _cursor_claims(kernel, layout: np.ndarray, grid: schedule.TileGrid, release_after: int):
-    """cursor_claim under the interpreter, one claim a launch until none is left: each L1
-    tile's release lands `release_after` claims after its own (0: at once, as when one
-    program runs the whole list); (position, kind, expert, block, n block) of each claim."""
-    import torch
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def claim(out, sync, layout, n_tiles, n1, n2, cursor_claim: tl.constexpr):
-        idx, kind, e, blk, nb = cursor_claim(n_tiles, sync, layout, n1, n2, n1, 3)
-        tl.store(out, idx)
-        tl.store(out + 1, kind)
-        tl.store(out + 2, e)
-        tl.store(out + 3, blk)
-        tl.store(out + 4, nb)
-
-    sync = torch.zeros(kernel.sync_size(grid.blocks), dtype=torch.int32)
-    layout = torch.as_tensor(layout)
-    claims, pending = [], []
-    n1, n2 = grid.l1_per_block, grid.l2_per_block
-    while True:
-        out = torch.full((5,), -1, dtype=torch.int32)
-        claim[(1,)](out, sync, layout, grid.tiles, n1, n2, cursor_claim=kernel.cursor_claim)
-        if int(out[0]) == grid.tiles:
-            return np.array(claims)
-        claims.append(out.tolist())
-        if int(out[1]) == schedule.L1:
-            pending.append(int(out[3]))
-        while len(pending) > release_after or (pending and int(out[1]) == schedule.L2):
-            sync[kernel.SYNC_HEADER + pending.pop(0)] += 1
-
-
-def _tile_rule(layout: np.ndarray, grid: schedule.TileGrid, release_after: int) -> np.ndarray:
-    """The cursor rule in Python, releases as _cursor_claims lands them."""
-    header, rows = schedule.layout_fields(layout)
-    n1, n2, blocks = grid.l1_per_block, grid.l2_per_block, grid.blocks
-    done, pending, c1, c2, tiles = np.zeros(blocks, int), [], 0, 0, []
-    while c1 < blocks * n1 or c2 < blocks * n2:
-        b1, b2 = min(c1 // n1, blocks - 1), min(c2 // n2, blocks - 1)
-        lead = int(rows["row_start"][b1]) - int(rows["row_end"][b2])
-        due = done[b2] >= n1 and lead >= header["lead_rows"]
-        if c2 < blocks * n2 and (c1 == blocks * n1 or due):
-            tiles.append((schedule.L2, int(grid.block_expert[b2]), b2, c2 % n2))
-            c2 += 1
-        else:
-            tiles.append((schedule.L1, int(grid.block_expert[b1]), b1, c1 % n1))
-            pending.append(b1)
-            c1 += 1
-        while len(pending) > release_after or (pending and tiles[-1][0] == schedule.L2):
-            done[pending.pop(0)] += 1
-    return np.array(tiles)
-
-
-@pytest.mark.parametrize("lead", [0, 256])
-def test_on_cursors_each_tile_is_decided_by_the_rule(interpreted_kernel, lead):
-    """CURSORS: released at once (one program), the claims realize the unit rule's order
-    (schedule.claim_order with one program); released late (programs still running their
-    L1 tiles), an L2 tile is taken only once its block is released and the lead holds,
-    and L2 tiles left when every L1 tile is taken go last. Positions follow the claims."""
-    g = _many_units()
-    layout = schedule.device_layout(schedule.INTERLEAVED, g, 8, {"lead_rows": lead})
-    for release_after in (0, 5):
-        got = _cursor_claims(interpreted_kernel, layout, g, release_after)
-        np.testing.assert_array_equal(got[:, 0], np.arange(g.tiles))
-        np.testing.assert_array_equal(got[:, 1:], _tile_rule(layout, g, release_after))
-        schedule.check_dependencies(got[:, 1:], g)
-        _lead_holds(got[:, 1:], g, lead)
-    at_once = schedule.claim_order(schedule.INTERLEAVED, g, 1, lead_rows=lead)
-    np.testing.assert_array_equal(_tile_rule(layout, g, 0), at_once)
-
-
-@pytest.mark.parametrize("name", EXACT)
+@pytest.mark.parametrize("name", [*EXACT, "interleaved counted"])
 def test_the_count_rules_positions_follow_from_the_layout(interpreted_kernel, name):
     """Every position, and positions far apart (past a window of blocks), with no table:
     expert waves of uneven experts (one or two experts, 1 to 9 blocks a wave), deepgemm's
-    single tiles."""
+    single tiles, interleaved counted's blocks of L2 tiles (uneven rows, lead 300)."""
     import torch
 
     experts = np.repeat(np.arange(10), np.tile([7, 2, 3, 9, 1], 2))
-    g = schedule.TileGrid(experts, np.full(len(experts), 128), 2, 3)
-    layout = schedule.device_layout(name, g, 8)
-    listed = schedule.build(name, g, 8)
+    rows = np.where(np.arange(len(experts)) % 3 == 0, 57, 128)
+    g = schedule.TileGrid(experts, rows, 2, 3)
+    counted = name == "interleaved counted"
+    rule = schedule.INTERLEAVED if counted else name
+    layout = schedule.device_layout(rule, g, 8, {"lead_rows": 300} if counted else None)
+    if counted:
+        listed = schedule.claim_order(rule, g, 8, lead_rows=300, counted=True)
+    else:
+        listed = schedule.build(name, g, 8)
     rng = np.random.default_rng(3)
     for positions in (np.arange(g.tiles), np.sort(rng.choice(g.tiles, 20, replace=False))):
         sync = torch.zeros(interpreted_kernel.sync_size(g.blocks), dtype=torch.int32)
-        got = _resolve(interpreted_kernel, layout, sync, g, positions)
+        got = _resolve(interpreted_kernel, layout, sync, g, positions, counted=counted)
         np.testing.assert_array_equal(got[:, 1:], listed[positions])
         assert not sync.any()
 
 
 def _launch_in_device_mode(
-    monkeypatch, kernel, prob, name: str, knobs: dict, cursors: bool = False
+    monkeypatch, kernel, prob, name: str, knobs: dict, counted: bool = False
 ) -> dict:
     """Make prob.forward launch every rank's kernel in device mode for schedule `name`
-    (cursors: interleaved on cursors): each rank's sync buffer grows to the kernel's
+    (counted: interleaved counted): each rank's sync buffer grows to the kernel's
     sync_size and its tile list gives way to a poisoned buffer that the kernel fills;
     returns those buffers by rank (after the run, the orders the kernel realized)."""
     import torch
@@ -453,7 +430,7 @@ def _launch_in_device_mode(
         grid = prob.ranks[q].grid
         layout = schedule.device_layout(name, grid, prob.num_programs, knobs)
         realized[q] = torch.full_like(tiles, -1)
-        launch(tiles=realized[q], sync=sync, layout=torch.as_tensor(layout), cursors=cursors, **kw)
+        launch(tiles=realized[q], sync=sync, layout=torch.as_tensor(layout), counted=counted, **kw)
 
     monkeypatch.setattr(kernel, "launch", device_launch)
     return realized
@@ -507,10 +484,10 @@ def test_device_mode_computes_what_list_mode_and_the_reference_do(interpreted_ke
             np.testing.assert_array_equal(order, want)
 
 
-def test_on_cursors_a_launch_computes_what_the_list_does(interpreted_kernel, monkeypatch):
-    """interleaved decided on cursors (CURSORS) in a whole launch: the list's outputs
-    bit for bit, no error flag, and with one program running at a time the unit rule's
-    order (test_on_cursors_each_tile_is_decided_by_the_rule asks more of it)."""
+def test_counted_a_launch_computes_what_the_list_does(interpreted_kernel, monkeypatch):
+    """interleaved counted (COUNTED) in a whole launch: the list's outputs bit for bit, no
+    error flag, the counted order realized (positions read no clock), and the unit table
+    left empty."""
     import torch
     from fixtures import TINY_MOE
 
@@ -527,21 +504,18 @@ def test_on_cursors_a_launch_computes_what_the_list_does(interpreted_kernel, mon
     listed = [o.clone() for o in prob.outputs()]
     with monkeypatch.context() as patched:
         realized = _launch_in_device_mode(
-            patched, interpreted_kernel, prob, schedule.INTERLEAVED, moe, cursors=True
+            patched, interpreted_kernel, prob, schedule.INTERLEAVED, moe, counted=True
         )
         prob.poison()
         fixtures.interpreted_forward(prob, schedule.INTERLEAVED)
     assert prob.error_flags() == [0]
     assert all(got.equal(want) for got, want in zip(prob.outputs(), listed, strict=True))
     grid = prob.ranks[0].grid
-    want = schedule.claim_order(schedule.INTERLEAVED, grid, 1, lead_rows=moe["lead_rows"])
+    want = schedule.claim_order(
+        schedule.INTERLEAVED, grid, 3, lead_rows=moe["lead_rows"], counted=True
+    )
     np.testing.assert_array_equal(realized[0].numpy(), want)
-    # The cursors ran out at the grid's L1 tiles and blocks, and the unit table stayed empty.
-    sync = prob.ranks[0].sync
-    cursors = sync[interpreted_kernel.cursors_at(grid.blocks) :].tolist()
-    assert cursors[:2] == [grid.blocks * grid.l1_per_block, grid.blocks]
-    assert min(cursors[2:]) >= grid.l2_per_block
-    assert not _unit_table(interpreted_kernel, sync, grid).any()
+    assert not _unit_table(interpreted_kernel, prob.ranks[0].sync, grid).any()
 
 
 # ---- the Gluon kernel, compiled for sm_90 ------------------------------------------------
@@ -556,7 +530,6 @@ GLUON_PATTERNS = {
     "release_add": r"atom\.global\.gpu\.release\.add",
     "acquire_polls": r"ld\.global\.gpu\.acquire",
     "global_loads": r"ld\.global",
-    "relaxed_adds": r"atom\.global\.gpu\.relaxed\.add",  # CLAIM_CURSORS' cursors, position
 }
 
 
@@ -584,30 +557,21 @@ def test_the_gluon_device_mode_claims_with_the_lists_one_fetch_add(precision, tr
 
 
 @needs_triton
-def test_one_reduction_a_claim_keeps_the_claims_atomics_and_polls():
-    """CLAIM_ONE_REDUCTION changes a claim's warp reductions alone: the device build's one
-    fetch-add, two table or counter polls and one publication, as without it (above)."""
-    call = "kernels.compile_for_sm90(precision='w8a8', device=True, claim_one_reduction=True)"
-    one = sm90.compiled("megamoe_ws", call, GLUON_PATTERNS)
-    assert (one["claims"], one["cas"], one["unit_polls"], one["publications"]) == (1, 1, 2, 1)
-
-
-@needs_triton
-def test_the_cursor_build_claims_with_a_fetch_add_per_cursor_and_one_swap():
-    """CLAIM_CURSORS: interleaved's claim is three relaxed fetch-adds (the L1 cursor, the
-    L2 block's count, the position) and one compare-and-swap (moving the L2 block on),
-    beside the units' claim for the other rules; the operand loads, MMAs, row-block
-    releases and polls and the shared memory as in the units' build."""
-    call = "kernels.compile_for_sm90(precision='w8a8', device=True, cursors={})"
-    units, cursors = (
+def test_the_counted_build_claims_with_the_fetch_add_alone():
+    """CLAIM_COUNTED: every rule's tile follows from the layout, so the device build has no
+    unit table to poll or publish into (no compare-and-swap, no volatile load); its claim
+    is list mode's one fetch-add, and the operand loads, MMAs, row-block releases and polls
+    and the shared memory are the units' build's."""
+    call = "kernels.compile_for_sm90(precision='w8a8', device=True, counted={})"
+    units, counted = (
         sm90.compiled("megamoe_ws", call.format(on), GLUON_PATTERNS) for on in (False, True)
     )
-    assert cursors["claims"] == units["claims"] == 1
-    assert (units["relaxed_adds"], cursors["relaxed_adds"]) == (0, 3)
-    assert cursors["cas"] == units["cas"] + 1
+    assert counted["claims"] == units["claims"] == 1
+    assert (units["cas"], counted["cas"]) == (1, 0)
+    assert (units["unit_polls"], counted["unit_polls"]) == (2, 0)
     for name in ("wgmma", "tma_loads", "release_add", "acquire_polls"):
-        assert cursors[name] == units[name] > 0, name
-    assert cursors["shared"] == units["shared"]
+        assert counted[name] == units[name] > 0, name
+    assert counted["shared"] == units["shared"]
 
 
 @needs_triton

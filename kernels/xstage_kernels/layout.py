@@ -2,12 +2,13 @@
 
 Device mode (megamoe.py) reads a layout: a header (rule, lead_rows, blocks) and, per row
 block, its expert, first and last row, the block count at which its expert wave ends,
-where deepgemm_interleaved lists its first L2 tile and its expert wave's first block
-(schedule.device_layout builds it on the host). Everything in it follows from how many
-rows each local expert receives, which the routing decides at run time. Building it on
-the host needs those counts there, a sync per step; built here, from the counts on the
-device, by one program in one launch, the whole layer (dispatch, layout, fused kernel)
-is captured once as a CUDA graph and replayed for every routing.
+where deepgemm_interleaved (interleaved counted, for interleaved) lists its first L2 tile
+and its expert wave's first block (schedule.device_layout builds it on the host).
+Everything in it follows from how many rows each local expert receives, which the routing
+decides at run time. Building it on the host needs those counts there, a sync per step;
+built here, from the counts on the device, by one program in one launch, the whole layer
+(dispatch, layout, fused kernel) is captured once as a CUDA graph and replayed for every
+routing.
 
 The caller sizes the layout for the most blocks the rank can receive (`capacity_blocks`);
 the rows are packed at the actual block count (row i at LAYOUT_HEADER + i * blocks), so
@@ -29,7 +30,10 @@ the experts or over a chunk of blocks):
   l2_start  deepgemm_interleaved's warm-up already lists enough L1 tiles that every block's
       L1 tiles are listed by the time its first L2 tile comes (that is what its B term is
       for), so the "not ready" branch of schedule._deepgemm_l2_starts never runs: block b's
-      first L2 tile sits at b n2 + min(n1 blocks, warm-up + b n2).
+      first L2 tile sits at b n2 + min(n1 blocks, warm-up + b n2). interleaved counted's
+      (schedule._counted_l2_starts) sits at b n2 + n1 u, u the first block that starts
+      lead_rows or more after b ends: u's expert is the first whose rows end past that row,
+      and u's place in it a ceiling division.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from xstage_kernels.megamoe import BLOCK_M, CLAIM_RULES, LAYOUT_HEADER, LAYOUT_R
 from xstage_kernels.tensor_args import check_tensor, same_device
 
 CHUNK = 1024  # blocks written per step of the block loop
+_RULE_INTERLEAVED = tl.constexpr(CLAIM_RULES.index("interleaved"))
 NUM_WARPS = 8
 _INT32_MAX = 2**31 - 1
 
@@ -124,6 +129,13 @@ def _build_layout(
             row_start = row_end - tl.minimum(expert_rows - j * BLOCK_M, BLOCK_M)
             l2_listed = block * n2
             l2_start = l2_listed + tl.minimum(l1_total, warmup + l2_listed)
+            if rule == _RULE_INTERLEAVED:  # counted: L2 before the first block lead_rows on
+                target = row_end + lead_rows
+                # Lanes from E on end at the last row: past it, u is the block count.
+                holder = _count_below(first_row + rows, target + 1, EXPERTS)
+                into = tl.maximum(target - tl.gather(first_row, holder, 0), 0)
+                place = tl.minimum((into + BLOCK_M - 1) // BLOCK_M, tl.gather(nblocks, holder, 0))
+                l2_start = l2_listed + (tl.gather(first_block, holder, 0) + place) * n1
             row = layout + HEADER + block
             tl.store(row, expert, mask=inside)
             tl.store(row + blocks, row_start, mask=inside)
@@ -216,7 +228,7 @@ def _checked(counts, layout, expert_row0, rule, lead_rows, num_programs, n1, n2)
     capacity = (layout.numel() - LAYOUT_HEADER) // LAYOUT_ROWS
     # The largest values a layout of this capacity holds (its last row ends, list positions)
     # must be int32, as device_layout requires: no launch can then overflow.
-    largest = max(capacity * BLOCK_M, capacity * (n1 + n2) + num_programs, lead_rows)
+    largest = max(capacity * BLOCK_M + lead_rows + 1, capacity * (n1 + n2) + num_programs)
     if largest > _INT32_MAX:
         raise ValueError(
             f"a layout of {layout.numel()} int32 holds {capacity} blocks, whose rows or tile "

@@ -58,9 +58,12 @@ one compare-and-swap. An entry is one word (`unit_entry`) that holds all a reade
 it is published and read relaxed: nothing else is handed over with it. The count rules
 need no table, as nothing in them depends on time: expert_wave's and deepgemm_interleaved's
 positions follow from the layout (`_wave_tile`, two loads a claim, as a list's one;
-`_deepgemm_tile`). The sync buffer is [position counter, error flag, row-block counters,
-unit table of 2 * blocks entries, CURSORS' 2 + blocks words] (`sync_size`), so one
-zeroing still readies a launch; list mode reads its first 2 + blocks.
+`_deepgemm_tile`). COUNTED decides interleaved the same way, counted: a block's L2 tiles sit
+right before the first L1 block that starts lead_rows after it ends (the layout's
+l2_start, schedule.counted_tile_at), whether or not the block is released by then, and a
+program that takes one waits for the release, as in list mode. The sync buffer is
+[position counter, error flag, row-block counters, unit table of 2 * blocks entries]
+(`sync_size`), so one zeroing still readies a launch; list mode reads its first 2 + blocks.
 """
 
 from __future__ import annotations
@@ -100,7 +103,6 @@ LAYOUT_HEADER = 3  # rule, lead_rows, blocks
 LAYOUT_BLOCKS = 2  # the header's block count: the rows after it are that long
 LAYOUT_ROWS = 6  # expert, row_start, row_end, wave_end, l2_start, wave_start
 UNIT_WINDOW = 32  # unit-table entries (or deepgemm blocks) a program reads with one load
-UNIT_ENTRY_LIMIT = 2**26  # entries stay below it, so a window lane and its entry pack in int32
 FP8_KERNEL_ENV = "XSTAGE_MOE_FP8_KERNEL"
 FP8_KERNELS = ("ws", "tl")
 FP8_PRECISIONS = ("w8a8", "w4a8")
@@ -119,9 +121,6 @@ _RULE_INTERLEAVED = tl.constexpr(CLAIM_RULES.index("interleaved"))
 _RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(LAYOUT_BLOCKS)
 _ROW_START, _ROW_END, _WAVE_END, _L2_START, _WAVE_START = (tl.constexpr(i) for i in range(1, 6))
 _NO_START = tl.constexpr(2**31 - 1)  # past every list position
-# A window's hit packed as lane * _LANE_KEY + entry (entries stay below it: check_device_mode)
-_LANE_KEY = tl.constexpr(UNIT_ENTRY_LIMIT)
-_NO_HIT = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
@@ -259,34 +258,20 @@ def _open_unit(layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening):
 
 
 @triton.jit
-def _read_units(
-    units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier, ONE_REDUCTION: tl.constexpr
-):
+def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier):
     """One load of the unit table's UNIT_WINDOW entries from unit `base` (base_l1: the L1
     units before it): (whether a published unit holds position p, that unit, its entry, the
-    first unit not seen published, the L1 units before that one; those two only when no
-    unit holds p, with ONE_REDUCTION). at_frontier: base is known unpublished (this program
-    opened the unit before it), so nothing is loaded."""
+    first unit not seen published, the L1 units before that one). at_frontier: base is
+    known unpublished (this program opened the unit before it), so nothing is loaded."""
     unit = base + lanes
     readable = (unit < 2 * blocks) & (not at_frontier)
     entry = tl.load(units_ptr + unit, mask=readable, other=0, volatile=True)
     _, _, starts, ends = _unit_of(entry, unit, n1, n2)
     hit = (entry != 0) & (starts <= p) & (p < ends)  # one lane at most: units are disjoint
-    if ONE_REDUCTION:
-        # A claim in a published unit (most claims) costs one warp reduction, not five.
-        key = tl.min(tl.where(hit, lanes * _LANE_KEY + entry, _NO_HIT))
-        holds = key != _NO_HIT
-        hit_unit = base + key // _LANE_KEY
-        hit_entry = key % _LANE_KEY
-        seen = hit_unit * 0
-        last_seen = hit_entry * 0
-        if not holds:
-            seen, last_seen = _leading_published(entry, lanes)
-    else:
-        holds = tl.max(hit.to(tl.int32)) > 0
-        hit_unit = base + tl.min(tl.where(hit, lanes, _UNIT_WINDOW))
-        hit_entry = tl.sum(tl.where(hit, entry, 0))
-        seen, last_seen = _leading_published(entry, lanes)
+    holds = tl.max(hit.to(tl.int32)) > 0
+    hit_unit = base + tl.min(tl.where(hit, lanes, _UNIT_WINDOW))
+    hit_entry = tl.sum(tl.where(hit, entry, 0))
+    seen, last_seen = _leading_published(entry, lanes)
     return (
         holds,
         hit_unit,
@@ -306,13 +291,10 @@ def _leading_published(entry, lanes):
 
 
 @triton.jit
-def _unit_tile(
-    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, ONE_REDUCTION
-):
+def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes):
     """interleaved's tile at position p from the unit table; (kind, block, n block, and the
     walk after: `base`, a unit whose predecessors are all published and that starts at or
-    before the program's next position, and `base_l1`, the L1 units before it).
-    ONE_REDUCTION: _read_units'."""
+    before the program's next position, and `base_l1`, the L1 units before it)."""
     # Lock-free: positions are claimed in order, so a program whose position lies past
     # every published unit knows that the first unpublished unit's first position is
     # claimed, and opens that unit itself: the first program there decides it, one
@@ -332,7 +314,7 @@ def _unit_tile(
     at_frontier = p < 0  # base is the first unpublished unit, as this program opened the last
     while not found:
         holds, at, entry, next_unit, next_l1 = _read_units(
-            units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier, ONE_REDUCTION
+            units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier
         )
         # The first unit not seen published, seen within the window: its first position is
         # claimed (p lies past every unit before it), so it is due to be decided.
@@ -366,16 +348,20 @@ def _unit_tile(
 
 
 @triton.jit
-def _l2_listed(into, l1_left, n2):
-    """schedule._l2_listed: a block's L2 tiles among the `into` positions from its first."""
-    return tl.minimum(n2, tl.maximum((into + 1) // 2, into - l1_left))
+def _l2_listed(into, l1_left, n2, alternate):
+    """schedule._l2_listed: a block's L2 tiles among the `into` positions from its first,
+    every other one while L1 tiles are left (alternate: deepgemm_interleaved) or all at
+    once (interleaved counted)."""
+    return tl.minimum(n2, tl.where(alternate, tl.maximum((into + 1) // 2, into - l1_left), into))
 
 
 @triton.jit
-def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes):
-    """deepgemm_interleaved's tile at position p (schedule.deepgemm_tile_at, which this
-    mirrors); (kind, block, n block, and the walk's `base` after: the last block whose first
-    L2 tile is at or before p, a window of UNIT_WINDOW blocks a load from the last one)."""
+def _counted_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, alternate):
+    """The tile at position p of a rule that lists each block's L2 tiles from the layout's
+    l2_start: deepgemm_interleaved's (alternate) or interleaved counted (COUNTED)
+    (schedule.counted_tile_at, which this mirrors); (kind, block, n block, and the walk's
+    `base` after: the last block whose first L2 tile is at or before p, a window of
+    UNIT_WINDOW blocks a load from the last one)."""
     blocks = tl.load(layout_ptr + _BLOCKS)
     starts_ptr = layout_ptr + _LAYOUT_HEADER + _L2_START * blocks
     at_or_before = _UNIT_WINDOW
@@ -388,8 +374,8 @@ def _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes):
     start = tl.load(starts_ptr + b, mask=(b >= 0) & (p < n_tiles), other=0)
     into = p - start
     l1_left = blocks * n1 - (start - b * n2)
-    l2_before = _l2_listed(into, l1_left, n2)
-    l2 = (b >= 0) & (_l2_listed(into + 1, l1_left, n2) > l2_before)
+    l2_before = _l2_listed(into, l1_left, n2, alternate)
+    l2 = (b >= 0) & (_l2_listed(into + 1, l1_left, n2, alternate) > l2_before)
     l1_before = p - tl.where(b >= 0, b * n2 + l2_before, 0)
     blk = tl.where(l2, b, l1_before // n1)
     nb = tl.where(l2, l2_before, l1_before % n1)
@@ -420,98 +406,28 @@ def _wave_tile(p, layout_ptr, n_tiles, n1, n2):
 
 @triton.jit
 def decided_tile(
-    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes, ONE_REDUCTION: tl.constexpr
+    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes, COUNTED: tl.constexpr
 ):
     """Device mode: the tile at list position p, claimed with the list's fetch-add; (kind,
     local expert, row block, n block, walk).
     n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
     walk: where the program's last claim left its walk, (0, 0) at its first (its positions
-    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout; ONE_REDUCTION:
-    interleaved's claim in a published unit finds it with one warp reduction, not five."""
+    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout; COUNTED: interleaved
+    counted from the layout (_counted_tile) instead of decided in units."""
     base, base_l1 = walk
     rule = tl.load(layout_ptr + _RULE)
     if rule == _RULE_DEEPGEMM:
-        kind, blk, nb, base = _deepgemm_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes)
+        kind, blk, nb, base = _counted_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, True)
     elif rule == _RULE_WAVE:
         kind, blk, nb = _wave_tile(p, layout_ptr, n_tiles, n1, n2)
+    elif COUNTED:
+        kind, blk, nb, base = _counted_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, False)
     else:
         kind, blk, nb, base, base_l1 = _unit_tile(
-            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes, ONE_REDUCTION
+            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes
         )
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
     return kind, e, blk, nb, (base, base_l1)
-
-
-@triton.jit
-def _cursor_tile(sync_ptr, layout_ptr, n1, n2, ready_at, max_spin):
-    """interleaved decided tile by tile on cursors (CURSORS): (whether a tile was left,
-    kind, block, n block). The cursors (after the unit table, `cursors_at`): the next L1
-    tile, the L2 tiles' block, and per block its L2 tiles taken. A program takes an L2
-    tile of that block when the block is released and the next L1 tile's block starts
-    lead_rows after it ends (the rule of schedule.interleaved, asked of one tile instead of
-    a unit), else the next L1 tile: each a fetch-add, so no claim waits on another's, and
-    the block's own counter gives every L2 tile of a released block once; the program
-    that finds its block's L2 tiles all taken moves the L2 block on (a compare-and-swap that
-    any racer may win). No L2 tile waits, except those taken once every L1 tile is, which
-    wait here (their position is then claimed after every L1 tile's of their block)."""
-    blocks = tl.load(layout_ptr + _BLOCKS)
-    counters = sync_ptr + _SYNC_HEADER
-    cursors = counters + 3 * blocks  # cursors_at: after the counters and the unit table
-    rows = layout_ptr + _LAYOUT_HEADER
-    lead = tl.load(layout_ptr + _LEAD_ROWS)
-    l1_total = blocks * n1
-    kind = -1  # undecided; 2: nothing left
-    tile = 0
-    blk = 0
-    unreleased = False  # an L2 tile taken without seeing its block released
-    while kind < 0:
-        c1 = tl.load(cursors, volatile=True)
-        b2 = tl.load(cursors + 1, volatile=True)
-        l1_left = c1 < l1_total
-        l2_left = b2 < blocks
-        both = l1_left & l2_left
-        b1 = tl.minimum(c1 // n1, blocks - 1)
-        done = tl.load(counters + b2, mask=both, other=0, volatile=True)
-        row_start = tl.load(rows + _ROW_START * blocks + b1, mask=both, other=0)
-        row_end = tl.load(rows + _ROW_END * blocks + b2, mask=both, other=0)
-        due = (done >= ready_at) & (row_start - row_end >= lead)
-        if l2_left & ((not l1_left) | due):
-            tile = tl.atomic_add(cursors + 2 + b2, 1, sem="relaxed")
-            blk = b2
-            if tile < n2:
-                kind = 1
-                unreleased = not l1_left
-            else:  # the block's L2 tiles are all taken: on to the next block
-                tl.atomic_cas(cursors + 1, b2, b2 + 1, sem="relaxed")
-        elif l1_left:
-            tile = tl.atomic_add(cursors, 1, sem="relaxed")
-            blk = tile // n1
-            if tile < l1_total:
-                kind = 0
-        else:
-            kind = 2
-    l2 = kind == 1
-    if l2 & unreleased:
-        done = tl.load(counters + blk, volatile=True)
-        spins = 0
-        while (done < ready_at) & (spins < max_spin):
-            done = tl.load(counters + blk, volatile=True)
-            spins += 1
-    return kind < 2, l2.to(tl.int32), blk, tl.where(l2, tile, tile % n1)
-
-
-@triton.jit
-def cursor_claim(n_tiles, sync_ptr, layout_ptr, n1, n2, ready_at, max_spin):
-    """Device mode, interleaved on cursors (CURSORS): (position, kind, local expert,
-    block, n block) of the next tile, the position n_tiles once none is left. The position
-    is claimed after the tile (the list's fetch-add, where the tile's claim comes first
-    here), so positions keep the order in which tiles were taken."""
-    left, kind, blk, nb = _cursor_tile(sync_ptr, layout_ptr, n1, n2, ready_at, max_spin)
-    idx = n_tiles
-    if left:
-        idx = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=left, other=0)
-    return idx, kind, e, blk, nb
 
 
 @triton.jit
@@ -521,35 +437,25 @@ def _unit_entry(kind, l1_units):
 
 
 @triton.jit
-def _position_decided(n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes):
+def _position_decided(n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED):
     """The next position (the list's fetch-add) and its tile (decided_tile)."""
     idx = tl.atomic_add(sync_ptr, 1)
     kind, e, blk, nb, walk = decided_tile(
-        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes, False
+        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes, COUNTED
     )
     return idx, kind, e, blk, nb, walk
 
 
 @triton.jit
 def _take_decided(
-    tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, max_spin, CURSORS: tl.constexpr
+    tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED: tl.constexpr
 ):
     """Device mode: claim the next position and its tile (a block's n1 L1 tiles release
     it), written at that position, the realized order; (position, kind, expert as int64,
-    block, n block, walk). CURSORS: interleaved on cursors (cursor_claim)."""
-    if CURSORS:
-        if tl.load(layout_ptr + _RULE) == _RULE_INTERLEAVED:
-            idx, kind, e, blk, nb = cursor_claim(
-                n_tiles, sync_ptr, layout_ptr, n1, n2, n1, max_spin
-            )
-        else:
-            idx, kind, e, blk, nb, walk = _position_decided(
-                n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes
-            )
-    else:
-        idx, kind, e, blk, nb, walk = _position_decided(
-            n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes
-        )
+    block, n block, walk). COUNTED: interleaved counted (decided_tile)."""
+    idx, kind, e, blk, nb, walk = _position_decided(
+        n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
+    )
     claimed = idx < n_tiles
     tl.store(tiles_ptr + idx * 4, kind, mask=claimed)
     tl.store(tiles_ptr + idx * 4 + 1, e, mask=claimed)
@@ -593,7 +499,7 @@ def _fused_moe(
     TMA: tl.constexpr,
     PROXY_FENCE: tl.constexpr,  # TMA on a GPU (the interpreter has no proxies to order)
     DEVICE: tl.constexpr,  # each claimed position's tile decided (decided_tile), no list read
-    CURSORS: tl.constexpr,  # DEVICE, interleaved: on cursors (cursor_claim)
+    COUNTED: tl.constexpr,  # DEVICE, interleaved: counted from the layout (decided_tile)
 ):
     pid = tl.program_id(0)
     PACK: tl.constexpr = 2 if PRECISION == 2 else 1  # channels per stored weight element
@@ -608,7 +514,7 @@ def _fused_moe(
         n_tiles = tl.load(layout_ptr + _BLOCKS) * (n1 + n2)
     if DEVICE:
         idx, kind, e, blk, nb, walk = _take_decided(
-            tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, max_spin, CURSORS
+            tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
         )
     else:
         idx = tl.atomic_add(sync_ptr, 1)
@@ -753,7 +659,7 @@ def _fused_moe(
                 _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, _now())
         if DEVICE:
             idx, kind, e, blk, nb, walk = _take_decided(
-                tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, max_spin, CURSORS
+                tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
             )
         else:
             idx = tl.atomic_add(sync_ptr, 1)
@@ -782,7 +688,7 @@ def launch(
     emulate_ns: tuple[int, int] | None = None,
     xs_steps=None,
     layout=None,
-    cursors: bool = False,
+    counted: bool = False,
 ) -> None:
     """Enqueue one fused launch on the current device and stream (tensors on that device,
     except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand.
@@ -791,9 +697,9 @@ def launch(
     reads; made here when not given (a copy each launch: callers that time keep one).
     layout: device mode (see the module doc): schedule.device_layout's int32 array on the
     device; `tiles` is then the (blocks (H + I) / 128, 4) int32 buffer the kernel writes
-    the realized order into, and `sync` holds sync_size(blocks) int32. cursors: this (tl)
-    kernel decides interleaved on cursors (cursor_claim; megamoe_ws.CLAIM_CURSORS says
-    it for the warp-specialized one)."""
+    the realized order into, and `sync` holds sync_size(blocks) int32. counted: this (tl)
+    kernel decides interleaved counted (decided_tile's COUNTED; megamoe_ws.CLAIM_COUNTED
+    says it for the warp-specialized one)."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
         raise ValueError(f"H={H} and I={I} must be multiples of {BLOCK_N}")
@@ -862,7 +768,7 @@ def launch(
         TMA=tma,
         PROXY_FENCE=tma and on_gpu,
         DEVICE=layout is not None,
-        CURSORS=cursors,
+        COUNTED=counted,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES[precision],
     )
@@ -877,13 +783,6 @@ def unit_table_at(blocks: int) -> int:
 def sync_size(blocks: int) -> int:
     """int32 words of a sync buffer for `blocks` row blocks that serves both modes (list
     mode reads the first SYNC_HEADER + blocks)."""
-    return cursors_at(blocks) + 2 + blocks
-
-
-def cursors_at(blocks: int) -> int:
-    """Device mode: the int32 index of interleaved's cursors (CURSORS) in the sync buffer,
-    after the unit table: the next L1 tile, the L2 tiles' block, each block's L2 tiles
-    taken."""
     return unit_table_at(blocks) + 2 * blocks
 
 
@@ -909,8 +808,6 @@ def check_device_mode(layout, tiles, sync, H: int, I: int) -> None:  # noqa: E74
         )
     if sync.numel() < sync_size(capacity):
         raise ValueError(f"device mode needs a sync buffer of {sync_size(capacity)} int32")
-    if unit_entry(1, capacity) + 1 >= UNIT_ENTRY_LIMIT:  # the last lane's key stays < _NO_HIT
-        raise ValueError(f"device mode takes at most {UNIT_ENTRY_LIMIT // 2 - 2} row blocks")
 
 
 def fp8_kernel() -> str:

@@ -171,10 +171,8 @@ from triton.language.core import _aggregate as aggregate
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
 from xstage_kernels.megamoe import (
-    CLAIM_RULES,
     LAYOUT_BLOCKS,
     UNIT_WINDOW,
-    cursor_claim,
     decided_tile,
 )
 from xstage_kernels.ptx_edits import (
@@ -332,20 +330,15 @@ MMA_TURNS = False
 # Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
 # 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
 TURN_BARRIER = 8
-# Device mode, interleaved: a claim whose position lies in a published unit finds it with
-# one warp reduction (the hit's lane and entry packed) instead of five, and looks for the
-# first unpublished unit only when none holds it (megamoe._read_units). Staged for a paired
-# A/B: replayed as a list, the order the device realizes ran at 0.945 of the device's time
-# (one H200, kernels/ab/2026-12-07-device-order-replay-h200.json): the claims cost it. Each
-# reduction is one redux.sync instruction, so expect little; a traced run says where the
-# claims' time goes.
-CLAIM_ONE_REDUCTION = False
-# Device mode, interleaved decided tile by tile on cursors (megamoe.cursor_claim): an L2
-# tile of the L2 cursor's block (a fetch-add on the block's count) once the block is seen
-# released and the lead holds, else the next L1 tile (a fetch-add); the position claimed
-# after. No unit is opened, so no claim waits on a chain of openings (each a counter read
-# and a compare-and-swap after the last was seen). Staged for a paired A/B against the units.
-CLAIM_CURSORS = False
+# Device mode, interleaved counted (megamoe.decided_tile's COUNTED): a block's L2 tiles sit
+# right before the first L1 block that starts lead_rows after it ends, a position's tile
+# found from the layout as deepgemm_interleaved's is; a program that takes an L2 tile not yet
+# released waits for it, as in list mode. The units cost the device rule its claims (one
+# H200: the order it realized, replayed as a list, ran at 0.945 of its time; one H100:
+# 0.955, kernels/ab/2026-12-07-device-order-replay-*.json), and deciding tile by tile on
+# cursors cost more (1.00-1.07x the units' time, kernels/ab/2026-12-07-claim-cursors-*).
+# Staged for a paired A/B against the units.
+CLAIM_COUNTED = False
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -361,8 +354,7 @@ LAUNCH_OPTIONS = (
     "W4_DROP_WAIT_BARRIERS",
     "ARRIVE_PER_WARP",
     "MMA_TURNS",
-    "CLAIM_ONE_REDUCTION",
-    "CLAIM_CURSORS",
+    "CLAIM_COUNTED",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -378,8 +370,6 @@ _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _RECORD = gl.constexpr(RECORD)
 _UNIT_WINDOW = gl.constexpr(UNIT_WINDOW)  # one entry a lane of the producer warp
 _LAYOUT_BLOCKS = gl.constexpr(LAYOUT_BLOCKS)  # the header's block count
-_LAYOUT_RULE = gl.constexpr(0)  # the header's rule (megamoe.CLAIM_RULES' index)
-_RULE_INTERLEAVED = gl.constexpr(CLAIM_RULES.index("interleaved"))
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 _WORKER_WARPS = gl.constexpr(WORKER_WARPS)
@@ -449,8 +439,7 @@ class Shared:
     SCALES_TMA: gl.constexpr
     TURNS: gl.constexpr
     DEVICE: gl.constexpr
-    ONE_REDUCTION: gl.constexpr
-    CURSORS: gl.constexpr
+    COUNTED: gl.constexpr
     TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
@@ -492,12 +481,10 @@ class Shared:
             SCALES_TMA,
             TURNS,
             DEVICE,
-            ONE_REDUCTION,
-            CURSORS,
+            COUNTED,
         ) = options
         self.DEVICE = gl.constexpr(DEVICE)
-        self.ONE_REDUCTION = gl.constexpr(ONE_REDUCTION)
-        self.CURSORS = gl.constexpr(CURSORS)
+        self.COUNTED = gl.constexpr(COUNTED)
         # In device mode `tiles` is what the producer writes, so only its record holds a tile.
         self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
@@ -684,7 +671,7 @@ def _position_claim(p, n1, walk, lanes):
             2 * n1,
             walk,
             lanes,
-            p.ONE_REDUCTION,
+            p.COUNTED,
         )
     return idx, kind, e, blk, nb, walk
 
@@ -698,20 +685,9 @@ def _producer(p, WG: gl.constexpr):
     lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)  # device mode's (unused in list mode)
     n1 = p.I // _BLOCK
     walk = (0, 0)
-    if p.CURSORS:  # interleaved's claims on cursors; the other rules' as without
-        on_cursors = gl.load(p.layout_ptr + _LAYOUT_RULE) == _RULE_INTERLEAVED
     running = True
     while running:
-        if p.CURSORS:
-            if on_cursors:
-                # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
-                idx, kind, e, blk, nb = cursor_claim(
-                    p.n_tiles, p.sync_ptr, p.layout_ptr, n1, p.H // _BLOCK, 2 * n1, p.max_spin
-                )
-            else:
-                idx, kind, e, blk, nb, walk = _position_claim(p, n1, walk, lanes)
-        else:
-            idx, kind, e, blk, nb, walk = _position_claim(p, n1, walk, lanes)
+        idx, kind, e, blk, nb, walk = _position_claim(p, n1, walk, lanes)
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
         if p.DEVICE:
@@ -1144,8 +1120,7 @@ def _fused_moe_ws(
     ARRIVE_PER_WARP: gl.constexpr,
     MMA_TURNS: gl.constexpr,
     DEVICE: gl.constexpr,
-    ONE_REDUCTION: gl.constexpr,
-    CURSORS: gl.constexpr,
+    COUNTED: gl.constexpr,
 ):
     if DEVICE:  # the layout's block count, written on the device: one graph, any routing
         n_tiles = gl.load(layout_ptr + _LAYOUT_BLOCKS) * ((H + I) // _BLOCK)
@@ -1241,8 +1216,7 @@ def _fused_moe_ws(
             SCALES_TMA,
             MMA_TURNS,
             DEVICE,
-            ONE_REDUCTION,
-            CURSORS,
+            COUNTED,
         ),
     )
     if W4:
@@ -1414,8 +1388,7 @@ def launch_constexprs(precision: str, trace: bool = False, device: bool = False)
         "ARRIVE_PER_WARP": arrives_per_warp(precision),
         "MMA_TURNS": bool(MMA_TURNS),
         "DEVICE": device,
-        "ONE_REDUCTION": bool(CLAIM_ONE_REDUCTION) and device,
-        "CURSORS": bool(CLAIM_CURSORS) and device,
+        "COUNTED": bool(CLAIM_COUNTED) and device,
     }
 
 
@@ -1473,10 +1446,8 @@ def launch_options(precision: str) -> dict:
         options["slot_release"] = "one arrival per warp (ptx_edits)"
     if MMA_TURNS:  # absent: both math warpgroups issue as soon as their slot is full
         options["mma_issue"] = "in turn (named barriers)"
-    if CLAIM_ONE_REDUCTION:  # absent: five warp reductions a device-mode claim
-        options["device_claim"] = "one warp reduction in a published unit"
-    if CLAIM_CURSORS:  # absent: interleaved decided in units, as every record before
-        options["device_interleaved"] = "tile by tile on cursors"
+    if CLAIM_COUNTED:  # absent: interleaved decided in units, as every record before
+        options["device_interleaved"] = "counted from the layout"
     return options
 
 
@@ -1517,8 +1488,7 @@ def compile_for_sm90(
     arrive_per_warp: bool = False,
     mma_turns: bool = False,
     device: bool = False,
-    claim_one_reduction: bool = False,
-    cursors: bool = False,
+    counted: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1539,8 +1509,7 @@ def compile_for_sm90(
         "ARRIVE_PER_WARP": arrive_per_warp and not w4,
         "MMA_TURNS": mma_turns,
         "DEVICE": device,
-        "ONE_REDUCTION": claim_one_reduction,
-        "CURSORS": cursors,
+        "COUNTED": counted,
     }
     return _compile_sm90(precision, constexprs)
 

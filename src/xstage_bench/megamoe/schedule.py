@@ -55,8 +55,12 @@ is taken, so `claim_order` (the units played on that clock) is the host list. Th
 rules read no clock, so no table: expert_wave's position lies in the wave of block
 position // (L1 + L2 tiles a block), and its place there follows from the wave's first and
 end block (`wave_tile_at`); deepgemm_interleaved alternates single tiles, and a position's
-tile follows from where each block's first L2 tile sits (`deepgemm_tile_at`). The rules
-read a per-block `device_layout`.
+tile follows from where each block's first L2 tile sits (`counted_tile_at`). interleaved
+can be decided the same way, counted (the kernel's COUNTED): a block's L2 tiles sit right
+before the first L1 block that starts lead_rows after it ends, the order interleaved's
+list would have were every block released when its L2 tiles come; a program that takes an
+L2 tile not yet released waits for it, as in list mode. The rules read a per-block
+`device_layout`.
 
 Every schedule is registered once, in SCHEDULES, with its own knobs (keys of the config's
 megamoe section, with their defaults): the config schema's schedule names, the simulator,
@@ -411,8 +415,9 @@ def device_layout(
     """What schedule `name`'s device rule reads, in O(blocks): its rule id, its lead
     (interleaved), the block count, and per block its expert, first and last row (prefix
     sums of valid rows), the block count at which its expert wave ends, the list position
-    of its first L2 tile under deepgemm_interleaved and its expert wave's first block.
-    Knobs from `config` as `build` takes them."""
+    of its first L2 tile (under deepgemm_interleaved; under interleaved counted for
+    interleaved) and its expert wave's first block. Knobs from `config` as `build` takes
+    them."""
     rule, lead_rows = layout_header(name, num_programs, config)
     wave_start = np.zeros(grid.blocks, dtype=np.int64)
     wave_end = np.zeros(grid.blocks, dtype=np.int64)
@@ -420,12 +425,16 @@ def device_layout(
         wave_start[wave], wave_end[wave] = wave[0], wave[-1] + 1
     row_end = grid.row_end()
     header = [rule, lead_rows, grid.blocks]
+    if rule == RULE_INTERLEAVED:
+        l2_start = _counted_l2_starts(grid, lead_rows)
+    else:
+        l2_start = _deepgemm_l2_starts(grid, num_programs)
     rows = [
         grid.block_expert,
         row_end - grid.block_rows,
         row_end,
         wave_end,
-        _deepgemm_l2_starts(grid, num_programs),
+        l2_start,
         wave_start,
     ]
     layout = np.concatenate([np.asarray(header, dtype=np.int64), *rows]).astype(np.int64)
@@ -457,6 +466,16 @@ def _deepgemm_l2_starts(grid: TileGrid, num_programs: int) -> np.ndarray:
         starts[b] = b * n2 + listed
         listed = min(listed + n2, l1_total)
     return starts
+
+
+def _counted_l2_starts(grid: TileGrid, lead_rows: int) -> np.ndarray:
+    """Where interleaved counted lists each block's first L2 tile: right before the L1 tiles
+    of the first block that starts lead_rows or more after the block ends (after every L1
+    tile where none does), every earlier block's L2 tiles before it."""
+    row_end = grid.row_end()
+    after = np.searchsorted(row_end - grid.block_rows, row_end + lead_rows, side="left")
+    blocks = np.arange(grid.blocks, dtype=np.int64)
+    return blocks * grid.l2_per_block + after.astype(np.int64) * grid.l1_per_block
 
 
 def layout_fields(layout: np.ndarray) -> tuple[dict[str, int], dict[str, np.ndarray]]:
@@ -502,31 +521,34 @@ def wave_tile_at(
     return L2, start + into // n2, into % n2
 
 
-def deepgemm_tile_at(
+def counted_tile_at(
     layout: np.ndarray, position: int, tiles_per_block: tuple[int, int]
 ) -> tuple[int, int, int]:
-    """(kind, block, n block) at `position` of deepgemm_interleaved's list, from the layout
-    alone (xstage_kernels.megamoe._deepgemm_tile): the last block whose first L2 tile is at
-    or before it, then its L2 tiles' places from there (`_l2_listed`); L1 tiles fill the
-    rest in block order."""
+    """(kind, block, n block) at `position` of deepgemm_interleaved's list, or interleaved
+    counted's (the layout's rule says which), from the layout alone
+    (xstage_kernels.megamoe._counted_tile): the last block whose first L2 tile is at or
+    before it, then its L2 tiles' places from there (`_l2_listed`); L1 tiles fill the rest
+    in block order."""
     header, rows = layout_fields(layout)
+    alternate = header["rule"] == RULE_DEEPGEMM
     (n1, n2), starts = tiles_per_block, rows["l2_start"]
     block = int(np.searchsorted(starts, position, side="right")) - 1
     if block < 0:
         return L1, position // n1, position % n1
     into = position - int(starts[block])
     l1_left = header["blocks"] * n1 - (int(starts[block]) - block * n2)
-    l2_before = _l2_listed(into, l1_left, n2)
-    if _l2_listed(into + 1, l1_left, n2) > l2_before:
+    l2_before = _l2_listed(into, l1_left, n2, alternate)
+    if _l2_listed(into + 1, l1_left, n2, alternate) > l2_before:
         return L2, block, l2_before
     l1_before = position - (block * n2 + l2_before)
     return L1, l1_before // n1, l1_before % n1
 
 
-def _l2_listed(into: int, l1_left: int, n2: int) -> int:
-    """A block's L2 tiles among the `into` positions from its first one: every other
-    position while L1 tiles are left (l1_left of them), then every position, n2 at most."""
-    return min(n2, max((into + 1) // 2, into - l1_left))
+def _l2_listed(into: int, l1_left: int, n2: int, alternate: bool) -> int:
+    """A block's L2 tiles among the `into` positions from its first one, n2 at most:
+    alternate (deepgemm_interleaved), every other position while L1 tiles are left (l1_left
+    of them), then every position; else (interleaved counted) every position."""
+    return min(n2, max((into + 1) // 2, into - l1_left) if alternate else into)
 
 
 def claim_order(
@@ -535,18 +557,22 @@ def claim_order(
     num_programs: int,
     lead_rows: int = 0,
     costs: tuple[float, float] | None = None,
+    counted: bool = False,
 ) -> np.ndarray:
     """The tile list the kernel realizes in device mode when num_programs programs each
     claim the next position as they finish their last tile and tiles last `costs` (L1, L2;
     `tile_costs` by default): interleaved's units opened by `next_unit` when their first
-    tile is taken, a block ready once its last L1 tile has ended by then (ListClock);
-    expert_wave's positions by `wave_tile_at`, deepgemm_interleaved's by
-    `deepgemm_tile_at`: those two rules read no time, so their order is `build`'s list."""
+    tile is taken, a block ready once its last L1 tile has ended by then (ListClock), or
+    with `counted` (the kernel's COUNTED) its positions by `counted_tile_at`; expert_wave's
+    positions by `wave_tile_at`, deepgemm_interleaved's by `counted_tile_at`: those rules
+    read no time, so their order is `build`'s list (interleaved counted's, the list with
+    every block released in time)."""
     layout = device_layout(name, grid, num_programs, {"lead_rows": lead_rows})
     tiles_per_block = grid.l1_per_block, grid.l2_per_block
-    tile_at = {RULE_WAVE: wave_tile_at, RULE_DEEPGEMM: deepgemm_tile_at}.get(
-        SCHEDULES[name].device_rule
-    )
+    by_rule = {RULE_WAVE: wave_tile_at, RULE_DEEPGEMM: counted_tile_at}
+    if counted:
+        by_rule[RULE_INTERLEAVED] = counted_tile_at
+    tile_at = by_rule.get(SCHEDULES[name].device_rule)
     if tile_at is not None:
         at = (tile_at(layout, p, tiles_per_block) for p in range(grid.tiles))
         return _as_array([(k, int(grid.block_expert[b]), b, n) for k, b, n in at])
