@@ -171,18 +171,30 @@ def fit_with_lag(
     law: str,
     previous: Capacity | None = None,
     lag: DrainLag | None = None,
+    from_previous: bool = False,
 ) -> tuple[Capacity, DrainLag]:
     """The variant's capacity and the drain's lag together, from the same isolated bursts
     (fit): the knee sets Q, the bursts beyond it the lag, and the two trade against each
     other where a burst just beyond the knee stalls, so they are fitted at once, from each
-    capacity start with each of _lag_starts. `lag` is the previous round's.
+    capacity start with each of _lag_starts. `lag` is the previous round's. from_previous:
+    the lagged fit starts from the previous round's capacity and the plain fit's alone, not
+    from every start (a chain's later rounds, where R and T0 have barely moved since the
+    first searched them all: most of a fit's time).
 
     A lag is kept only where it misses the bursts less than no lag by LAG_GAIN of the
     robust cost: where no burst lies where the drain would lag (a knee the sizes skip),
     the lag and Q trade freely and a lag would be no finding."""
     plain, _, cost = _fit(iso, R, T0, law, previous, NO_LAG, None)
-    found, fitted, lagged = _fit(iso, R, T0, law, previous, lag or NO_LAG, _lag_starts(iso, R, lag))
+    near = [plain] if previous is None else [plain, Capacity(law, *_values(previous))]
+    lag_starts = _lag_starts(iso, R, lag)
+    found, fitted, lagged = _fit(
+        iso, R, T0, law, previous, lag or NO_LAG, lag_starts, near if from_previous else None
+    )
     return (found, fitted) if lagged < (1 - LAG_GAIN) * cost else (plain, NO_LAG)
+
+
+def _values(c: Capacity) -> tuple[float, float, float]:
+    return c.S, c.q, c.C
 
 
 def _lag_starts(iso: Recs, R: float, previous: DrainLag | None) -> list[DrainLag]:
@@ -206,9 +218,11 @@ def _fit(
     previous: Capacity | None,
     lag: DrainLag,
     lag_starts: list[DrainLag] | None,
+    starts: list[Capacity] | None = None,
 ) -> tuple[Capacity, DrainLag, float]:
-    """fit and fit_with_lag: the lag held (lag_starts None) or fitted from each start;
-    the capacity, the lag and the robust cost of the best start."""
+    """fit and fit_with_lag: the lag held (lag_starts None) or fitted from each start
+    (`starts`, _starts' by default); the capacity, the lag and the robust cost of the best
+    start."""
     if len(iso) == 0:
         raise CapacityError("no isolated-burst records (study 'isolated')")
     if law not in LAWS:
@@ -234,7 +248,7 @@ def _fit(
     if lag_starts is not None:
         lower, upper = lower + [0.0, 0.0], upper + [1.0, 1.0]  # a fraction and a ratio
     best = None
-    for start in _starts(iso, R, law, previous):
+    for start in starts or _starts(iso, R, law, previous):
         x0 = [max(min(getattr(start, name), unbound), floor) / UNIT[name] for name in free]
         for d in lag_starts or [None]:
             x = x0 if d is None else [*x0, d.fraction, min(max(d.rate, 1e-3), 1.0)]

@@ -182,15 +182,17 @@ def fit_chain(
     cap = p.capacity
     if cap is None and len(data.isolated):
         cap = capacity.law_through(capacity.knees(data.isolated, R), p.law)
-    for _ in range(rounds):
+    for round_ in range(rounds):
         reasons = {}
         try:
             p = _T0_stage(data, R, replace(p, capacity=cap), t0_starts)
         except FitError as e:
             return Params(R=R, law=p.law, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
         try:
+            # After a first round that searched every start (or a round without a capacity).
+            later = round_ > 0 and cap is not None
             cap, lag = capacity.fit_with_lag(
-                data.isolated, R, p.T0(data.isolated.B), p.law, cap, p.lag
+                data.isolated, R, p.T0(data.isolated.B), p.law, cap, p.lag, later
             )
         except CapacityError as e:
             reasons["Q"] = str(e)
