@@ -117,7 +117,6 @@ _LAYOUT_HEADER = tl.constexpr(LAYOUT_HEADER)
 _UNIT_WINDOW = tl.constexpr(UNIT_WINDOW)
 _RULE_WAVE = tl.constexpr(CLAIM_RULES.index("expert_wave"))
 _RULE_DEEPGEMM = tl.constexpr(CLAIM_RULES.index("deepgemm_interleaved"))
-_RULE_INTERLEAVED = tl.constexpr(CLAIM_RULES.index("interleaved"))
 _RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(LAYOUT_BLOCKS)
 _ROW_START, _ROW_END, _WAVE_END, _L2_START, _WAVE_START = (tl.constexpr(i) for i in range(1, 6))
 _NO_START = tl.constexpr(2**31 - 1)  # past every list position
@@ -437,24 +436,14 @@ def _unit_entry(kind, l1_units):
 
 
 @triton.jit
-def _position_decided(n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED):
-    """The next position (the list's fetch-add) and its tile (decided_tile)."""
-    idx = tl.atomic_add(sync_ptr, 1)
+def _take_decided(
+    idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED: tl.constexpr
+):
+    """Device mode: the tile at claimed position idx (a block's n1 L1 tiles release it),
+    written at that position, the realized order; (position, kind, expert as int64, block,
+    n block, walk). COUNTED: interleaved counted (decided_tile)."""
     kind, e, blk, nb, walk = decided_tile(
         idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes, COUNTED
-    )
-    return idx, kind, e, blk, nb, walk
-
-
-@triton.jit
-def _take_decided(
-    tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED: tl.constexpr
-):
-    """Device mode: claim the next position and its tile (a block's n1 L1 tiles release
-    it), written at that position, the realized order; (position, kind, expert as int64,
-    block, n block, walk). COUNTED: interleaved counted (decided_tile)."""
-    idx, kind, e, blk, nb, walk = _position_decided(
-        n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
     )
     claimed = idx < n_tiles
     tl.store(tiles_ptr + idx * 4, kind, mask=claimed)
@@ -512,12 +501,11 @@ def _fused_moe(
         walk = (0, 0)
         # The layout's block count, written on the device: one graph serves any routing.
         n_tiles = tl.load(layout_ptr + _BLOCKS) * (n1 + n2)
+    idx = tl.atomic_add(sync_ptr, 1)
     if DEVICE:
         idx, kind, e, blk, nb, walk = _take_decided(
-            tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
+            idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
         )
-    else:
-        idx = tl.atomic_add(sync_ptr, 1)
     while idx < n_tiles:
         taken = _now() if TRACE else 0
         if not DEVICE:
@@ -657,12 +645,11 @@ def _fused_moe(
             if TRACE:
                 tl.debug_barrier()
                 _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, _now())
+        idx = tl.atomic_add(sync_ptr, 1)
         if DEVICE:
             idx, kind, e, blk, nb, walk = _take_decided(
-                tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
+                idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
             )
-        else:
-            idx = tl.atomic_add(sync_ptr, 1)
 
 
 def launch(

@@ -170,11 +170,7 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
-from xstage_kernels.megamoe import (
-    LAYOUT_BLOCKS,
-    UNIT_WINDOW,
-    decided_tile,
-)
+from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile
 from xstage_kernels.ptx_edits import (
     ARRIVE_PER_WARP_MARK,
     DROP_MATH_WAIT_BARRIERS_MARK,
@@ -647,47 +643,35 @@ def _row_box(p, rec, layout: gl.constexpr):
 
 
 @gluon.jit
-def _position_claim(p, n1, walk, lanes):
-    """The next list position (the list's fetch-add) and, in device mode, its tile
-    (decided_tile; zeros in list mode, where the record is read from the list):
-    (position, kind, expert, block, n block, walk)."""
-    if p.CLAIM_RELAXED:
-        idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
-    else:
-        idx = gl.atomic_add(p.sync_ptr, 1)
-    kind = 0
-    e = 0
-    blk = 0
-    nb = 0
-    if p.DEVICE:
-        # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
-        kind, e, blk, nb, walk = decided_tile(
-            idx,
-            p.sync_ptr,
-            p.layout_ptr,
-            p.n_tiles,
-            n1,
-            p.H // _BLOCK,
-            2 * n1,
-            walk,
-            lanes,
-            p.COUNTED,
-        )
-    return idx, kind, e, blk, nb, walk
-
-
-@gluon.jit
 def _producer(p, WG: gl.constexpr):
     one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     pid = gl.program_id(0)
     it = 0
     j = 0
-    lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)  # device mode's (unused in list mode)
-    n1 = p.I // _BLOCK
-    walk = (0, 0)
+    if p.DEVICE:
+        lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)
+        n1 = p.I // _BLOCK
+        walk = (0, 0)
     running = True
     while running:
-        idx, kind, e, blk, nb, walk = _position_claim(p, n1, walk, lanes)
+        if p.CLAIM_RELAXED:
+            idx = gl.atomic_add(p.sync_ptr, 1, sem="relaxed")
+        else:
+            idx = gl.atomic_add(p.sync_ptr, 1)
+        if p.DEVICE:
+            # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
+            kind, e, blk, nb, walk = decided_tile(
+                idx,
+                p.sync_ptr,
+                p.layout_ptr,
+                p.n_tiles,
+                n1,
+                p.H // _BLOCK,
+                2 * n1,
+                walk,
+                lanes,
+                p.COUNTED,
+            )
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
         if p.DEVICE:

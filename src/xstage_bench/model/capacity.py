@@ -27,7 +27,7 @@ the best, so a local minimum of the knee's max() does not decide it either.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -185,16 +185,12 @@ def fit_with_lag(
     robust cost: where no burst lies where the drain would lag (a knee the sizes skip),
     the lag and Q trade freely and a lag would be no finding."""
     plain, _, cost = _fit(iso, R, T0, law, previous, NO_LAG, None)
-    near = [plain] if previous is None else [plain, Capacity(law, *_values(previous))]
+    near = None  # every start
+    if from_previous:
+        near = [plain] if previous is None else [plain, replace(previous, law=law)]
     lag_starts = _lag_starts(iso, R, lag)
-    found, fitted, lagged = _fit(
-        iso, R, T0, law, previous, lag or NO_LAG, lag_starts, near if from_previous else None
-    )
+    found, fitted, lagged = _fit(iso, R, T0, law, previous, lag or NO_LAG, lag_starts, near)
     return (found, fitted) if lagged < (1 - LAG_GAIN) * cost else (plain, NO_LAG)
-
-
-def _values(c: Capacity) -> tuple[float, float, float]:
-    return c.S, c.q, c.C
 
 
 def _lag_starts(iso: Recs, R: float, previous: DrainLag | None) -> list[DrainLag]:
