@@ -54,19 +54,3 @@ def test_the_hook_wraps_the_ptx_stage_after_any_hook_set_before(monkeypatch):
     assert len(seen) == 1
     out = stages["ptx"](None, {})
     assert "mbarrier.try_wait" in out and out.count("bar.sync \t0, 128;") == 1
-
-
-def test_a_one_thread_release_after_a_warpgroup_barrier_becomes_one_per_warp():
-    edited, changed = ptx_edits.arrive_per_warp(PTX)
-    assert changed == 1
-    assert "bar.sync \t0, 128;" in edited  # the wait's barrier is drop_wait_barriers' part
-    assert edited.count("bar.sync \t0, 128;") == 1
-    (release,) = [line for line in edited.splitlines() if "mbarrier.arrive" in line]
-    assert "%laneid" in release and "@%xs_lane0 mbarrier.arrive.shared::cta.b64 _, [%r1309];" in (
-        release
-    )
-    assert ptx_edits.arrive_per_warp(edited) == (edited, 0)  # no barrier left before it
-    both = ptx_edits.edited(
-        f"// {ptx_edits.DROP_WAIT_BARRIERS_MARK}\n// {ptx_edits.ARRIVE_PER_WARP_MARK}\n{PTX}"
-    )
-    assert "bar.sync \t0, 128;" not in both and "bar.sync \t1;" in both

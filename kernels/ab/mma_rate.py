@@ -5,7 +5,7 @@ step of each of two warpgroups (a 128-row tile), operands in shared memory, noth
 
 Every CTA (one per SM) fills its A (128 x 128) and B (N x 128) blocks once (zeros, then
 random values: the tensor cores draw more power, and the clock may drop, on real data), then
-runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of three ways:
+runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of four ways:
 
 - chained: each step accumulates into the same registers, one step left in flight at each
   wait (the tensor cores' own rate for the shape);
@@ -13,8 +13,9 @@ runs `iters` steps of 4 chained MMAs (K = 128) per warpgroup, in one of three wa
   as our kernel promotes (its MMA-wait-promote turn, without its ring or its loads);
 - split: each step as two MMAs of N / 2 columns issued at once, the first promoted while
   the second runs (in the registers of one N-column product);
-- turns: promoted, the warpgroups issuing in turn (megamoe_ws.MMA_TURNS: each waits at a
-  named barrier until the one before it has issued its step).
+- turns: promoted, the warpgroups issuing in turn (each waits at a named barrier until the
+  one before it has issued its step: wait_turn, pass_turn below; the kernel tried this
+  order and dropped it, kernels/ab/README.md).
 
 Prints TFLOP/s (2 x 64 x N x 128 per warpgroup step) from the earliest start to the latest
 end over all CTAs' globaltimer stamps, for N = 128 (our tile) in every mode, N = 64 and 256
@@ -38,11 +39,43 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from xstage_bench.data.results import atomic_write_text
 from xstage_bench.measurement.environment import capture_measured
-from xstage_kernels.megamoe_ws import _now, pass_turn, wait_turn
+from xstage_kernels.megamoe_ws import _now
 
 K = 128
 _K = gl.constexpr(K)
 MATH_REGS = {2: 232, 3: 168}  # per thread, by math warpgroups: what the register file holds
+
+# Named barriers 8 + w: warpgroup w's turn ("turns" mode). Triton's own: 0 (the default
+# partition), 1 (the whole CTA) and 2 + i (worker partition i).
+TURN_BARRIER = 8
+
+
+@gluon.constexpr_function
+def _turn_asm(op, warpgroup):
+    """PTX of `op` (bar.sync or bar.arrive) on math warpgroup `warpgroup`'s turn barrier:
+    256 threads, the 128 that take the turn and the 128 that give it."""
+    return f"{op} {TURN_BARRIER + warpgroup}, 256; mov.u32 $0, 0;"
+
+
+@gluon.jit
+def wait_turn(WG: gl.constexpr):
+    """Block until the warpgroup before WG has issued its step."""
+    gl.inline_asm_elementwise(
+        _turn_asm("bar.sync", WG), "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def pass_turn(WG: gl.constexpr, WARPGROUPS: gl.constexpr):
+    """Give the turn to the warpgroup after WG; does not wait."""
+    gl.inline_asm_elementwise(
+        _turn_asm("bar.arrive", (WG + 1) % WARPGROUPS),
+        "=r",
+        [],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @gluon.jit

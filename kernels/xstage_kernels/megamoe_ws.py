@@ -171,11 +171,7 @@ from triton.language.core import _aggregate as aggregate
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
 from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile
-from xstage_kernels.ptx_edits import (
-    ARRIVE_PER_WARP_MARK,
-    DROP_MATH_WAIT_BARRIERS_MARK,
-    DROP_WAIT_BARRIERS_MARK,
-)
+from xstage_kernels.ptx_edits import DROP_MATH_WAIT_BARRIERS_MARK, DROP_WAIT_BARRIERS_MARK
 
 BLOCK = 128  # rows, output channels and K channels of a tile step
 HALF = BLOCK // 2  # rows per math warpgroup
@@ -306,26 +302,11 @@ DROP_WAIT_BARRIERS = True
 # W4A8: the same in its math warpgroups only (the diagnostic above dropped its converters'
 # too): 0.994 of the time at 16384 tokens (kernels/ab/*-drop-wait-barriers-w4a8.json).
 W4_DROP_WAIT_BARRIERS = True
-# W8A8: a slot (and a tile record) released by lane 0 of each math warp, the barriers'
-# arrival counts raised to match, instead of by one thread after a warpgroup barrier
-# (ptx_edits.arrive_per_warp). Rejected: 1.038x the time at 16384 tokens
-# (kernels/ab/*-arrive-per-warp-w8a8.json); the code goes with the next kernel change,
-# as MMA_TURNS' below.
-ARRIVE_PER_WARP = False
-# The math warpgroups issue their MMAs in turn (MMA_TURNS), as FA3 orders its warpgroups'
-# GEMMs: warpgroup w waits at its named barrier until the one before it has issued its step,
-# and gives the turn on once it has issued its own. Both warpgroups wait for the same slot,
-# so without turns they issue together, their MMAs share the tensor cores and end together,
-# and both promote while the tensor cores idle; in turn, one warpgroup's MMA ends first and
-# it promotes under the other's (mma_rate.py's "turns" mode times this on its own: 1638
-# against 1456 TFLOP/s promoted). Rejected: in the kernel both precisions tied, W4A8 on top
-# of W4_DROP_WAIT_BARRIERS too (0.996 and 1.003 of the time at 16384 tokens,
-# kernels/ab/*-mma-turns-again-w4a8-w8a8.json); the code goes with the next kernel change
-# (taking it out now would change the kernel record that every ref-h200x1 point names).
-MMA_TURNS = False
-# Named barriers 8 + w: math warpgroup w's turn. Triton's own: 0 (the default partition),
-# 1 (the whole CTA) and 2 + i (worker partition i): 0-5 in W4A8's build, of 16.
-TURN_BARRIER = 8
+# Tried in paired A/Bs and rejected, their code since taken out (kernels/ab/README.md keeps
+# the rows): W8A8 slots released by lane 0 of each math warp (ARRIVE_PER_WARP: 1.038x the
+# time at 16384 tokens, kernels/ab/*-arrive-per-warp-w8a8.json), and the math warpgroups
+# issuing their MMAs in turn (MMA_TURNS: tied, 0.996 / 1.003, kernels/ab/*-mma-turns-*.json).
+
 # Device mode, interleaved counted (megamoe.decided_tile's COUNTED): a block's L2 tiles sit
 # right before the first L1 block that starts lead_rows after it ends, a position's tile
 # found from the layout as deepgemm_interleaved's is; a program that takes an L2 tile not yet
@@ -348,8 +329,6 @@ LAUNCH_OPTIONS = (
     "SCALES_TMA",
     "DROP_WAIT_BARRIERS",
     "W4_DROP_WAIT_BARRIERS",
-    "ARRIVE_PER_WARP",
-    "MMA_TURNS",
     "CLAIM_COUNTED",
 )
 PRECISIONS = ("w8a8", "w4a8")
@@ -375,7 +354,6 @@ _W4_WORKER_WARPS = gl.constexpr(W4_WORKER_WARPS)
 _INT4_TO_FP8 = gl.constexpr(int4_fp8.ptx())
 _DROP_WAIT_BARRIERS_ASM = gl.constexpr(f"mov.u32 $0, $1; // {DROP_WAIT_BARRIERS_MARK}")
 _DROP_MATH_WAIT_BARRIERS_ASM = gl.constexpr(f"mov.u32 $0, $1; // {DROP_MATH_WAIT_BARRIERS_MARK}")
-_ARRIVE_PER_WARP_ASM = gl.constexpr(f"mov.u32 $0, $1; // {ARRIVE_PER_WARP_MARK}")
 # Our builds' PTX edits run inside Triton's compilation (ptx_edits).
 ptx_edits.install()
 
@@ -433,7 +411,6 @@ class Shared:
     CLAIM_RELAXED: gl.constexpr
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
-    TURNS: gl.constexpr
     DEVICE: gl.constexpr
     COUNTED: gl.constexpr
     TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
@@ -475,7 +452,6 @@ class Shared:
             CLAIM,
             TANH,
             SCALES_TMA,
-            TURNS,
             DEVICE,
             COUNTED,
         ) = options
@@ -484,7 +460,6 @@ class Shared:
         # In device mode `tiles` is what the producer writes, so only its record holds a tile.
         self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
-        self.TURNS = gl.constexpr(TURNS)
         self.CLAIM_RELAXED = gl.constexpr(CLAIM)
         self.SWIGLU_TANH = gl.constexpr(TANH)
         self.ROW_BOX_MIN = gl.constexpr(ROW_BOX_MIN)
@@ -507,34 +482,6 @@ def _now():
 def _fence_proxy_async():
     gl.inline_asm_elementwise(
         "fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-    )
-
-
-@gluon.constexpr_function
-def _turn_asm(op, warpgroup):
-    """PTX of `op` (bar.sync or bar.arrive) on math warpgroup `warpgroup`'s turn barrier:
-    256 threads, the 128 that take the turn and the 128 that give it."""
-    return f"{op} {TURN_BARRIER + warpgroup}, 256; mov.u32 $0, 0;"
-
-
-@gluon.jit
-def wait_turn(WG: gl.constexpr):
-    """Block until the warpgroup before WG has issued its step (MMA_TURNS)."""
-    gl.inline_asm_elementwise(
-        _turn_asm("bar.sync", WG), "=r", [], dtype=gl.int32, is_pure=False, pack=1
-    )
-
-
-@gluon.jit
-def pass_turn(WG: gl.constexpr, WARPGROUPS: gl.constexpr):
-    """Give the turn to the warpgroup after WG (MMA_TURNS); does not wait."""
-    gl.inline_asm_elementwise(
-        _turn_asm("bar.arrive", (WG + 1) % WARPGROUPS),
-        "=r",
-        [],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=1,
     )
 
 
@@ -739,7 +686,7 @@ def _mma_steps(
         for k in range(k_steps):
             s = it % p.STAGES
             mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-            raw = _issue_mma_in_turn(p, s, zero, WG)
+            raw = _issue_mma(p, s, zero, WG)
             sa = _slot_scales(p, s, WG, acc_layout)
             sw_next = gl.load(w_scales + gl.minimum(k + 1, k_steps - 1))
             raw = warpgroup_mma_wait(num_outstanding=0, deps=(raw,))
@@ -765,7 +712,7 @@ def _mma_steps(
     for k in range(k_steps):
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-        raw = _issue_mma_in_turn(p, s, zero, WG)
+        raw = _issue_mma(p, s, zero, WG)
         nxt = gl.minimum(k + 1, k_steps - 1)  # next step's scales load under this MMA
         sa_next = gl.load(a_scales + nxt)
         sw_next = gl.load(w_scales + nxt)
@@ -790,15 +737,10 @@ def _slot_scales(p, s, WG: gl.constexpr, acc_layout: gl.constexpr):
 def _skip_steps(p, it, k_steps, WG: gl.constexpr):
     """Release k_steps ring slots without an MMA: this warpgroup's rows are all padding.
     Each slot is waited for first, so the release counts toward that slot's current fill
-    (running ahead would release a later fill before the other warpgroup read this one).
-    With MMA_TURNS each step still takes and gives its turn, so the other warpgroup's
-    turns go on."""
+    (running ahead would release a later fill before the other warpgroup read this one)."""
     for _ in range(k_steps):
         s = it % p.STAGES
         mbarrier.wait(p.converted.index(s), (it // p.STAGES) & 1)
-        if p.TURNS:
-            wait_turn(WG)
-            pass_turn(WG, 2)
         mbarrier.arrive(p.empty.index(s), count=1)
         it += 1
     return it
@@ -831,17 +773,6 @@ def _issue_mma(p, s, zero, WG: gl.constexpr):
         a = p.a_bufs.index(s).slice(WG * _HALF, _HALF)
         b = p.b_bufs.index(s).permute((1, 0))
         raw = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
-    return raw
-
-
-@gluon.jit
-def _issue_mma_in_turn(p, s, zero, WG: gl.constexpr):
-    """_issue_mma, between taking this warpgroup's turn and giving it on (MMA_TURNS)."""
-    if p.TURNS:
-        wait_turn(WG)
-    raw = _issue_mma(p, s, zero, WG)
-    if p.TURNS:
-        pass_turn(WG, 2)
     return raw
 
 
@@ -917,8 +848,6 @@ def _math(p, WG: gl.constexpr):
     h_store: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
     out_store: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     one_wg: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    if p.TURNS and WG == 1:
-        pass_turn(WG, 2)  # the first turn is warpgroup 0's
     it = 0
     j = 0
     running = True
@@ -967,8 +896,6 @@ def _math(p, WG: gl.constexpr):
                     gl.thread_barrier()
             if p.TRACE:
                 gl.atomic_max(base + 5, _now())
-    if p.TURNS and WG == 0:
-        wait_turn(WG)  # warpgroup 1's last turn given: every arrival met at the exit
 
 
 @gluon.jit
@@ -1101,8 +1028,6 @@ def _fused_moe_ws(
     SWIGLU_TANH: gl.constexpr,
     SCALES_TMA: gl.constexpr,
     DROP_WAIT_BARRIERS: gl.constexpr,
-    ARRIVE_PER_WARP: gl.constexpr,
-    MMA_TURNS: gl.constexpr,
     DEVICE: gl.constexpr,
     COUNTED: gl.constexpr,
 ):
@@ -1113,10 +1038,6 @@ def _fused_moe_ws(
         n_tiles = _marked(n_tiles, _DROP_MATH_WAIT_BARRIERS_ASM)
     elif DROP_WAIT_BARRIERS:
         n_tiles = _marked(n_tiles, _DROP_WAIT_BARRIERS_ASM)
-    if ARRIVE_PER_WARP:
-        n_tiles = _marked(n_tiles, _ARRIVE_PER_WARP_ASM)
-    # Arrivals a release takes from each math warpgroup (ARRIVE_PER_WARP: one a warp).
-    releases: gl.constexpr = 4 if ARRIVE_PER_WARP else 1
     STAGES: gl.constexpr = _W4_STAGES if W4 else _STAGES
     a_block: gl.constexpr = x_desc.block_type.shape
     b_block: gl.constexpr = w1_desc.block_type.shape
@@ -1150,11 +1071,11 @@ def _fused_moe_ws(
     tile_empty = gl.allocate_shared_memory(gl.int64, [_TILE_SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2 * releases)  # from both math warpgroups
+        mbarrier.init(empty.index(i), count=2)  # from both math warpgroups
     for i in gl.static_range(_TILE_SLOTS):
         mbarrier.init(tile_ready.index(i), count=1)
         # read by both math warpgroups (and W4's converter) before the producer reuses it
-        mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2 * releases)
+        mbarrier.init(tile_empty.index(i), count=2 + _W4_CONVERTERS if W4 else 2)
     p = Shared(
         (
             x_desc,
@@ -1198,7 +1119,6 @@ def _fused_moe_ws(
             CLAIM_RELAXED,
             SWIGLU_TANH,
             SCALES_TMA,
-            MMA_TURNS,
             DEVICE,
             COUNTED,
         ),
@@ -1369,8 +1289,6 @@ def launch_constexprs(precision: str, trace: bool = False, device: bool = False)
         "SWIGLU_TANH": bool(SWIGLU_TANH),
         "SCALES_TMA": bool(SCALES_TMA),
         "DROP_WAIT_BARRIERS": drops_wait_barriers(precision),
-        "ARRIVE_PER_WARP": arrives_per_warp(precision),
-        "MMA_TURNS": bool(MMA_TURNS),
         "DEVICE": device,
         "COUNTED": bool(CLAIM_COUNTED) and device,
     }
@@ -1380,12 +1298,6 @@ def drops_wait_barriers(precision: str) -> bool:
     """Whether a precision's build drops the barriers before its mbarrier waits
     (DROP_WAIT_BARRIERS; W4A8's math warpgroups' with W4_DROP_WAIT_BARRIERS)."""
     return bool(DROP_WAIT_BARRIERS) and (not _is_w4(precision) or bool(W4_DROP_WAIT_BARRIERS))
-
-
-def arrives_per_warp(precision: str) -> bool:
-    """Whether a precision's build releases slots by one arrival per warp
-    (ARRIVE_PER_WARP: W8A8's only)."""
-    return bool(ARRIVE_PER_WARP) and not _is_w4(precision)
 
 
 def holds_gate_bf16(precision: str) -> bool:
@@ -1426,10 +1338,6 @@ def launch_options(precision: str) -> dict:
     if drops_wait_barriers(precision):  # absent: Triton's barriers, as every record before
         where = " in the math warpgroups" if _is_w4(precision) else ""
         options["wait_barriers"] = f"dropped from the PTX{where} (ptx_edits)"
-    if arrives_per_warp(precision):  # absent: one thread after a warpgroup barrier
-        options["slot_release"] = "one arrival per warp (ptx_edits)"
-    if MMA_TURNS:  # absent: both math warpgroups issue as soon as their slot is full
-        options["mma_issue"] = "in turn (named barriers)"
     if CLAIM_COUNTED:  # absent: interleaved decided in units, as every record before
         options["device_interleaved"] = "counted from the layout"
     return options
@@ -1469,8 +1377,6 @@ def compile_for_sm90(
     swiglu_tanh: bool = False,
     scales_tma: bool = False,
     drop_wait_barriers: bool = False,
-    arrive_per_warp: bool = False,
-    mma_turns: bool = False,
     device: bool = False,
     counted: bool = False,
 ):
@@ -1490,8 +1396,6 @@ def compile_for_sm90(
         "SWIGLU_TANH": swiglu_tanh,
         "SCALES_TMA": scales_tma,
         "DROP_WAIT_BARRIERS": drop_wait_barriers,
-        "ARRIVE_PER_WARP": arrive_per_warp and not w4,
-        "MMA_TURNS": mma_turns,
         "DEVICE": device,
         "COUNTED": counted,
     }

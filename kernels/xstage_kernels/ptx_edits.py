@@ -13,12 +13,6 @@ step (one H200, W8A8: 0.953-0.979 of the time at 16384 tokens without it; W4A8, 
 converters wait the same way, was slower without it: kernels/ab/2026-12-04-wait-barriers-*;
 its math warpgroups' alone, pending their paired A/B: the math-only mark).
 
-One arrival per warp (pending its paired A/B on a GPU): the other warpgroup barrier of a
-step, before a slot release, lets one thread arrive for the whole warpgroup. Each warp's
-lane 0 arriving instead (the barrier's arrival count raised to match: the kernel's part)
-releases the slot once every warp has done with it, with no warpgroup-wide sync; a warp's
-MMA wait has seen the MMA end, and its own reads come before its arrival.
-
 A mark is part of the build (a constexpr of the kernel puts it in the PTX), so Triton's
 cache keeps edited and unedited builds apart; a change to the edit needs a new mark.
 """
@@ -34,16 +28,7 @@ DROP_MATH_WAIT_BARRIERS_MARK = "xstage:drop-math-wait-barriers-v1"
 # The math warpgroups' own barriers: Triton gives the default partition (math warpgroup 0)
 # barrier 0 and worker partition i barrier i + 2 (math warpgroup 1 is worker 0).
 MATH_BARRIERS = frozenset({0, 2})
-ARRIVE_PER_WARP_MARK = "xstage:arrive-per-warp-v1"
 _WARPGROUP_BARRIER = re.compile(r"^\s*bar\.sync\s+(\d+),\s*128;\s*$")
-_ONE_THREAD_ARRIVE = re.compile(
-    r"^(\s*)@%p\d+ (mbarrier\.arrive\.shared::cta\.b64 _, \[%r\d+\];)\s*$"
-)
-# lane 0 of each warp, in a scope of its own
-_LANE0_ARRIVE = (
-    "{{ .reg .b32 %xs_lane; .reg .pred %xs_lane0; mov.u32 %xs_lane, %laneid; "
-    "setp.eq.u32 %xs_lane0, %xs_lane, 0; @%xs_lane0 {arrive} }}"
-)
 
 
 def _is_code(line: str) -> bool:
@@ -75,39 +60,12 @@ def drop_wait_barriers(ptx: str, barriers: frozenset[int] | None = None) -> tupl
     return "\n".join(kept) + "\n", dropped
 
 
-def arrive_per_warp(ptx: str) -> tuple[str, int]:
-    """The PTX with each warpgroup barrier + one-thread mbarrier arrive made an arrive by
-    lane 0 of every warp, and how many were made so."""
-    lines = ptx.splitlines()
-    kept, changed = [], 0
-    for line in lines:
-        arrive = _ONE_THREAD_ARRIVE.match(line)
-        if arrive:
-            at, before = _last_code(kept)
-            if _WARPGROUP_BARRIER.match(before):
-                del kept[at]
-                line = arrive.group(1) + _LANE0_ARRIVE.format(arrive=arrive.group(2))
-                changed += 1
-        kept.append(line)
-    return "\n".join(kept) + "\n", changed
-
-
-def _last_code(lines: list[str]) -> tuple[int, str]:
-    """(index, text) of the last line of code in `lines`."""
-    for at in range(len(lines) - 1, -1, -1):
-        if _is_code(lines[at]):
-            return at, lines[at]
-    return -1, ""
-
-
 def edited(ptx: str) -> str:
     """The PTX with the edits its marks ask for."""
     if DROP_WAIT_BARRIERS_MARK in ptx:
         ptx, _ = drop_wait_barriers(ptx)
     if DROP_MATH_WAIT_BARRIERS_MARK in ptx:
         ptx, _ = drop_wait_barriers(ptx, MATH_BARRIERS)
-    if ARRIVE_PER_WARP_MARK in ptx:
-        ptx, _ = arrive_per_warp(ptx)
     return ptx
 
 
