@@ -63,10 +63,4 @@ pipeline device-rule-84-f0 kernels/ab/device-rule-84-f0.yaml
 run device-order-replay python3 kernels/ab/device_order_replay.py --config config/reference-h200x1.yaml \
     --dataset ab --routings balanced --precisions w4a8,w8a8 --shapes qwen3.5-397b-a17b,hy3-295b-a21b \
     --tokens 1024,4096,16384 --trace --out "$out/device-order-replay.json"
-# interleaved decided on the device, counted from the layout (megamoe_ws.CLAIM_COUNTED)
-# against the units, every row local: each block's L2 tiles before the first block
-# lead_rows on, no unit to open. Rejected before it: one warp reduction a claim in a
-# published unit (1.00-1.02x the time) and tile-by-tile cursors (1.00-1.07x), one H100.
-ab claim-counted-w8a8 w8a8 CLAIM_COUNTED=0,1 device interleaved
-ab claim-counted-w4a8 w4a8 CLAIM_COUNTED=0,1 device interleaved
 exit $failed

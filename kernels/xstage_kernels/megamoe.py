@@ -675,7 +675,7 @@ def launch(
     emulate_ns: tuple[int, int] | None = None,
     xs_steps=None,
     layout=None,
-    counted: bool = False,
+    counted: bool = True,
 ) -> None:
     """Enqueue one fused launch on the current device and stream (tensors on that device,
     except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand.
@@ -686,7 +686,7 @@ def launch(
     device; `tiles` is then the (blocks (H + I) / 128, 4) int32 buffer the kernel writes
     the realized order into, and `sync` holds sync_size(blocks) int32. counted: this (tl)
     kernel decides interleaved counted (decided_tile's COUNTED; megamoe_ws.CLAIM_COUNTED
-    says it for the warp-specialized one)."""
+    says it for the warp-specialized one; both on: False decides in units)."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
         raise ValueError(f"H={H} and I={I} must be multiples of {BLOCK_N}")

@@ -447,21 +447,24 @@ def play_kernel(
         raise ValueError(f"ranks must be 'all' or 'busiest', got {ranks!r}")
     knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
     chosen = tuple(sorted(schedule.knobs(schedule_name, knobs).items()))
-    # Decided on the device, interleaved reads the row-block counters as the play runs;
-    # the count rules' orders are their lists (schedule.claim_order).
-    decides = grid.decided_on(point) == grid.DEVICE and schedule_name == schedule.INTERLEAVED
+    # Decided on the device, every rule's order is its list (schedule.claim_order): the
+    # kernel decides interleaved counted (megamoe_ws.CLAIM_COUNTED), which reads no time.
+    counted = grid.decided_on(point) == grid.DEVICE and schedule_name == schedule.INTERLEAVED
     slowest = None
     for w in works:
-        layout = None
-        if decides:
-            layout = schedule.device_layout(schedule_name, w.grid, rates.programs, knobs)
-        key = (configuration, w.rank, schedule_name, chosen)
-        tiles = None if tile_lists is None or decides else tile_lists.get(key)
-        if tiles is None and not decides:
-            tiles = schedule.build(schedule_name, w.grid, rates.programs, knobs)
+        key = (configuration, w.rank, schedule_name, chosen, counted)
+        tiles = None if tile_lists is None else tile_lists.get(key)
+        if tiles is None:
+            if counted:
+                lead = int(knobs.get("lead_rows", 0))
+                tiles = schedule.claim_order(
+                    schedule_name, w.grid, rates.programs, lead, counted=True
+                )
+            else:
+                tiles = schedule.build(schedule_name, w.grid, rates.programs, knobs)
             if tile_lists is not None:
                 tile_lists[key] = tiles
-        played = play(tiles, w, rates, far, near, hold=hold, layout=layout)
+        played = play(tiles, w, rates, far, near, hold=hold)
         if slowest is None or played.time_us > slowest.time_us:
             slowest = KernelPlay(w, played.tiles, played)
     return slowest
