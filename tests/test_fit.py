@@ -3,6 +3,7 @@ and the model's checks, each made to pass on data that follows the laws and to f
 data (simulated, then edited) that breaks the assumption it tests."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -1070,3 +1071,85 @@ def test_each_law_T0_starts_from_the_laws_fitted_before_it(monkeypatch):
     many = recs([1000.0] * 3, [1.0] * 3)
     stages.fit_laws(FitData(zero_gap=many, periodic=many, isolated=many, period=many))
     assert given == {law: list(LAWS[:i]) for i, law in enumerate(LAWS)}
+
+
+def _bursts_on_an_empty_path(per_wave: bool):
+    """Isolated bursts far below any capacity at K = 66, 132 and 264 on 132 SMs, issuing in
+    0.25 us + B / 80000 bytes/us, the fixed part paid once per producer an SM runs where
+    per_wave (twice at K = 264), once a burst otherwise."""
+    from xstage_bench.model.records import FitData
+
+    K = np.array([66, 132, 264] * 3, dtype=float)
+    B = np.repeat([4096.0, 16384.0, 32768.0], 3)
+    waves = np.ceil(K / 132)
+    y = 0.25 * (waves if per_wave else 1.0) + B / 80_000
+    iso = replace(recs(B * K, y, K=K, B=B, kind="isolated"), waves=waves)
+    none = recs([], [])
+    return FitData(zero_gap=none, periodic=none, isolated=iso)
+
+
+@pytest.mark.parametrize("per_wave", [True, False])
+def test_T0_law_is_the_one_of_least_cost_where_bursts_outnumber_the_SMs(per_wave):
+    """Both T0 laws have two free numbers, so the fit keeps the one that misses the bursts
+    least: the per-wave law where K = 264's fixed time is twice K = 132's, the per-burst
+    law where it is the same; either way t0_fixed and the rate are recovered."""
+    from xstage_bench.model import stages
+
+    data = _bursts_on_an_empty_path(per_wave)
+    p = stages._T0_stage(data, 1000.0, stages.Params(R=1000.0))
+    assert p.t0_per_wave is per_wave
+    assert (p.t0_fixed, p.issue_rate) == pytest.approx((0.25, 80_000.0), rel=1e-3)
+    assert p.T0_of(data.isolated) == pytest.approx(data.isolated.y, rel=1e-3)
+
+
+def test_a_replicate_keeps_the_T0_law_it_starts_with():
+    """A bootstrap replicate (a chain started from the pooled fit) does not choose again:
+    the per-burst law kept on per-wave bursts misses K = 264's."""
+    from xstage_bench.model import stages
+
+    data = _bursts_on_an_empty_path(per_wave=True)
+    kept = stages._T0_stage(data, 1000.0, stages.Params(R=1000.0), choose=False)
+    assert kept.t0_per_wave is False
+    assert np.max(np.abs(kept.T0_of(data.isolated) / data.isolated.y - 1)) > 0.1
+
+
+def test_without_bursts_beyond_the_SMs_the_laws_agree_and_per_burst_stays():
+    """Where no burst has more producers than SMs (or the SM count is unknown: no waves),
+    the laws predict alike and the first, per burst, is kept without a second fit."""
+    from xstage_bench.model import stages
+
+    data = _bursts_on_an_empty_path(per_wave=False)
+    unknown = replace(data, isolated=replace(data.isolated, waves=None))
+    assert stages._T0_stage(unknown, 1000.0, stages.Params(R=1000.0)).t0_per_wave is False
+
+
+def test_the_records_count_producers_per_SM_from_the_raw_files_SM_count():
+    """load() gives every record ceil(K / SMs) from the raw files' environment: on the
+    H100 reference (132 SMs) the K = 264 bursts are two waves, the rest one."""
+    from xstage_bench.model.records import load
+
+    raw = sorted(
+        str(p) for p in (ROOT / "results" / "ref-h100x1" / "raw" / "microbench").glob("*.json")
+    )
+    loaded = load(raw, "host")
+    assert loaded.sm_count == 132
+    iso = loaded.fit.isolated
+    assert set(iso.K) >= {132.0, 264.0}
+    assert np.array_equal(iso.waves, np.ceil(iso.K / 132))
+
+
+def test_the_report_pays_t0_fixed_per_wave_where_the_model_file_says_so():
+    """fitted.t0_us follows the model file's T0_law: per_wave doubles t0_fixed at twice
+    the SM count; per_burst (and files written before the law) never scale it."""
+    from xstage_bench.report.analysis import fitted
+
+    params = {"t0_fixed_us": {"value": 0.25}, "issue_rate_per_sm_GBps": {"value": 80.0}}
+    B = 80_000.0  # bytes per producer: 1 us at 80 GB/s
+    wave = {"params": params, "T0_law": {"law": "per_wave", "sm_count": 132}}
+    assert fitted.t0_us(wave, 132, 132 * B) == pytest.approx(1.25)
+    assert fitted.t0_us(wave, 264, 264 * B) == pytest.approx(1.5)
+    for burst in (
+        {"params": params, "T0_law": {"law": "per_burst", "sm_count": 132}},
+        {"params": params},
+    ):
+        assert fitted.t0_us(burst, 264, 264 * B) == pytest.approx(1.25)

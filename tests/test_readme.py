@@ -49,6 +49,12 @@ RERENDER = re.search(r"`(snakemake \S+ --forcerun [^`]+)`", section("Datasets", 
 def work(tmp_path_factory) -> Path:
     work = copy_workflow(tmp_path_factory.mktemp("readme"))
     shutil.copytree(ROOT / "results" / "ref-h200x2", work / "results" / "ref-h200x2")
+    # The smoke config's bootstrap count (config/smoke.yaml): a simulated fit 5x quicker,
+    # what each command makes the same
+    config = work / "config.yaml"
+    text = config.read_text()
+    assert "bootstrap_replicates: 200" in text
+    config.write_text(text.replace("bootstrap_replicates: 200", "bootstrap_replicates: 40"))
     return work
 
 

@@ -108,13 +108,24 @@ from xstage_bench.model.records import (
     NOT_FITTED_KINDS,
     FitData,
     Loaded,
+    concat,
     load,
     paths_in,
+    plateau,
     read_docs,
     reference_stores,
 )
 from xstage_bench.model.refit_profile import profile_yaml
-from xstage_bench.model.stages import T0_REFERENCE_B, FitError, Params, PerK, fit_laws, fit_per_K
+from xstage_bench.model.stages import (
+    PER_BURST,
+    PER_WAVE,
+    T0_REFERENCE_B,
+    FitError,
+    Params,
+    PerK,
+    fit_laws,
+    fit_per_K,
+)
 from xstage_bench.model.validation import (
     CHOICE_RESOLUTION,
     HOLDOUT_PERCENT,
@@ -266,6 +277,7 @@ def _fit_path(
         "capacity_law": _capacity_law(pooled, chosen, heldout, heldout_all, K_ref),
         "per_K": per_K,
         "T0_reference_B_bytes": T0_REFERENCE_B,
+        "T0_law": _T0_law(pooled, data, loaded.sm_count),
         "records": loaded.counts,
         "fit": {
             "n_bootstrap": n_bootstrap,
@@ -297,6 +309,30 @@ def _fit_path(
     }
     block["checks"], block["findings"] = _checks(data, pooled, Ks, block, loaded.fit_set, line_rate)
     return block, pooled
+
+
+def _T0_law(p: Params, data: FitData, sm_count: int | None) -> dict:
+    """The model file's T0_law block: T0 = t0_fixed + B / issue rate, t0_fixed paid once
+    a burst or once per producer an SM runs (Params.t0_per_wave), and why."""
+    # the bursts T0 is fitted on (stages._T0_stage): a gap that drains the burst, or alone
+    recs = concat(plateau(data.periodic, p.R), data.isolated) if p.R else data.isolated
+    beyond = sorted({int(K) for K in recs.K if sm_count and K > sm_count})
+    by = (
+        f"the fit of least cost on the backpressure-free bursts (both laws have two free "
+        f"numbers); bursts of more producers than the {sm_count} SMs: K = "
+        + ", ".join(map(str, beyond))
+        if beyond
+        else "no burst T0 is fitted on has more producers than SMs, where the laws differ"
+    )
+    return {
+        "law": PER_WAVE if p.t0_per_wave else PER_BURST,
+        "laws": {
+            PER_BURST: "T0 = t0_fixed + B / issue_rate",
+            PER_WAVE: "T0 = ceil(K / sm_count) t0_fixed + B / issue_rate",
+        },
+        "sm_count": sm_count,
+        "chosen_by": by,
+    }
 
 
 def _capacity_law(
@@ -343,7 +379,7 @@ def _checks(
     if p.R is None or not p.has_T0 or p.capacity is None:
         out["stall_visible_to_sender"] = checks.not_evaluated("needs the pooled R, T0 and Q")
     else:
-        T0 = p.T0(per.B)
+        T0 = p.T0_of(per)
         train = laws.issue_time(T0, per.G, per.V, p.R)
         alone = laws.isolated_issue_time(T0, per.V, p.Q(per.K), p.R, p.lag.fraction, p.lag.rate)
         out["stall_visible_to_sender"] = checks.stall_visible_to_sender(per, T0, train, alone)

@@ -32,7 +32,7 @@ files' environment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -73,6 +73,9 @@ class Recs:
     series: tuple[str, ...]  # the record's point without its gap (one curve over G)
     metric: tuple[str, ...]  # what y is, per record (sender_visible.py for periodic ones)
     loop: np.ndarray  # per-record median store loop, t_iss_slowest_us (NaN where none)
+    # ceil(K / SMs): how many producers share an SM; None (one each) where the SM count
+    # is unknown
+    waves: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -98,6 +101,7 @@ class Recs:
             pick(self.series),
             pick(self.metric),
             self.loop[idx],
+            None if self.waves is None else self.waves[idx],
         )
 
     def where(self, mask) -> Recs:
@@ -115,7 +119,14 @@ def concat(a: Recs, b: Recs) -> Recs:
         a.series + b.series,
         a.metric + b.metric,
         np.concatenate([a.loop, b.loop]),
+        None if a.waves is None and b.waves is None else np.concatenate([waves(a), waves(b)]),
     )
+
+
+def waves(recs: Recs) -> np.ndarray:
+    """Producers per SM of each record's burst, ceil(K / SMs): 1 where the SM count is
+    unknown."""
+    return np.ones(len(recs)) if recs.waves is None else recs.waves
 
 
 def plateau(periodic: Recs, R: float) -> Recs:
@@ -327,6 +338,10 @@ def load(raw_paths: list[str] | dict[str, dict], path: str = storepath.PEER) -> 
         "isolated": metric(isolated, sender_visible.STORE_LOOP),
         "period": metric([r for r in periodic if r["samples"].get("period_us")], "period_us"),
     }
+    if sm_count:
+        roles = {
+            role: replace(recs, waves=np.ceil(recs.K / sm_count)) for role, recs in roles.items()
+        }
     fit, apart, fit_set = {}, {}, {}
     for role, recs in roles.items():
         eligible = recs.where(~np.isin(recs.kind, NOT_FITTED_KINDS))

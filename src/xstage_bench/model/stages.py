@@ -32,9 +32,10 @@ from scipy.optimize import least_squares
 
 from xstage_bench.model import capacity, laws
 from xstage_bench.model.capacity import NO_LAG, SHARED, Capacity, CapacityError, DrainLag
-from xstage_bench.model.records import FitData, Recs, concat, plateau
+from xstage_bench.model.records import FitData, Recs, concat, plateau, waves
 
 T0_REFERENCE_B = 32768  # per-K T0 is reported at the paper's B = 32 KB per producer
+PER_BURST, PER_WAVE = "per_burst", "per_wave"  # T0's laws (Params.t0_per_wave)
 ROUNDS = 4
 # The issue rate's upper bound, bytes/us per producer (10 TB/s): no SM stores faster than
 # its L1 takes stores (128 B/clk, ~0.25 TB/s at 2 GHz), so a measured rate never meets
@@ -62,9 +63,21 @@ class Params:
     law: str = SHARED
     reasons: dict = field(default_factory=dict)
     lag: DrainLag = NO_LAG  # the drain's lag beyond the knee, fitted with the capacity
+    # T0's law: t0_fixed once per burst (False), or once per producer an SM runs (True:
+    # ceil(K / SMs) x t0_fixed, where more producers than SMs share them); _T0_stage chooses
+    t0_per_wave: bool = False
 
-    def T0(self, B) -> np.ndarray:
-        return self.t0_fixed + np.asarray(B, dtype=float) / self.issue_rate
+    def T0(self, B, waves=None) -> np.ndarray:
+        """t0_fixed + B / issue rate; waves, ceil(K / SMs) per burst, scale t0_fixed in
+        the per-wave law (None: one)."""
+        fixed = self.t0_fixed
+        if self.t0_per_wave and waves is not None:
+            fixed = fixed * np.asarray(waves, dtype=float)
+        return fixed + np.asarray(B, dtype=float) / self.issue_rate
+
+    def T0_of(self, recs: Recs) -> np.ndarray:
+        """Each record's T0, at its B and its producers per SM."""
+        return self.T0(recs.B, waves(recs))
 
     def Q(self, K) -> np.ndarray | None:
         """The capacity a burst of K producers meets, per record (laws.capacity)."""
@@ -85,7 +98,7 @@ def fit_R(zg: Recs, p: Params, R0: float | None = None) -> float:
     """Drain rate (bytes/us) from zero-gap periods: period = max(T0, V/R)."""
     if len(zg) == 0:
         raise FitError("no zero-gap periodic records (study 'drain' or a gap sweep at G=0)")
-    T0 = p.T0(zg.B) if p.has_T0 else 0.0
+    T0 = p.T0_of(zg) if p.has_T0 else 0.0
     x0 = (R0 or float(np.median(zg.V / zg.y))) / 1e3
     x = _solve(lambda x: (np.maximum(T0, zg.V / (x[0] * 1e3)) - zg.y) / zg.y, [x0], [1e-9]).x
     return float(x[0] * 1e3)
@@ -98,16 +111,22 @@ def fit_T0(
     start: Params | None = None,
     others: tuple[Params, ...] = (),
     lag: DrainLag = NO_LAG,
+    per_wave: bool = False,
 ) -> tuple:
     """(t0_fixed_us, issue_rate bytes/us) from bursts on an empty path, isolated law.
 
-    Q is the capacity each record's burst meets (None: no stall is modelled) and lag the
-    drain's beyond it (laws.stall_time). The fit
+    Q is the capacity each record's burst meets (None: no stall is modelled), lag the
+    drain's beyond it (laws.stall_time) and per_wave T0's law (Params.t0_per_wave). The fit
     starts from each of _T0_starts (start: the previous round's; others: other fits' T0,
     e.g. the other capacity variants') and keeps the least cost: where the rate's gradient
     is flat (a rate so high that B/rate is nothing beside t0_fixed) one start cannot leave,
     so no single start decides it.
     """
+    return _fit_T0(recs, R, Q, start, others, lag, per_wave)[:2]
+
+
+def _fit_T0(recs, R, Q, start, others, lag, per_wave) -> tuple[float, float, float]:
+    """fit_T0's t0_fixed and issue rate, and the least cost they leave."""
     stall = (
         laws.stall_time(recs.V, Q, R, lag.fraction, lag.rate)
         if Q is not None
@@ -120,8 +139,10 @@ def fit_T0(
             "producer (plateau or isolated records)"
         )
 
+    fixed_per = waves(recs) if per_wave else 1.0
+
     def residuals(x) -> np.ndarray:
-        return (np.maximum(x[0] + recs.B / (x[1] * 1e3), stall) - recs.y) / recs.y
+        return (np.maximum(x[0] * fixed_per + recs.B / (x[1] * 1e3), stall) - recs.y) / recs.y
 
     best = None
     for t0_fixed, rate in _T0_starts(recs, free, (start, *others)):
@@ -130,7 +151,7 @@ def fit_T0(
         )
         if best is None or result.cost < best.cost:
             best = result
-    return float(best.x[0]), float(best.x[1] * 1e3)
+    return float(best.x[0]), float(best.x[1] * 1e3), float(best.cost)
 
 
 def _T0_starts(recs: Recs, free: np.ndarray, fits: tuple) -> list[tuple[float, float]]:
@@ -185,14 +206,16 @@ def fit_chain(
     for round_ in range(rounds):
         reasons = {}
         try:
-            p = _T0_stage(data, R, replace(p, capacity=cap), t0_starts)
+            # T0's law is chosen in a chain's first round (held after: R and Q barely move)
+            choose = start is None and round_ == 0
+            p = _T0_stage(data, R, replace(p, capacity=cap), t0_starts, choose)
         except FitError as e:
             return Params(R=R, law=p.law, reasons={"T0": str(e), "Q": f"needs T0 ({e})"})
         try:
             # After a first round that searched every start (or a round without a capacity).
             later = round_ > 0 and cap is not None
             cap, lag = capacity.fit_with_lag(
-                data.isolated, R, p.T0(data.isolated.B), p.law, cap, p.lag, later
+                data.isolated, R, p.T0_of(data.isolated), p.law, cap, p.lag, later
             )
         except CapacityError as e:
             reasons["Q"] = str(e)
@@ -214,9 +237,15 @@ def fit_laws(data: FitData, laws: tuple[str, ...] = capacity.LAWS) -> dict[str, 
     return fits
 
 
-def _T0_stage(data: FitData, R: float, p: Params, others: tuple[Params, ...] = ()) -> Params:
+def _T0_stage(
+    data: FitData, R: float, p: Params, others: tuple[Params, ...] = (), choose: bool = True
+) -> Params:
     """T0 fitted with the chain's capacity, or where that leaves too few bursts
     backpressure-free, with what each K's bursts are seen to hold.
+
+    choose: where some burst has more producers than SMs, T0's law (Params.t0_per_wave)
+    is the one of least cost; both have the same two free numbers, so the cost compares
+    them fairly. Otherwise (a bootstrap replicate) p's law is kept.
 
     A capacity below what the bursts hold makes bursts that never stalled stall in the
     isolated law, and with Q ~ 0 none is left backpressure-free for T0: a knee start that
@@ -234,8 +263,11 @@ def _T0_stage(data: FitData, R: float, p: Params, others: tuple[Params, ...] = (
     for name, Q in tries:
         try:
             lag = p.lag if name == "the law's" else NO_LAG
-            t0_fixed, rate = fit_T0(recs, R, Q, p if p.has_T0 else None, others, lag)
-            return replace(p, t0_fixed=t0_fixed, issue_rate=rate)
+            start = p if p.has_T0 else None
+            T0_laws = (False, True) if choose and np.any(waves(recs) > 1) else (p.t0_per_wave,)
+            fits = [(*_fit_T0(recs, R, Q, start, others, lag, w), w) for w in T0_laws]
+            t0_fixed, rate, _, per_wave = min(fits, key=lambda f: f[2])
+            return replace(p, t0_fixed=t0_fixed, issue_rate=rate, t0_per_wave=per_wave)
         except FitError as e:
             error = str(e)
     if tries[-1][0] == "held":
@@ -268,7 +300,7 @@ def slope_R(zg: Recs, p: Params) -> tuple[float, float]:
     1/period so that each period's relative error counts alike; a fixed cost per burst
     (the intercept c) then does not bias R as it biases V/period at small V.
     """
-    bound = zg.where(zg.V / p.R > 1.2 * p.T0(zg.B)) if p.has_T0 and p.R else zg
+    bound = zg.where(zg.V / p.R > 1.2 * p.T0_of(zg)) if p.has_T0 and p.R else zg
     if len(np.unique(bound.V)) < 2:
         raise FitError(
             f"R's slope needs drain-bound zero-gap periods at two V or more "
@@ -297,7 +329,7 @@ def fit_per_K(data: FitData, pooled: Params, K: float) -> PerK:
     try:
         if len(iso) == 0:
             raise CapacityError(f"no isolated bursts at K={K:g}")
-        Q = capacity.fit(iso, pooled.R, pooled.T0(iso.B), SHARED, previous, pooled.lag).S
+        Q = capacity.fit(iso, pooled.R, pooled.T0_of(iso), SHARED, previous, pooled.lag).S
     except CapacityError as e:
         reasons["Q"] = str(e)
     plat = plateau(data.periodic, pooled.R)
@@ -307,8 +339,11 @@ def fit_per_K(data: FitData, pooled: Params, K: float) -> PerK:
             raise FitError(f"no plateau or isolated records at K={K:g}")
         Q_K = Q if Q is not None else (None if previous is None else previous.S)
         Q_recs = None if Q_K is None else np.full(len(recs), Q_K)
-        t0_fixed, rate = fit_T0(recs, pooled.R, Q_recs, pooled, lag=pooled.lag)
-        T0 = t0_fixed + T0_REFERENCE_B / rate
+        per_wave = pooled.t0_per_wave
+        t0_fixed, rate = fit_T0(recs, pooled.R, Q_recs, pooled, lag=pooled.lag, per_wave=per_wave)
+        T0 = float(
+            replace(pooled, t0_fixed=t0_fixed, issue_rate=rate).T0(T0_REFERENCE_B, waves(recs)[0])
+        )
     except FitError as e:
         reasons["T0"] = str(e)
     return PerK(R, Q, T0, reasons, c)

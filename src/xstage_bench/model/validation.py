@@ -79,7 +79,7 @@ def predict(p: Params, recs: Recs, what: str) -> np.ndarray | None:
     """
     if p.R is None or not p.has_T0:
         return None
-    T0 = p.T0(recs.B)
+    T0 = p.T0_of(recs)
     Q = p.Q(recs.K)
     lag = (p.lag.fraction, p.lag.rate)
     if what == PERIOD:

@@ -10,6 +10,7 @@ paths reads that one).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -58,11 +59,16 @@ def drain_rate(model: dict) -> float | None:
 
 
 def t0_us(model: dict, K: float, V: float | np.ndarray) -> float | np.ndarray | None:
-    """Backpressure-free issue time for K producers and V bytes: t0_fixed + (V/K)/issue_rate."""
+    """Backpressure-free issue time for K producers and V bytes: t0_fixed + (V/K)/issue_rate,
+    t0_fixed paid once per producer an SM runs where the model's T0 law says so (T0_law:
+    per_wave, ceil(K / sm_count) of them; files written before it hold per_burst)."""
     fixed = param(model, "t0_fixed_us")
     rate = param(model, "issue_rate_per_sm_GBps")
     if fixed is None or rate is None:
         return None
+    law = model.get("T0_law") or {}
+    if law.get("law") == "per_wave" and law.get("sm_count"):
+        fixed *= math.ceil(K / law["sm_count"])
     return fixed + (np.asarray(V, dtype=float) / K) / (rate * GBPS_TO_BYTES_PER_US)
 
 

@@ -119,6 +119,12 @@ def _path_rows(fit: dict, path: str) -> list[dict]:
     K_ref = (fitted.capacity_law(fit) or {}).get("K_ref")
     if K_ref:
         pooled["source"] += f"; Q at K={K_ref} from the capacity law"
+    T0_law = fit.get("T0_law") or {}
+    if T0_law.get("law") == "per_wave":
+        pooled["source"] += (
+            f"; T0 law per_wave: t0_fixed paid ceil(K / {T0_law['sm_count']}) times, once "
+            "per producer an SM runs (T0 quoted at K up to the SM count)"
+        )
     law = _law_row(fit, path)
     return [*rows, pooled, *([law] if law else [])]
 
