@@ -243,7 +243,7 @@ class _FakeMeasurer:
     def check(self, point):
         from xstage_kernels import megamoe_ws
 
-        if megamoe_ws.CLAIM_COUNTED == 1:
+        if megamoe_ws.PREFETCH_TILE == 1:
             if self.hang:
                 import time
 
@@ -262,10 +262,10 @@ def test_a_check_that_raises_is_a_failed_check_and_its_value_is_not_timed(monkey
     from xstage_bench.megamoe import kernel_ab
     from xstage_kernels import megamoe_ws
 
-    monkeypatch.setattr(megamoe_ws, "CLAIM_COUNTED", megamoe_ws.CLAIM_COUNTED)
+    monkeypatch.setattr(megamoe_ws, "PREFETCH_TILE", megamoe_ws.PREFETCH_TILE)
     result: dict = {}
     point = {"id": "p"}
-    out = kernel_ab.compare(_FakeMeasurer(), point, "CLAIM_COUNTED", [0, 1], result=result)
+    out = kernel_ab.compare(_FakeMeasurer(), point, "PREFETCH_TILE", [0, 1], result=result)
     assert out is result and result["id"] == "p"
     assert result["checks"]["0"] == {"error": None, "rel_error": [0.01]}
     assert (
@@ -294,7 +294,7 @@ def test_a_hung_check_is_written_down_and_ends_the_run(tmp_path):
 
     out = tmp_path / "ab.json"
     argv = ["--config", "config/ci-measure.yaml", "--dataset", "ab-test", "--device", "cpu"]
-    argv += ["--option", "CLAIM_COUNTED=0,1", "--step-timeout", "2", "--out", str(out)]
+    argv += ["--option", "PREFETCH_TILE=0,1", "--step-timeout", "2", "--out", str(out)]
     run = subprocess.run(
         [sys.executable, "-c", _HUNG_RUN, str(ROOT / "tests"), *argv],
         cwd=ROOT,
@@ -306,6 +306,6 @@ def test_a_hung_check_is_written_down_and_ends_the_run(tmp_path):
     )
     assert run.returncode == HUNG_EXIT, run.stderr[-3000:]
     (result,) = json.loads(out.read_text())["results"]
-    assert result["hung"] == "the check of CLAIM_COUNTED=1: no return after 2 s"
+    assert result["hung"] == "the check of PREFETCH_TILE=1: no return after 2 s"
     assert result["checks"] == {"0": {"error": None, "rel_error": [0.01]}}
-    assert "HUNG in the check of CLAIM_COUNTED=1" in run.stdout
+    assert "HUNG in the check of PREFETCH_TILE=1" in run.stdout

@@ -287,7 +287,7 @@ def test_a_simulated_kernel_plays_at_its_profiles_matrix_rate():
 
 
 def test_a_device_decided_interleaved_arm_plays_the_kernels_counted_order(tmp_path):
-    """Decided on the device, interleaved is counted (megamoe_ws.CLAIM_COUNTED): each
+    """Decided on the device, interleaved is counted (the kernel's device rule): each
     block's L2 tiles right before the first L1 block lead_rows on, whatever the drain does,
     so the play takes schedule.claim_order's counted list at every share; a program that
     takes an L2 tile before its block is released waits (every dependency kept)."""
@@ -304,7 +304,7 @@ def test_a_device_decided_interleaved_arm_plays_the_kernels_counted_order(tmp_pa
         device = playback.play_kernel(point, moe, schedule.INTERLEAVED, rates, far)
         grid = device.work.grid
         schedule.check_dependencies(device.tiles, grid)
-        want = schedule.claim_order(schedule.INTERLEAVED, grid, 132, 256, counted=True)
+        want = schedule.claim_order(schedule.INTERLEAVED, grid, 132, 256)
         np.testing.assert_array_equal(device.tiles, want)
         times[f] = device.time_us
     assert times[1.0] > times[0.0]  # the same order, held by the drain

@@ -422,10 +422,11 @@ def test_the_padding_skip_is_named_in_the_raw_config_and_makes_our_points_stale(
     monkeypatch.setattr(megamoe_ws, "SWIGLU_TANH", False)
     monkeypatch.setattr(megamoe_ws, "SCALES_TMA", False)
     monkeypatch.setattr(megamoe_ws, "DROP_WAIT_BARRIERS", False)
-    assert megamoe_ws.launch_options("w8a8") == {"padding_halves": "skipped"}
+    device = {"device_interleaved": "counted from the layout"}  # named in every record
+    assert megamoe_ws.launch_options("w8a8") == {"padding_halves": "skipped", **device}
     skipped = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     monkeypatch.setattr(megamoe_ws, "SKIP_PADDING_HALVES", False)
-    assert megamoe_ws.launch_options("w4a8") == {"padding_halves": "computed"}
+    assert megamoe_ws.launch_options("w4a8") == {"padding_halves": "computed", **device}
     computed = {"kernel": {"ran": kernels_that_ran(megamoe, "cuda")}}
     for precision in ("w8a8", "w4a8"):
         assert computed["kernel"]["ran"][precision]["padding_halves"] == "computed"

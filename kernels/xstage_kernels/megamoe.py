@@ -43,27 +43,20 @@ last store issued). The sync buffer is [tile counter, error flag, one counter pe
 block] and must be zeroed before every launch.
 
 Device mode (a `layout` given: schedule.device_layout): no tile list is read. A program
-claims a list position with the same fetch-add as list mode and finds the tile there
-(`decided_tile`), which it writes at that position in `tiles` (the realized order).
-interleaved runs in units, all L1 or all L2 tiles of one row block, published in the unit
-table; a program reads the table, UNIT_WINDOW entries a load, from the unit of its last
-position on. A unit is opened by the first program to find that it is the first
-unpublished one while holding a position at or past its start (claimed, as positions are
-claimed in order): it decides the unit's kind by the rule (`_open_unit`,
-schedule.next_unit) from the units before it and the row-block counters and publishes it
-with a relaxed compare-and-swap, which a racing program's decision may win; and it opens
-the next one as well, without reading the table, while its own position lies further on.
-No program waits for another. So a claim costs one fetch-add and a table load, and a unit
-one compare-and-swap. An entry is one word (`unit_entry`) that holds all a reader needs, so
-it is published and read relaxed: nothing else is handed over with it. The count rules
-need no table, as nothing in them depends on time: expert_wave's and deepgemm_interleaved's
-positions follow from the layout (`_wave_tile`, two loads a claim, as a list's one;
-`_deepgemm_tile`). COUNTED decides interleaved the same way, counted: a block's L2 tiles sit
-right before the first L1 block that starts lead_rows after it ends (the layout's
-l2_start, schedule.counted_tile_at), whether or not the block is released by then, and a
-program that takes one waits for the release, as in list mode. The sync buffer is
-[position counter, error flag, row-block counters, unit table of 2 * blocks entries]
-(`sync_size`), so one zeroing still readies a launch; list mode reads its first 2 + blocks.
+claims a list position with the same fetch-add as list mode and finds the tile there from
+the layout alone (`decided_tile`), which it writes at that position in `tiles` (the
+realized order). No rule reads a clock, so a position's tile is fixed by the layout:
+expert_wave's from the first and end block of the wave that holds block position //
+(n1 + n2) (`_wave_tile`, two loads a claim, as a list's one); deepgemm_interleaved's and
+interleaved's from where each block's first L2 tile sits, the layout's l2_start
+(`_counted_tile`, one load of BLOCK_WINDOW blocks' starts a window, walked on from the
+program's last claim). interleaved is counted (schedule.counted_tile_at): a block's L2
+tiles sit right before the first L1 block that starts lead_rows after it ends, whether or
+not the block is released by then, and a program that takes one waits for the release, as
+in list mode. (interleaved used to be decided at run time, in units of a block's L1 or L2
+tiles opened from the row-block counters into a table; counted took 0.996 of their time on
+W8A8, 0.990 on W4A8, geomeans: kernels/ab/2026-12-08-claim-counted-*.) Both modes use the
+same sync buffer (`sync_size`).
 """
 
 from __future__ import annotations
@@ -102,7 +95,7 @@ CLAIM_RULES = ("expert_wave", "interleaved", "deepgemm_interleaved")
 LAYOUT_HEADER = 3  # rule, lead_rows, blocks
 LAYOUT_BLOCKS = 2  # the header's block count: the rows after it are that long
 LAYOUT_ROWS = 6  # expert, row_start, row_end, wave_end, l2_start, wave_start
-UNIT_WINDOW = 32  # unit-table entries (or deepgemm blocks) a program reads with one load
+BLOCK_WINDOW = 32  # blocks' l2_start entries a program reads with one load (_counted_tile)
 FP8_KERNEL_ENV = "XSTAGE_MOE_FP8_KERNEL"
 FP8_KERNELS = ("ws", "tl")
 FP8_PRECISIONS = ("w8a8", "w4a8")
@@ -114,11 +107,11 @@ _SCALE_BLOCK = tl.constexpr(SCALE_BLOCK)
 _TRACE_WIDTH = tl.constexpr(len(TRACE_FIELDS))
 _SYNC_HEADER = tl.constexpr(SYNC_HEADER)
 _LAYOUT_HEADER = tl.constexpr(LAYOUT_HEADER)
-_UNIT_WINDOW = tl.constexpr(UNIT_WINDOW)
+_BLOCK_WINDOW = tl.constexpr(BLOCK_WINDOW)
 _RULE_WAVE = tl.constexpr(CLAIM_RULES.index("expert_wave"))
 _RULE_DEEPGEMM = tl.constexpr(CLAIM_RULES.index("deepgemm_interleaved"))
-_RULE, _LEAD_ROWS, _BLOCKS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(LAYOUT_BLOCKS)
-_ROW_START, _ROW_END, _WAVE_END, _L2_START, _WAVE_START = (tl.constexpr(i) for i in range(1, 6))
+_RULE, _BLOCKS = tl.constexpr(0), tl.constexpr(LAYOUT_BLOCKS)
+_WAVE_END, _L2_START, _WAVE_START = (tl.constexpr(i) for i in range(3, 6))  # LAYOUT_ROWS
 _NO_START = tl.constexpr(2**31 - 1)  # past every list position
 
 
@@ -231,122 +224,6 @@ def _stamp(trace_ptr, idx, pid, taken, ready, mma_done, store_start, store_end):
 
 
 @triton.jit
-def _unit_of(entry, unit, n1, n2):
-    """A unit-table entry's (kind, L1 units up to and including it, its first position,
-    its end) for unit index `unit` (unit_entry's encoding; an entry is self-contained)."""
-    kind = (entry - 1) & 1
-    l1_units = (entry - 1) >> 1
-    end = l1_units * n1 + (unit + 1 - l1_units) * n2
-    return kind, l1_units, end - tl.where(kind == 0, n1, n2), end
-
-
-@triton.jit
-def _open_unit(layout_ptr, counters_ptr, blocks, u1, u2, ready_at, opening):
-    """The kind (0: L1, 1: L2) of interleaved's unit opened after u1 L1 and u2 L2 units
-    (schedule.next_unit, which this mirrors); reads nothing unless `opening`. ready_at: the
-    count at which a row-block counter says its block is released."""
-    rows = layout_ptr + _LAYOUT_HEADER
-    both = opening & (u1 < blocks) & (u2 < blocks)
-    row_start = tl.load(rows + _ROW_START * blocks + u1, mask=both, other=0)
-    row_end = tl.load(rows + _ROW_END * blocks + u2, mask=both, other=0)
-    # Released now: a relaxed read, as the L2 tiles acquire the block before reading it.
-    done = tl.load(counters_ptr + u2, mask=both, other=0, volatile=True)
-    lead = tl.load(layout_ptr + _LEAD_ROWS)
-    due = (done >= ready_at) & (row_start - row_end >= lead)
-    return ((u1 >= blocks) | ((u2 < blocks) & due)).to(tl.int32)
-
-
-@triton.jit
-def _read_units(units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier):
-    """One load of the unit table's UNIT_WINDOW entries from unit `base` (base_l1: the L1
-    units before it): (whether a published unit holds position p, that unit, its entry, the
-    first unit not seen published, the L1 units before that one). at_frontier: base is
-    known unpublished (this program opened the unit before it), so nothing is loaded."""
-    unit = base + lanes
-    readable = (unit < 2 * blocks) & (not at_frontier)
-    entry = tl.load(units_ptr + unit, mask=readable, other=0, volatile=True)
-    _, _, starts, ends = _unit_of(entry, unit, n1, n2)
-    hit = (entry != 0) & (starts <= p) & (p < ends)  # one lane at most: units are disjoint
-    holds = tl.max(hit.to(tl.int32)) > 0
-    hit_unit = base + tl.min(tl.where(hit, lanes, _UNIT_WINDOW))
-    hit_entry = tl.sum(tl.where(hit, entry, 0))
-    seen, last_seen = _leading_published(entry, lanes)
-    return (
-        holds,
-        hit_unit,
-        hit_entry,
-        base + seen,
-        tl.where(seen > 0, (last_seen - 1) >> 1, base_l1),
-    )
-
-
-@triton.jit
-def _leading_published(entry, lanes):
-    """A window's leading published entries: (how many, the last one's entry). Entries are
-    published in order, but one load may see a later one first: only the leading ones say
-    where the first unpublished unit starts."""
-    seen = tl.min(tl.where(entry != 0, _UNIT_WINDOW, lanes))
-    return seen, tl.sum(tl.where(lanes == seen - 1, entry, 0))
-
-
-@triton.jit
-def _unit_tile(p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes):
-    """interleaved's tile at position p from the unit table; (kind, block, n block, and the
-    walk after: `base`, a unit whose predecessors are all published and that starts at or
-    before the program's next position, and `base_l1`, the L1 units before it)."""
-    # Lock-free: positions are claimed in order, so a program whose position lies past
-    # every published unit knows that the first unpublished unit's first position is
-    # claimed, and opens that unit itself: the first program there decides it, one
-    # compare-and-swap choosing between programs that race, and a program that opened a
-    # unit opens the next one without reading the table again. The first position's holder
-    # alone used to open a unit, so each opening waited for the one before it to be seen
-    # published by another program: a chain of three L2 round trips a unit that bound the
-    # kernel wherever units came faster (issue 53: expert waves 1.07-1.16x the list's
-    # time on an H100). An L2 unit is opened only once its block is released or every L1
-    # unit is opened.
-    blocks = tl.load(layout_ptr + _BLOCKS)
-    units_ptr = sync_ptr + _SYNC_HEADER + blocks
-    kind = 0
-    blk = 0
-    nb = 0
-    found = p >= n_tiles
-    at_frontier = p < 0  # base is the first unpublished unit, as this program opened the last
-    while not found:
-        holds, at, entry, next_unit, next_l1 = _read_units(
-            units_ptr, blocks, base, base_l1, p, n1, n2, lanes, at_frontier
-        )
-        # The first unit not seen published, seen within the window: its first position is
-        # claimed (p lies past every unit before it), so it is due to be decided.
-        opens = (not holds) & (next_unit < base + _UNIT_WINDOW)
-        if opens:
-            opened = _open_unit(
-                layout_ptr,
-                sync_ptr + _SYNC_HEADER,
-                blocks,
-                next_l1,
-                next_unit - next_l1,
-                ready_at,
-                opens,
-            )
-            mine = _unit_entry(opened, next_l1 + 1 - opened)
-            won = tl.atomic_cas(units_ptr + next_unit, 0, mine, sem="relaxed")
-            entry = tl.where(won == 0, mine, won)  # a racing program's decision stands
-            at = next_unit
-            at_frontier = won == 0
-        else:
-            at_frontier = p < 0
-        kind, through_l1, start, end = _unit_of(entry, at, n1, n2)
-        found = (holds | opens) & (start <= p) & (p < end)
-        blk = tl.where(kind == 0, through_l1 - 1, at - through_l1)
-        nb = p - start
-        # Walk on: to the unit found, past the unit opened, or past a window seen whole.
-        base = tl.where(found, at, tl.where(opens, at + 1, next_unit))
-        base_l1 = tl.where(found, through_l1 - 1 + kind, tl.where(opens, through_l1, next_l1))
-        at_frontier = at_frontier & (not found)
-    return kind, blk, nb, base, base_l1
-
-
-@triton.jit
 def _l2_listed(into, l1_left, n2, alternate):
     """schedule._l2_listed: a block's L2 tiles among the `into` positions from its first,
     every other one while L1 tiles are left (alternate: deepgemm_interleaved) or all at
@@ -357,18 +234,18 @@ def _l2_listed(into, l1_left, n2, alternate):
 @triton.jit
 def _counted_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, alternate):
     """The tile at position p of a rule that lists each block's L2 tiles from the layout's
-    l2_start: deepgemm_interleaved's (alternate) or interleaved counted (COUNTED)
+    l2_start: deepgemm_interleaved's (alternate) or interleaved's (counted)
     (schedule.counted_tile_at, which this mirrors); (kind, block, n block, and the walk's
     `base` after: the last block whose first L2 tile is at or before p, a window of
-    UNIT_WINDOW blocks a load from the last one)."""
+    BLOCK_WINDOW blocks a load from the last one)."""
     blocks = tl.load(layout_ptr + _BLOCKS)
     starts_ptr = layout_ptr + _LAYOUT_HEADER + _L2_START * blocks
-    at_or_before = _UNIT_WINDOW
-    while at_or_before == _UNIT_WINDOW:
+    at_or_before = _BLOCK_WINDOW
+    while at_or_before == _BLOCK_WINDOW:
         block = base + lanes
         starts = tl.load(starts_ptr + block, mask=block < blocks, other=_NO_START)
         at_or_before = tl.sum((starts <= p).to(tl.int32))
-        base += tl.where(at_or_before == _UNIT_WINDOW, _UNIT_WINDOW, 0)
+        base += tl.where(at_or_before == _BLOCK_WINDOW, _BLOCK_WINDOW, 0)
     b = base + at_or_before - 1  # -1: before the first L2 tile
     start = tl.load(starts_ptr + b, mask=(b >= 0) & (p < n_tiles), other=0)
     into = p - start
@@ -387,8 +264,9 @@ def _wave_tile(p, layout_ptr, n_tiles, n1, n2):
     block, n block). A wave lists whole blocks, n1 + n2 tiles each, so block p // (n1 + n2)
     lies in p's wave: its wave's first and end block (two independent loads, where a list
     costs one) place p among the wave's L1 tiles, block by block, or its L2 tiles after
-    them. Through the unit table expert waves took 1.7-2.9% more kernel time than their list;
-    this way 1.0-1.2% (one H100, one H200: kernels/ab/2026-12-07-*-wave-layout.json)."""
+    them. Through a unit table (since removed) expert waves took 1.7-2.9% more kernel time
+    than their list; this way 1.0-1.2% (one H100, one H200:
+    kernels/ab/2026-12-07-*-wave-layout.json)."""
     rows = layout_ptr + _LAYOUT_HEADER
     blocks = tl.load(layout_ptr + _BLOCKS)
     inside = p < n_tiles
@@ -404,47 +282,28 @@ def _wave_tile(p, layout_ptr, n_tiles, n1, n2):
 
 
 @triton.jit
-def decided_tile(
-    p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, walk, lanes, COUNTED: tl.constexpr
-):
-    """Device mode: the tile at list position p, claimed with the list's fetch-add; (kind,
-    local expert, row block, n block, walk).
-    n1, n2: L1 and L2 tiles a block; ready_at: the row-block count that releases a block;
-    walk: where the program's last claim left its walk, (0, 0) at its first (its positions
-    only grow); lanes: arange(0, UNIT_WINDOW) in the caller's layout; COUNTED: interleaved
-    counted from the layout (_counted_tile) instead of decided in units."""
-    base, base_l1 = walk
+def decided_tile(p, layout_ptr, n_tiles, n1, n2, walk, lanes):
+    """Device mode: the tile at list position p, claimed with the list's fetch-add, from the
+    layout alone; (kind, local expert, row block, n block, walk).
+    n1, n2: L1 and L2 tiles a block; walk: the block where the program's last claim left its
+    walk (_counted_tile), 0 at its first (its positions only grow); lanes:
+    arange(0, BLOCK_WINDOW) in the caller's layout."""
     rule = tl.load(layout_ptr + _RULE)
     if rule == _RULE_DEEPGEMM:
-        kind, blk, nb, base = _counted_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, True)
+        kind, blk, nb, walk = _counted_tile(p, layout_ptr, n_tiles, n1, n2, walk, lanes, True)
     elif rule == _RULE_WAVE:
         kind, blk, nb = _wave_tile(p, layout_ptr, n_tiles, n1, n2)
-    elif COUNTED:
-        kind, blk, nb, base = _counted_tile(p, layout_ptr, n_tiles, n1, n2, base, lanes, False)
-    else:
-        kind, blk, nb, base, base_l1 = _unit_tile(
-            p, sync_ptr, layout_ptr, n_tiles, n1, n2, ready_at, base, base_l1, lanes
-        )
+    else:  # interleaved, counted
+        kind, blk, nb, walk = _counted_tile(p, layout_ptr, n_tiles, n1, n2, walk, lanes, False)
     e = tl.load(layout_ptr + _LAYOUT_HEADER + blk, mask=p < n_tiles, other=0)
-    return kind, e, blk, nb, (base, base_l1)
+    return kind, e, blk, nb, walk
 
 
 @triton.jit
-def _unit_entry(kind, l1_units):
-    """unit_entry on the device."""
-    return 1 + kind + 2 * l1_units
-
-
-@triton.jit
-def _take_decided(
-    idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED: tl.constexpr
-):
-    """Device mode: the tile at claimed position idx (a block's n1 L1 tiles release it),
-    written at that position, the realized order; (position, kind, expert as int64, block,
-    n block, walk). COUNTED: interleaved counted (decided_tile)."""
-    kind, e, blk, nb, walk = decided_tile(
-        idx, sync_ptr, layout_ptr, n_tiles, n1, n2, n1, walk, lanes, COUNTED
-    )
+def _take_decided(idx, tiles_ptr, n_tiles, layout_ptr, n1, n2, walk, lanes):
+    """Device mode: the tile at claimed position idx, written at that position, the
+    realized order; (position, kind, expert as int64, block, n block, walk)."""
+    kind, e, blk, nb, walk = decided_tile(idx, layout_ptr, n_tiles, n1, n2, walk, lanes)
     claimed = idx < n_tiles
     tl.store(tiles_ptr + idx * 4, kind, mask=claimed)
     tl.store(tiles_ptr + idx * 4 + 1, e, mask=claimed)
@@ -457,7 +316,7 @@ def _take_decided(
 def _fused_moe(
     tiles_ptr,  # int32 [n_tiles, 4]: kind, local expert, row block, n block (DEVICE: written)
     n_tiles,
-    sync_ptr,  # int32 [2 + blocks] (DEVICE: sync_size(blocks)), zeroed before the launch
+    sync_ptr,  # int32 [2 + blocks] (sync_size(blocks)), zeroed before the launch
     x_ptr,  # dispatched activations [rows, H] (fp8 or bf16)
     xs_ptr,  # their scales [rows, H/128] (fp8 precisions)
     w1_ptr,  # [E_local, 2I, H] gate rows then up rows (fp8, bf16, or packed int4 [.., H/2])
@@ -488,23 +347,22 @@ def _fused_moe(
     TMA: tl.constexpr,
     PROXY_FENCE: tl.constexpr,  # TMA on a GPU (the interpreter has no proxies to order)
     DEVICE: tl.constexpr,  # each claimed position's tile decided (decided_tile), no list read
-    COUNTED: tl.constexpr,  # DEVICE, interleaved: counted from the layout (decided_tile)
 ):
     pid = tl.program_id(0)
     PACK: tl.constexpr = 2 if PRECISION == 2 else 1  # channels per stored weight element
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     if DEVICE:
-        n1 = I // BLOCK_N  # L1 tiles a block, and the count that releases it
+        n1 = I // BLOCK_N  # L1 tiles a block
         n2 = H // BLOCK_N
-        lanes = tl.arange(0, _UNIT_WINDOW)
-        walk = (0, 0)
+        lanes = tl.arange(0, _BLOCK_WINDOW)
+        walk = 0
         # The layout's block count, written on the device: one graph serves any routing.
         n_tiles = tl.load(layout_ptr + _BLOCKS) * (n1 + n2)
     idx = tl.atomic_add(sync_ptr, 1)
     if DEVICE:
         idx, kind, e, blk, nb, walk = _take_decided(
-            idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
+            idx, tiles_ptr, n_tiles, layout_ptr, n1, n2, walk, lanes
         )
     while idx < n_tiles:
         taken = _now() if TRACE else 0
@@ -648,7 +506,7 @@ def _fused_moe(
         idx = tl.atomic_add(sync_ptr, 1)
         if DEVICE:
             idx, kind, e, blk, nb, walk = _take_decided(
-                idx, tiles_ptr, n_tiles, sync_ptr, layout_ptr, n1, n2, walk, lanes, COUNTED
+                idx, tiles_ptr, n_tiles, layout_ptr, n1, n2, walk, lanes
             )
 
 
@@ -675,7 +533,6 @@ def launch(
     emulate_ns: tuple[int, int] | None = None,
     xs_steps=None,
     layout=None,
-    counted: bool = True,
 ) -> None:
     """Enqueue one fused launch on the current device and stream (tensors on that device,
     except the peer buffers that row_dst reaches). `sync` must be zeroed beforehand.
@@ -684,9 +541,8 @@ def launch(
     reads; made here when not given (a copy each launch: callers that time keep one).
     layout: device mode (see the module doc): schedule.device_layout's int32 array on the
     device; `tiles` is then the (blocks (H + I) / 128, 4) int32 buffer the kernel writes
-    the realized order into, and `sync` holds sync_size(blocks) int32. counted: this (tl)
-    kernel decides interleaved counted (decided_tile's COUNTED; megamoe_ws.CLAIM_COUNTED
-    says it for the warp-specialized one; both on: False decides in units)."""
+    the realized order into, and `sync` holds sync_size(blocks) int32 for the most blocks
+    the layout holds."""
     check_precision(precision)
     if H % BLOCK_N or I % BLOCK_N:
         raise ValueError(f"H={H} and I={I} must be multiples of {BLOCK_N}")
@@ -755,28 +611,15 @@ def launch(
         TMA=tma,
         PROXY_FENCE=tma and on_gpu,
         DEVICE=layout is not None,
-        COUNTED=counted,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES[precision],
     )
 
 
-def unit_table_at(blocks: int) -> int:
-    """Device mode: the int32 index of the unit table in the sync buffer, after the header
-    and the row-block counters; it holds at most 2 * blocks units."""
-    return SYNC_HEADER + blocks
-
-
 def sync_size(blocks: int) -> int:
-    """int32 words of a sync buffer for `blocks` row blocks that serves both modes (list
-    mode reads the first SYNC_HEADER + blocks)."""
-    return unit_table_at(blocks) + 2 * blocks
-
-
-def unit_entry(kind: int, l1_units: int) -> int:
-    """A published unit-table entry (`_unit_entry` on the device): the unit's kind and the L1
-    units up to and including it, never 0 (unpublished); its index gives the L2 units."""
-    return 1 + kind + 2 * l1_units
+    """int32 words of a sync buffer for `blocks` row blocks, either mode: the header (tile
+    counter, error flag) and one counter per row block."""
+    return SYNC_HEADER + blocks
 
 
 def check_device_mode(layout, tiles, sync, H: int, I: int) -> None:  # noqa: E741

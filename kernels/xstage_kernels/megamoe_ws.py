@@ -133,16 +133,16 @@ edge makes ptxas serialize every MMA of the kernel (C7514, checked by the tests)
 promotion that is not an operand of the next MMA wait may be moved below it.
 
 Device mode (DEVICE, a `layout` given: megamoe.py's module doc): the producer claims a
-position with the list's fetch-add, finds its tile (megamoe.decided_tile: interleaved's
-from the unit table, read a warp's UNIT_WINDOW entries at once, a row block released at
-2 I / 128 here; the count rules' from the layout alone) and
-writes it at that position in `tiles`, still ahead of the math warpgroups (tile slots);
-these and the converters take every field from the producer's record, never from `tiles`.
-A claim's loads depend on one another, and after the producer's row-block poll (an acquire)
-each goes to L2. What bound device mode was not a claim's own chain but the units': while
-only a unit's first position's holder could open it, each opening waited for the last to
-be seen published by another program (megamoe.py's _unit_tile says how any program now
-opens it).
+position with the list's fetch-add, finds its tile from the layout alone
+(megamoe.decided_tile; interleaved's and deepgemm_interleaved's from a warp's load of
+BLOCK_WINDOW blocks' first L2 positions, one a lane) and writes it at that position in
+`tiles`, still ahead of the math warpgroups (tile slots); these and the converters take
+every field from the producer's record, never from `tiles`. A claim's loads depend on one
+another, and after the producer's row-block poll (an acquire) each goes to L2. interleaved
+used to be decided at run time, in units published in a table, whose claims cost it about
+5% (the order it realized, replayed as a list, ran at 0.945-0.955 of its time:
+kernels/ab/2026-12-07-device-order-replay-*); counted, it took 0.996 (W8A8) and 0.990
+(W4A8) of the units' time (kernels/ab/2026-12-08-claim-counted-*).
 
 Trace stamps (TRACE): the producer writes the tile's program, taken and ready times (ready:
 after its row block was released); the math warpgroups write mma_done and store_end as the
@@ -170,7 +170,7 @@ from triton.language.core import _aggregate as aggregate
 
 from xstage_kernels import int4_fp8, ptx_edits
 from xstage_kernels.formats import AMAX_FLOOR, FP8_MAX
-from xstage_kernels.megamoe import LAYOUT_BLOCKS, UNIT_WINDOW, decided_tile
+from xstage_kernels.megamoe import BLOCK_WINDOW, LAYOUT_BLOCKS, decided_tile
 from xstage_kernels.ptx_edits import DROP_MATH_WAIT_BARRIERS_MARK, DROP_WAIT_BARRIERS_MARK
 
 BLOCK = 128  # rows, output channels and K channels of a tile step
@@ -306,18 +306,6 @@ W4_DROP_WAIT_BARRIERS = True
 # the rows): W8A8 slots released by lane 0 of each math warp (ARRIVE_PER_WARP: 1.038x the
 # time at 16384 tokens, kernels/ab/*-arrive-per-warp-w8a8.json), and the math warpgroups
 # issuing their MMAs in turn (MMA_TURNS: tied, 0.996 / 1.003, kernels/ab/*-mma-turns-*.json).
-
-# Device mode, interleaved counted (megamoe.decided_tile's COUNTED): a block's L2 tiles sit
-# right before the first L1 block that starts lead_rows after it ends, a position's tile
-# found from the layout as deepgemm_interleaved's is; a program that takes an L2 tile not yet
-# released waits for it, as in list mode. The units cost the device rule its claims (one
-# H200: the order it realized, replayed as a list, ran at 0.945 of its time; one H100:
-# 0.955, kernels/ab/2026-12-07-device-order-replay-*.json), and deciding tile by tile on
-# cursors cost more (1.00-1.07x the units' time, kernels/ab/2026-12-07-claim-cursors-*).
-# Paired A/B against the units, one H100, every shape, balanced, 1024/4096/16384 tokens,
-# lead 1024, every row local (kernels/ab/2026-12-08-claim-counted-*): W8A8 0.974-1.002 of
-# the time (geomean 0.996), W4A8 0.960-1.009 (0.990).
-CLAIM_COUNTED = True
 LAUNCH_OPTIONS = (
     "SKIP_PADDING_HALVES",
     "TILE_MAJOR_WEIGHTS",
@@ -331,7 +319,6 @@ LAUNCH_OPTIONS = (
     "SCALES_TMA",
     "DROP_WAIT_BARRIERS",
     "W4_DROP_WAIT_BARRIERS",
-    "CLAIM_COUNTED",
 )
 PRECISIONS = ("w8a8", "w4a8")
 
@@ -345,7 +332,7 @@ _HALF = gl.constexpr(HALF)
 _QUARTER = gl.constexpr(BLOCK // 4)
 _TILE_SLOTS = gl.constexpr(TILE_SLOTS)
 _RECORD = gl.constexpr(RECORD)
-_UNIT_WINDOW = gl.constexpr(UNIT_WINDOW)  # one entry a lane of the producer warp
+_BLOCK_WINDOW = gl.constexpr(BLOCK_WINDOW)  # one block a lane of the producer warp
 _LAYOUT_BLOCKS = gl.constexpr(LAYOUT_BLOCKS)  # the header's block count
 _MATH_REGS = gl.constexpr(MATH_REGS)
 _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
@@ -414,7 +401,6 @@ class Shared:
     SWIGLU_TANH: gl.constexpr
     SCALES_TMA: gl.constexpr
     DEVICE: gl.constexpr
-    COUNTED: gl.constexpr
     TILE_FROM_RECORD: gl.constexpr  # math and converters read the tile from the record
     R: gl.tensor  # rows of x and h (the intermediate's scales are step-major: [I/128, R])
 
@@ -455,10 +441,8 @@ class Shared:
             TANH,
             SCALES_TMA,
             DEVICE,
-            COUNTED,
         ) = options
         self.DEVICE = gl.constexpr(DEVICE)
-        self.COUNTED = gl.constexpr(COUNTED)
         # In device mode `tiles` is what the producer writes, so only its record holds a tile.
         self.TILE_FROM_RECORD = gl.constexpr(bool(PREFETCH) or bool(DEVICE))
         self.SCALES_TMA = gl.constexpr(SCALES_TMA)
@@ -598,9 +582,9 @@ def _producer(p, WG: gl.constexpr):
     it = 0
     j = 0
     if p.DEVICE:
-        lanes = gl.arange(0, _UNIT_WINDOW, layout=one_warp)
+        lanes = gl.arange(0, _BLOCK_WINDOW, layout=one_warp)
         n1 = p.I // _BLOCK
-        walk = (0, 0)
+        walk = 0
     running = True
     while running:
         if p.CLAIM_RELAXED:
@@ -608,18 +592,8 @@ def _producer(p, WG: gl.constexpr):
         else:
             idx = gl.atomic_add(p.sync_ptr, 1)
         if p.DEVICE:
-            # Released by both math warpgroups of each of the block's I / 128 L1 tiles.
             kind, e, blk, nb, walk = decided_tile(
-                idx,
-                p.sync_ptr,
-                p.layout_ptr,
-                p.n_tiles,
-                n1,
-                p.H // _BLOCK,
-                2 * n1,
-                walk,
-                lanes,
-                p.COUNTED,
+                idx, p.layout_ptr, p.n_tiles, n1, p.H // _BLOCK, walk, lanes
             )
         taken = _now() if p.TRACE else 0
         running = idx < p.n_tiles
@@ -1031,7 +1005,6 @@ def _fused_moe_ws(
     SCALES_TMA: gl.constexpr,
     DROP_WAIT_BARRIERS: gl.constexpr,
     DEVICE: gl.constexpr,
-    COUNTED: gl.constexpr,
 ):
     if DEVICE:  # the layout's block count, written on the device: one graph, any routing
         n_tiles = gl.load(layout_ptr + _LAYOUT_BLOCKS) * ((H + I) // _BLOCK)
@@ -1122,7 +1095,6 @@ def _fused_moe_ws(
             SWIGLU_TANH,
             SCALES_TMA,
             DEVICE,
-            COUNTED,
         ),
     )
     if W4:
@@ -1292,7 +1264,6 @@ def launch_constexprs(precision: str, trace: bool = False, device: bool = False)
         "SCALES_TMA": bool(SCALES_TMA),
         "DROP_WAIT_BARRIERS": drops_wait_barriers(precision),
         "DEVICE": device,
-        "COUNTED": bool(CLAIM_COUNTED) and device,
     }
 
 
@@ -1340,8 +1311,8 @@ def launch_options(precision: str) -> dict:
     if drops_wait_barriers(precision):  # absent: Triton's barriers, as every record before
         where = " in the math warpgroups" if _is_w4(precision) else ""
         options["wait_barriers"] = f"dropped from the PTX{where} (ptx_edits)"
-    if CLAIM_COUNTED:  # absent: interleaved decided in units, as every record before
-        options["device_interleaved"] = "counted from the layout"
+    # Device mode's interleaved; absent: decided in units, as every record before 2026-12-08.
+    options["device_interleaved"] = "counted from the layout"
     return options
 
 
@@ -1380,7 +1351,6 @@ def compile_for_sm90(
     scales_tma: bool = False,
     drop_wait_barriers: bool = False,
     device: bool = False,
-    counted: bool = False,
 ):
     """Compile the kernel for sm_90 without a GPU (the CPU tests' check that it lowers)."""
     w4 = _is_w4(precision)
@@ -1399,7 +1369,6 @@ def compile_for_sm90(
         "SCALES_TMA": scales_tma,
         "DROP_WAIT_BARRIERS": drop_wait_barriers,
         "DEVICE": device,
-        "COUNTED": counted,
     }
     return _compile_sm90(precision, constexprs)
 

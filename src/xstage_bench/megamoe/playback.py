@@ -2,10 +2,10 @@
 
 Nothing here decides an order or a routing: the rows come from routing.route and
 routing.dispatch_plan, the tile grid and list from schedule.build, exactly as the kernel
-builds them (layer/rank.py), so a played schedule is the measured one. An interleaved arm
-decided on the device has no list: its units are opened as the play reaches them, by the
-kernel's rule (schedule.next_unit) on the play's own row-block counters. The list is then
-played event by event as the persistent kernel runs it: num_programs programs take
+builds them (layer/rank.py), so a played schedule is the measured one; an interleaved arm
+decided on the device plays the order the kernel's rule realizes (schedule.claim_order:
+counted, the list with every block released in time). The list is then played event by
+event as the persistent kernel runs it: num_programs programs take
 entries in list order (the atomic counter); a Linear-2 tile waits for every Linear-1 tile
 of its row block (the row-block counter); a tile lasts its `Rates` cost. Each L2 tile
 then stores its block's valid rows x block_n bf16: the rows whose home is far (another
@@ -188,7 +188,6 @@ class Played:
     store_start: np.ndarray
     end: np.ndarray
     time_us: float  # the last tile's end, or the paths' last byte drained if later
-    tiles: np.ndarray | None = None  # the list played (a device-decided play: as realized)
 
     def timeline(self, tiles: np.ndarray) -> list[list]:
         rows = []
@@ -219,21 +218,15 @@ _COMPUTED, _ISSUED, _RELEASED = 0, 1, 2
 
 
 def play(
-    tiles: np.ndarray | None,
+    tiles: np.ndarray,
     work: RankWork,
     rates: Rates,
     far: PathParams,
     near: PathParams | None = None,
     *,
     hold: bool = True,
-    layout: np.ndarray | None = None,
 ) -> Played:
     """The event loop: programs taking list entries, row-block counters, the store paths.
-
-    layout: a device-decided expert_wave or interleaved arm (schedule.device_layout), whose
-    programs decide each unit when they claim its first position, from the row-block
-    counters at that moment (schedule.next_unit, as the kernel's _open_unit): `tiles` is
-    then unused, and the order the play realized is Played.tiles.
 
     The heap holds (time, entry): one event per entry at a time, its stage in `stage`. The
     paths' own changes (an issuer done, the path full or empty) come from
@@ -241,15 +234,8 @@ def play(
     is brought up to date when it next receives bytes. Plain closures over lists, as this
     loop runs once per tile (about 40k tiles a configuration).
     """
-    if layout is None:
-        kind, block = tiles[:, 0].tolist(), tiles[:, 2].tolist()
-    else:  # filled unit by unit as the programs open them
-        kind, block = [schedule.L1] * work.grid.tiles, [0] * work.grid.tiles
+    kind, block = tiles[:, 0].tolist(), tiles[:, 2].tolist()
     n, L1 = len(kind), schedule.L1
-    opened = [0, 0]  # device rule: the L1 and L2 units opened (positions decided: `decided`)
-    l1_ends = [0.0] * work.grid.blocks  # when each block's L1 tiles taken so far end
-    l1_taken = [0] * work.grid.blocks
-    decided = 0 if layout is not None else n
     remote, local_bytes = work.remote_bytes.tolist(), work.local_bytes.tolist()
     l1_us, l2_us = rates.l1_us, rates.l2_us
     l1_left = [work.grid.l1_per_block] * work.grid.blocks
@@ -272,35 +258,14 @@ def play(
         if i == n:
             return
         next_entry = i + 1
-        if i == decided:
-            open_unit(t)
         program[i], taken[i] = prog, t
         if kind[i] == L1:
             start[i] = t
-            l1_ends[block[i]] = max(l1_ends[block[i]], t + l1_us)
-            l1_taken[block[i]] += 1
             push(events, (t + l1_us, i))
         elif l1_left[block[i]] == 0:
             begin_l2(i, t)
         else:
             waiting.setdefault(block[i], []).append(i)
-
-    def open_unit(t: float) -> None:
-        """The device rule opens the next unit at t: its kind from the units before it and
-        the row-block counters (a block released: every L1 tile of it ended by t, those
-        ending at t too, whichever of them the loop pops first)."""
-        nonlocal decided
-
-        def released(b: int) -> bool:
-            return l1_taken[b] == work.grid.l1_per_block and l1_ends[b] <= t
-
-        unit = schedule.next_unit(layout, tuple(opened), released)
-        b = opened[unit]
-        width = work.grid.l1_per_block if unit == L1 else work.grid.l2_per_block
-        kind[decided : decided + width] = [unit] * width
-        block[decided : decided + width] = [b] * width
-        opened[unit] += 1
-        decided += width
 
     def begin_l2(i: int, t: float) -> None:
         start[i], store_start[i] = t, t + l2_us
@@ -383,18 +348,7 @@ def play(
     return Played(
         *(np.array(x) for x in (program, taken, start, store_start, end)),
         time_us=max(max(end), *(p.empty_time() for p in paths)),
-        tiles=tiles if layout is None else _realized(work.grid, kind, block),
     )
-
-
-def _realized(grid: schedule.TileGrid, kind: list[int], block: list[int]) -> np.ndarray:
-    """The tile list a device-decided play realized: units as opened, n blocks in order."""
-    tiles = np.zeros((len(kind), len(schedule.COLUMNS)), dtype=np.int32)
-    tiles[:, 0], tiles[:, 2] = kind, block
-    tiles[:, 1] = grid.block_expert[tiles[:, 2]]
-    starts = np.flatnonzero(np.r_[True, (np.diff(tiles[:, 0]) != 0) | (np.diff(tiles[:, 2]) != 0)])
-    tiles[:, 3] = np.arange(len(kind)) - np.repeat(starts, np.diff(np.r_[starts, len(kind)]))
-    return tiles
 
 
 @dataclass(frozen=True)
@@ -448,7 +402,7 @@ def play_kernel(
     knobs = {**megamoe, **{k: point[k] for k in ("lead_rows",) if k in point}}
     chosen = tuple(sorted(schedule.knobs(schedule_name, knobs).items()))
     # Decided on the device, every rule's order is its list (schedule.claim_order): the
-    # kernel decides interleaved counted (megamoe_ws.CLAIM_COUNTED), which reads no time.
+    # kernel decides interleaved counted, which reads no time.
     counted = grid.decided_on(point) == grid.DEVICE and schedule_name == schedule.INTERLEAVED
     slowest = None
     for w in works:
@@ -457,14 +411,12 @@ def play_kernel(
         if tiles is None:
             if counted:
                 lead = int(knobs.get("lead_rows", 0))
-                tiles = schedule.claim_order(
-                    schedule_name, w.grid, rates.programs, lead, counted=True
-                )
+                tiles = schedule.claim_order(schedule_name, w.grid, rates.programs, lead)
             else:
                 tiles = schedule.build(schedule_name, w.grid, rates.programs, knobs)
             if tile_lists is not None:
                 tile_lists[key] = tiles
         played = play(tiles, w, rates, far, near, hold=hold)
         if slowest is None or played.time_us > slowest.time_us:
-            slowest = KernelPlay(w, played.tiles, played)
+            slowest = KernelPlay(w, tiles, played)
     return slowest

@@ -14,7 +14,7 @@ with `lead_sweep: True`, for a configuration the main grid does not hold).
 Where the schedule is decided (`megamoe.schedule_on`): with 'device' every arm carries
 `decided_on: device` (the kernel's programs pick each next tile when they claim it), and
 `megamoe.oracle_arms` adds per named schedule the same arm run from the host-built list,
-id '<arm id>/oracle' with `oracle: True`: the side arm that says what the causal rule costs.
+id '<arm id>/oracle' with `oracle: True`: the side arm that says what the device rule costs.
 """
 
 from __future__ import annotations

@@ -43,24 +43,15 @@ deepgemm_interleaved
              after B waves it always is. No knob: upstream has none.
 
 The same orders decided on the GPU (the kernel's device mode): no list is read. A program
-claims a list position with one fetch-add, as in list mode, and learns which tile sits there.
-interleaved is a sequence of units, a unit being all L1 tiles or all L2 tiles of one row
-block (the granularity of its list). A unit is opened once its first position is claimed,
-by the first program there (its holder, or one holding a later position): it decides the
-unit by the rule (`next_unit`) from the L1 and L2 units opened before it and the row-block
-counters, and publishes it in a unit table that the programs claiming the unit's other
-positions read; so a decision is made once per unit, not per tile. Its L2 unit is due when
-the block is released at the opening, as the list's clock decides it when its first tile
-is taken, so `claim_order` (the units played on that clock) is the host list. The count
-rules read no clock, so no table: expert_wave's position lies in the wave of block
-position // (L1 + L2 tiles a block), and its place there follows from the wave's first and
-end block (`wave_tile_at`); deepgemm_interleaved alternates single tiles, and a position's
-tile follows from where each block's first L2 tile sits (`counted_tile_at`). interleaved
-can be decided the same way, counted (the kernel's COUNTED): a block's L2 tiles sit right
-before the first L1 block that starts lead_rows after it ends, the order interleaved's
-list would have were every block released when its L2 tiles come; a program that takes an
-L2 tile not yet released waits for it, as in list mode. The rules read a per-block
-`device_layout`.
+claims a list position with one fetch-add, as in list mode, and learns which tile sits there
+from a per-block `device_layout`, reading no clock. expert_wave's position lies in the wave
+of block position // (L1 + L2 tiles a block), and its place there follows from the wave's
+first and end block (`wave_tile_at`); deepgemm_interleaved's and interleaved's tile
+follows from where each block's first L2 tile sits (`counted_tile_at`). interleaved is
+decided counted: a block's L2 tiles sit right before the first L1 block that starts
+lead_rows after it ends, the order interleaved's list would have were every block released
+when its L2 tiles come; a program that takes an L2 tile not yet released waits for it, as
+in list mode. `claim_order` is the order each rule realizes.
 
 Every schedule is registered once, in SCHEDULES, with its own knobs (keys of the config's
 megamoe section, with their defaults): the config schema's schedule names, the simulator,
@@ -189,33 +180,18 @@ def interleaved(grid: TileGrid, num_programs: int, lead_rows: int) -> np.ndarray
     once the list's own clock says its L1 tiles have ended (see module doc)."""
     row_end = grid.row_end()
     row_start = row_end - grid.block_rows
-
-    def due(l1_block: int, l2_block: int, released: bool) -> bool:
-        return released and row_start[l1_block] - row_end[l2_block] >= lead_rows
-
-    return _play_units(grid, num_programs, due, tile_costs(grid))
-
-
-def _play_units(
-    grid: TileGrid,
-    num_programs: int,
-    due: Callable[[int, int, bool], bool],
-    costs: tuple[float, float],
-) -> np.ndarray:
-    """Whole row blocks' L1 or L2 tiles in turn, as num_programs programs take them on the
-    list's clock (tiles lasting `costs`): the next L2 block's when every L1 block is listed
-    or due(next L1 block, next L2 block, whether its last L1 tile has ended by now), else
-    the next L1 block's. interleaved's host list and the device rule's played order
-    (claim_order) are this one play."""
-    l1_cost, l2_cost = costs
+    l1_cost, l2_cost = tile_costs(grid)
     clock = ListClock(num_programs)
     l1_end = np.full(grid.blocks, np.inf)  # when each block's last L1 tile ends
     tiles: list[tuple[int, int, int, int]] = []
     l1_block = l2_block = 0
     while l1_block < grid.blocks or l2_block < grid.blocks:
-        l1_done = l1_block == grid.blocks
         take_l2 = l2_block < grid.blocks and (
-            l1_done or due(l1_block, l2_block, l1_end[l2_block] <= clock.now())
+            l1_block == grid.blocks
+            or (
+                l1_end[l2_block] <= clock.now()
+                and row_start[l1_block] - row_end[l2_block] >= lead_rows
+            )
         )
         if take_l2:
             tiles += _l2_tiles(grid, l2_block)
@@ -413,11 +389,11 @@ def device_layout(
     name: str, grid: TileGrid, num_programs: int, config: Mapping[str, object] | None = None
 ) -> np.ndarray:
     """What schedule `name`'s device rule reads, in O(blocks): its rule id, its lead
-    (interleaved), the block count, and per block its expert, first and last row (prefix
-    sums of valid rows), the block count at which its expert wave ends, the list position
-    of its first L2 tile (under deepgemm_interleaved; under interleaved counted for
-    interleaved) and its expert wave's first block. Knobs from `config` as `build` takes
-    them."""
+    (interleaved's, which its l2_start follows from), the block count, and per block its
+    expert, first and last row (prefix sums of valid rows, which the GPU dispatch reads),
+    the block count at which its expert wave ends, the list position of its first L2 tile
+    (deepgemm_interleaved's, or interleaved's counted) and its expert wave's first block.
+    Knobs from `config` as `build` takes them."""
     rule, lead_rows = layout_header(name, num_programs, config)
     wave_start = np.zeros(grid.blocks, dtype=np.int64)
     wave_end = np.zeros(grid.blocks, dtype=np.int64)
@@ -485,24 +461,6 @@ def layout_fields(layout: np.ndarray) -> tuple[dict[str, int], dict[str, np.ndar
     return header, dict(zip(LAYOUT_ROWS, rows, strict=True))
 
 
-def next_unit(layout: np.ndarray, opened: tuple[int, int], ready: Callable[[int], bool]) -> int:
-    """The kind of unit (L1 or L2) that interleaved's rule opens after `opened` = (L1 units,
-    L2 units), as the kernel decides it (xstage_kernels.megamoe._open_unit): the next L2
-    block's unit when it is due, else the next L1 block's. ready(b): block b's row-block
-    counter says every L1 tile released it."""
-    header, rows = layout_fields(layout)
-    if header["rule"] != RULE_INTERLEAVED:
-        raise ValueError(f"rule {header['rule']} reads no clock: its positions need no units")
-    u1, u2 = opened
-    if u2 == header["blocks"]:
-        return L1
-    if u1 == header["blocks"]:
-        return L2
-    lead = int(rows["row_start"][u1]) - int(rows["row_end"][u2])
-    due = ready(u2) and lead >= header["lead_rows"]
-    return L2 if due else L1
-
-
 def wave_tile_at(
     layout: np.ndarray, position: int, tiles_per_block: tuple[int, int]
 ) -> tuple[int, int, int]:
@@ -551,36 +509,17 @@ def _l2_listed(into: int, l1_left: int, n2: int, alternate: bool) -> int:
     return min(n2, max((into + 1) // 2, into - l1_left) if alternate else into)
 
 
-def claim_order(
-    name: str,
-    grid: TileGrid,
-    num_programs: int,
-    lead_rows: int = 0,
-    costs: tuple[float, float] | None = None,
-    counted: bool = False,
-) -> np.ndarray:
-    """The tile list the kernel realizes in device mode when num_programs programs each
-    claim the next position as they finish their last tile and tiles last `costs` (L1, L2;
-    `tile_costs` by default): interleaved's units opened by `next_unit` when their first
-    tile is taken, a block ready once its last L1 tile has ended by then (ListClock), or
-    with `counted` (the kernel's COUNTED) its positions by `counted_tile_at`; expert_wave's
-    positions by `wave_tile_at`, deepgemm_interleaved's by `counted_tile_at`: those rules
-    read no time, so their order is `build`'s list (interleaved counted's, the list with
-    every block released in time)."""
+def claim_order(name: str, grid: TileGrid, num_programs: int, lead_rows: int = 0) -> np.ndarray:
+    """The tile list the kernel realizes in device mode: each position's tile from the
+    layout alone, expert_wave's by `wave_tile_at`, deepgemm_interleaved's and interleaved's
+    (counted) by `counted_tile_at`. No rule reads time, so the order is `build`'s list for
+    expert_wave and deepgemm_interleaved, and for interleaved the list with every block
+    released when its L2 tiles come."""
     layout = device_layout(name, grid, num_programs, {"lead_rows": lead_rows})
     tiles_per_block = grid.l1_per_block, grid.l2_per_block
-    by_rule = {RULE_WAVE: wave_tile_at, RULE_DEEPGEMM: counted_tile_at}
-    if counted:
-        by_rule[RULE_INTERLEAVED] = counted_tile_at
-    tile_at = by_rule.get(SCHEDULES[name].device_rule)
-    if tile_at is not None:
-        at = (tile_at(layout, p, tiles_per_block) for p in range(grid.tiles))
-        return _as_array([(k, int(grid.block_expert[b]), b, n) for k, b, n in at])
-
-    def due(l1_units: int, l2_units: int, released: bool) -> bool:
-        return next_unit(layout, (l1_units, l2_units), lambda _: released) == L2
-
-    return _play_units(grid, num_programs, due, costs or tile_costs(grid))
+    tile_at = wave_tile_at if SCHEDULES[name].device_rule == RULE_WAVE else counted_tile_at
+    at = (tile_at(layout, p, tiles_per_block) for p in range(grid.tiles))
+    return _as_array([(k, int(grid.block_expert[b]), b, n) for k, b, n in at])
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -37,7 +37,7 @@ class RankBuffers:
     out: object  # (T, H) bf16 MoE output of this rank's tokens
     combine_weights: object  # (T, 1, topk) bf16
     row_dst: object  # int64 (padded_rows,): offsets from comb to each row's destination
-    sync: object  # int32 (kernel.sync_size(blocks),): list mode reads its first 2 + blocks
+    sync: object  # int32 (kernel.sync_size(blocks),): tile counter, error flag, block counters
     tiles: dict  # arm key (arm_key) -> int32 (n, 4) tile list on the device, built on demand
     # (a device-decided arm's: the order its programs claimed, written by each launch)
     layouts: dict = field(default_factory=dict)  # device-decided arm key -> its device layout
@@ -242,7 +242,7 @@ def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) ->
 def realized_order_error(rb: RankBuffers, key: str, point: dict, megamoe: dict, num_programs: int):
     """After a device-decided launch: why the order its programs claimed is wrong, or None.
     It must list every tile once, each Linear-2 tile after its block's Linear-1 tiles; the
-    rules that read no clock (expert waves, DeepGEMM's) must give their host list exactly."""
+    rules whose order is their host list (expert waves, DeepGEMM's) must give it exactly."""
     if not is_device_key(key):
         return None
     realized = rb.claimed(key).cpu().numpy()

@@ -2,10 +2,11 @@
 kernel against the same schedule run from the host-built list (its oracle arm, timed in
 the same paired rounds: megamoe.oracle_arms).
 
-The device rule is causal: a row block's next unit of work is decided when its first tile
-is claimed, from the units before it and the row blocks' readiness at that moment. The
+The device rule reads no clock: each claimed position's tile follows from the routing's
+layout (interleaved counted: a row block's Linear-2 tiles right before the first block that
+starts lead_rows after it, a program that takes one waiting until the block is ready). The
 host list was played ahead with the tiles' FLOP costs, an oracle no layer could afford per
-batch. The ratio says what the causal rule costs or gains: oracle time over device time,
+batch. The ratio says what the device rule costs or gains: oracle time over device time,
 above 1 the device rule faster.
 """
 
@@ -61,8 +62,9 @@ def oracle_note() -> str:
         f"{DEVICE_OVER_ORACLE}: per configuration the oracle arm's median time over the "
         "device-decided arm's (paired rounds), summarised like the speedups above; wins: the "
         "device rule faster (CI above 1). Device-decided: every claim is one atomic add, as "
-        "the list's; the program that claims the first tile of a row block's Linear-1 or "
-        "Linear-2 work decides which it is from the units before it and the blocks' readiness "
-        "then (DeepGEMM's order: from the position alone; xstage_kernels.megamoe); oracle: "
-        "the host-built tile list (schedule.py), played ahead with the tiles' FLOP costs."
+        "the list's, and its tile follows from the position and the routing's layout "
+        "(interleaved counted: a row block's Linear-2 tiles right before the first block "
+        "lead_rows after it, whether or not it is ready then; xstage_kernels.megamoe); "
+        "oracle: the host-built tile list (schedule.py), played ahead with the tiles' FLOP "
+        "costs."
     )
