@@ -87,6 +87,15 @@ def test_the_layer_from_tokens_computes_what_the_hosts_dispatch_gives(interprete
             assert torch.equal(got[0], want[0]), (name, decided)
             assert reference.relative_error(got[0], ref[0]) < reference.INTERPRETER_TOLERANCE
             assert timed.realized_order_error(timed.arm(arm), arm) is None
+    # a realized order the dependencies allow but the rule does not give is named: two L1
+    # tiles of the first block swapped (interleaved is counted, so its order is exact)
+    arm = {"schedule": schedule.INTERLEAVED, "decided_on": "device"}
+    claimed = rb.claimed(timed.arm(arm))
+    first, second = claimed[0].clone(), claimed[1].clone()
+    assert first[0] == second[0] == schedule.L1 and first[2] == second[2]  # kind, block
+    claimed[0], claimed[1] = second, first
+    error = timed.realized_order_error(timed.arm(arm), arm)
+    assert error == "rank 0: the order the device claimed differs from the interleaved rule's at 0"
     # the rows the device gathered are the host's, byte for byte; padding rows (left as
     # the poison made them, NaN) were never stored, or the outputs above would hold NaN
     (host,) = once.ranks

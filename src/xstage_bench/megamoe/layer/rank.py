@@ -241,8 +241,9 @@ def tiles_for(rb: RankBuffers, point: dict, megamoe: dict, num_programs: int) ->
 
 def realized_order_error(rb: RankBuffers, key: str, point: dict, megamoe: dict, num_programs: int):
     """After a device-decided launch: why the order its programs claimed is wrong, or None.
-    It must list every tile once, each Linear-2 tile after its block's Linear-1 tiles; the
-    rules whose order is their host list (expert waves, DeepGEMM's) must give it exactly."""
+    It must list every tile once, each Linear-2 tile after its block's Linear-1 tiles, and
+    be its rule's order exactly (schedule.claim_order: no rule reads time, interleaved is
+    counted)."""
     if not is_device_key(key):
         return None
     realized = rb.claimed(key).cpu().numpy()
@@ -250,12 +251,12 @@ def realized_order_error(rb: RankBuffers, key: str, point: dict, megamoe: dict, 
         schedule.check_dependencies(realized, rb.grid)
     except schedule.ScheduleError as e:
         return f"the order the device claimed breaks the schedule: {e}"
-    if point["schedule"] == schedule.INTERLEAVED:
-        return None
-    listed = schedule.build(point["schedule"], rb.grid, num_programs, arm_knobs(point, megamoe))
-    if not np.array_equal(realized, listed):
-        first = int(np.flatnonzero((realized != listed).any(axis=1))[0])
-        return f"the order the device claimed differs from the {point['schedule']} list at {first}"
+    lead = int(arm_knobs(point, megamoe).get("lead_rows", 0))
+    ruled = schedule.claim_order(point["schedule"], rb.grid, num_programs, lead)
+    if not np.array_equal(realized, ruled):
+        first = int(np.flatnonzero((realized != ruled).any(axis=1))[0])
+        name = point["schedule"]
+        return f"the order the device claimed differs from the {name} rule's at {first}"
     return None
 
 
