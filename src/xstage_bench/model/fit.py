@@ -108,12 +108,11 @@ from xstage_bench.model.records import (
     NOT_FITTED_KINDS,
     FitData,
     Loaded,
-    concat,
     load,
     paths_in,
-    plateau,
     read_docs,
     reference_stores,
+    waves,
 )
 from xstage_bench.model.refit_profile import profile_yaml
 from xstage_bench.model.stages import (
@@ -125,6 +124,7 @@ from xstage_bench.model.stages import (
     PerK,
     fit_laws,
     fit_per_K,
+    t0_records,
 )
 from xstage_bench.model.validation import (
     CHOICE_RESOLUTION,
@@ -314,9 +314,8 @@ def _fit_path(
 def _T0_law(p: Params, data: FitData, sm_count: int | None) -> dict:
     """The model file's T0_law block: T0 = t0_fixed + B / issue rate, t0_fixed paid once
     a burst or once per producer an SM runs (Params.t0_per_wave), and why."""
-    # the bursts T0 is fitted on (stages._T0_stage): a gap that drains the burst, or alone
-    recs = concat(plateau(data.periodic, p.R), data.isolated) if p.R else data.isolated
-    beyond = sorted({int(K) for K in recs.K if sm_count and K > sm_count})
+    recs = t0_records(data, p.R) if p.R else data.isolated
+    beyond = sorted({int(K) for K, w in zip(recs.K, waves(recs), strict=True) if w > 1})
     by = (
         f"the fit of least cost on the backpressure-free bursts (both laws have two free "
         f"numbers); bursts of more producers than the {sm_count} SMs: K = "

@@ -237,6 +237,12 @@ def fit_laws(data: FitData, laws: tuple[str, ...] = capacity.LAWS) -> dict[str, 
     return fits
 
 
+def t0_records(data: FitData, R: float) -> Recs:
+    """The bursts T0 is fitted on: those that meet an empty path (a gap that drains the
+    burst, or alone); the T0 stage keeps the clearly backpressure-free ones."""
+    return concat(plateau(data.periodic, R), data.isolated)
+
+
 def _T0_stage(
     data: FitData, R: float, p: Params, others: tuple[Params, ...] = (), choose: bool = True
 ) -> Params:
@@ -253,7 +259,7 @@ def _T0_stage(
     capacity's fit. capacity.held is a floor the records measure whatever the drain rate
     (a K without isolated bursts takes the lowest K's floor).
     """
-    recs = concat(plateau(data.periodic, R), data.isolated)
+    recs = t0_records(data, R)
     tries = [("the law's", p.Q(recs.K))]  # None: no capacity, no stall modelled
     if len(data.isolated):
         floors = capacity.held(data.isolated, R)
